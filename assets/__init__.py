@@ -1,0 +1,1 @@
+"""Static files vitsee ships (colormaps, sample configs)."""

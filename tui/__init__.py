@@ -1,0 +1,1 @@
+"""vitsee.tui: the Textual terminal explorer."""
