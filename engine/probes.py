@@ -1,0 +1,407 @@
+"""Linear probes (Raghu et al. 2021, Fig. 11, 13): ridge regression to {-1, 1} one-hot targets, test accuracy.
+
+Three layers, each usable alone:
+- `ridge_predict` / `ridge_probe`: one fit on arrays in memory. The reference: it predicts what scikit-learn's
+  `RidgeClassifier(alpha=l2)` predicts.
+- `RidgeAccumulator` -> `RidgePath`: sufficient statistics of P probes that share labels, streamed batch by
+  batch, then solved for a grid of L2 penalties with one eigendecomposition per probe.
+- `fit_probes`: seeded split, L2 chosen on a held-out part of the training split, refit on the whole training
+  split, test accuracy. It reads every example exactly once, through a `batches(mask)` function the store
+  runner provides (see `BatchesFn`).
+
+Pure core: arrays in, arrays out; no store access, no printing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import numpy as np
+import torch
+
+from vitsee.engine.errors import VitseeError
+
+# Penalties are searched relative to the mean eigenvalue of the centred X'X (= n * mean feature variance), so
+# the same grid fits features of any scale and any number of images: l2 = ratio * trace(Xc'Xc) / D.
+L2_RATIOS = np.logspace(-6, 5, 12)
+
+# batches(mask) yields (x, y) for exactly the examples where mask (n,) is True, in any order and batch size:
+# x (b, P, D) float (numpy or torch, any dtype and device; (b, D) when P == 1), y (b,) int labels in [0, K).
+BatchesFn = Callable[[np.ndarray], Iterable[tuple]]
+ProgressFn = Callable[[int, int], None]  # (examples read, examples in all)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One-shot reference
+
+
+def ridge_probe(x_train, y_train, x_test, y_test, l2: float, device="cpu") -> float:
+    """Return the test accuracy of a ridge classifier fitted to (x_train, y_train) with penalty l2."""
+    predicted = ridge_predict(x_train, y_train, x_test, l2, device=device)
+    return float(np.mean(predicted == _to_numpy(y_test)))
+
+
+def ridge_predict(x_train, y_train, x_test, l2: float, device="cpu") -> np.ndarray:
+    """Return the labels (m,) that ridge regression to {-1, 1} one-hot targets predicts for x_test.
+
+    Features are centred on the training mean and targets on theirs, so the intercept is not penalised; the
+    primal (D x D) or dual (n x n) system is solved in float64, whichever is smaller. x is (n, ...) and is
+    flattened per example. Two classes give two target columns that are exact negatives of each other, so the
+    argmax (first maximum on ties) picks the same label as scikit-learn's single column thresholded at > 0.
+    """
+    _check_l2(l2)
+    x = _as_float64(x_train, device).flatten(1)  # (n, D)
+    x_test = _as_float64(x_test, device).flatten(1)  # (m, D)
+    classes, y_index = np.unique(_to_numpy(y_train), return_inverse=True)
+    _check_classes(len(classes), len(y_index), "training split")
+    targets = 2.0 * _one_hot(torch.as_tensor(y_index, device=x.device), len(classes)) - 1.0  # (n, K)
+
+    mean_x, mean_y = x.mean(0), targets.mean(0)  # (D,), (K,)
+    xc, yc = x - mean_x, targets - mean_y
+    n, d = xc.shape
+    if d <= n:
+        coef = torch.linalg.solve(xc.T @ xc + l2 * _eye(d, x), xc.T @ yc)  # (D, K)
+    else:
+        coef = xc.T @ torch.linalg.solve(xc @ xc.T + l2 * _eye(n, x), yc)  # (D, K)
+    intercept = mean_y - mean_x @ coef  # (K,)
+    scores = x_test @ coef + intercept  # (m, K)
+    return classes[scores.argmax(1).cpu().numpy()]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Streaming: accumulate, then solve
+
+
+class RidgeAccumulator:
+    """Streamed sufficient statistics of P ridge probes sharing one set of labels; `solve` returns a RidgePath.
+
+    State (float64, on `device`): count, class counts (K,), means of x (P, D) and of the {-1, 1} targets (K,),
+    and the centred co-moments X'X (P, D, D) and X'Y (P, D, K). Batches are merged with Chan et al.'s pairwise
+    update rather than kept as raw sums, so activations with a large shared offset lose no precision to the
+    subtraction n * mean * mean'. Sized by the first batch; memory does not grow with the number of images.
+    """
+
+    def __init__(self, n_classes: int, device="cpu"):
+        self.n_classes = int(n_classes)
+        self.device = torch.device(device)
+        self.count = 0
+        self.class_counts = torch.zeros(self.n_classes, dtype=torch.int64, device=self.device)
+        self.mean_y = torch.zeros(self.n_classes, dtype=torch.float64, device=self.device)
+        self.mean_x = self.xx = self.xy = None  # (P, D), (P, D, D), (P, D, K) once the first batch arrives
+
+    @property
+    def n_probes(self) -> int:
+        return self.mean_x.shape[0]
+
+    @property
+    def n_features(self) -> int:
+        return self.mean_x.shape[1]
+
+    def update(self, x, y) -> RidgeAccumulator:
+        """Return self after adding a batch: x (b, P, D) or (b, D) for one probe, y (b,) labels in [0, K)."""
+        x = _as_float64(x, self.device)
+        x = x[:, None, :] if x.ndim == 2 else x  # (b, P, D)
+        y = _as_labels(y, self.device)  # (b,)
+        if x.ndim != 3 or y.shape != x.shape[:1]:
+            raise ValueError(f"expected x (b, P, D) and y (b,), got x {tuple(x.shape)} and y {tuple(y.shape)}")
+        if len(y) and (y.min() < 0 or y.max() >= self.n_classes):
+            raise ValueError(f"labels must lie in [0, {self.n_classes}), got {y.min().item()}..{y.max().item()}")
+        if len(y) == 0:
+            return self
+        targets = 2.0 * _one_hot(y, self.n_classes) - 1.0  # (b, K)
+        batch_mean_x, batch_mean_y = x.mean(0), targets.mean(0)  # (P, D), (K,)
+        xc = (x - batch_mean_x).transpose(0, 1)  # (P, b, D)
+        yc = targets - batch_mean_y  # (b, K)
+        self._ensure_shape(*batch_mean_x.shape)
+        self.xx.baddbmm_(xc.mT, xc)  # adds the batch's centred X'X without materialising it
+        self._combine(len(y), batch_mean_x, batch_mean_y, xc.mT @ yc, torch.bincount(y, minlength=self.n_classes))
+        return self
+
+    def merge(self, other: RidgeAccumulator) -> RidgeAccumulator:
+        """Return self after adding the examples another accumulator has seen (e.g. a held-out part)."""
+        if other.count == 0:
+            return self
+        self._ensure_shape(*other.mean_x.shape)
+        self.xx += other.xx
+        self._combine(other.count, other.mean_x, other.mean_y, other.xy, other.class_counts)
+        return self
+
+    def feature_scale(self) -> torch.Tensor:
+        """Return (P,) the mean eigenvalue of the centred X'X, trace / D: the unit of the L2 grid (1 if zero)."""
+        scale = torch.diagonal(self.xx, dim1=1, dim2=2).sum(1) / self.n_features  # (P,)
+        return torch.where(scale > 0, scale, torch.ones_like(scale))  # constant features: any unit will do
+
+    def solve(self, l2) -> RidgePath:
+        """Return the ridge solutions of all P probes for penalties l2: (L,) shared by all probes, or (P, L)."""
+        if self.count == 0:
+            raise VitseeError("no examples reached the probe; use more images or check the --layer selection")
+        _check_classes(int((self.class_counts > 0).sum()), self.count, "training split")
+        l2 = torch.as_tensor(l2, dtype=torch.float64, device=self.device)
+        l2 = l2.expand(self.n_probes, -1) if l2.ndim == 1 else l2  # (P, L)
+        if l2.ndim != 2 or l2.shape[0] != self.n_probes:
+            raise ValueError(f"l2 must be (L,) or ({self.n_probes}, L), got {tuple(l2.shape)}")
+        for value in l2.flatten().tolist():
+            _check_l2(value)
+        eigvals, eigvecs = torch.linalg.eigh(self.xx)  # (P, D), (P, D, D)
+        return RidgePath(
+            mean_x=self.mean_x,
+            mean_y=self.mean_y,
+            eigvals=eigvals.clamp_min(0),  # PSD in exact arithmetic; rounding can leave -1e-15
+            eigvecs=eigvecs,
+            projected_xy=eigvecs.mT @ self.xy,  # (P, D, K)
+            l2=l2,
+            seen_classes=self.class_counts > 0,
+        )
+
+    def _ensure_shape(self, n_probes: int, n_features: int) -> None:
+        if self.mean_x is None:
+            f64 = dict(dtype=torch.float64, device=self.device)
+            self.mean_x = torch.zeros(n_probes, n_features, **f64)
+            self.xx = torch.zeros(n_probes, n_features, n_features, **f64)
+            self.xy = torch.zeros(n_probes, n_features, self.n_classes, **f64)
+        elif (n_probes, n_features) != tuple(self.mean_x.shape):
+            raise ValueError(f"batch has (P, D) = {(n_probes, n_features)}, earlier batches {tuple(self.mean_x.shape)}")
+
+    def _combine(self, n_b, mean_x_b, mean_y_b, xy_b, class_counts_b) -> None:
+        # Chan et al. 1979: M = M_a + M_b + (n_a n_b / n) d d', d the difference of the means. The caller has
+        # already added M_b of X'X (in place, as it is the big one).
+        n_a, n = self.count, self.count + n_b
+        dx = mean_x_b - self.mean_x  # (P, D)
+        dy = mean_y_b - self.mean_y  # (K,)
+        weight = n_a * n_b / n
+        self.xx.baddbmm_(dx[:, :, None], dx[:, None, :], alpha=weight)
+        self.xy += xy_b + weight * dx[:, :, None] * dy
+        self.mean_x += dx * (n_b / n)
+        self.mean_y += dy * (n_b / n)
+        self.class_counts += class_counts_b
+        self.count = n
+
+
+@dataclass
+class RidgePath:
+    """Ridge solutions of P probes at L penalties each, kept in the eigenbasis of the centred X'X.
+
+    With X'X = V diag(s) V', the weights at penalty l2 are W = V diag(1 / (s + l2)) V'X'Y, so each penalty of
+    the grid costs a diagonal scaling, and predicting never needs the (P, L, D, K) weights themselves.
+    """
+
+    mean_x: torch.Tensor  # (P, D)
+    mean_y: torch.Tensor  # (K,)
+    eigvals: torch.Tensor  # (P, D)
+    eigvecs: torch.Tensor  # (P, D, D)
+    projected_xy: torch.Tensor  # (P, D, K), V'X'Y
+    l2: torch.Tensor  # (P, L)
+    seen_classes: torch.Tensor  # (K,) bool: classes absent from training are never predicted
+
+    def coef(self) -> torch.Tensor:
+        """Return the weights (P, L, D, K): scores = x @ coef + intercept."""
+        shrink = 1.0 / (self.eigvals[:, None, :] + self.l2[:, :, None])  # (P, L, D)
+        return self.eigvecs[:, None] @ (shrink[..., None] * self.projected_xy[:, None])  # (P, L, D, K)
+
+    def intercept(self) -> torch.Tensor:
+        """Return the intercepts (P, L, K), unpenalised: mean target minus mean feature times weights."""
+        return self.mean_y - (self.mean_x[:, None, None, :] @ self.coef()).squeeze(-2)  # (P, L, K)
+
+    def predict(self, x) -> torch.Tensor:
+        """Return predicted class indices (b, P, L) for a batch x (b, P, D) or (b, D)."""
+        x = _as_float64(x, self.eigvecs.device)
+        x = x[:, None, :] if x.ndim == 2 else x  # (b, P, D)
+        z = (x - self.mean_x).transpose(0, 1) @ self.eigvecs  # (P, b, D), centred x in the eigenbasis
+        predictions = []
+        for j in range(self.l2.shape[1]):  # one penalty at a time keeps memory at (P, b, D)
+            shrink = 1.0 / (self.eigvals + self.l2[:, j, None])  # (P, D)
+            scores = (z * shrink[:, None, :]) @ self.projected_xy + self.mean_y  # (P, b, K)
+            scores = scores.masked_fill(~self.seen_classes, -torch.inf)
+            predictions.append(scores.argmax(-1).T)  # (b, P)
+        return torch.stack(predictions, dim=-1)  # (b, P, L)
+
+    def count_correct(self, x, y) -> torch.Tensor:
+        """Return (P, L) int64: how many examples of the batch each probe gets right at each penalty."""
+        y = _as_labels(y, self.eigvecs.device)  # (b,)
+        return (self.predict(x) == y[:, None, None]).sum(0)  # (P, L)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Driver: split, choose L2, refit, test
+
+
+@dataclass(frozen=True)
+class ProbeSplit:
+    """Sorted, disjoint example indices: fit + holdout make the training split; test is apart from both."""
+
+    n_examples: int
+    seed: int
+    fit: np.ndarray  # chooses nothing: fitted at every L2 of the grid
+    holdout: np.ndarray  # scores the grid to choose L2
+    test: np.ndarray  # reported accuracy, after refitting on fit + holdout
+
+    @property
+    def train(self) -> np.ndarray:
+        return np.union1d(self.fit, self.holdout)
+
+    def mask(self, part: str) -> np.ndarray:
+        """Return the (n,) boolean mask of one part: 'fit', 'holdout', 'train' or 'test'."""
+        mask = np.zeros(self.n_examples, dtype=bool)
+        mask[getattr(self, part)] = True
+        return mask
+
+
+def split_examples(n_examples: int, seed: int = 0, test_fraction: float = 0.2, holdout_fraction: float = 0.2) -> ProbeSplit:
+    """Return a seeded random split of n examples: test_fraction for test, then the last holdout_fraction of the
+    shuffled training examples held out to choose L2."""
+    for name, fraction in (("test_fraction", test_fraction), ("holdout_fraction", holdout_fraction)):
+        if not 0 < fraction < 1:
+            raise VitseeError(f"{name}={fraction} must lie strictly between 0 and 1; pass e.g. 0.2")
+    order = np.random.default_rng(seed).permutation(n_examples)
+    n_test = max(1, round(n_examples * test_fraction))
+    train = order[n_test:]
+    n_holdout = max(1, round(len(train) * holdout_fraction))
+    if len(train) - n_holdout < 2:
+        raise VitseeError(f"{n_examples} images are too few to split into fit, holdout and test parts; use more images")
+    return ProbeSplit(
+        n_examples=n_examples,
+        seed=seed,
+        fit=np.sort(train[:-n_holdout]),
+        holdout=np.sort(train[-n_holdout:]),
+        test=np.sort(order[:n_test]),
+    )
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """Outcome of P probes fitted on one layer: the split, the L2 choice and the test accuracy, all numpy."""
+
+    split: ProbeSplit
+    n_classes: int
+    l2_ratios: np.ndarray  # (L,) the grid, in units of the mean eigenvalue of the centred X'X
+    holdout_accuracy: np.ndarray  # (P, L) fitted on split.fit, scored on split.holdout
+    l2_ratio: np.ndarray  # (P,) chosen from the grid
+    l2: np.ndarray  # (P,) the absolute penalty of the refit on split.train: l2_ratio * its feature scale
+    test_accuracy: np.ndarray  # (P,) refitted on split.train, scored on split.test
+
+
+def fit_probes(
+    batches: BatchesFn,
+    labels,
+    *,
+    l2_ratios=L2_RATIOS,
+    seed: int = 0,
+    test_fraction: float = 0.2,
+    holdout_fraction: float = 0.2,
+    device="cpu",
+    progress: ProgressFn | None = None,
+) -> ProbeResult:
+    """Return a ProbeResult for P probes over the n examples whose labels (n,) are given.
+
+    Three passes read every example once: the fit part is accumulated and solved for the whole L2 grid; the
+    holdout part scores the grid (each probe keeps the ratio with the best accuracy, the largest ratio on ties)
+    and is merged into the statistics, which are solved again at the chosen penalties; the test part is scored.
+    """
+    labels = _to_numpy(labels).astype(np.int64)  # (n,)
+    if labels.ndim != 1 or (labels.size and labels.min() < 0):
+        raise ValueError("labels must be a 1-D array of non-negative class indices")
+    n_classes = int(labels.max()) + 1 if labels.size else 0
+    split = split_examples(len(labels), seed, test_fraction, holdout_fraction)
+    for part in ("train", "fit"):
+        _check_classes(len(np.unique(labels[getattr(split, part)])), len(getattr(split, part)), f"{part} split")
+    ratios = np.unique(np.asarray(l2_ratios, dtype=np.float64))  # (L,) ascending, so ties go to the last
+    for ratio in ratios:
+        _check_l2(ratio)
+    read = _ProgressCounter(progress, len(labels))
+
+    fit = RidgeAccumulator(n_classes, device)
+    for x, y in batches(split.mask("fit")):
+        fit.update(x, y)
+        read(len(y))
+    _check_pass("fit", fit, labels[split.fit])
+
+    grid = fit.solve(torch.as_tensor(ratios, device=fit.device) * fit.feature_scale()[:, None])  # (P, L)
+    holdout = RidgeAccumulator(n_classes, device)
+    correct = torch.zeros(grid.l2.shape, dtype=torch.int64, device=fit.device)  # (P, L)
+    for x, y in batches(split.mask("holdout")):
+        correct += grid.count_correct(x, y)
+        holdout.update(x, y)
+        read(len(y))
+    _check_pass("holdout", holdout, labels[split.holdout])
+    del grid  # frees the (P, D, D) eigenvectors before the refit needs its own
+    holdout_accuracy = correct.cpu().numpy() / len(split.holdout)  # (P, L)
+    best = len(ratios) - 1 - holdout_accuracy[:, ::-1].argmax(1)  # (P,) last maximum: most regularised
+
+    train = fit.merge(holdout)
+    l2 = torch.as_tensor(ratios[best], device=train.device) * train.feature_scale()  # (P,)
+    final = train.solve(l2[:, None])  # (P, 1)
+    correct = torch.zeros_like(l2, dtype=torch.int64)
+    n_test = 0
+    for x, y in batches(split.mask("test")):
+        correct += final.count_correct(x, y)[:, 0]
+        n_test += len(y)
+        read(len(y))
+    if n_test != len(split.test):
+        raise ValueError(f"batches yielded {n_test} test examples for a mask of {len(split.test)}")
+
+    return ProbeResult(
+        split=split,
+        n_classes=n_classes,
+        l2_ratios=ratios,
+        holdout_accuracy=holdout_accuracy,
+        l2_ratio=ratios[best],
+        l2=l2.cpu().numpy(),
+        test_accuracy=correct.cpu().numpy() / n_test,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Small helpers
+
+
+class _ProgressCounter:
+    def __init__(self, progress: ProgressFn | None, total: int):
+        self.progress, self.total, self.done = progress, total, 0
+
+    def __call__(self, n: int) -> None:
+        self.done += n
+        if self.progress is not None:
+            self.progress(self.done, self.total)
+
+
+def _check_pass(part: str, acc: RidgeAccumulator, expected_labels: np.ndarray) -> None:
+    # A mismatch is a bug in the batches function, not something the user can fix.
+    expected = np.bincount(expected_labels, minlength=acc.n_classes)
+    if acc.count != len(expected_labels) or not np.array_equal(acc.class_counts.cpu().numpy(), expected):
+        raise ValueError(f"batches yielded {acc.count} {part} examples whose labels differ from the mask's {len(expected_labels)}")
+
+
+def _check_classes(n_classes: int, n_examples: int, where: str) -> None:
+    if n_classes < 2:
+        raise VitseeError(
+            f"the {where} has {n_classes} class(es) among {n_examples} images; a probe needs at least 2: "
+            "use more images or another --shuffle-seed"
+        )
+
+
+def _check_l2(l2: float) -> None:
+    if not (np.isfinite(l2) and l2 > 0):
+        raise VitseeError(f"l2={l2} must be a positive finite penalty; pass e.g. 1.0")
+
+
+def _to_numpy(a) -> np.ndarray:
+    return a.detach().cpu().numpy() if torch.is_tensor(a) else np.asarray(a)
+
+
+def _as_labels(y, device) -> torch.Tensor:
+    y = y if torch.is_tensor(y) else torch.as_tensor(np.asarray(y))
+    return y.to(device).long()
+
+
+def _as_float64(x, device) -> torch.Tensor:
+    x = x if torch.is_tensor(x) else torch.as_tensor(np.asarray(x))
+    return x.to(device).to(torch.float64)  # move first: fp16 activations cross the bus at half the bytes
+
+
+def _one_hot(index: torch.Tensor, n_classes: int) -> torch.Tensor:
+    return torch.nn.functional.one_hot(index, n_classes).to(torch.float64)
+
+
+def _eye(n: int, like: torch.Tensor) -> torch.Tensor:
+    return torch.eye(n, dtype=like.dtype, device=like.device)
