@@ -135,7 +135,7 @@ class RidgeAccumulator:
     def solve(self, l2) -> RidgePath:
         """Return the ridge solutions of all P probes for penalties l2: (L,) shared by all probes, or (P, L)."""
         if self.count == 0:
-            raise VitseeError("no examples reached the probe; use more images or check the --layer selection")
+            raise VitseeError("the training split holds 0 images; use more images")
         _check_classes(int((self.class_counts > 0).sum()), self.count, "training split")
         l2 = torch.as_tensor(l2, dtype=torch.float64, device=self.device)
         l2 = l2.expand(self.n_probes, -1) if l2.ndim == 1 else l2  # (P, L)
@@ -145,13 +145,12 @@ class RidgeAccumulator:
             _check_l2(value)
         eigvals, eigvecs = torch.linalg.eigh(self.xx)  # (P, D), (P, D, D)
         return RidgePath(
-            mean_x=self.mean_x,
-            mean_y=self.mean_y,
+            mean_x=self.mean_x.clone(),  # the path stays valid while this accumulator keeps updating
+            mean_y=self.mean_y.clone(),
             eigvals=eigvals.clamp_min(0),  # PSD in exact arithmetic; rounding can leave -1e-15
             eigvecs=eigvecs,
             projected_xy=eigvecs.mT @ self.xy,  # (P, D, K)
             l2=l2,
-            seen_classes=self.class_counts > 0,
         )
 
     def _ensure_shape(self, n_probes: int, n_features: int) -> None:
@@ -184,6 +183,9 @@ class RidgePath:
 
     With X'X = V diag(s) V', the weights at penalty l2 are W = V diag(1 / (s + l2)) V'X'Y, so each penalty of
     the grid costs a diagonal scaling, and predicting never needs the (P, L, D, K) weights themselves.
+    A class absent from training scores exactly -1 and is never predicted, as in scikit-learn: the scores of the
+    present classes sum to 2 - K_present for every input (a linear fit keeps the targets' constant row sum),
+    so the largest is at least -1 + 2 / K_present.
     """
 
     mean_x: torch.Tensor  # (P, D)
@@ -192,7 +194,6 @@ class RidgePath:
     eigvecs: torch.Tensor  # (P, D, D)
     projected_xy: torch.Tensor  # (P, D, K), V'X'Y
     l2: torch.Tensor  # (P, L)
-    seen_classes: torch.Tensor  # (K,) bool: classes absent from training are never predicted
 
     def coef(self) -> torch.Tensor:
         """Return the weights (P, L, D, K): scores = x @ coef + intercept."""
@@ -212,7 +213,6 @@ class RidgePath:
         for j in range(self.l2.shape[1]):  # one penalty at a time keeps memory at (P, b, D)
             shrink = 1.0 / (self.eigvals + self.l2[:, j, None])  # (P, D)
             scores = (z * shrink[:, None, :]) @ self.projected_xy + self.mean_y  # (P, b, K)
-            scores = scores.masked_fill(~self.seen_classes, -torch.inf)
             predictions.append(scores.argmax(-1).T)  # (b, P)
         return torch.stack(predictions, dim=-1)  # (b, P, L)
 
@@ -299,8 +299,13 @@ def fit_probes(
     and is merged into the statistics, which are solved again at the chosen penalties; the test part is scored.
     """
     labels = _to_numpy(labels).astype(np.int64)  # (n,)
-    if labels.ndim != 1 or (labels.size and labels.min() < 0):
-        raise ValueError("labels must be a 1-D array of non-negative class indices")
+    if labels.ndim != 1:
+        raise ValueError(f"labels must be (n,), got {labels.shape}")
+    if labels.size and labels.min() < 0:  # how unlabelled images are stored
+        raise VitseeError(
+            f"label {labels.min()} marks unlabelled images; probes need labels: use a labelled data set "
+            "(digits, synthetic, an image folder with one sub-folder per class)"
+        )
     n_classes = int(labels.max()) + 1 if labels.size else 0
     split = split_examples(len(labels), seed, test_fraction, holdout_fraction)
     for part in ("train", "fit"):

@@ -1,0 +1,263 @@
+"""Linear probes: the closed-form ridge classifier of the paper, matched against scikit-learn."""
+
+import numpy as np
+import pytest
+import torch
+from sklearn.linear_model import Ridge, RidgeClassifier
+
+from vitsee.engine.errors import VitseeError
+from vitsee.engine.probes import (
+    L2_RATIOS,
+    RidgeAccumulator,
+    fit_probes,
+    ridge_predict,
+    ridge_probe,
+    split_examples,
+)
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def random_problem(n, d, k, seed=0, signal=1.0):
+    """Return x (n, d) and labels (n,) in [0, k) that depend on x with the given strength."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, d))
+    logits = signal * x @ rng.normal(size=(d, k)) + rng.normal(size=(n, k))
+    return x, logits.argmax(1)
+
+
+def batches_from(x, y, batch_size=17, reads=None):
+    """Return a batches(mask) function over in-memory arrays, as the store runner will provide one."""
+
+    def batches(mask):
+        if reads is not None:
+            reads.append(mask.copy())
+        index = np.flatnonzero(mask)
+        for start in range(0, len(index), batch_size):
+            rows = index[start : start + batch_size]
+            yield torch.as_tensor(x[rows]), torch.as_tensor(y[rows])
+
+    return batches
+
+
+def targets_pm1(y, k):
+    return 2.0 * np.eye(k)[y] - 1.0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One-shot reference against scikit-learn
+
+
+@pytest.mark.parametrize("n, d, k", [(50, 10, 2), (40, 120, 2), (60, 15, 4), (40, 100, 5)])
+@pytest.mark.parametrize("l2", [1e-2, 1.0, 100.0])
+def test_ridge_probe_predicts_what_sklearn_ridge_classifier_predicts(n, d, k, l2):
+    x, y = random_problem(n + 40, d, k, seed=n + d + k)
+    labels = np.array([3, 7, 11, 20, 42])[y]  # arbitrary label values, not 0..k-1
+    predicted = ridge_predict(x[:n], labels[:n], x[n:], l2)
+    expected = RidgeClassifier(alpha=l2).fit(x[:n], labels[:n]).predict(x[n:])
+    assert len(np.unique(expected)) > 1  # a constant prediction would make the comparison weak
+    np.testing.assert_array_equal(predicted, expected)
+
+
+def test_ridge_probe_accuracy_equals_sklearn_score_on_torch_images():
+    x, y = random_problem(120, 48, 3, seed=1, signal=0.5)
+    images = torch.as_tensor(x, dtype=torch.float32).reshape(120, 3, 4, 4)  # (n, C, H, W), flattened per example
+    accuracy = ridge_probe(images[:80], torch.as_tensor(y[:80]), images[80:], torch.as_tensor(y[80:]), l2=3.0)
+    flat = images.double().flatten(1).numpy()
+    expected = RidgeClassifier(alpha=3.0).fit(flat[:80], y[:80]).score(flat[80:], y[80:])
+    assert 0 < expected < 1
+    assert accuracy == expected
+
+
+def test_two_classes_tied_at_zero_go_to_the_first_class_like_sklearn():
+    x = np.ones((10, 4))  # constant features: every score is the mean target, 0 for balanced classes
+    y = np.array([5, 9] * 5)
+    expected = RidgeClassifier(alpha=1.0).fit(x, y).predict(x[:3])
+    np.testing.assert_array_equal(ridge_predict(x, y, x[:3], 1.0), expected)
+    assert (expected == 5).all()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Streaming accumulator
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n, d, offset", [(90, 12, 0.0), (30, 50, 0.0), (90, 12, 1e4)])
+def test_streamed_weights_equal_sklearn_ridge_on_pm1_targets(device, n, d, offset):
+    x, y = random_problem(n, d, 4, seed=2)
+    x = x + offset  # activations often share a large offset; streaming must not lose precision to it
+    streamed = RidgeAccumulator(4, device)
+    for start in range(0, n, 13):  # uneven batches, the last one short
+        streamed.update(x[start : start + 13], y[start : start + 13])
+    one_shot = RidgeAccumulator(4, device).update(x, y)
+    reference = Ridge(alpha=2.0).fit(x, targets_pm1(y, 4))
+
+    for acc in (streamed, one_shot):
+        path = acc.solve([2.0])
+        np.testing.assert_allclose(path.coef()[0, 0].cpu().numpy(), reference.coef_.T, rtol=0, atol=1e-8)
+        np.testing.assert_allclose(path.intercept()[0, 0].cpu().numpy(), reference.intercept_, rtol=0, atol=1e-8)
+    assert streamed.count == n
+
+
+def test_merged_accumulators_equal_one_accumulator_over_all_batches():
+    x, y = random_problem(80, 9, 3, seed=3)
+    x = x + 50.0
+    whole = RidgeAccumulator(3).update(x, y)
+    merged = RidgeAccumulator(3).update(x[:50], y[:50]).merge(RidgeAccumulator(3).update(x[50:], y[50:]))
+    for name in ("mean_x", "mean_y", "xx", "xy"):
+        torch.testing.assert_close(getattr(merged, name), getattr(whole, name), rtol=1e-12, atol=1e-9)
+    assert merged.class_counts.tolist() == np.bincount(y, minlength=3).tolist()
+
+
+def test_batched_probes_equal_separate_solves():
+    n, n_probes, d, k = 70, 5, 8, 3
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(n, n_probes, d)) * rng.uniform(0.1, 10, size=(n_probes, 1))  # probes of different scales
+    y = rng.integers(0, k, n)
+    l2 = rng.uniform(0.1, 10, size=(n_probes, 3))  # (P, L): each probe its own penalties
+    together = RidgeAccumulator(k).update(x, y).solve(l2)
+    for p in range(n_probes):
+        alone = RidgeAccumulator(k).update(x[:, p], y).solve(l2[p])  # (b, D): one probe
+        torch.testing.assert_close(together.coef()[p], alone.coef()[0], rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(together.intercept()[p], alone.intercept()[0], rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(together.predict(x)[:, p], alone.predict(x[:, p])[:, 0])
+
+
+def test_a_grid_of_l2_equals_one_solve_per_l2():
+    x, y = random_problem(60, 20, 3, seed=5)
+    acc = RidgeAccumulator(3).update(x, y)
+    grid = [1e-3, 0.5, 7.0, 300.0]
+    path = acc.solve(grid)
+    for j, l2 in enumerate(grid):
+        reference = Ridge(alpha=l2).fit(x, targets_pm1(y, 3))
+        np.testing.assert_allclose(path.coef()[0, j].numpy(), reference.coef_.T, atol=1e-8)
+    assert not torch.allclose(path.coef()[0, 0], path.coef()[0, -1])  # the penalty matters
+
+
+def test_eigenbasis_prediction_equals_argmax_of_explicit_weights():
+    x, y = random_problem(60, 10, 4, seed=6, signal=0.3)
+    x_test = np.random.default_rng(7).normal(size=(25, 2, 10))
+    path = RidgeAccumulator(4).update(np.stack([x, -x], axis=1), y).solve([0.1, 10.0])  # P = 2, L = 2
+    scores = torch.einsum("bpd,pldk->bplk", torch.as_tensor(x_test), path.coef()) + path.intercept()
+    torch.testing.assert_close(path.predict(x_test), scores.argmax(-1))
+    correct = path.count_correct(x_test, y[:25])
+    torch.testing.assert_close(correct, (scores.argmax(-1) == torch.as_tensor(y[:25])[:, None, None]).sum(0))
+
+
+def test_classes_absent_from_training_are_never_predicted_like_sklearn():
+    x, y = random_problem(80, 6, 4, seed=8)
+    keep = y != 1  # class 1 never seen in training
+    path = RidgeAccumulator(4).update(x[keep], y[keep]).solve([0.01])
+    predicted = path.predict(x)[:, 0, 0].numpy()
+    expected = RidgeClassifier(alpha=0.01).fit(x[keep], y[keep]).predict(x)
+    np.testing.assert_array_equal(predicted, expected)
+    assert 1 not in predicted
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Split and driver
+
+
+def test_split_is_seeded_reproducible_and_disjoint():
+    split = split_examples(103, seed=7)
+    again = split_examples(103, seed=7)
+    other = split_examples(103, seed=8)
+    for part in ("fit", "holdout", "test"):
+        np.testing.assert_array_equal(getattr(split, part), getattr(again, part))
+    assert not np.array_equal(split.test, other.test)
+    assert len(np.intersect1d(split.train, split.test)) == 0
+    assert len(np.intersect1d(split.fit, split.holdout)) == 0
+    np.testing.assert_array_equal(np.sort(np.concatenate([split.fit, split.holdout, split.test])), np.arange(103))
+    assert (len(split.test), len(split.holdout), len(split.fit)) == (21, 16, 66)  # 20% test, 20% of the rest held out
+    assert split.mask("train").sum() == 82 and not (split.mask("train") & split.mask("test")).any()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_l2_selection_picks_the_best_holdout_accuracy_like_a_plain_loop(device):
+    n, n_probes, d = 200, 3, 60
+    rng = np.random.default_rng(9)
+    _, y = random_problem(n, d, 3, seed=9)
+    # each probe a noisy view of the labels, with many features so the penalty matters
+    x = rng.normal(size=(n, n_probes, d)) + 0.6 * np.eye(3)[y][:, None, :].repeat(d // 3, axis=2) * [[1], [0.5], [2]]
+    ratios = np.logspace(-4, 3, 8)
+    result = fit_probes(batches_from(x, y), y, l2_ratios=ratios, seed=1, device=device)
+    split = result.split
+
+    for p in range(n_probes):
+        xp = x[:, p]
+        fit_scale = len(split.fit) * xp[split.fit].var(0).mean()  # trace of the centred X'X over D
+        accuracy = [ridge_probe(xp[split.fit], y[split.fit], xp[split.holdout], y[split.holdout], r * fit_scale) for r in ratios]
+        np.testing.assert_allclose(result.holdout_accuracy[p], accuracy, rtol=0, atol=1e-12)
+        best = max(range(len(ratios)), key=lambda j: (accuracy[j], j))  # ties: the larger penalty
+        assert result.l2_ratio[p] == ratios[best]
+
+        train_scale = len(split.train) * xp[split.train].var(0).mean()
+        assert result.l2[p] == pytest.approx(ratios[best] * train_scale, rel=1e-10)
+        test_accuracy = ridge_probe(xp[split.train], y[split.train], xp[split.test], y[split.test], result.l2[p])
+        assert result.test_accuracy[p] == pytest.approx(test_accuracy, abs=1e-12)
+    assert len(np.unique(result.holdout_accuracy)) > 2  # the grid really changes the accuracy
+
+
+def test_fit_probes_reads_every_example_once_and_reports_progress():
+    x, y = random_problem(60, 5, 2, seed=10)
+    reads, events = [], []
+    fit_probes(batches_from(x, y, reads=reads), y, progress=lambda done, total: events.append((done, total)))
+    assert len(reads) == 3
+    np.testing.assert_array_equal(np.sum(reads, axis=0), np.ones(60))
+    assert events[-1] == (60, 60) and all(a[0] < b[0] for a, b in zip(events, events[1:]))
+
+
+def test_separable_classes_are_probed_perfectly_and_random_features_at_chance():
+    rng = np.random.default_rng(11)
+    n, d, k = 1500, 8, 4
+    y = rng.integers(0, k, n)
+    separable = 20.0 * np.eye(k, d)[y] + rng.normal(size=(n, d))  # class means 20 standard deviations apart
+    unrelated = rng.normal(size=(n, d))  # the labels carry no information about these
+    x = np.stack([separable, unrelated], axis=1).astype(np.float32)  # (n, P=2, D)
+    result = fit_probes(batches_from(x, y, batch_size=128), y, seed=3)
+    assert result.test_accuracy[0] == 1.0
+    assert abs(result.test_accuracy[1] - 1 / k) < 0.07
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Errors a user can cause, and runner bugs
+
+
+def test_a_single_class_in_the_training_split_is_a_user_error():
+    x = np.random.default_rng(12).normal(size=(20, 3))
+    with pytest.raises(VitseeError, match=r"1 class.*--shuffle-seed"):
+        ridge_probe(x[:10], np.zeros(10, int), x[10:], np.ones(10, int), l2=1.0)
+    y = np.zeros(20, int)
+    y[split_examples(20, seed=0).test] = 1  # every example of class 1 lands in the test split
+    with pytest.raises(VitseeError, match=r"train split has 1 class\(es\) among 16 images"):
+        fit_probes(batches_from(x, y), y, seed=0)
+
+
+@pytest.mark.parametrize("l2", [0.0, -1.0, float("nan")])
+def test_a_non_positive_l2_is_a_user_error(l2):
+    x, y = random_problem(20, 3, 2)
+    with pytest.raises(VitseeError, match="l2="):
+        ridge_probe(x, y, x, y, l2)
+    with pytest.raises(VitseeError, match="l2="):
+        RidgeAccumulator(2).update(x, y).solve([l2])
+
+
+def test_probing_unlabelled_images_is_a_user_error():
+    x = np.zeros((30, 2))
+    with pytest.raises(VitseeError, match="label -1 marks unlabelled images"):
+        fit_probes(batches_from(x, np.full(30, -1)), np.full(30, -1))
+
+
+def test_too_few_images_to_split_is_a_user_error():
+    with pytest.raises(VitseeError, match="3 images are too few"):
+        split_examples(3)
+
+
+def test_batches_that_ignore_the_mask_are_a_bug_not_a_user_error():
+    x, y = random_problem(40, 4, 2, seed=13)
+
+    def every_example(mask):
+        yield x, y
+
+    with pytest.raises(ValueError, match="batches yielded 40 fit examples"):
+        fit_probes(every_example, y)
