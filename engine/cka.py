@@ -1,0 +1,346 @@
+"""Linear CKA between layer representations: full-batch, and minibatch over all layer pairs at once.
+
+Raghu et al. 2021 (Fig. 1, 2) compare every layer of a model with every layer of the same or another model by
+linear CKA (Kornblith et al. 2019), estimated over minibatches with the unbiased HSIC of Song et al. 2012 as in
+Nguyen et al. 2021:
+
+    CKA(X, Y) = sum_b HSIC1(K_b, L_b) / sqrt(sum_b HSIC1(K_b, K_b) * sum_b HSIC1(L_b, L_b)),
+
+with K_b = X_b X_b^T the Gram matrix of batch b of the flattened representation (ViT: tokens x channels,
+CNN: H x W x C). HSIC1 of one batch is a Frobenius inner product of U-centred Grams, so the HSIC of all layer pairs
+of a batch is one matrix product of the stacked, flattened, U-centred Grams (the shape of Google's
+efficient_CKA.py). This module is the pure numerical core: arrays in, arrays out, no store, no printing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from vitsee.engine.errors import VitseeError
+
+MIN_BATCH = 4  # unbiased HSIC divides by m (m - 3) and (m - 1)(m - 2): it needs m >= 4 examples
+
+# Precision, chosen by measurement (benchmarks/cka.py --accuracy prints the table; CPU, 2,560 examples in batches
+# of 256, ViT-like (m, 197*192) and ResNet-like maps, with and without a +300 offset on every unit):
+#   Gram fp32, U-centring + pair product fp64 -> max |CKA - fp64 reference| ~ 1e-7
+#   Gram fp32, U-centring + pair product fp32 -> ~ 1e-6 .. 1e-5 (the m*m-term sum in fp32 is what hurts)
+#   Gram fp64                                -> ~ 1e-15, at twice the CPU time (and 1/64 of the rate on consumer GPUs)
+# Once the features are centred over the batch, the fp32 Gram (a length-D dot product per entry) is accurate
+# to ~1e-7 relative; the cancellation-prone steps are the U-centring and the m*m-term inner products, which are
+# cheap (O(L m^2) and O(L^2 m^2), against O(L m^2 D) for the Grams), so they run in fp64.
+GRAM_DTYPE = torch.float32
+PAIR_DTYPE = torch.float64
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Small, checkable pieces
+
+
+def gram(x: torch.Tensor) -> torch.Tensor:
+    """Return the linear-kernel Gram matrix x x^T of x (m, D) as (m, m).
+
+    K is symmetric, so only its upper block-triangle is multiplied out (rows [:h] against all rows, rows [h:]
+    against themselves) and the lower-left block is mirrored: 3/4 of the FLOPs of x @ x.T, measured ~15% faster
+    on CPU for D in 4k..50k, and exactly symmetric by construction.
+    """
+    m = x.shape[0]
+    h = m // 2
+    if h < 32:  # small batches: one GEMM is as fast and simpler
+        return x @ x.T
+    k = x.new_empty(m, m)
+    top = x[:h] @ x.T  # (h, m)
+    k[:h] = top
+    k[h:, :h] = top[:, h:].T
+    k[h:, h:] = x[h:] @ x[h:].T  # (m - h, m - h)
+    return k
+
+
+def u_centre(k: torch.Tensor) -> torch.Tensor:
+    """Return the U-centred Gram matrix (Song et al. 2012) of k (m, m), m >= 4, with a zero diagonal.
+
+    U(K)_ij = Kt_ij - (Kt 1)_i / (m-2) - (1'Kt)_j / (m-2) + 1'Kt1 / ((m-1)(m-2)) for i != j, 0 on the diagonal,
+    with Kt = K with its diagonal zeroed; then <U(K), U(L)>_F / (m (m-3)) is the unbiased HSIC estimator.
+    """
+    m = k.shape[0]
+    kt = k.clone()
+    kt.fill_diagonal_(0)
+    means = kt.sum(dim=0) / (m - 2)  # (m,)  column sums; Kt is symmetric so these are the row sums too
+    means -= means.sum() / (2 * (m - 1))
+    u = kt - means[:, None] - means[None, :]
+    u.fill_diagonal_(0)
+    return u
+
+
+def unbiased_hsic(k: torch.Tensor, l: torch.Tensor) -> float:
+    """Return the unbiased HSIC (Song et al. 2012) of two (m, m) Gram matrices, by its explicit formula, in fp64.
+
+    [tr(Kt Lt) + (1'Kt1)(1'Lt1) / ((m-1)(m-2)) - 2/(m-2) 1'Kt Lt 1] / (m (m-3)), Kt, Lt the diagonal-zeroed Grams.
+    """
+    m = k.shape[0]
+    if m < MIN_BATCH:
+        raise VitseeError(f"unbiased HSIC needs at least {MIN_BATCH} examples, got {m}: use a larger batch")
+    kt = torch.as_tensor(k, dtype=torch.float64).clone()
+    lt = torch.as_tensor(l, dtype=torch.float64).clone()
+    kt.fill_diagonal_(0)
+    lt.fill_diagonal_(0)
+    trace = (kt * lt).sum()  # tr(Kt Lt), both symmetric
+    sums = kt.sum() * lt.sum() / ((m - 1) * (m - 2))
+    cross = 2.0 / (m - 2) * (kt.sum(dim=0) @ lt.sum(dim=1))  # 1'Kt Lt 1
+    return float((trace + sums - cross) / (m * (m - 3)))
+
+
+def linear_cka(x: Any, y: Any) -> float:
+    """Return the full-batch linear CKA (Kornblith et al. 2019, biased HSIC) of x (n, ...) and y (n, ...), in fp64.
+
+    CKA = ||Yc' Xc||_F^2 / (||Xc' Xc||_F ||Yc' Yc||_F) with Xc, Yc the features centred over examples. When there
+    are fewer examples than features the same number is taken through the n x n Grams, <Kc, Lc>_F / (||Kc|| ||Lc||).
+    """
+    xc = _flat_fp64(x, "x")
+    yc = _flat_fp64(y, "y")
+    if xc.shape[0] != yc.shape[0]:
+        raise VitseeError(
+            f"linear_cka needs the same examples in x and y, got {xc.shape[0]} and {yc.shape[0]} rows: "
+            "pass activations of the same images in the same order"
+        )
+    xc = xc - xc.mean(dim=0)
+    yc = yc - yc.mean(dim=0)
+    n, dx, dy = xc.shape[0], xc.shape[1], yc.shape[1]
+    if n * n <= dx * dy:  # (n, n) Grams are the smaller route
+        kc, lc = xc @ xc.T, yc @ yc.T
+        num, den = (kc * lc).sum(), kc.norm() * lc.norm()
+    else:
+        num, den = (yc.T @ xc).square().sum(), (xc.T @ xc).norm() * (yc.T @ yc).norm()
+    return float(num / den)
+
+
+def _flat_fp64(a: Any, name: str) -> torch.Tensor:
+    t = torch.as_tensor(a).detach().to("cpu", torch.float64)
+    if t.ndim < 2:
+        raise VitseeError(f"{name} must be (examples, features...), got shape {tuple(t.shape)}: add a feature axis")
+    return t.reshape(t.shape[0], -1)
+
+
+@contextlib.contextmanager
+def full_fp32_matmul() -> Iterator[None]:
+    """Run the enclosed matrix products in full fp32 (no TF32 / bf16 shortcuts), restoring the caller's settings.
+
+    TF32 keeps 10 mantissa bits: a Gram in TF32 is off by ~1e-3 relative, far outside CKA's 1e-6 target. PyTorch
+    raises if the legacy (allow_tf32 / set_float32_matmul_precision) and the newer (fp32_precision) switches are
+    mixed, so this speaks whichever one the process already uses. The switches are process-global.
+    """
+    try:
+        legacy = (torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32)
+    except RuntimeError:  # the process uses the newer per-backend fp32_precision API
+        legacy = None
+    if legacy is not None:
+        torch.set_float32_matmul_precision("highest")
+        torch.backends.cuda.matmul.allow_tf32 = False
+        try:
+            yield
+        finally:
+            torch.set_float32_matmul_precision(legacy[0])
+            torch.backends.cuda.matmul.allow_tf32 = legacy[1]
+        return
+    backends = [torch.backends.cuda.matmul, torch.backends.mkldnn.matmul]
+    saved = [b.fp32_precision for b in backends]
+    for b in backends:
+        b.fp32_precision = "ieee"
+    try:
+        yield
+    finally:
+        for b, p in zip(backends, saved):
+            b.fp32_precision = p
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The accumulator
+
+
+class MinibatchCKA:
+    """Accumulates unbiased HSIC of all pairs of L layers over minibatches; `result()` gives the (L, L) CKA matrix.
+
+    Stack every layer of every model into one list: within-model and cross-model CKA are then blocks of one
+    L x L matrix, and each layer's Gram is built once per batch. The whole state is `state`, one fp64 tensor
+    [HSIC sums (L*L, row-major), batch count], so processes can combine theirs with one all_reduce (or `merge`)
+    and the result does not depend on how the batches were shared out.
+    """
+
+    def __init__(self, num_layers: int, device: str | torch.device | None = None):
+        if num_layers < 1:
+            raise VitseeError(f"MinibatchCKA needs at least one layer, got num_layers={num_layers}")
+        self.num_layers = num_layers
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.state = torch.zeros(num_layers * num_layers + 1, dtype=torch.float64, device=self.device)
+
+    @property
+    def hsic_sums(self) -> torch.Tensor:
+        """Return a (L, L) view of the summed per-batch unbiased HSIC of every layer pair."""
+        return self.state[:-1].view(self.num_layers, self.num_layers)
+
+    @property
+    def batches(self) -> int:
+        """Return how many batches have been accumulated (skipped ones not counted)."""
+        return int(self.state[-1].item())
+
+    def update(self, feats: Sequence[Any]) -> None:
+        """Add one batch: feats holds L arrays or tensors (m, ...) of the same m examples, in layer order."""
+        feats = list(feats)
+        if len(feats) != self.num_layers:
+            raise VitseeError(
+                f"update got {len(feats)} layers but this MinibatchCKA was made for {self.num_layers}: "
+                "pass every layer of every model, in the same order, for each batch"
+            )
+        m = int(feats[0].shape[0])
+        for i, f in enumerate(feats):
+            if int(f.shape[0]) != m:
+                raise VitseeError(
+                    f"layer {i} has {f.shape[0]} examples in this batch but layer 0 has {m}: "
+                    "every layer must hold the same images of the batch"
+                )
+        if m < MIN_BATCH:
+            warnings.warn(
+                f"skipping a batch of {m} examples: unbiased HSIC needs at least {MIN_BATCH} per batch "
+                "(choose a batch size that leaves a last batch of 4 or more)",
+                stacklevel=2,
+            )
+            return
+
+        with torch.no_grad(), full_fp32_matmul():
+            grams = torch.empty(self.num_layers, m * m, dtype=PAIR_DTYPE, device=self.device)  # (L, m*m)
+            for i, f in enumerate(feats):
+                x = torch.as_tensor(f).to(self.device).reshape(m, -1).to(GRAM_DTYPE)  # (m, D_i)
+                # Centring leaves HSIC1 unchanged and keeps a shared offset (e.g. +300 on every unit, or a ViT's
+                # position embedding) from swamping the fp32 Gram with a huge rank-one term.
+                x = x - x.mean(dim=0, keepdim=True)
+                grams[i] = u_centre(gram(x).to(PAIR_DTYPE)).reshape(-1)
+            # All L*L pairs in one product: <U(K_i), U(K_j)>_F / (m (m-3)).
+            hsic = (grams @ grams.T) / (m * (m - 3))  # (L, L)
+            self.state[:-1] += hsic.reshape(-1).to(torch.float64)
+            self.state[-1] += 1
+
+    def merge(self, other: MinibatchCKA | torch.Tensor) -> None:
+        """Add another accumulator (or its `state`) for the same layers into this one, e.g. from another process."""
+        other_state = other.state if isinstance(other, MinibatchCKA) else torch.as_tensor(other)
+        if other_state.shape != self.state.shape:
+            raise VitseeError(
+                f"cannot merge a CKA state of shape {tuple(other_state.shape)} into one for {self.num_layers} layers "
+                f"(state shape {tuple(self.state.shape)}): merge accumulators built over the same layer list"
+            )
+        self.state += other_state.to(self.device, torch.float64)
+
+    def result(self) -> np.ndarray:
+        """Return the (L, L) CKA matrix; not clamped, since the unbiased estimate can be slightly negative."""
+        if self.batches == 0:
+            raise VitseeError(
+                f"no batch of at least {MIN_BATCH} examples was accumulated: give CKA more images or a larger batch"
+            )
+        sums = self.hsic_sums.cpu().numpy()
+        self_hsic = np.diag(sums)  # a squared Frobenius norm per layer, so >= 0 up to rounding
+        bad = np.flatnonzero(~np.isfinite(self_hsic))
+        if bad.size:
+            raise VitseeError(
+                f"layers {bad.tolist()} have nan/inf activations (fp16 overflow?): "
+                "re-extract them in fp32 or leave those layers out"
+            )
+        flat = np.flatnonzero(self_hsic <= 0)
+        if flat.size:
+            warnings.warn(
+                f"layers {flat.tolist()} do not vary across examples (zero self-HSIC): their CKA is nan",
+                stacklevel=2,
+            )
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return sums / np.sqrt(np.outer(self_hsic, self_hsic))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The whole job: per-layer activations (or a stream of batches) in, CKA matrix out
+
+
+def minibatch_cka(
+    feats_a: Sequence[Any] | Iterable[Sequence[Any]],
+    feats_b: Sequence[Any] | Iterable[Sequence[Any]] | None = None,
+    batch_size: int = 256,
+    device: str | torch.device | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> np.ndarray:
+    """Return minibatch linear CKA between every layer of feats_a and every layer of feats_b, as (La, Lb).
+
+    feats_a / feats_b: a list of per-layer arrays (n, ...) -- numpy, torch or anything sliceable with a shape, such
+    as h5py datasets -- cut into consecutive batches of batch_size in the given order; or an iterable that yields,
+    per batch, the list of that batch's layer arrays (then batch_size is not used). feats_b=None compares feats_a
+    with itself (symmetric, unit diagonal up to rounding). A last batch under 4 examples is dropped with a warning.
+    progress, if given, is called with the number of examples accumulated so far after each batch.
+    """
+    if batch_size < MIN_BATCH:
+        raise VitseeError(f"batch_size={batch_size} is too small: unbiased HSIC needs at least {MIN_BATCH}")
+    if feats_b is not None and _is_layer_list(feats_a) and _is_layer_list(feats_b):
+        if int(feats_a[0].shape[0]) != int(feats_b[0].shape[0]):
+            raise VitseeError(
+                f"feats_a has {feats_a[0].shape[0]} examples but feats_b has {feats_b[0].shape[0]}: "
+                "compare activations of the same images in the same order"
+            )
+    batches_a, n_layers_a = _batches(feats_a, batch_size, "feats_a")
+    if feats_b is None:
+        acc = MinibatchCKA(n_layers_a, device)
+        pairs = ((batch, ()) for batch in batches_a)
+    else:
+        batches_b, n_layers_b = _batches(feats_b, batch_size, "feats_b")
+        acc = MinibatchCKA(n_layers_a + n_layers_b, device)
+        pairs = _zip_same_length(batches_a, batches_b)
+
+    done = 0
+    for batch_a, batch_b in pairs:
+        acc.update([*batch_a, *batch_b])
+        done += int(batch_a[0].shape[0])
+        if progress is not None:
+            progress(done)
+    cka = acc.result()
+    return cka if feats_b is None else cka[:n_layers_a, n_layers_a:]
+
+
+def _is_layer_list(feats: Any) -> bool:
+    return isinstance(feats, Sequence) and len(feats) > 0 and all(hasattr(f, "shape") for f in feats)
+
+
+def _batches(feats: Any, batch_size: int, name: str) -> tuple[Iterator[list[Any]], int]:
+    """Return an iterator over per-batch layer lists, and the number of layers."""
+    if _is_layer_list(feats):
+        n = int(feats[0].shape[0])
+        for i, f in enumerate(feats):
+            if int(f.shape[0]) != n:
+                raise VitseeError(
+                    f"{name}[{i}] has {f.shape[0]} examples but {name}[0] has {n}: "
+                    "every layer must hold the same images"
+                )
+        starts = range(0, n, batch_size)
+        return ([f[s : s + batch_size] for f in feats] for s in starts), len(feats)
+    if isinstance(feats, Sequence) and len(feats) == 0:
+        raise VitseeError(f"{name} is empty: pass at least one layer of activations")
+    stream = iter(feats)
+    first = next(stream, None)
+    if first is None:
+        raise VitseeError(f"{name} yielded no batches: pass per-layer arrays or a non-empty batch stream")
+    first = list(first)
+    return itertools.chain([first], (list(b) for b in stream)), len(first)
+
+
+def _zip_same_length(a: Iterator[list[Any]], b: Iterator[list[Any]]) -> Iterator[tuple[list[Any], list[Any]]]:
+    sentinel = object()
+    for batch_a, batch_b in itertools.zip_longest(a, b, fillvalue=sentinel):
+        if batch_a is sentinel or batch_b is sentinel:
+            raise VitseeError(
+                "feats_a and feats_b hold different numbers of batches: both must cover the same images"
+            )
+        if int(batch_a[0].shape[0]) != int(batch_b[0].shape[0]):
+            raise VitseeError(
+                f"a batch has {batch_a[0].shape[0]} examples in feats_a but {batch_b[0].shape[0]} in feats_b: "
+                "both must cover the same images in the same batches"
+            )
+        yield batch_a, batch_b

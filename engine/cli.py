@@ -1,0 +1,225 @@
+"""`vitsee`: the headless command line (extract, analyze, export, show, info, models, layers).
+
+Thin on purpose: parse, call the engine, render with Rich. A VitseeError becomes one line on stderr and
+a non-zero exit; anything else is a bug and keeps its traceback.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .errors import VitseeError
+
+app = typer.Typer(
+    name="vitsee",
+    help="Do vision transformers see like CNNs? Extract timm activations into an HDF5 store and analyse them.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+out = Console(soft_wrap=True)
+err = Console(stderr=True)
+
+
+class _NoBar:
+    def stop(self) -> None:
+        pass
+
+
+def _progress_bar(quiet: bool):
+    """Returns (callback, context manager) drawing extraction progress on stderr."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    if quiet:
+        return (lambda _e: None), _NoBar()
+    bar = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]}"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=err,
+        transient=False,
+    )
+    state: dict = {}
+
+    def on_event(event) -> None:
+        import time
+
+        if event.stage in ("plan", "load"):
+            bar.console.print(event.message, style="dim" if event.stage == "load" else None, highlight=False)
+        elif event.stage == "extract":
+            if "task" not in state:
+                bar.start()
+                state["task"] = bar.add_task("extract", total=event.total, completed=event.done, rate="")
+                state["t0"], state["start"] = time.perf_counter(), event.done
+            elapsed = time.perf_counter() - state["t0"]
+            rate = (event.done - state["start"]) / elapsed if elapsed > 0 else 0.0
+            bar.update(state["task"], completed=event.done, rate=f"{rate:.1f} img/s")
+        elif event.stage == "analyze":
+            key = ("analyze", event.message)
+            if key not in state:
+                bar.start()
+                state[key] = bar.add_task(event.message, total=event.total, rate="")
+            bar.update(state[key], completed=event.done)
+
+    return on_event, bar
+
+
+@app.command()
+def extract(
+    store: Annotated[Path, typer.Argument(help="HDF5 store to create, resume or append to")],
+    model: Annotated[list[str], typer.Option("--model", "-m", help="NAME[.TAG][@pretrained|@random[:SEED]|@PATH]; repeat for several")],
+    dataset: Annotated[str, typer.Option(help="digits | samples | synthetic | imagefolder:PATH | cifar10:PATH | cifar100:PATH | npz:PATH")] = "samples",
+    n_images: Annotated[Optional[int], typer.Option("--n-images", "-n", help="how many images (default: all)")] = None,
+    batch_size: Annotated[int, typer.Option(help="images per forward pass and per stored chunk")] = 64,
+    device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")] = "auto",
+    layers: Annotated[str, typer.Option(help="blocks | sublayers | NAME,NAME,... (timm module paths)")] = "blocks",
+    img_size: Annotated[Optional[int], typer.Option(help="build every model for N x N input")] = None,
+    dtype: Annotated[str, typer.Option(help="float16 | float32 for stored activations")] = "float16",
+    shuffle_seed: Annotated[Optional[int], typer.Option(help="take a seeded random subset instead of the first N")] = None,
+    workers: Annotated[Optional[int], typer.Option(help="image loading processes (default: cores - 1, at most 4)")] = None,
+    overwrite: Annotated[bool, typer.Option(help="replace an existing store")] = False,
+    force: Annotated[bool, typer.Option(help="start even if the disk looks too small")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
+) -> None:
+    """Run models over images and store layer activations and per-image statistics (resumable)."""
+    from .extract import ExtractConfig, run_extraction
+
+    layer_arg: str | list[str] = layers if layers in ("blocks", "sublayers") else [s.strip() for s in layers.split(",") if s.strip()]
+    cfg = ExtractConfig(
+        store=store, models=model, dataset=dataset, n_images=n_images, batch_size=batch_size, device=device,
+        layers=layer_arg, img_size=img_size, dtype=dtype, shuffle_seed=shuffle_seed, overwrite=overwrite,
+        force=force, workers=workers,
+    )
+    on_event, bar = _progress_bar(quiet)
+    try:
+        result = run_extraction(cfg, progress=on_event)
+    except KeyboardInterrupt:
+        err.print("interrupted: finished batches are kept; rerun the same command to resume", highlight=False)
+        raise typer.Exit(130) from None
+    finally:
+        if isinstance(bar, _NoBar) or bar.live.is_started:
+            bar.stop()
+    if not quiet:
+        rate = result.images_processed / result.seconds if result.seconds else 0
+        err.print(
+            f"wrote {result.store}: {', '.join(result.models)}; {result.images_processed} images in "
+            f"{result.seconds:.1f} s ({rate:.1f} img/s)", highlight=False,
+        )
+
+
+@app.command()
+def info(store: Annotated[Path, typer.Argument(help="a store made by `vitsee extract`")]) -> None:
+    """Print what a store holds: images, models, layers with shapes and sizes, statistics, results."""
+    from .store import Store, human_bytes
+
+    with Store.open(store) as s:
+        status = "complete" if s.complete else "[yellow]incomplete[/] (rerun the same `vitsee extract` to resume)"
+        out.print(f"[bold]{store}[/]  {human_bytes(store.stat().st_size)} on disk, {status}")
+        names = s.class_names
+        labels = s.labels
+        label_text = f"{len(set(labels.tolist()))} classes" if labels is not None else "no labels"
+        seed = f", shuffle seed {s.shuffle_seed}" if s.shuffle_seed is not None else ""
+        out.print(f"images: {s.n_images} of [cyan]{s.dataset_spec}[/]{seed}, {label_text}"
+                  + (f" ({', '.join(names[:6])}{' ...' if len(names) > 6 else ''})" if names else ""), highlight=False)
+        for key in s.models:
+            meta = s.model_info(key)
+            w = meta["weights"]
+            weights = w["kind"] + (f" seed {w['seed']}" if w.get("seed") is not None else "")
+            if w.get("sha256"):
+                weights += f" sha256 {w['sha256'][:12]}"
+            if w.get("source") and w["kind"] != "random":
+                weights += f" ({w['source']})"
+            done = s.rows_done(key)
+            out.print()
+            out.print(f"[bold green]{key}[/]  {meta['family']}  {weights}", highlight=False)
+            grid = f", grid {meta['grid_size'][0]}x{meta['grid_size'][1]} of {meta['patch_size'][0]} px, {meta['num_prefix_tokens']} prefix token(s), {meta['num_heads']} heads" if meta.get("grid_size") else ""
+            out.print(f"  input {meta['data_config']['input_size']}{grid}; {meta['dtype']}, batch {meta['batch_size']}; "
+                      f"{done}/{s.n_images} rows done; {human_bytes(s.model_bytes(key))}", highlight=False)
+            table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
+            table.add_column("layer")
+            table.add_column("shape / image")
+            table.add_column("size", justify="right")
+            table.add_column("non-finite", justify="right")
+            nonfinite = s.nonfinite_counts(key)
+            itemsize = 2 if meta["dtype"] == "float16" else 4
+            for layer in s.layers(key):
+                shape = s.layer_shape(key, layer)
+                n_el = 1
+                for d in shape:
+                    n_el *= d
+                table.add_row(layer, "x".join(map(str, shape)), human_bytes(n_el * itemsize * s.n_images), str(nonfinite[layer]) if nonfinite[layer] else "")
+            out.print(table)
+            if s.stats(key):
+                out.print("  statistics: " + ", ".join(f"{n} {'x'.join(map(str, s._model(key)['stats'][n].shape[1:]))}" for n in s.stats(key)), highlight=False)
+        results = s.results()
+        if results:
+            out.print()
+            out.print("[bold]cached results[/]")
+            for r in results:
+                out.print(f"  {r['analysis']} {r['id']}  {r['params']}", highlight=False)
+
+
+@app.command()
+def models(
+    pattern: Annotated[str, typer.Argument(help="substring or glob of timm names")] = "*",
+    pretrained: Annotated[bool, typer.Option(help="only names with pretrained tags")] = False,
+) -> None:
+    """List timm models: the family vitsee recognises and whether pretrained weights are cached locally."""
+    from .models import list_models
+
+    rows = list_models(pattern, pretrained_only=pretrained)
+    if not rows:
+        raise VitseeError(f"no timm model matches '{pattern}': try a shorter pattern, e.g. `vitsee models vit_`")
+    table = Table(box=None, header_style="bold")
+    table.add_column("model")
+    table.add_column("family")
+    table.add_column("weights")
+    for r in rows:
+        table.add_row(r["name"], r["family"], "[green]cached[/]" if r["cached"] else "")
+    out.print(table)
+    out.print(f"{len(rows)} models; {sum(r['cached'] for r in rows)} with weights in the local cache", style="dim")
+
+
+@app.command()
+def layers(
+    model: Annotated[str, typer.Argument(help="NAME[.TAG][@WEIGHTS]")],
+    img_size: Annotated[Optional[int], typer.Option(help="build for N x N input")] = None,
+    granularity: Annotated[str, typer.Option(help="blocks | sublayers | modules (every module path)")] = "sublayers",
+) -> None:
+    """List the layer names a model offers to --layers, in forward order."""
+    from .models import layer_points, load_model, parse_model_spec
+
+    spec = parse_model_spec(model)
+    if spec.weights == "pretrained":  # names do not depend on weights: never download for a listing
+        spec = parse_model_spec(f"{spec.timm_name}@random")
+    loaded = load_model(spec, img_size=img_size)
+    if granularity == "modules":
+        for name, module in loaded.model.named_modules():
+            if name:
+                out.print(f"{name}  [dim]{type(module).__name__}[/]", highlight=False)
+        return
+    for point in layer_points(loaded.model, loaded.family, granularity):
+        where = f"input of {point.module}" if point.kind == "input" else ""
+        out.print(f"{point.name}  [dim]{where}[/]", highlight=False)
+
+
+def main() -> None:
+    """Entry point: runs the Typer app, turning user errors into one line and a non-zero exit."""
+    try:
+        app()  # standalone: usage errors print click's message and exit 2
+    except VitseeError as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,422 @@
+"""Extraction: one pass over the images feeds every model of a run, hooks record, a writer thread stores.
+
+The main thread loads batches (DataLoader workers), runs each model's forward with its recorders and
+starts the device-to-host copies; a background thread waits for those copies and writes the batch into
+the store, so the device never waits on HDF5. A bounded queue keeps host memory flat. Progress and plan
+messages reach the caller through one callback (the CLI draws a Rich bar, the terminal app a widget).
+"""
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import store as store_mod
+from .data import ImageSet, Selection, open_dataset, select_indices
+from .errors import VitseeError
+from .models import LoadedModel, ModelSpec, layer_points, load_model, make_transform, parse_model_spec
+from .recorders import ActivationRecorder, Recorder, default_recorders
+from .store import ArraySpec, LayerSpec, Store, estimate_bytes, human_bytes
+
+DTYPES = {"float16": torch.float16, "float32": torch.float32}
+
+
+@dataclass
+class ExtractConfig:
+    """Everything `vitsee extract` takes."""
+
+    store: Path
+    models: Sequence[str]
+    dataset: str = "samples"
+    n_images: int | None = None
+    batch_size: int = 64
+    device: str = "auto"
+    layers: str | list[str] = "blocks"
+    img_size: int | None = None
+    dtype: str = "float16"
+    shuffle_seed: int | None = None
+    overwrite: bool = False
+    force: bool = False
+    workers: int | None = None
+
+
+@dataclass
+class Progress:
+    """One event of a run: stage is 'plan' (message), 'load' (message), 'extract' (done/total images)
+    or 'done'."""
+
+    stage: str
+    done: int = 0
+    total: int = 0
+    message: str = ""
+    model: str | None = None
+
+
+@dataclass
+class ExtractResult:
+    store: Path
+    models: list[str]
+    images_processed: int
+    seconds: float
+    bytes_written: int
+    cancelled: bool = False
+    messages: list[str] = field(default_factory=list)
+
+
+ProgressFn = Callable[[Progress], None]
+
+
+def resolve_device(name: str) -> torch.device:
+    """Returns the torch device for auto|cpu|cuda|cuda:N, refusing CUDA where there is none."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise VitseeError(f"--device {name} but no CUDA GPU is visible to torch: use --device cpu (or auto)")
+        return torch.device(name)
+    if name == "cpu":
+        return torch.device("cpu")
+    raise VitseeError(f"unknown device '{name}': use auto, cpu, cuda or cuda:N")
+
+
+# --- planning ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class ModelPlan:
+    """A model of the run: its recorders, what it stores, and whether it is new or resumed."""
+
+    loaded: LoadedModel
+    recorders: list[Recorder]
+    layers: list[LayerSpec]
+    stats: list[ArraySpec]
+    input_shape: tuple[int, ...]
+    transform: object
+    batch_size: int
+    new: bool
+    done: np.ndarray  # (batches,) bool
+    record: dict
+
+    @property
+    def key(self) -> str:
+        return self.loaded.key
+
+    def bytes(self, n_images: int, dtype: str) -> int:
+        inputs = ArraySpec("input", self.input_shape, dtype)
+        return estimate_bytes(n_images, self.layers, dtype, [*self.stats, inputs])
+
+
+def _dry_run(loaded: LoadedModel, recorders: list[Recorder], example: torch.Tensor) -> dict[str, tuple[int, ...]]:
+    with torch.inference_mode():
+        loaded.model(example)
+    shapes = {}
+    for rec in recorders:
+        for name, value in rec.collect().items():
+            shapes[name] = tuple(value.shape[1:])
+    return shapes
+
+
+def _model_record(loaded: LoadedModel, transform, layers_arg, dtype: str) -> dict:
+    record = loaded.record()
+    record.update(transform=str(transform), layers_arg=layers_arg, dtype=dtype)
+    return record
+
+
+def _check_same_images(store: Store, images: ImageSet, indices: np.ndarray) -> None:
+    if store.dataset_spec != images.spec or not np.array_equal(store.indices, indices):
+        raise VitseeError(
+            f"{store.path} holds {store.n_images} images of '{store.dataset_spec}' but this run asks for "
+            f"{len(indices)} of '{images.spec}': use the same --dataset/--n-images/--shuffle-seed, a new store, or --overwrite"
+        )
+
+
+def _check_same_model(store: Store, key: str, record: dict, layers: list[LayerSpec]) -> None:
+    old = store.model_info(key)
+    for field_name in ("spec", "weights", "data_config", "dtype"):
+        a, b = old.get(field_name), record.get(field_name)
+        if store_mod._json(a) != store_mod._json(b):
+            raise VitseeError(
+                f"{key} is already in {store.path} with a different {field_name} ({a} vs {b}): "
+                "use a new store, or --overwrite to replace it"
+            )
+    if store.layers(key) != [layer.name for layer in layers]:
+        raise VitseeError(
+            f"{key} is already in {store.path} with other layers ({len(store.layers(key))} stored, "
+            f"{len(layers)} asked): use the same --layers, a new store, or --overwrite"
+        )
+
+
+def plan(cfg: ExtractConfig, device: torch.device, emit: ProgressFn) -> tuple[Selection, list[ModelPlan], Store | None]:
+    """Returns the run's images, one ModelPlan per model, and the existing store if resuming/appending."""
+    if cfg.dtype not in DTYPES:
+        raise VitseeError(f"unknown --dtype '{cfg.dtype}': use float16 or float32")
+    if cfg.batch_size < 1:
+        raise VitseeError(f"--batch-size must be at least 1, got {cfg.batch_size}")
+    if not cfg.models:
+        raise VitseeError("no model given: pass --model NAME[.TAG][@WEIGHTS] at least once")
+    specs: list[ModelSpec] = [parse_model_spec(m) for m in cfg.models]
+    keys = [s.key for s in specs]
+    if len(set(keys)) != len(keys):
+        raise VitseeError(f"model {keys[0] if keys.count(keys[0]) > 1 else keys[1]} is given twice: list each model once")
+    images = open_dataset(cfg.dataset)
+    indices = select_indices(len(images), cfg.n_images, cfg.shuffle_seed)
+    selection = Selection(images, indices, cfg.shuffle_seed)
+
+    existing: Store | None = None
+    store_path = Path(cfg.store)
+    if store_path.exists() and not cfg.overwrite:
+        existing = Store.writer(store_path)
+        try:
+            _check_same_images(existing, images, indices)
+        except BaseException:
+            existing.close()
+            raise
+
+    layers_arg = cfg.layers if isinstance(cfg.layers, str) else list(cfg.layers)
+    torch_dtype = DTYPES[cfg.dtype]
+    plans = []
+    n_batches_default = -(-len(indices) // cfg.batch_size)
+    try:
+        for spec in specs:
+            emit(Progress("load", message=f"loading {spec}", model=spec.key))
+            loaded = load_model(spec, img_size=cfg.img_size, device=device)
+            points = layer_points(loaded.model, loaded.family, layers_arg)
+            transform = make_transform(loaded)
+            recorders = default_recorders(loaded, points, torch_dtype)
+            for rec in recorders:
+                rec.attach(loaded)
+            example = transform(images.image(int(indices[0]))).unsqueeze(0).to(device)
+            shapes = _dry_run(loaded, recorders, example)
+            act = next(r for r in recorders if isinstance(r, ActivationRecorder))
+            layer_specs = act.layer_specs(shapes)
+            stats = [s for r in recorders for s in r.specs()]
+            record = _model_record(loaded, transform, layers_arg, cfg.dtype)
+            if existing is not None and loaded.key in existing.models:
+                _check_same_model(existing, loaded.key, record, layer_specs)
+                batch_size = existing.batch_size(loaded.key)
+                done = existing.done_batches(loaded.key)
+                new = False
+            else:
+                batch_size, done, new = cfg.batch_size, np.zeros(n_batches_default, dtype=bool), True
+            plans.append(
+                ModelPlan(loaded, recorders, layer_specs, stats, tuple(example.shape[1:]), transform, batch_size, new, done, record)
+            )
+    except BaseException:
+        if existing is not None:
+            existing.close()
+        raise
+    return selection, plans, existing
+
+
+def _check_disk(path: Path, needed: int, force: bool) -> None:
+    free = shutil.disk_usage(path.parent if path.parent.exists() else Path.cwd()).free
+    if needed > free and not force:
+        raise VitseeError(
+            f"{path} needs {human_bytes(needed)} but {path.parent} has {human_bytes(free)} free: free space, "
+            "use fewer images or layers (--n-images, --layers blocks), or pass --force"
+        )
+
+
+# --- the pass ---------------------------------------------------------------------------------------
+
+
+class _TransformedImages(torch.utils.data.Dataset):
+    """Row j of the run -> one tensor per distinct transform (models sharing preprocessing share it)."""
+
+    def __init__(self, images: ImageSet, indices: np.ndarray, transforms: list):
+        self.images, self.indices, self.transforms = images, indices, transforms
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, j: int):
+        img = self.images.image(int(self.indices[j]))
+        return tuple(t(img) for t in self.transforms)
+
+
+@dataclass
+class _Batch:
+    model: str
+    batch: int
+    activations: dict[str, torch.Tensor]
+    stats: dict[str, torch.Tensor]
+    model_input: torch.Tensor
+    nonfinite: torch.Tensor
+    ready: object = None  # a CUDA event the writer waits on before reading host memory
+
+
+class BatchWriter:
+    """A thread that writes finished batches into the store; a bounded queue applies back-pressure."""
+
+    def __init__(self, store: Store, max_pending: int = 3):
+        self.store = store
+        self.queue: queue.Queue = queue.Queue(maxsize=max_pending)
+        self.error: BaseException | None = None
+        self.bytes_written = 0
+        self.thread = threading.Thread(target=self._run, name="vitsee-writer", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            if self.error is not None:
+                continue  # drain after a failure so the producer never blocks
+            try:
+                if item.ready is not None:
+                    item.ready.synchronize()
+                acts = {k: v.numpy() for k, v in item.activations.items()}
+                stats = {k: v.numpy() for k, v in item.stats.items()}
+                inp = item.model_input.numpy()
+                self.store.write_batch(item.model, item.batch, acts, stats, inp, item.nonfinite.numpy().tolist())
+                self.bytes_written += sum(a.nbytes for a in acts.values()) + inp.nbytes + sum(s.nbytes for s in stats.values())
+            except BaseException as exc:  # reported to the producer on its next put/close
+                self.error = exc
+
+    def put(self, item: _Batch) -> None:
+        if self.error is not None:
+            raise self.error
+        self.queue.put(item)
+
+    def close(self) -> None:
+        self.queue.put(None)
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+
+
+def _to_host(tensors: dict[str, torch.Tensor], dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, t in tensors.items():
+        t = t.to(dtype) if dtype is not None else t
+        if t.device.type == "cpu":
+            out[name] = t.contiguous()
+        else:
+            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            host.copy_(t, non_blocking=True)
+            out[name] = host
+    return out
+
+
+def _forward_batch(mp: ModelPlan, x: torch.Tensor, batch: int, torch_dtype: torch.dtype) -> _Batch:
+    with torch.inference_mode():
+        mp.loaded.model(x)
+    acts: dict[str, torch.Tensor] = {}
+    stats: dict[str, torch.Tensor] = {}
+    for rec in mp.recorders:
+        (acts if isinstance(rec, ActivationRecorder) else stats).update(rec.collect())
+    nonfinite = torch.stack([(~torch.isfinite(acts[layer.name])).sum() for layer in mp.layers])
+    host_acts = _to_host(acts)
+    host_stats = _to_host(stats, torch.float32)
+    host_rest = _to_host({"input": x.to(torch_dtype), "nonfinite": nonfinite})
+    ready = None
+    if x.device.type == "cuda":
+        ready = torch.cuda.Event()
+        ready.record()
+    return _Batch(mp.key, batch, host_acts, host_stats, host_rest["input"], host_rest["nonfinite"], ready)
+
+
+def run_extraction(
+    cfg: ExtractConfig, progress: ProgressFn | None = None, cancel: threading.Event | None = None
+) -> ExtractResult:
+    """Extracts (or resumes, or appends) every model of cfg into the store; returns what was done."""
+    emit: ProgressFn = progress or (lambda _p: None)
+    device = resolve_device(cfg.device)
+    t0 = time.perf_counter()
+    selection, plans, existing = plan(cfg, device, emit)
+    n = len(selection)
+    store_path = Path(cfg.store)
+    messages = []
+    try:
+        needed = sum(mp.bytes(n, cfg.dtype) * (1 - mp.done.mean()) for mp in plans if not mp.done.all())
+        total = sum(mp.bytes(n, cfg.dtype) for mp in plans)
+        msg = f"{store_path}: {n} images x {len(plans)} model(s), expected size on disk {human_bytes(total)}"
+        if existing is not None:
+            msg += f" (to write now: {human_bytes(needed)})"
+        messages.append(msg)
+        emit(Progress("plan", message=msg))
+        for mp in plans:
+            if not mp.new and mp.batch_size != cfg.batch_size:
+                note = f"{mp.key}: resuming with the stored batch size {mp.batch_size}"
+                messages.append(note)
+                emit(Progress("plan", message=note, model=mp.key))
+        _check_disk(store_path, int(needed), cfg.force)
+
+        if existing is None:
+            with store_mod.creating(store_path, overwrite=cfg.overwrite) as h5:
+                images = selection.images
+                store_mod.write_images(h5, images.spec, selection.indices, selection.labels, images.class_names, selection.shuffle_seed)
+                for mp in plans:
+                    store_mod.add_model_layout(h5, mp.record, mp.layers, mp.stats, mp.input_shape, mp.batch_size, cfg.dtype, n)
+            existing = Store.writer(store_path)
+        else:
+            for mp in plans:
+                if mp.new:
+                    existing.add_model(mp.record, mp.layers, mp.stats, mp.input_shape, mp.batch_size, cfg.dtype)
+        processed, bytes_written, cancelled = _extract_pass(existing, selection, plans, device, cfg, emit, cancel)
+    finally:
+        for mp in plans:
+            for rec in mp.recorders:
+                rec.detach()
+        if existing is not None:
+            existing.close()
+    seconds = time.perf_counter() - t0
+    emit(Progress("done", done=processed, total=n, message=f"{processed} images in {seconds:.1f} s"))
+    return ExtractResult(store_path, [mp.key for mp in plans], processed, seconds, bytes_written, cancelled, messages)
+
+
+def _extract_pass(store, selection, plans, device, cfg, emit, cancel) -> tuple[int, int, bool]:
+    """Runs the pending batches of every model, grouped by batch size (one pass per group)."""
+    n = len(selection)
+    torch_dtype = DTYPES[cfg.dtype]
+    processed = 0
+    cancelled = False
+    writer = BatchWriter(store)
+    try:
+        for bs in sorted({mp.batch_size for mp in plans}):
+            group = [mp for mp in plans if mp.batch_size == bs and not mp.done.all()]
+            if not group:
+                continue
+            n_batches = -(-n // bs)
+            pending = [b for b in range(n_batches) if any(not mp.done[b] for mp in group)]
+            transforms, slot = [], {}
+            for mp in group:
+                key = repr(mp.transform)
+                if key not in slot:
+                    slot[key] = len(transforms)
+                    transforms.append(mp.transform)
+            dataset = _TransformedImages(selection.images, selection.indices, transforms)
+            batches = [list(range(b * bs, min((b + 1) * bs, n))) for b in pending]
+            workers = cfg.workers if cfg.workers is not None else min(4, max(1, (os.cpu_count() or 2) - 1))
+            loader = torch.utils.data.DataLoader(
+                dataset, batch_sampler=batches, num_workers=workers, pin_memory=device.type == "cuda"
+            )
+            done_images = n - sum(len(rows) for rows in batches)
+            emit(Progress("extract", done=done_images, total=n))
+            for b, inputs in zip(pending, loader):
+                if cancel is not None and cancel.is_set():
+                    cancelled = True
+                    break
+                for mp in group:
+                    if mp.done[b]:
+                        continue
+                    x = inputs[slot[repr(mp.transform)]].to(device, non_blocking=True)
+                    writer.put(_forward_batch(mp, x, b, torch_dtype))
+                rows = min(bs, n - b * bs)
+                processed += rows
+                done_images += rows
+                emit(Progress("extract", done=done_images, total=n))
+            if cancelled:
+                break
+    finally:
+        writer.close()
+    return processed, writer.bytes_written, cancelled

@@ -1,0 +1,516 @@
+"""timm models by spec `NAME[.TAG][@WEIGHTS]`: weights loading, family recognition, layer points.
+
+WEIGHTS is `pretrained` (default: timm's weights from the Hugging Face Hub or its local cache),
+`random` / `random:SEED` (seeded init, seed 0 by default), or a path to a state-dict file
+(.safetensors, .pth, .pt, .bin). What was used is recorded in the store, with the file's sha256.
+"""
+from __future__ import annotations
+
+import difflib
+import hashlib
+import os
+import re
+import socket
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+import torch
+from torch import nn
+
+from .errors import VitseeError
+
+WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
+VIT_MODULES = {"vision_transformer", "deit", "vision_transformer_hybrid"}
+RESNET_MODULES = {"resnet", "resnetv2"}
+
+
+# --- specs ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A parsed `NAME[.TAG][@WEIGHTS]`."""
+
+    name: str
+    tag: str | None
+    weights: str  # "pretrained" | "random" | "file"
+    seed: int | None = None
+    path: str | None = None
+
+    @property
+    def timm_name(self) -> str:
+        return f"{self.name}.{self.tag}" if self.tag else self.name
+
+    @property
+    def key(self) -> str:
+        """The model's name inside a store: the timm name plus how it was initialised."""
+        if self.weights == "random":
+            return f"{self.timm_name}@random:{self.seed}"
+        if self.weights == "file":
+            stem = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(self.path).stem)
+            return f"{self.timm_name}@file:{stem}"
+        return self.timm_name
+
+    def __str__(self) -> str:
+        if self.weights == "random":
+            return f"{self.timm_name}@random:{self.seed}"
+        if self.weights == "file":
+            return f"{self.timm_name}@{self.path}"
+        return self.timm_name
+
+
+def parse_model_spec(text: str) -> ModelSpec:
+    """Returns the ModelSpec of `NAME[.TAG][@WEIGHTS]`; the name is checked against timm's registry."""
+    import timm
+
+    text = text.strip()
+    base, _, weights = text.partition("@")
+    name, _, tag = base.partition(".")
+    if not name:
+        raise VitseeError(f"model spec '{text}' has no name: write NAME[.TAG][@WEIGHTS], e.g. vit_tiny_patch16_224@random")
+    if not timm.is_model(name):
+        close = difflib.get_close_matches(name, timm.list_models(), n=5, cutoff=0.6)
+        hint = f"did you mean {', '.join(close)}?" if close else "see `vitsee models PATTERN`"
+        raise VitseeError(f"unknown model '{name}': {hint}")
+    tag = tag or None
+    if tag is not None and f"{name}.{tag}" not in timm.list_pretrained(f"{name}.*"):
+        known = [t.partition(".")[2] for t in timm.list_pretrained(f"{name}.*")]
+        hint = f"known tags: {', '.join(known)}" if known else "it has no pretrained tags; drop the tag"
+        raise VitseeError(f"unknown tag '{tag}' for {name}: {hint}")
+    weights = weights.strip() or "pretrained"
+    if weights == "pretrained":
+        return ModelSpec(name, tag, "pretrained")
+    if weights == "random" or weights.startswith("random:"):
+        seed_text = weights.partition(":")[2] or "0"
+        try:
+            seed = int(seed_text)
+        except ValueError:
+            raise VitseeError(f"seed '{seed_text}' in '{text}' is not an integer: write @random:SEED, e.g. @random:0") from None
+        return ModelSpec(name, tag, "random", seed=seed)
+    path = Path(os.path.expanduser(weights))
+    if not path.exists():
+        raise VitseeError(
+            f"weights '{weights}' in '{text}' is not pretrained, random[:SEED] or an existing file: check the path"
+        )
+    if path.suffix.lower() not in WEIGHT_SUFFIXES:
+        raise VitseeError(f"weights file {path} must end in {', '.join(WEIGHT_SUFFIXES)}")
+    return ModelSpec(name, tag, "file", path=str(path.resolve()))
+
+
+# --- families and layer points --------------------------------------------------------------------
+
+
+def family_of_name(name: str) -> str:
+    """Returns 'vit', 'resnet' or 'other' for a timm model name, from the module that defines it."""
+    from timm.models import _registry
+
+    module = _registry._model_to_module.get(name.partition(".")[0], "")
+    if module in VIT_MODULES:
+        return "vit"
+    if module in RESNET_MODULES:
+        return "resnet"
+    return "other"
+
+
+def family_of_model(model: nn.Module) -> str:
+    """Returns 'vit' for a patch-grid transformer with blocks of attn/mlp, 'resnet' for residual stages."""
+    blocks = getattr(model, "blocks", None)
+    patch_embed = getattr(model, "patch_embed", None)
+    if (
+        isinstance(blocks, nn.Sequential | nn.ModuleList)
+        and len(blocks) > 0
+        and all(hasattr(b, "attn") and hasattr(b, "mlp") and hasattr(b.attn, "qkv") for b in blocks)
+        and getattr(patch_embed, "grid_size", None) is not None
+    ):
+        return "vit"
+    if _resnet_blocks(model):
+        return "resnet"
+    return "other"
+
+
+def _resnet_blocks(model: nn.Module) -> list[str]:
+    """Returns the module paths of the residual blocks of a timm ResNet / ResNetV2, in forward order."""
+    names = []
+    for stage in ("layer1", "layer2", "layer3", "layer4"):
+        seq = getattr(model, stage, None)
+        if isinstance(seq, nn.Sequential):
+            names += [f"{stage}.{i}" for i in range(len(seq))]
+    stages = getattr(model, "stages", None)
+    if not names and isinstance(stages, nn.Sequential):
+        for s, stage in enumerate(stages):
+            blocks = getattr(stage, "blocks", None)
+            if isinstance(blocks, nn.Sequential):
+                names += [f"stages.{s}.blocks.{i}" for i in range(len(blocks))]
+    return names
+
+
+@dataclass(frozen=True)
+class Point:
+    """Where a layer's activation is read: a module's output, or its input (`kind='input'`)."""
+
+    name: str
+    module: str
+    kind: str = "output"
+
+
+def _vit_points(model: nn.Module, granularity: str) -> list[Point]:
+    points = [Point("patch_embed", "patch_embed")]
+    for i in range(len(model.blocks)):
+        b = f"blocks.{i}"
+        if granularity == "sublayers":
+            points += [
+                Point(f"{b}.norm1", f"{b}.norm1"),
+                Point(f"{b}.attn", f"{b}.attn"),
+                # the residual stream after the attention sublayer is exactly what norm2 reads
+                Point(f"{b}.resid1", f"{b}.norm2", "input"),
+                Point(f"{b}.norm2", f"{b}.norm2"),
+                Point(f"{b}.mlp.act", f"{b}.mlp.act"),
+            ]
+        points.append(Point(b, b))
+    if isinstance(getattr(model, "norm", None), nn.Module):
+        points.append(Point("norm", "norm"))
+    return points
+
+
+def _resnet_points(model: nn.Module, granularity: str) -> list[Point]:
+    stem = "maxpool" if hasattr(model, "maxpool") else "stem"
+    points = [Point(stem, stem)]
+    for b in _resnet_blocks(model):
+        block = model.get_submodule(b)
+        if granularity == "sublayers":
+            acts = [n for n, m in block.named_children() if re.fullmatch(r"act\d", n)]
+            norms = [n for n, m in block.named_children() if re.fullmatch(r"norm\d", n)]
+            if acts:  # post-activation ResNet: conv-bn-act ... sum -> last act
+                points += [Point(f"{b}.{a}", f"{b}.{a}") for a in acts[:-1]]
+                # the residual sum is what the block's last activation reads
+                points.append(Point(f"{b}.resid", f"{b}.{acts[-1]}", "input"))
+            else:  # pre-activation (ResNetV2): norm-act before each conv, the block output is the sum
+                points += [Point(f"{b}.{n}", f"{b}.{n}") for n in norms]
+        points.append(Point(b, b))
+    if hasattr(model, "stages") and isinstance(getattr(model, "norm", None), nn.Module):
+        points.append(Point("norm", "norm"))
+    return points
+
+
+def layer_points(model: nn.Module, family: str, layers: str | list[str]) -> list[Point]:
+    """Returns the points to record: `blocks`, `sublayers`, or explicit names (module paths, documented
+    points such as `blocks.3.resid1` / `layer2.1.resid`, or `MODULE:in` for a module's input)."""
+    if layers in ("blocks", "sublayers"):
+        if family == "vit":
+            return _vit_points(model, layers)
+        if family == "resnet":
+            return _resnet_points(model, layers)
+        raise VitseeError(
+            f"{type(model).__name__} is not a ViT-like or ResNet-like model, so '{layers}' is not defined for it: "
+            "name the layers with --layers NAME,NAME (module paths from `vitsee layers MODEL`)"
+        )
+    modules = dict(model.named_modules())
+    known = {p.name: p for gran in ("sublayers",) for p in (
+        _vit_points(model, gran) if family == "vit" else _resnet_points(model, gran) if family == "resnet" else []
+    )}
+    points = []
+    for name in layers:
+        if name in known:
+            points.append(known[name])
+        elif name.endswith(":in") and name[:-3] in modules and name[:-3]:
+            points.append(Point(name, name[:-3], "input"))
+        elif name in modules and name:
+            points.append(Point(name, name))
+        else:
+            candidates = list(dict.fromkeys(list(known) + [m for m in modules if m]))
+            close = difflib.get_close_matches(name, candidates, n=5, cutoff=0.5)
+            hint = f"close matches: {', '.join(close)}" if close else "see `vitsee layers MODEL` for the names"
+            raise VitseeError(f"unknown layer '{name}' in {type(model).__name__}: {hint}")
+    seen = set()
+    duplicates = [p.name for p in points if p.name in seen or seen.add(p.name)]
+    if duplicates:
+        raise VitseeError(f"layer '{duplicates[0]}' is named twice in --layers: list each layer once")
+    return _forward_order(model, points)
+
+
+def _forward_order(model: nn.Module, points: list[Point]) -> list[Point]:
+    """Returns points sorted in the order the forward pass reaches them (inputs before outputs)."""
+    order: dict[tuple[str, str], int] = {}
+    handles = []
+    wanted = {p.module for p in points}
+
+    for path in wanted:
+        mod = model.get_submodule(path)
+
+        def pre(_m, _a, path=path):
+            order.setdefault((path, "input"), len(order))
+
+        def post(_m, _a, _o, path=path):
+            order.setdefault((path, "output"), len(order))
+
+        handles += [mod.register_forward_pre_hook(pre), mod.register_forward_hook(post)]
+    try:
+        size = input_size(model)
+        with torch.no_grad():
+            model(torch.zeros(1, *size, device=next(model.parameters()).device))
+    finally:
+        for h in handles:
+            h.remove()
+    missing = [p.name for p in points if (p.module, p.kind) not in order]
+    if missing:
+        raise VitseeError(f"layer '{missing[0]}' is never reached by the forward pass: pick another layer")
+    return sorted(points, key=lambda p: order[(p.module, p.kind)])
+
+
+# --- loading --------------------------------------------------------------------------------------
+
+
+@dataclass
+class LoadedModel:
+    """A model in eval mode with what the store records about it."""
+
+    spec: ModelSpec
+    model: nn.Module
+    family: str
+    data_config: dict
+    weights: dict  # kind, seed, path, sha256, source
+    grid_size: tuple[int, int] | None = None
+    patch_size: tuple[int, int] | None = None
+    num_prefix_tokens: int = 0
+    num_blocks: int = 0
+    num_heads: int = 0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return self.spec.key
+
+    def record(self) -> dict:
+        """Returns the JSON-able metadata stored with the model."""
+        out = {k: v for k, v in asdict(self).items() if k not in ("model", "spec")}
+        out.update(spec=str(self.spec), key=self.key, name=self.spec.name, tag=self.spec.tag, timm_name=self.spec.timm_name)
+        return out
+
+
+def input_size(model: nn.Module) -> tuple[int, int, int]:
+    """Returns the (C, H, W) the model was built for (timm's data config can disagree for ViTs built with
+    img_size=N: it still reports the pretrained size)."""
+    cfg = getattr(model, "pretrained_cfg", {}) or {}
+    c, h, w = cfg.get("input_size", (3, 224, 224))
+    patch_embed = getattr(model, "patch_embed", None)
+    img_size = getattr(patch_embed, "img_size", None)
+    if img_size is not None:
+        h, w = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+    override = getattr(model, "_vitsee_img_size", None)
+    if override is not None:
+        h = w = override
+    return int(c), int(h), int(w)
+
+
+def sha256_file(path: str | Path) -> str:
+    """Returns the hex sha256 of a file, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def cached_pretrained_file(timm_name: str) -> str | None:
+    """Returns the local path of a model's pretrained weights if they are already cached, else None."""
+    from timm.models import get_pretrained_cfg
+
+    cfg = get_pretrained_cfg(timm_name)
+    if cfg is None:
+        return None
+    if cfg.file and Path(cfg.file).exists():
+        return cfg.file
+    if cfg.hf_hub_id:
+        from huggingface_hub import try_to_load_from_cache
+
+        repo, _, revision = cfg.hf_hub_id.partition("@")
+        filenames = [cfg.hf_hub_filename] if cfg.hf_hub_filename else ["model.safetensors", "pytorch_model.bin"]
+        for fname in filenames:
+            found = try_to_load_from_cache(repo, fname, revision=revision or None)
+            if isinstance(found, str):
+                return found
+    if cfg.url:
+        cached = Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(urlparse(cfg.url).path)
+        if cached.exists():
+            return str(cached)
+    return None
+
+
+def _hub_reachable(timeout_s: float = 3.0) -> bool:
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    host = urlparse(constants.ENDPOINT).hostname or "huggingface.co"
+    try:
+        with socket.create_connection((host, 443), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def _default_tag(name: str) -> str | None:
+    import timm
+
+    tags = timm.list_pretrained(f"{name}.*")
+    return tags[0].partition(".")[2] if tags else None
+
+
+def _create(spec: ModelSpec, img_size: int | None, **kwargs) -> nn.Module:
+    import timm
+
+    name = spec.timm_name
+    if img_size is not None:
+        try:
+            model = timm.create_model(name, img_size=img_size, **kwargs)
+            return model
+        except TypeError as exc:  # CNNs take any input size and have no img_size argument
+            if "img_size" not in str(exc):
+                raise
+    model = timm.create_model(name, **kwargs)
+    if img_size is not None:
+        model._vitsee_img_size = img_size
+    return model
+
+
+def _unwrap_state_dict(obj, path: str) -> dict:
+    if isinstance(obj, dict):
+        for key in ("state_dict", "model", "model_state_dict", "module"):
+            if key in obj and isinstance(obj[key], dict):
+                obj = obj[key]
+                break
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise VitseeError(f"{path} does not hold a state dict of tensors: save it with torch.save(model.state_dict(), path)")
+    if all(k.startswith("module.") for k in obj):
+        obj = {k[len("module."):]: v for k, v in obj.items()}
+    return obj
+
+
+def load_state_dict_file(path: str) -> dict:
+    """Returns the state dict in a .safetensors / .pth / .pt / .bin file (checkpoint dicts unwrapped)."""
+    try:
+        if path.endswith(".safetensors"):
+            from safetensors.torch import load_file
+
+            return load_file(path, device="cpu")
+        return _unwrap_state_dict(torch.load(path, map_location="cpu", weights_only=True), path)
+    except VitseeError:
+        raise
+    except Exception as exc:  # torch / safetensors raise many types for a bad file
+        raise VitseeError(f"cannot read weights file {path} ({type(exc).__name__}: {exc}): check it is a state dict") from exc
+
+
+def _load_file_weights(model: nn.Module, path: str) -> None:
+    state = load_state_dict_file(path)
+    filter_fn = getattr(sys.modules.get(type(model).__module__), "checkpoint_filter_fn", None)
+    if filter_fn is not None:
+        try:  # adapts e.g. position embeddings to an img_size other than the checkpoint's
+            state = filter_fn(state, model)
+        except Exception:  # a filter that does not apply to this file: load it as it is
+            pass
+    own = model.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    mismatched = [f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}" for k in own if k in state and state[k].shape != own[k].shape]
+    problems = []
+    if missing:
+        problems.append(f"missing {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}")
+    if unexpected:
+        problems.append(f"unexpected {', '.join(unexpected[:4])}{' ...' if len(unexpected) > 4 else ''}")
+    if mismatched:
+        problems.append(f"shape {', '.join(mismatched[:3])}{' ...' if len(mismatched) > 3 else ''}")
+    if problems:
+        raise VitseeError(
+            f"weights in {path} do not fit {type(model).__name__} ({'; '.join(problems)}): "
+            "use the model name and --img-size the file was saved from"
+        )
+    model.load_state_dict(state, strict=True)
+
+
+def load_model(spec: ModelSpec | str, img_size: int | None = None, device: str | torch.device = "cpu") -> LoadedModel:
+    """Returns the model of a spec, in eval mode on `device`, with its family, grid and weights record."""
+    import timm
+
+    if isinstance(spec, str):
+        spec = parse_model_spec(spec)
+    weights: dict = {"kind": spec.weights, "seed": spec.seed, "path": spec.path, "sha256": None, "source": None}
+    if spec.weights == "pretrained":
+        tag = spec.tag or _default_tag(spec.name)
+        if tag is None:
+            raise VitseeError(f"{spec.name} has no pretrained weights in timm: use {spec.name}@random or {spec.name}@/path/to/weights.safetensors")
+        spec = ModelSpec(spec.name, tag, "pretrained")
+        cached = cached_pretrained_file(spec.timm_name)
+        if cached is None and not _hub_reachable():
+            raise VitseeError(
+                f"pretrained weights for {spec.timm_name} are not in the local cache and the Hugging Face Hub "
+                f"cannot be reached: use {spec.timm_name}@random[:SEED], {spec.timm_name}@/path/to/weights.safetensors, "
+                "or copy the weights into the Hub cache (HF_HOME) on a machine with network"
+            )
+        try:
+            if cached is not None:
+                model = _create(spec, img_size, pretrained=True, pretrained_cfg_overlay={"file": cached})
+            else:
+                model = _create(spec, img_size, pretrained=True)
+                cached = cached_pretrained_file(spec.timm_name)
+        except VitseeError:
+            raise
+        except Exception as exc:  # network, hub and format errors come in many types
+            raise VitseeError(
+                f"pretrained weights for {spec.timm_name} could not be loaded ({type(exc).__name__}: {str(exc)[:160]}): "
+                f"use {spec.timm_name}@random or {spec.timm_name}@/path/to/weights.safetensors"
+            ) from exc
+        cfg = model.pretrained_cfg
+        weights.update(source=cfg.get("hf_hub_id") or cfg.get("url"), path=cached, sha256=sha256_file(cached) if cached else None)
+    elif spec.weights == "random":
+        torch.manual_seed(spec.seed)
+        model = _create(spec, img_size, pretrained=False)
+        weights["source"] = f"timm {timm.__version__} init, torch.manual_seed({spec.seed})"
+    else:
+        model = _create(spec, img_size, pretrained=False)
+        _load_file_weights(model, spec.path)
+        weights.update(sha256=sha256_file(spec.path), source=spec.path)
+
+    model.eval().to(device)
+    family = family_of_model(model)
+    data_config = timm.data.resolve_model_data_config(model)
+    data_config["input_size"] = input_size(model)  # the size the model was built for, not the cfg's
+    loaded = LoadedModel(spec=spec, model=model, family=family, data_config=data_config, weights=weights)
+    if family == "vit":
+        pe = model.patch_embed
+        loaded.grid_size = tuple(int(g) for g in pe.grid_size)
+        ps = pe.patch_size
+        loaded.patch_size = (ps, ps) if isinstance(ps, int) else tuple(int(p) for p in ps)
+        loaded.num_prefix_tokens = int(getattr(model, "num_prefix_tokens", 1))
+        loaded.num_blocks = len(model.blocks)
+        loaded.num_heads = int(model.blocks[0].attn.num_heads)
+    elif family == "resnet":
+        loaded.num_blocks = len(_resnet_blocks(model))
+    return loaded
+
+
+def make_transform(loaded: LoadedModel):
+    """Returns timm's eval transform for the model's data config at the size the model was built for."""
+    import timm
+
+    cfg = dict(loaded.data_config)
+    return timm.data.create_transform(**cfg, is_training=False)
+
+
+def list_models(pattern: str = "*", pretrained_only: bool = False) -> list[dict]:
+    """Returns rows (name, family, cached) for timm models matching a pattern; with tags for pretrained."""
+    import timm
+
+    if pattern and not any(c in pattern for c in "*?["):
+        pattern = f"*{pattern}*"
+    rows = []
+    for name in timm.list_pretrained(pattern):
+        rows.append({"name": name, "family": family_of_name(name), "cached": cached_pretrained_file(name) is not None})
+    if not pretrained_only:
+        with_tags = {r["name"].partition(".")[0] for r in rows}
+        for name in timm.list_models(pattern):
+            if name not in with_tags:
+                rows.append({"name": name, "family": family_of_name(name), "cached": False})
+    rows.sort(key=lambda r: r["name"])
+    return rows

@@ -1,0 +1,264 @@
+"""What one forward pass records: layer activations and per-image statistics, through hooks.
+
+A Recorder attaches hooks to a loaded model, declares the per-image arrays it fills (`specs`), and
+after each forward hands them over (`collect`, tensors with a leading batch axis, still on the model's
+device). Adding a new per-image statistic means writing one more Recorder; extraction needs no change.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from .attention import mean_attention_distance
+from .models import LoadedModel, Point, _resnet_blocks
+from .store import ArraySpec, LayerSpec
+
+
+def _first_tensor(value) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (tuple, list)) and value and isinstance(value[0], torch.Tensor):
+        return value[0]
+    raise TypeError(f"hooked value is {type(value).__name__}, not a tensor")
+
+
+class Recorder:
+    """Base class: hooks in `attach`, per-image arrays out of `collect`."""
+
+    def __init__(self):
+        self._handles: list = []
+
+    def specs(self) -> list[ArraySpec]:
+        return []
+
+    def attach(self, loaded: LoadedModel) -> None:
+        self.loaded = loaded
+
+    def detach(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def collect(self) -> dict[str, torch.Tensor]:
+        return {}
+
+
+class ActivationRecorder(Recorder):
+    """Keeps the activation at each point, cast to the store's dtype on the device (a copy, so in-place
+    ops later in the forward cannot change it)."""
+
+    def __init__(self, points: Sequence[Point], dtype: torch.dtype):
+        super().__init__()
+        self.points = list(points)
+        self.dtype = dtype
+        self.values: dict[str, torch.Tensor] = {}
+
+    def attach(self, loaded: LoadedModel) -> None:
+        super().attach(loaded)
+        for point in self.points:
+            module = loaded.model.get_submodule(point.module)
+            if point.kind == "input":
+                hook = module.register_forward_pre_hook(self._keep_input(point.name))
+            else:
+                hook = module.register_forward_hook(self._keep_output(point.name))
+            self._handles.append(hook)
+
+    def _keep(self, name: str, value) -> None:
+        tensor = _first_tensor(value).detach()
+        self.values[name] = tensor.to(self.dtype, copy=True)
+
+    def _keep_input(self, name: str):
+        return lambda _m, args: self._keep(name, args)
+
+    def _keep_output(self, name: str):
+        return lambda _m, _args, out: self._keep(name, out)
+
+    def layer_specs(self, shapes: dict[str, tuple[int, ...]]) -> list[LayerSpec]:
+        """Returns the store's LayerSpecs given per-image shapes seen in a dry run."""
+        prefix = self.loaded.num_prefix_tokens if self.loaded.family == "vit" else 0
+        out = []
+        for p in self.points:
+            shape = shapes[p.name]
+            # token-major layers carry the prefix tokens in front, patch_embed does not
+            has_prefix = len(shape) == 2 and self.loaded.grid_size is not None and shape[0] == prefix + _cells(self.loaded)
+            out.append(LayerSpec(p.name, shape, prefix if has_prefix else 0, p.module, p.kind))
+        return out
+
+    def collect(self) -> dict[str, torch.Tensor]:
+        values, self.values = self.values, {}
+        return values
+
+
+def _cells(loaded: LoadedModel) -> int:
+    gh, gw = loaded.grid_size
+    return gh * gw
+
+
+class AttentionDistanceRecorder(Recorder):
+    """Per image, block and head: mean attention distance in px (plain and renormalised).
+
+    timm fuses attention and never materialises the probabilities, so fusion is turned off for the
+    recorded model and the softmax output is read where it enters attn_drop (identity in eval). Each
+    (B, H, T, T) map is reduced to (B, H) inside the hook and dropped.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.plain: list[torch.Tensor | None] = []
+        self.renorm: list[torch.Tensor | None] = []
+
+    @staticmethod
+    def applies(loaded: LoadedModel) -> bool:
+        return loaded.family == "vit" and all(hasattr(b.attn, "attn_drop") and hasattr(b.attn, "fused_attn") for b in loaded.model.blocks)
+
+    def specs(self) -> list[ArraySpec]:
+        shape = (self.loaded.num_blocks, self.loaded.num_heads)
+        return [ArraySpec("attention_distance", shape), ArraySpec("attention_distance_renorm", shape)]
+
+    def attach(self, loaded: LoadedModel) -> None:
+        super().attach(loaded)
+        self.plain = [None] * loaded.num_blocks
+        self.renorm = [None] * loaded.num_blocks
+        for i, block in enumerate(loaded.model.blocks):
+            block.attn.fused_attn = False
+            self._handles.append(block.attn.attn_drop.register_forward_pre_hook(self._reduce(i)))
+
+    def _reduce(self, i: int):
+        loaded = self.loaded
+
+        def hook(_m, args):
+            attn = args[0].detach()  # (B, H, T, T)
+            kw = dict(grid_size=loaded.grid_size, patch_size=loaded.patch_size, num_prefix_tokens=loaded.num_prefix_tokens)
+            self.plain[i] = mean_attention_distance(attn, **kw)  # (B, H)
+            self.renorm[i] = mean_attention_distance(attn, renormalise=True, **kw)
+
+        return hook
+
+    def detach(self) -> None:
+        super().detach()
+        for block in self.loaded.model.blocks:
+            block.attn.fused_attn = True
+
+    def collect(self) -> dict[str, torch.Tensor]:
+        return {
+            "attention_distance": torch.stack(self.plain, dim=1),  # (B, blocks, H)
+            "attention_distance_renorm": torch.stack(self.renorm, dim=1),
+        }
+
+
+class SkipRatioRecorder(Recorder):
+    """Per image, block and token: ||z|| / ||f(z)|| for the attention and the MLP sublayer of ViT blocks
+    (z the residual stream entering the sublayer, f(z) what its branch adds, after layer scale); for
+    ResNet blocks ||shortcut|| / ||residual branch|| over the whole map."""
+
+    def __init__(self):
+        super().__init__()
+        self.attn: list = []
+        self.mlp: list = []
+        self.block: list = []
+
+    @staticmethod
+    def applies(loaded: LoadedModel) -> bool:
+        if loaded.family == "vit":
+            return all(all(hasattr(b, n) for n in ("norm1", "norm2", "ls1", "ls2")) for b in loaded.model.blocks)
+        if loaded.family == "resnet":
+            blocks = [loaded.model.get_submodule(b) for b in _resnet_blocks(loaded.model)]
+            return all(_last_act(b) is not None or isinstance(getattr(b, "drop_path", None), nn.Module) for b in blocks)
+        return False
+
+    def specs(self) -> list[ArraySpec]:
+        if self.loaded.family == "vit":
+            tokens = self.loaded.num_prefix_tokens + _cells(self.loaded)
+            shape = (self.loaded.num_blocks, tokens)
+            return [ArraySpec("skip_ratio_attn", shape), ArraySpec("skip_ratio_mlp", shape)]
+        return [ArraySpec("skip_ratio_block", (self.loaded.num_blocks,))]
+
+    def attach(self, loaded: LoadedModel) -> None:
+        super().attach(loaded)
+        n = loaded.num_blocks
+        self.attn, self.mlp, self.block = [None] * n, [None] * n, [None] * n
+        if loaded.family == "vit":
+            for i, block in enumerate(loaded.model.blocks):
+                self._vit_block(i, block)
+        else:
+            for i, name in enumerate(_resnet_blocks(loaded.model)):
+                self._resnet_block(i, loaded.model.get_submodule(name))
+
+    def _vit_block(self, i: int, block: nn.Module) -> None:
+        stream: dict[str, torch.Tensor] = {}
+
+        def keep(key):
+            return lambda _m, args: stream.__setitem__(key, args[0].detach())
+
+        def ratio(key, out_list):
+            def hook(_m, _args, out):
+                out_list[i] = stream.pop(key).norm(dim=-1) / out.detach().norm(dim=-1)  # (B, T)
+
+            return hook
+
+        self._handles += [
+            block.norm1.register_forward_pre_hook(keep("attn")),
+            block.norm2.register_forward_pre_hook(keep("mlp")),
+            block.ls1.register_forward_hook(ratio("attn", self.attn)),
+            block.ls2.register_forward_hook(ratio("mlp", self.mlp)),
+        ]
+
+    def _resnet_block(self, i: int, block: nn.Module) -> None:
+        last = _last_act(block)
+        if last is None:  # pre-activation block: output = shortcut + drop_path(branch)
+            self._preact_block(i, block)
+            return
+        stream: dict[str, torch.Tensor] = {}
+        downsample = getattr(block, "downsample", None)
+
+        def keep_input(_m, args):
+            stream["shortcut"] = args[0].detach().clone()
+
+        def keep_shortcut(_m, _args, out):
+            stream["shortcut"] = out.detach().clone()
+
+        def ratio(_m, args):  # the last activation reads shortcut + branch
+            total = args[0].detach()
+            shortcut = stream.pop("shortcut")
+            branch = total - shortcut
+            self.block[i] = shortcut.flatten(1).norm(dim=1) / branch.flatten(1).norm(dim=1)
+
+        self._handles.append(block.register_forward_pre_hook(keep_input))
+        if isinstance(downsample, nn.Module):
+            self._handles.append(downsample.register_forward_hook(keep_shortcut))
+        self._handles.append(last.register_forward_pre_hook(ratio))
+
+    def _preact_block(self, i: int, block: nn.Module) -> None:
+        stream: dict[str, torch.Tensor] = {}
+
+        def keep_branch(_m, _args, out):
+            stream["branch"] = out.detach().clone()
+
+        def ratio(_m, _args, out):
+            branch = stream.pop("branch")
+            shortcut = out.detach() - branch
+            self.block[i] = shortcut.flatten(1).norm(dim=1) / branch.flatten(1).norm(dim=1)
+
+        self._handles += [block.drop_path.register_forward_hook(keep_branch), block.register_forward_hook(ratio)]
+
+    def collect(self) -> dict[str, torch.Tensor]:
+        if self.loaded.family == "vit":
+            return {"skip_ratio_attn": torch.stack(self.attn, dim=1), "skip_ratio_mlp": torch.stack(self.mlp, dim=1)}
+        return {"skip_ratio_block": torch.stack(self.block, dim=1)}
+
+
+def _last_act(block: nn.Module) -> nn.Module | None:
+    """Returns the activation a post-activation ResNet block applies to shortcut + branch (act2/act3)."""
+    acts = [m for n, m in block.named_children() if n.startswith("act")]
+    return acts[-1] if acts else None
+
+
+def default_recorders(loaded: LoadedModel, points: Sequence[Point], dtype: torch.dtype) -> list[Recorder]:
+    """Returns the recorders extraction attaches: activations, plus every statistic that applies."""
+    recorders: list[Recorder] = [ActivationRecorder(points, dtype)]
+    for cls in (AttentionDistanceRecorder, SkipRatioRecorder):
+        if cls.applies(loaded):
+            recorders.append(cls())
+    return recorders
