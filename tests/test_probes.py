@@ -7,7 +7,6 @@ from sklearn.linear_model import Ridge, RidgeClassifier
 
 from vitsee.engine.errors import VitseeError
 from vitsee.engine.probes import (
-    L2_RATIOS,
     RidgeAccumulator,
     fit_probes,
     ridge_predict,
