@@ -111,9 +111,8 @@ def quantize(matrix: np.ndarray, levels: int = DEFAULT_LEVELS, vmin: float = 0.0
     """Return int16 levels 0..levels-1 of `matrix` over [vmin, vmax]; NaN -> MISSING, out of range -> clipped."""
     _check_levels(levels)
     values = np.asarray(matrix, dtype=np.float64)
-    out = np.searchsorted(level_edges(vmin, vmax, levels), values, side="right").astype(np.int16)
-    out[np.isnan(values)] = MISSING
-    return out
+    levels_of = np.searchsorted(level_edges(vmin, vmax, levels), values, side="right")
+    return np.where(np.isnan(values), MISSING, levels_of).astype(np.int16)
 
 
 def _check_levels(levels: int) -> None:

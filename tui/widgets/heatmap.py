@@ -1,0 +1,748 @@
+"""The matrix heatmap (CKA layer x layer and friends): a line-API view with a cell cursor.
+
+Two matrix rows share a terminal row: the upper cell is the foreground of an upper-half block and the
+lower cell its background, so a 24-line terminal shows 44 layers. Without colour, each matrix row
+gets a line of ASCII density characters instead. Row labels sit in a fixed gutter on the left; the
+column labels and a legend sit in two fixed lines below the grid; only the grid scrolls.
+
+Lines are rendered into an LRU cache of Strips keyed by what makes a line different, and a cursor
+move repaints just the cells and labels it left and entered, which keeps a move to a few hundred
+bytes on the wire even on a 200 x 200 matrix over SSH.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import ClassVar, Sequence
+
+import numpy as np
+from rich.segment import Segment
+from rich.style import Style
+from textual import events
+from textual.binding import Binding, BindingType
+from textual.cache import LRUCache
+from textual.geometry import Region, Size
+from textual.message import Message
+from textual.reactive import reactive
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+
+from vitsee.engine.colormap import (
+    DEFAULT_LEVELS,
+    MISSING,
+    ColorMode,
+    ColorScale,
+    Palette,
+    detect_color_mode,
+    relative_luminance,
+)
+
+ZOOMS = ("fit", "1:1", "detail")
+UPPER_HALF = "\u2580"  # ▀
+FULL_BLOCK = "\u2588"  # █
+MISSING_GLYPH = "\u00b7"  # · a cell not computed yet
+FOOTER_LINES = 2  # column labels, legend
+MAX_ROW_LABEL = 12
+MAX_COL_LABEL = 8
+
+
+def short_label(label: str) -> str:
+    """Return a module path with its leading parts cut to initials: 'blocks.11' -> 'b.11', 'layer2.1' -> 'l2.1'."""
+    parts = label.split(".")
+    for i, head in enumerate(parts[:-1]):
+        digits = len(head) - len(head.rstrip("0123456789"))
+        parts[i] = head[:1] + (head[-digits:] if 0 < digits < len(head) else "")
+    return ".".join(parts)
+
+
+def abbreviate_label(label: str, width: int) -> str:
+    """Return `label` in at most `width` cells, keeping its distinctive tail ('blocks.11' -> 'b.11')."""
+    if len(label) <= width:
+        return label
+    if len(short := short_label(label)) <= width:
+        return short
+    parts = short.split(".")
+    while len(parts) > 1:  # then drop leading parts: 'b.3.attn' -> '3.attn'
+        parts.pop(0)
+        if len(text := ".".join(parts)) <= width:
+            return text
+    return ("\u2026" + label[-(width - 1):]) if width > 1 else label[-width:]
+
+
+def fit_labels(labels: Sequence[str], width: int) -> list[str]:
+    """Return the labels as they are if all fit in `width`, else all in short form (so they read alike)."""
+    if max(map(len, labels)) <= width:
+        return list(labels)
+    return [abbreviate_label(short_label(label), width) for label in labels]
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where matrix cells land on the terminal for one zoom, size and colour mode.
+
+    The matrix is first pooled by (pool_rows, pool_cols) into `shown` cells; each shown cell covers
+    cell_h sub-rows (half lines with half blocks, whole lines without) and cell_w characters.
+    Grid coordinates are virtual (before scrolling) and exclude the label gutter.
+    """
+
+    zoom: str
+    half_blocks: bool
+    pool_rows: int
+    pool_cols: int
+    cell_h: int
+    cell_w: int
+    shown_rows: int
+    shown_cols: int
+    gutter: int  # row label width, including one blank column before the grid
+    view_lines: int  # grid lines that fit on screen
+    view_width: int  # grid characters that fit on screen
+
+    @property
+    def sub_rows_per_line(self) -> int:
+        return 2 if self.half_blocks else 1
+
+    @property
+    def grid_lines(self) -> int:
+        return -(-self.shown_rows * self.cell_h // self.sub_rows_per_line)
+
+    @property
+    def grid_width(self) -> int:
+        return self.shown_cols * self.cell_w
+
+    def shown_row_at(self, sub_row: int) -> int | None:
+        """Return the shown row drawn in a sub-row, or None below the matrix."""
+        row = sub_row // self.cell_h
+        return row if row < self.shown_rows else None
+
+    def cell_lines(self, row: int) -> tuple[int, int]:
+        """Return the first and last grid line (virtual) that matrix row `row` is drawn on."""
+        shown = row // self.pool_rows
+        per_line = self.sub_rows_per_line
+        return shown * self.cell_h // per_line, ((shown + 1) * self.cell_h - 1) // per_line
+
+    def cell_span(self, col: int) -> tuple[int, int]:
+        """Return the first and one-past-last grid character (virtual) of matrix column `col`."""
+        shown = col // self.pool_cols
+        return shown * self.cell_w, (shown + 1) * self.cell_w
+
+
+class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
+    """A matrix as a heatmap with labelled rows and columns, a legend and a cell cursor.
+
+    Args:
+        matrix: 2-D values; NaN marks cells not computed yet.
+        row_labels / col_labels: one name per row / column (layer names); default: indices.
+        vmin / vmax: the value range of the colour scale; default: the matrix's finite min / max.
+        cmap: 'viridis', 'magma' or 'cividis'.
+        color_mode: what the terminal can show; default: detected from the environment.
+        value_name: what the values are, for the legend and status ('CKA').
+        title: shown at the end of the legend line.
+        levels: number of colour levels (16-32 reads well).
+    """
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("up,k", "move(-1, 0)", "Up", show=False, id="heatmap.up", tooltip="Move the cursor up one row"),
+        Binding("down,j", "move(1, 0)", "Down", show=False, id="heatmap.down", tooltip="Move the cursor down one row"),
+        Binding("left,h", "move(0, -1)", "Left", show=False, id="heatmap.left", tooltip="Move the cursor left one column"),
+        Binding("right,l", "move(0, 1)", "Right", show=False, id="heatmap.right", tooltip="Move the cursor right one column"),
+        Binding("pageup", "page(-1)", "Page up", show=False, id="heatmap.page_up", tooltip="Move the cursor up a screenful"),
+        Binding("pagedown", "page(1)", "Page down", show=False, id="heatmap.page_down", tooltip="Move the cursor down a screenful"),
+        Binding("home", "jump_row(0)", "First row", show=False, id="heatmap.first_row", tooltip="Jump to the first row"),
+        Binding("end", "jump_row(-1)", "Last row", show=False, id="heatmap.last_row", tooltip="Jump to the last row"),
+        Binding("shift+home", "jump_col(0)", "First column", show=False, id="heatmap.first_col", tooltip="Jump to the first column"),
+        Binding("shift+end", "jump_col(-1)", "Last column", show=False, id="heatmap.last_col", tooltip="Jump to the last column"),
+        Binding("z", "cycle_zoom", "Zoom", id="heatmap.zoom", tooltip="Cycle zoom: fit (pooled) / 1:1 / detail with values"),
+        Binding("enter", "select_cell", "Select", id="heatmap.select", tooltip="Select the layer pair under the cursor"),
+    ]
+
+    COMPONENT_CLASSES: ClassVar[set[str]] = {
+        "heatmap--label",
+        "heatmap--label-cursor",
+        "heatmap--legend",
+        "heatmap--missing",
+        "heatmap--cursor",
+        "heatmap--ink-on-dark",
+        "heatmap--ink-on-light",
+    }
+    """
+    | Class | Used for |
+    | :- | :- |
+    | `heatmap--label` | Row and column labels. |
+    | `heatmap--label-cursor` | The labels of the cursor's row and column. |
+    | `heatmap--legend` | The legend text. |
+    | `heatmap--missing` | Cells not computed yet (colour = glyph, background = the hole). |
+    | `heatmap--cursor` | The cursor where it is drawn with text attributes (values, ASCII). |
+    | `heatmap--ink-on-dark` / `heatmap--ink-on-light` | Text and the half-block cursor drawn on a dark / light level. |
+    """
+
+    DEFAULT_CSS = """
+    Heatmap {
+        background: $surface;
+        color: $foreground;
+        scrollbar-size: 1 1;
+        & > .heatmap--label { color: $text-muted; }
+        & > .heatmap--label-cursor { color: $foreground; text-style: bold reverse; }
+        & > .heatmap--legend { color: $text-muted; }
+        & > .heatmap--missing { color: $text-muted; background: $panel; }
+        & > .heatmap--cursor { text-style: bold reverse; }
+        & > .heatmap--ink-on-dark { color: #ffffff; }
+        & > .heatmap--ink-on-light { color: #000000; }
+    }
+    """
+
+    cursor: reactive[tuple[int, int]] = reactive((0, 0), repaint=False, init=False)
+    """(row, col) of the selected cell, in matrix coordinates whatever the zoom."""
+    zoom: reactive[str] = reactive("fit", init=False)
+    """'fit' (pooled to the window), '1:1' (one square cell per matrix cell) or 'detail' (values)."""
+    color_mode: reactive[ColorMode] = reactive(ColorMode.TRUECOLOR, init=False)
+
+    class CursorMoved(Message):
+        """The cursor moved to another cell (also sent once on mount and after `set_data`)."""
+
+        def __init__(self, heatmap: Heatmap, row: int, col: int, row_label: str, col_label: str, value: float) -> None:
+            super().__init__()
+            self.heatmap = heatmap
+            self.row, self.col = row, col
+            self.row_label, self.col_label = row_label, col_label
+            self.value = value
+
+        @property
+        def control(self) -> Heatmap:
+            return self.heatmap
+
+        @property
+        def summary(self) -> str:
+            """Return the status line text, e.g. 'blocks.3 x blocks.7  CKA 0.8123'."""
+            value = "not computed" if math.isnan(self.value) else f"{self.value:.4f}"
+            return f"{self.row_label} x {self.col_label}  {self.heatmap.value_name} {value}"
+
+    class CellSelected(Message):
+        """Enter was pressed on a cell."""
+
+        def __init__(self, heatmap: Heatmap, row: int, col: int, value: float) -> None:
+            super().__init__()
+            self.heatmap = heatmap
+            self.row, self.col, self.value = row, col, value
+
+        @property
+        def control(self) -> Heatmap:
+            return self.heatmap
+
+    def __init__(
+        self,
+        matrix: np.ndarray,
+        row_labels: Sequence[str] | None = None,
+        col_labels: Sequence[str] | None = None,
+        *,
+        vmin: float | None = None,
+        vmax: float | None = None,
+        cmap: str = "viridis",
+        color_mode: ColorMode | str | None = None,
+        value_name: str = "CKA",
+        title: str | None = None,
+        levels: int = DEFAULT_LEVELS,
+        zoom: str = "fit",
+        name: str | None = None,
+        id: str | None = None,
+        classes: str | None = None,
+    ) -> None:
+        super().__init__(name=name, id=id, classes=classes)
+        self.value_name = value_name
+        self.title = title
+        self._cmap, self._levels_count = cmap, levels
+        self._vmin, self._vmax = vmin, vmax
+        self._line_cache: LRUCache[tuple, Strip] = LRUCache(maxsize=1024)
+        self._looks: dict[tuple, tuple[str, Style]] = {}
+        self._component_rich_styles: dict[str, Style] = {}
+        self._layout: _Layout | None = None
+        self._layout_key: tuple | None = None
+        self._generation = 0  # bumped by every new matrix
+        self._load(matrix, row_labels, col_labels)
+        self.set_reactive(Heatmap.color_mode, detect_color_mode() if color_mode is None else ColorMode.parse(color_mode))
+        self.set_reactive(Heatmap.zoom, self.validate_zoom(zoom))
+
+    # --- Data -----------------------------------------------------------------------------------------
+
+    def _load(self, matrix: np.ndarray, row_labels: Sequence[str] | None, col_labels: Sequence[str] | None) -> None:
+        matrix = np.asarray(matrix, dtype=np.float64)
+        if matrix.ndim != 2 or 0 in matrix.shape:
+            raise ValueError(f"Heatmap needs a non-empty 2-D matrix, got shape {matrix.shape}")
+        rows, cols = matrix.shape
+        row_labels = [str(i) for i in range(rows)] if row_labels is None else [str(label) for label in row_labels]
+        col_labels = [str(i) for i in range(cols)] if col_labels is None else [str(label) for label in col_labels]
+        if len(row_labels) != rows or len(col_labels) != cols:
+            raise ValueError(f"{len(row_labels)} row / {len(col_labels)} column labels for a {rows} x {cols} matrix")
+        self._matrix = matrix
+        self.row_labels, self.col_labels = row_labels, col_labels
+        self.scale = ColorScale.for_matrix(
+            matrix, vmin=self._vmin, vmax=self._vmax, levels=self._levels_count, cmap=self._cmap
+        )
+        finite = np.abs(matrix[np.isfinite(matrix)])
+        largest = float(finite.max()) if finite.size else 1.0
+        self._value_format = "{:.3f}" if largest < 10 else "{:.2f}" if largest < 1000 else "{:.3g}"
+        self._value_width = max(len(self._value_format.format(v)) for v in (largest, -largest))
+        self._generation += 1
+        self._layout_key = None
+
+    def set_data(
+        self,
+        matrix: np.ndarray,
+        row_labels: Sequence[str] | None = None,
+        col_labels: Sequence[str] | None = None,
+        *,
+        vmin: float | None = None,
+        vmax: float | None = None,
+    ) -> None:
+        """Show a new matrix (e.g. more cells computed); labels and value range are kept unless given."""
+        matrix = np.asarray(matrix, dtype=np.float64)
+        if row_labels is None and matrix.shape[0] == len(self.row_labels):
+            row_labels = self.row_labels
+        if col_labels is None and matrix.ndim == 2 and matrix.shape[1] == len(self.col_labels):
+            col_labels = self.col_labels
+        self._vmin = self._vmin if vmin is None else vmin
+        self._vmax = self._vmax if vmax is None else vmax
+        self._load(matrix, row_labels, col_labels)
+        self._invalidate()
+        self.set_reactive(Heatmap.cursor, self.validate_cursor(self.cursor))
+        if self.is_mounted:
+            self._ensure_layout()
+            self._post_cursor_moved()
+
+    @property
+    def matrix(self) -> np.ndarray:
+        return self._matrix
+
+    def value_at(self, row: int, col: int) -> float:
+        """Return the value of a matrix cell (NaN when not computed)."""
+        return float(self._matrix[row, col])
+
+    # --- Reactives ------------------------------------------------------------------------------------
+
+    def validate_cursor(self, cursor: tuple[int, int]) -> tuple[int, int]:
+        rows, cols = self._matrix.shape
+        row, col = cursor
+        return (min(max(int(row), 0), rows - 1), min(max(int(col), 0), cols - 1))
+
+    def validate_zoom(self, zoom: str) -> str:
+        if zoom not in ZOOMS:
+            raise ValueError(f"zoom must be one of {ZOOMS}, got {zoom!r}")
+        return zoom
+
+    def validate_color_mode(self, mode: ColorMode | str) -> ColorMode:
+        return ColorMode.parse(mode)
+
+    def watch_cursor(self, old: tuple[int, int], new: tuple[int, int]) -> None:
+        if self._ensure_layout() is None:
+            return
+        self.refresh(*{*self._cursor_regions(old), *self._cursor_regions(new)})
+        self._scroll_to_cursor()
+        self._post_cursor_moved()
+
+    def watch_zoom(self) -> None:
+        self._invalidate()
+        if self._ensure_layout() is not None:
+            self._scroll_to_cursor(center=True)
+
+    def watch_color_mode(self) -> None:
+        self._invalidate()
+
+    def _invalidate(self) -> None:
+        """Forget every rendered line and look, and repaint."""
+        self._line_cache.clear()
+        self._looks.clear()
+        self._component_rich_styles.clear()
+        self._layout_key = None
+        self.refresh()
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._line_cache.clear()
+        self._looks.clear()
+        self._component_rich_styles.clear()
+
+    def on_mount(self) -> None:
+        self._ensure_layout()
+        self._post_cursor_moved()
+
+    def on_resize(self) -> None:
+        self._line_cache.clear()
+        if self._ensure_layout() is not None:
+            self._scroll_to_cursor(center=True)
+
+    # --- Layout ---------------------------------------------------------------------------------------
+
+    @property
+    def palette(self) -> Palette:
+        return self.scale.palette(self.color_mode)
+
+    def _ensure_layout(self) -> _Layout | None:
+        """Return the layout for the current size, zoom and data, recomputing it when they changed."""
+        outer = self.content_size
+        if outer.width <= 0 or outer.height <= 0:
+            return None
+        inner = self.scrollable_content_region.size
+        key = (self.zoom, self.color_mode, outer, inner, self._generation)
+        if key != self._layout_key:
+            self._layout = self._compute_layout(outer, inner)
+            self._layout_key = key
+            self._shown_levels, self._shown_values = self._pool(self._layout)
+            self._col_label_places = self._place_col_labels(self._layout)
+            self._row_label_texts = fit_labels(self.row_labels, self._layout.gutter - 1)
+            self._line_cache.clear()
+            layout = self._layout
+            self.virtual_size = Size(layout.gutter + layout.grid_width, layout.grid_lines + FOOTER_LINES)
+        return self._layout
+
+    def _compute_layout(self, outer: Size, inner: Size) -> _Layout:
+        rows, cols = self._matrix.shape
+        zoom = self.zoom
+        half_blocks = zoom != "detail" and self.color_mode is not ColorMode.NONE
+        per_line = 2 if half_blocks else 1
+        unit_w = 1 if half_blocks else 2  # characters per square cell: a character is about twice as tall as wide
+        label_w = max(map(len, fit_labels(self.row_labels, min(MAX_ROW_LABEL, max(outer.width // 4, 3)))))
+        gutter = label_w + 1
+        view_lines = max(inner.height - FOOTER_LINES, 1)
+        view_width = max(inner.width - gutter, 1)
+        pool_rows = pool_cols = cell_h = 1
+        cell_w = unit_w
+        if zoom == "detail":
+            cell_w = self._value_width + 1
+        elif zoom == "fit":
+            # Fit the window without scrollbars: size from the whole content area.
+            fit_v = max(outer.height - FOOTER_LINES, 1) * per_line  # square units down
+            fit_h = max((outer.width - gutter) // unit_w, 1)  # square units across
+            if rows <= fit_v and cols <= fit_h:
+                scale = min(fit_v // rows, fit_h // cols)  # same factor both ways keeps cells square
+                cell_h, cell_w = scale, scale * unit_w
+            else:  # too big: average blocks of cells
+                pool_rows, pool_cols = math.ceil(rows / fit_v), math.ceil(cols / fit_h)
+                if pool_rows > 1 and pool_cols > 1:  # both axes pooled: one factor keeps cells square
+                    pool_rows = pool_cols = max(pool_rows, pool_cols)
+        return _Layout(
+            zoom=zoom,
+            half_blocks=half_blocks,
+            pool_rows=pool_rows,
+            pool_cols=pool_cols,
+            cell_h=cell_h,
+            cell_w=cell_w,
+            shown_rows=math.ceil(rows / pool_rows),
+            shown_cols=math.ceil(cols / pool_cols),
+            gutter=gutter,
+            view_lines=view_lines,
+            view_width=view_width,
+        )
+
+    def _pool(self, layout: _Layout) -> tuple[np.ndarray, np.ndarray]:
+        """Return the levels and values of the shown cells: block means of the matrix when pooled."""
+        values = self._matrix
+        pr, pc = layout.pool_rows, layout.pool_cols
+        if pr > 1 or pc > 1:
+            rows, cols = values.shape
+            padded = np.full((layout.shown_rows * pr, layout.shown_cols * pc), np.nan)
+            padded[:rows, :cols] = values
+            blocks = padded.reshape(layout.shown_rows, pr, layout.shown_cols, pc)
+            with warnings.catch_warnings():  # a block with no computed cell stays NaN
+                warnings.simplefilter("ignore", category=RuntimeWarning)
+                values = np.nanmean(blocks, axis=(1, 3))
+        return self.scale.quantize(values), values
+
+    def _place_col_labels(self, layout: _Layout) -> list[tuple[int, str]]:
+        """Return (x, text) of every k-th column label, k as small as lets them stand apart."""
+        chars_per_col = layout.cell_w / layout.pool_cols
+        # Wide cells (detail) label every column, in short form if need be; narrow ones every k-th.
+        labels = fit_labels(self.col_labels, int(chars_per_col) - 1 if chars_per_col >= 5 else MAX_COL_LABEL)
+        width = max(map(len, labels))
+        stride = max(1, math.ceil((width + 1) / chars_per_col))
+        placed: list[tuple[int, str]] = []
+        free_from = 0
+        for col in range(0, len(self.col_labels), stride):
+            x = layout.cell_span(col)[0]
+            if x >= free_from:
+                placed.append((x, text := labels[col]))
+                free_from = x + len(text) + 1
+        return placed
+
+    # --- Rendering ------------------------------------------------------------------------------------
+
+    def _style(self, component: str) -> Style:
+        """Return a component style; in NONE mode only its attributes (bold, reverse), never a colour."""
+        try:
+            return self._component_rich_styles[component]
+        except KeyError:
+            style = self.get_component_rich_style(component)
+            if self.color_mode is ColorMode.NONE:
+                style = style.without_color
+            self._component_rich_styles[component] = style
+            return style
+
+    @property
+    def _base_style(self) -> Style:
+        return Style() if self.color_mode is ColorMode.NONE else self.rich_style
+
+    def render_lines(self, crop: Region) -> list[Strip]:
+        self._ensure_layout()
+        return super().render_lines(crop)
+
+    def render_line(self, y: int) -> Strip:
+        layout = self._ensure_layout()
+        if layout is None:
+            return Strip.blank(self.size.width)
+        scroll_x, scroll_y = self.scroll_offset
+        grid_y = y + scroll_y
+        label_y = min(layout.grid_lines - scroll_y, layout.view_lines)
+        cursor_row, cursor_col = self.cursor
+        if y < label_y:
+            first, last = layout.cell_lines(cursor_row)
+            on_line = first <= grid_y <= last
+            key = ("grid", grid_y, scroll_x, layout.zoom, self.color_mode, self.cursor if on_line else None)
+            render = lambda: self._render_grid_line(layout, grid_y, scroll_x, on_line)  # noqa: E731
+        elif y == label_y:
+            key = ("labels", scroll_x, layout.zoom, self.color_mode, cursor_col)
+            render = lambda: self._render_col_labels(layout, scroll_x)  # noqa: E731
+        elif y == label_y + 1:
+            key = ("legend", layout.zoom, self.color_mode, self.size.width)
+            render = lambda: self._render_legend(layout)  # noqa: E731
+        else:
+            return Strip.blank(self.size.width, self._base_style)
+        strip = self._line_cache.get(key)
+        if strip is None:
+            strip = self._line_cache[key] = render()
+        return strip
+
+    def _render_grid_line(self, layout: _Layout, grid_y: int, scroll_x: int, on_cursor_line: bool) -> Strip:
+        cursor_row, cursor_col = self.cursor
+        per_line = layout.sub_rows_per_line
+        sub_rows = [layout.shown_row_at(grid_y * per_line + i) for i in range(per_line)]
+        cursor_shown = (cursor_row // layout.pool_rows, cursor_col // layout.pool_cols)
+        ink = self._cursor_ink(cursor_shown) if on_cursor_line else ""
+
+        # Row label: of a row that starts on this line, the cursor's if it is one of them.
+        label, label_style = "", self._style("heatmap--label")
+        for sub_row, shown in enumerate(sub_rows):
+            if shown is None or (grid_y * per_line + sub_row) % layout.cell_h:
+                continue
+            if on_cursor_line and shown == cursor_shown[0]:
+                label, label_style = self._row_label_texts[cursor_row], self._style("heatmap--label-cursor")
+                break
+            label = label or self._row_label_texts[shown * layout.pool_rows]
+        segments = [
+            Segment(label.rjust(layout.gutter - 1), label_style),
+            Segment(" ", self._base_style),
+        ]
+
+        # Grid cells in view, one run per shown cell, merged when neighbours look the same.
+        end_x = min(scroll_x + layout.view_width, layout.grid_width)
+        text_run, style_run = "", None
+        for shown_col in range(scroll_x // layout.cell_w, -(-end_x // layout.cell_w)):
+            left, right = shown_col * layout.cell_w, (shown_col + 1) * layout.cell_w
+            cursor_here = tuple(
+                shown is not None and on_cursor_line and (shown, shown_col) == cursor_shown for shown in sub_rows
+            )
+            text, style = self._cell_look(layout, sub_rows, shown_col, cursor_here, ink)
+            text = text[max(scroll_x, left) - left : min(end_x, right) - left]
+            if style == style_run:
+                text_run += text
+            else:
+                if text_run:
+                    segments.append(Segment(text_run, style_run))
+                text_run, style_run = text, style
+        if text_run:
+            segments.append(Segment(text_run, style_run))
+        return Strip(segments)
+
+    def _cell_look(
+        self, layout: _Layout, sub_rows: list[int | None], shown_col: int, cursor_here: tuple[bool, ...], ink: str
+    ) -> tuple[str, Style]:
+        """Return the characters and style of one shown cell column on one line."""
+        levels = tuple(MISSING - 1 if row is None else int(self._shown_levels[row, shown_col]) for row in sub_rows)
+        if layout.zoom == "detail":
+            row = sub_rows[0]
+            if row is None:
+                return " " * layout.cell_w, self._base_style
+            value = self._shown_values[row, shown_col]
+            text = (MISSING_GLYPH if np.isnan(value) else self._value_format.format(value)).rjust(layout.cell_w)
+            key = ("detail", levels[0], cursor_here[0])
+            return text, self._look(key, lambda: self._detail_look(levels[0], cursor_here[0]))[1]
+        key = (levels, cursor_here, layout.cell_w, ink if any(cursor_here) else "")
+        return self._look(key, lambda: self._block_look(levels, cursor_here, layout.cell_w, ink))
+
+    def _look(self, key: tuple, make) -> tuple[str, Style]:
+        look = self._looks.get(key)
+        if look is None:
+            look = self._looks[key] = make()
+        return look
+
+    def _cursor_ink(self, cursor_shown: tuple[int, int]) -> str:
+        """Return the ink component that stands out from the cells around the cursor (not the one under it)."""
+        row, col = cursor_shown
+        around = self._shown_levels[max(row - 1, 0) : row + 2, max(col - 1, 0) : col + 2].astype(int)
+        mask = around >= 0
+        mask[min(row, 1), min(col, 1)] = False
+        if not mask.any():
+            return "heatmap--ink-on-dark"
+        light = relative_luminance(self.palette.rgb[around[mask]]).mean() > 0.179
+        return "heatmap--ink-on-light" if light else "heatmap--ink-on-dark"
+
+    def _block_look(self, levels: tuple[int, ...], cursor: tuple[bool, ...], width: int, ink: str) -> tuple[str, Style]:
+        """Return (text, style) for one shown cell: half blocks in colour, density characters without."""
+        palette = self.palette
+        beyond = MISSING - 1  # below the last matrix row
+        if self.color_mode is ColorMode.NONE:
+            level = levels[0]
+            if level == beyond:
+                return " " * width, Style()
+            char = palette.missing_char if level == MISSING else palette.chars[level]
+            return char * width, self._style("heatmap--cursor") if cursor[0] else Style()
+
+        missing = self._style("heatmap--missing")
+        if all(level == MISSING for level in levels) and not any(cursor):
+            return MISSING_GLYPH * width, Style(color=missing.color, bgcolor=missing.bgcolor)
+
+        def color(level: int, is_cursor: bool):
+            if is_cursor:
+                return self._style(ink).color
+            if level == MISSING:
+                return missing.bgcolor
+            if level == beyond:
+                return self.rich_style.bgcolor
+            return palette.colors[level]
+
+        upper, lower = levels
+        return UPPER_HALF * width, Style(color=color(upper, cursor[0]), bgcolor=color(lower, cursor[1]))
+
+    def _detail_look(self, level: int, is_cursor: bool) -> tuple[str, Style]:
+        """Return ('', style) for a value cell: its level as background, readable ink on top."""
+        palette = self.palette
+        if self.color_mode is ColorMode.NONE:
+            return "", self._style("heatmap--cursor") if is_cursor else Style()
+        if level == MISSING:
+            style = self._style("heatmap--missing")
+        else:
+            ink = self._style("heatmap--ink-on-light" if palette.is_light(level) else "heatmap--ink-on-dark")
+            style = Style(color=ink.color, bgcolor=palette.colors[level])
+        return "", (style + self._style("heatmap--cursor")) if is_cursor else style
+
+    def _render_col_labels(self, layout: _Layout, scroll_x: int) -> Strip:
+        """Return the column label line; the cursor column's label is drawn in full and hides its neighbours."""
+        width = min(layout.view_width, layout.grid_width - scroll_x)
+        cursor_label = self.col_labels[self.cursor[1]][:width]
+        cursor_x = layout.cell_span(self.cursor[1])[0] - scroll_x
+        cursor_x = max(0, min(cursor_x, width - len(cursor_label)))
+        line = [" "] * width
+        for x, text in self._col_label_places:
+            x -= scroll_x
+            if x + len(text) < cursor_x or x > cursor_x + len(cursor_label):
+                for i, char in enumerate(text[: max(0, width - x)]):
+                    if x + i >= 0:
+                        line[x + i] = char
+        text = "".join(line)
+        plain = self._style("heatmap--label")
+        return Strip(
+            [
+                Segment(" " * layout.gutter, self._base_style),
+                Segment(text[:cursor_x], plain),
+                Segment(cursor_label, self._style("heatmap--label-cursor")),
+                Segment(text[cursor_x + len(cursor_label) :], plain),
+            ]
+        )
+
+    def _render_legend(self, layout: _Layout) -> Strip:
+        """Return the legend line: zoom, min, the colour ramp, max, what the values are."""
+        palette, scale = self.palette, self.scale
+        legend = self._style("heatmap--legend")
+        fmt = self._value_format
+        segments = [Segment(f"{layout.zoom:>{layout.gutter - 1}} {fmt.format(scale.vmin)} ", legend)]
+        if self.color_mode is ColorMode.NONE:
+            segments.append(Segment("[" + "".join(palette.chars) + "]", legend))
+        else:
+            segments += [Segment(FULL_BLOCK, Style(color=color)) for color in palette.colors]
+        segments.append(Segment(f" {fmt.format(scale.vmax)}  {self.value_name}", legend))
+        if np.isnan(self._matrix).any():
+            glyph = palette.missing_char if self.color_mode is ColorMode.NONE else MISSING_GLYPH
+            segments.append(Segment(f"  {glyph} not computed", legend))
+        if self.title:
+            segments.append(Segment(f"  {self.title}", legend))
+        return Strip(segments).crop(0, self.size.width)
+
+    # --- Cursor ---------------------------------------------------------------------------------------
+
+    def _cursor_regions(self, cell: tuple[int, int]) -> list[Region]:
+        """Return what shows the cursor at `cell`: its characters, its row label, the column label line."""
+        layout = self._layout
+        scroll_x, scroll_y = self.scroll_offset
+        first, last = layout.cell_lines(cell[0])
+        left, right = layout.cell_span(cell[1])
+        top, height = first - scroll_y, last - first + 1
+        return [
+            Region(layout.gutter + left - scroll_x, top, right - left, height),
+            Region(0, top, layout.gutter, height),
+            Region(0, min(layout.grid_lines - scroll_y, layout.view_lines), self.size.width, 1),
+        ]
+
+    def _scroll_to_cursor(self, center: bool = False) -> None:
+        """Scroll so the cursor's cell is in view; a cursor that left the view is brought to the middle."""
+        layout = self._layout
+        if layout is None:
+            return
+        scroll_x, scroll_y = self.scroll_offset
+        first, last = layout.cell_lines(self.cursor[0])
+        left, right = layout.cell_span(self.cursor[1])
+        x = y = None
+        if center or first < scroll_y or last >= scroll_y + layout.view_lines:
+            y = (first + last) // 2 - layout.view_lines // 2
+        if center or left < scroll_x or right > scroll_x + layout.view_width:
+            x = (left + right) // 2 - layout.view_width // 2
+        if x is not None or y is not None:
+            self.scroll_to(x=x, y=y, animate=False)
+
+    def _post_cursor_moved(self) -> None:
+        row, col = self.cursor
+        self.post_message(
+            self.CursorMoved(self, row, col, self.row_labels[row], self.col_labels[col], self.value_at(row, col))
+        )
+
+    def _rows_per_page(self) -> int:
+        layout = self._ensure_layout()
+        if layout is None:
+            return 1
+        return max(1, layout.view_lines * layout.sub_rows_per_line // layout.cell_h * layout.pool_rows)
+
+    def action_move(self, rows: int, cols: int) -> None:
+        row, col = self.cursor
+        self.cursor = (row + rows, col + cols)
+
+    def action_page(self, pages: int) -> None:
+        self.action_move(pages * self._rows_per_page(), 0)
+
+    def action_jump_row(self, row: int) -> None:
+        self.cursor = (row % self._matrix.shape[0], self.cursor[1])
+
+    def action_jump_col(self, col: int) -> None:
+        self.cursor = (self.cursor[0], col % self._matrix.shape[1])
+
+    def action_cycle_zoom(self) -> None:
+        self.zoom = ZOOMS[(ZOOMS.index(self.zoom) + 1) % len(ZOOMS)]
+
+    def action_select_cell(self) -> None:
+        row, col = self.cursor
+        self.post_message(self.CellSelected(self, row, col, self.value_at(row, col)))
+
+    def on_click(self, event: events.Click) -> None:
+        """Move the cursor to the clicked cell; a click on the cursor selects it."""
+        layout = self._ensure_layout()
+        offset = event.get_content_offset(self)
+        if layout is None or offset is None:
+            return
+        scroll_x, scroll_y = self.scroll_offset
+        grid_x = offset.x - layout.gutter + scroll_x
+        sub_row = (offset.y + scroll_y) * layout.sub_rows_per_line
+        shown_row = layout.shown_row_at(sub_row)
+        if grid_x < 0 or grid_x >= layout.grid_width or shown_row is None or offset.y >= layout.view_lines:
+            return
+        cell = self.validate_cursor((shown_row * layout.pool_rows, grid_x // layout.cell_w * layout.pool_cols))
+        if cell == self.cursor:
+            self.action_select_cell()
+        else:
+            self.cursor = cell
