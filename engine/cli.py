@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .errors import VitseeError
+from .errors import VitseeError, brief
 
 app = typer.Typer(
     name="vitsee",
@@ -219,6 +219,18 @@ def main() -> None:
     except VitseeError as exc:
         err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         sys.exit(2)
+    except OSError as exc:
+        if not _is_hdf5_error(exc):
+            raise
+        # damage inside a store that opened fine shows up as an HDF5 read error on first use
+        err.print(f"[bold red]error:[/] a store could not be read ({brief(exc)}): it may be damaged; "
+                  "re-create it with `vitsee extract ... --overwrite`", highlight=False, soft_wrap=True)
+        sys.exit(2)
+
+
+def _is_hdf5_error(exc: OSError) -> bool:
+    text = str(exc)
+    return any(marker in text for marker in ("Unable to synchronously", "HDF5", "h5py", "Can't read data", "file signature"))
 
 
 if __name__ == "__main__":

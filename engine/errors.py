@@ -6,3 +6,12 @@ class VitseeError(Exception):
 
     The CLI prints it without a traceback and exits non-zero; the terminal app shows it as a notification.
     """
+
+
+def brief(exc: BaseException, limit: int = 160) -> str:
+    """Returns `Type: first line of the message`, cut to limit characters, for quoting a library error."""
+    lines = str(exc).strip().splitlines()
+    text = lines[0] if lines else ""
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 import torch
 from torch import nn
 
-from .errors import VitseeError
+from .errors import VitseeError, brief
 
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
 VIT_MODULES = {"vision_transformer", "deit", "vision_transformer_hybrid"}
@@ -399,7 +399,7 @@ def load_state_dict_file(path: str) -> dict:
     except VitseeError:
         raise
     except Exception as exc:  # torch / safetensors raise many types for a bad file
-        raise VitseeError(f"cannot read weights file {path} ({type(exc).__name__}: {exc}): check it is a state dict") from exc
+        raise VitseeError(f"cannot read weights file {path} ({brief(exc)}): check it is a state dict") from exc
 
 
 def _load_file_weights(model: nn.Module, path: str) -> None:
@@ -458,7 +458,7 @@ def load_model(spec: ModelSpec | str, img_size: int | None = None, device: str |
             raise
         except Exception as exc:  # network, hub and format errors come in many types
             raise VitseeError(
-                f"pretrained weights for {spec.timm_name} could not be loaded ({type(exc).__name__}: {str(exc)[:160]}): "
+                f"pretrained weights for {spec.timm_name} could not be loaded ({brief(exc)}): "
                 f"use {spec.timm_name}@random or {spec.timm_name}@/path/to/weights.safetensors"
             ) from exc
         cfg = model.pretrained_cfg

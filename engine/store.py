@@ -34,7 +34,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from .errors import VitseeError
+from .errors import VitseeError, brief
 
 FORMAT_VERSION = 1
 CHUNK_BYTES = 64 << 20
@@ -110,7 +110,7 @@ class Store:
             self.file = _open_h5(self.path, mode)
         except OSError as exc:
             raise VitseeError(
-                f"{path} is not a readable vitsee store ({str(exc).splitlines()[0][:120]}): it may be corrupt or "
+                f"{path} is not a readable vitsee store ({brief(exc)}): it may be corrupt or "
                 "not HDF5; re-create it with `vitsee extract ... --overwrite`"
             ) from exc
         if "vitsee_format" not in self.file.attrs:

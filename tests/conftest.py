@@ -1,0 +1,43 @@
+"""Shared fixtures: tiny timm models (img_size 64, grid 4x4) over tiny image sets, extracted once."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # these machines have no network: fail fast, never retry
+os.environ.setdefault("VITSEE_TEST", "1")
+
+VIT = "test_vit@random:0"
+RESNET = "test_resnet@random:0"
+IMG = 64
+
+
+@pytest.fixture(scope="session")
+def tiny_store(tmp_path_factory) -> Path:
+    """A complete store: a 6-block ViT and a ResNet, random init, 48 synthetic images, batches of 16."""
+    from vitsee.engine.extract import ExtractConfig, run_extraction
+
+    path = tmp_path_factory.mktemp("stores") / "tiny.h5"
+    run_extraction(ExtractConfig(store=path, models=[VIT, RESNET], dataset="synthetic", n_images=48,
+                                 batch_size=16, img_size=IMG, device="cpu", workers=0))
+    return path
+
+
+def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
+    """Runs `vitsee ARGS` in-process; returns (exit code, stdout, stderr)."""
+    from vitsee.engine.cli import main
+
+    old = sys.argv
+    sys.argv = ["vitsee", *map(str, args)]
+    code = 0
+    try:
+        main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        sys.argv = old
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err

@@ -1,0 +1,83 @@
+"""Pretrained weights come from the local Hugging Face cache when they are there; nothing is substituted."""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+import timm
+import torch
+
+from vitsee.engine.errors import VitseeError
+from vitsee.engine.extract import ExtractConfig, run_extraction
+from vitsee.engine.models import cached_pretrained_file, list_models, load_model, parse_model_spec
+from vitsee.engine.store import Store
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch):
+    """A Hugging Face cache holding test_vit.r160_in1k weights that this test made (seed 77)."""
+    import huggingface_hub.constants as hub
+    from safetensors.torch import save_file
+
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    torch.manual_seed(77)
+    source = timm.create_model("test_vit").eval()
+    snapshot = tmp_path / "hub" / "models--timm--test_vit.r160_in1k" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in source.state_dict().items()}, str(snapshot / "model.safetensors"))
+    (tmp_path / "hub" / "models--timm--test_vit.r160_in1k" / "refs").mkdir()
+    (tmp_path / "hub" / "models--timm--test_vit.r160_in1k" / "refs" / "main").write_text("0" * 40)
+    return source, snapshot / "model.safetensors"
+
+
+def test_pretrained_weights_load_from_the_local_hub_cache(hub_cache, tmp_path):
+    source, weights = hub_cache
+    assert cached_pretrained_file("test_vit.r160_in1k") == str(weights)
+    row = next(r for r in list_models("test_vit") if r["name"] == "test_vit.r160_in1k")
+    assert row["cached"] and row["family"] == "vit"
+    store = tmp_path / "pre.h5"
+    run_extraction(ExtractConfig(store=store, models=["test_vit"], dataset="samples", n_images=4, batch_size=4,
+                                 device="cpu", workers=0))
+    with Store.open(store) as s:
+        (key,) = s.models
+        assert key == "test_vit.r160_in1k"  # the default tag is filled in and recorded
+        w = s.model_info(key)["weights"]
+        assert w["kind"] == "pretrained" and w["source"] == "timm/test_vit.r160_in1k"
+        assert w["sha256"] == hashlib.sha256(weights.read_bytes()).hexdigest()
+        x = torch.from_numpy(s.model_input(key))
+        with torch.no_grad():
+            expected = source.forward_features(x).numpy()
+        np.testing.assert_allclose(s.activations(key, "norm"), expected, rtol=3e-3, atol=3e-3)
+
+
+def test_pretrained_weights_that_are_not_cached_fail_without_fallback(tmp_path, monkeypatch):
+    import huggingface_hub.constants as hub
+
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(tmp_path / "empty-hub"))
+    with pytest.raises(VitseeError, match=r"test_vit.r160_in1k are not in the local cache.*@random.*HF_HOME"):
+        load_model("test_vit")
+
+
+def test_random_init_is_seeded_and_recorded():
+    a, b, c = load_model("test_resnet@random:5"), load_model("test_resnet@random:5"), load_model("test_resnet@random:6")
+    wa, wb = dict(a.model.named_parameters()), dict(b.model.named_parameters())
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    wc = dict(c.model.named_parameters())
+    assert any(not torch.equal(wa[k], wc[k]) for k in wa)
+    assert a.weights["kind"] == "random" and a.weights["seed"] == 5 and a.key == "test_resnet@random:5"
+
+
+def test_spec_parsing():
+    spec = parse_model_spec("vit_base_patch16_224.augreg_in21k")
+    assert (spec.name, spec.tag, spec.weights) == ("vit_base_patch16_224", "augreg_in21k", "pretrained")
+    assert parse_model_spec("resnet18@random").seed == 0
+    assert parse_model_spec("resnet18@random:42").key == "resnet18@random:42"
+
+
+def test_vit_built_small_reports_the_size_it_was_built_for():
+    loaded = load_model("vit_tiny_patch16_224@random", img_size=32)
+    assert loaded.data_config["input_size"] == (3, 32, 32)  # timm's resolve_model_data_config says 224
+    assert loaded.grid_size == (2, 2) and loaded.num_prefix_tokens == 1
+    cnn = load_model("test_resnet@random", img_size=48)
+    assert cnn.data_config["input_size"] == (3, 48, 48) and cnn.family == "resnet"
