@@ -112,6 +112,21 @@ async def test_page_down_moves_a_screenful_of_rows_and_page_up_comes_back():
         assert heatmap.cursor == (0, 0)
 
 
+async def test_without_scrollbars_the_legend_says_which_rows_and_columns_are_in_view():
+    big = np.linspace(0, 1, 120 * 120).reshape(120, 120)
+    app = HeatmapApp(big, [f"b{i}" for i in range(120)], [f"b{i}" for i in range(120)], zoom="1:1")
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        heatmap = app.heatmap
+        legend = heatmap.render_line(heatmap.size.height - 1).text
+        rows_in_view = 2 * (heatmap.size.height - 2)
+        assert f"rows 1-{rows_in_view}/120" in legend
+        await pilot.press("end")
+        legend = heatmap.render_line(heatmap.size.height - 1).text
+        assert f"rows {120 - rows_in_view + 1}-120/120" in legend
+        assert heatmap.scrollbar_size_vertical == 0 and heatmap.scrollbar_size_horizontal == 0
+
+
 async def test_enter_posts_cell_selected_with_the_value_under_the_cursor():
     app = HeatmapApp()
     async with app.run_test(size=SIZE) as pilot:

@@ -6,8 +6,8 @@ gets a line of ASCII density characters instead. Row labels sit in a fixed gutte
 column labels and a legend sit in two fixed lines below the grid; only the grid scrolls.
 
 Lines are rendered into an LRU cache of Strips keyed by what makes a line different, and a cursor
-move repaints just the cells and labels it left and entered, which keeps a move to a few hundred
-bytes on the wire even on a 200 x 200 matrix over SSH.
+move repaints just the cells and labels it left and entered, which keeps a move under a kilobyte on
+the wire even on a 200 x 200 matrix over SSH (benchmarks/tui.py measures it).
 """
 
 from __future__ import annotations
@@ -181,7 +181,9 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
     Heatmap {
         background: $surface;
         color: $foreground;
-        scrollbar-size: 1 1;
+        /* The labels and the legend already say which rows and columns are in view. Scrollbars would
+           also be repainted on every layout of the screen (any status line update), some 8 KB a move. */
+        scrollbar-size: 0 0;
         & > .heatmap--label { color: $text-muted; }
         & > .heatmap--label-cursor { color: $foreground; text-style: bold reverse; }
         & > .heatmap--legend { color: $text-muted; }
@@ -295,7 +297,10 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
         vmin: float | None = None,
         vmax: float | None = None,
     ) -> None:
-        """Show a new matrix (e.g. more cells computed); labels and value range are kept unless given."""
+        """Show a new matrix (e.g. more cells computed); labels and value range are kept unless given.
+
+        Call it on the app's thread: from a thread worker, through `app.call_from_thread`.
+        """
         matrix = np.asarray(matrix, dtype=np.float64)
         if row_labels is None and matrix.shape[0] == len(self.row_labels):
             row_labels = self.row_labels
@@ -502,7 +507,7 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
             key = ("labels", scroll_x, layout.zoom, self.color_mode, cursor_col)
             render = lambda: self._render_col_labels(layout, scroll_x)  # noqa: E731
         elif y == label_y + 1:
-            key = ("legend", layout.zoom, self.color_mode, self.size.width)
+            key = ("legend", layout.zoom, self.color_mode, self.size.width, scroll_x, scroll_y)
             render = lambda: self._render_legend(layout)  # noqa: E731
         else:
             return Strip.blank(self.size.width, self._base_style)
@@ -659,12 +664,25 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
         else:
             segments += [Segment(FULL_BLOCK, Style(color=color)) for color in palette.colors]
         segments.append(Segment(f" {fmt.format(scale.vmax)}  {self.value_name}", legend))
+        if layout.grid_lines > layout.view_lines or layout.grid_width > layout.view_width:
+            segments.append(Segment(f"  {self._view_extent(layout)}", legend))  # no scrollbars: say where we are
         if np.isnan(self._matrix).any():
             glyph = palette.missing_char if self.color_mode is ColorMode.NONE else MISSING_GLYPH
             segments.append(Segment(f"  {glyph} not computed", legend))
         if self.title:
             segments.append(Segment(f"  {self.title}", legend))
         return Strip(segments).crop(0, self.size.width)
+
+    def _view_extent(self, layout: _Layout) -> str:
+        """Return which matrix rows and columns are in view, e.g. 'rows 41-132/200 cols 1-148/200'."""
+        rows, cols = self._matrix.shape
+        scroll_x, scroll_y = self.scroll_offset
+        per_line = layout.sub_rows_per_line
+        top = scroll_y * per_line // layout.cell_h * layout.pool_rows
+        bottom = min(rows, (scroll_y + layout.view_lines) * per_line // layout.cell_h * layout.pool_rows)
+        left = scroll_x // layout.cell_w * layout.pool_cols
+        right = min(cols, (scroll_x + layout.view_width) // layout.cell_w * layout.pool_cols)
+        return f"rows {top + 1}-{bottom}/{rows} cols {left + 1}-{right}/{cols}"
 
     # --- Cursor ---------------------------------------------------------------------------------------
 
