@@ -1,0 +1,185 @@
+"""What one heatmap cursor move costs: time from the key to the repainted screen, and bytes on the wire.
+
+Runs the Heatmap on a 200 x 200 matrix in a 160 x 48 app with a status line (what vitsee-tui shows),
+presses ~200 cursor keys and, for each, times the key event to the last terminal write of its frame and
+counts the bytes written. The app's driver is Textual's headless one with its output switched back on and
+sent to a counter, so every frame is composed and encoded exactly as for a real terminal.
+
+Keys arrive 40 ms apart, about a held key's repeat rate: Textual paints at most 60 frames a second, so
+keys sent back to back would measure that cap instead of the widget.
+
+    python benchmarks/tui.py                      # 1:1 and fit, truecolor
+    python benchmarks/tui.py --zoom 1:1 --color-mode 256 --moves 400
+
+Targets: median under 16 ms and under 4 KB per move; the exit status is 1 when a median misses them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import time
+
+COLOR_SYSTEMS = {"truecolor": "truecolor", "256": "256", "16": "standard", "none": "truecolor"}
+KEY_INTERVAL_S = 0.040
+TARGET_MS, TARGET_BYTES = 16.0, 4096
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--moves", type=int, default=200)
+    parser.add_argument("--size", default="160x48", help="terminal WIDTHxHEIGHT")
+    parser.add_argument("--matrix", type=int, default=200, help="rows and columns of the matrix")
+    parser.add_argument("--zoom", action="append", choices=["fit", "1:1", "detail"], help="default: 1:1 and fit")
+    parser.add_argument("--color-mode", default="truecolor", choices=list(COLOR_SYSTEMS))
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args()
+
+
+ARGS = parse_args()
+# Textual reads its colour system when first imported: make the encoded frames those of such a terminal.
+os.environ["TEXTUAL_COLOR_SYSTEM"] = COLOR_SYSTEMS[ARGS.color_mode]
+
+import numpy as np  # noqa: E402
+from textual import events  # noqa: E402
+from textual.app import App, ComposeResult  # noqa: E402
+from textual.drivers import headless_driver  # noqa: E402
+from textual.widgets import Label  # noqa: E402
+
+from vitsee.tui.widgets import Heatmap  # noqa: E402
+
+
+class CountingDriver(headless_driver.HeadlessDriver):
+    """A headless driver whose output is counted instead of discarded."""
+
+    bytes_written = 0
+    write_times: list[float] = []
+
+    @property
+    def is_headless(self) -> bool:
+        return False  # so the app composes, encodes and writes every frame
+
+    def reset(self) -> None:
+        self.bytes_written, self.write_times = 0, []
+
+    def write(self, data: str) -> None:
+        self.bytes_written += len(data.encode("utf-8"))
+        self.write_times.append(time.perf_counter())
+
+
+class HeatmapBench(App):
+    CSS = "Heatmap { height: 1fr; }"
+
+    def __init__(self, matrix: np.ndarray, zoom: str, color_mode: str) -> None:
+        super().__init__()
+        labels = [f"blocks.{i}" for i in range(len(matrix))]
+        self.heatmap = Heatmap(matrix, labels, labels, zoom=zoom, color_mode=color_mode)
+
+    def compose(self) -> ComposeResult:
+        yield self.heatmap
+        yield Label(id="status")
+
+    def on_heatmap_cursor_moved(self, message: Heatmap.CursorMoved) -> None:
+        self.query_one("#status", Label).update(message.summary)
+
+
+def cka_like(n: int) -> np.ndarray:
+    """A smooth, banded layer x layer similarity, like CKA between blocks of one model."""
+    i = np.arange(n)
+    return np.exp(-np.abs(i[:, None] - i[None, :]) / (n / 8)) * (0.7 + 0.3 * np.cos(i[None, :] / 9))
+
+
+def cursor_walk(moves: int, seed: int) -> list[str]:
+    """A random walk drifting right and down, with the odd page jump (which scrolls the view)."""
+    rng = np.random.default_rng(seed)
+    keys = ["right", "down", "left", "up", "pagedown", "pageup"]
+    return list(rng.choice(keys, size=moves, p=[0.38, 0.28, 0.14, 0.14, 0.03, 0.03]))
+
+
+def time_widget_work(heatmap: Heatmap) -> list[float]:
+    """Wrap the heatmap's cursor watcher and render_line; return the list their durations add up in."""
+    spent = [0.0]
+
+    def timed(method):
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                spent[0] += time.perf_counter() - start
+
+        return wrapper
+
+    heatmap.render_line = timed(heatmap.render_line)
+    heatmap.watch_cursor = timed(heatmap.watch_cursor)
+    return spent
+
+
+async def measure(zoom: str) -> dict[str, list[float]]:
+    width, height = map(int, ARGS.size.lower().split("x"))
+    app = HeatmapBench(cka_like(ARGS.matrix), zoom, ARGS.color_mode)
+    result: dict[str, list[float]] = {"first_ms": [], "last_ms": [], "bytes": [], "widget_ms": [], "scroll_bytes": []}
+    async with app.run_test(size=(width, height)) as pilot:
+        driver = app._driver
+        assert isinstance(driver, CountingDriver)
+        await pilot.pause()
+        await asyncio.sleep(0.2)  # the first full frame
+        spent = time_widget_work(app.heatmap)
+        for key in cursor_walk(ARGS.moves, ARGS.seed):
+            scroll_before = app.heatmap.scroll_offset
+            driver.reset()
+            spent[0] = 0.0
+            event = events.Key(key, None)
+            event.set_sender(app)
+            pressed = time.perf_counter()
+            driver.send_message(event)  # the path a real key takes
+            await asyncio.sleep(KEY_INTERVAL_S)
+            if not driver.write_times:  # a key against an edge changes nothing and writes nothing
+                continue
+            if app.heatmap.scroll_offset != scroll_before:  # a full repaint: counted apart
+                result["scroll_bytes"].append(driver.bytes_written)
+                continue
+            result["first_ms"].append((driver.write_times[0] - pressed) * 1000)
+            result["last_ms"].append((driver.write_times[-1] - pressed) * 1000)
+            result["bytes"].append(driver.bytes_written)
+            result["widget_ms"].append(spent[0] * 1000)
+    return result
+
+
+def summary(values: list[float]) -> str:
+    ordered = sorted(values)
+    p90 = ordered[int(0.9 * (len(ordered) - 1))]
+    return f"median {statistics.median(ordered):8.2f}   p90 {p90:8.2f}   max {ordered[-1]:9.2f}"
+
+
+def main() -> int:
+    import textual
+
+    zooms = ARGS.zoom or ["1:1", "fit"]
+    print(
+        f"Heatmap {ARGS.matrix}x{ARGS.matrix}, terminal {ARGS.size}, colour {ARGS.color_mode}, "
+        f"{ARGS.moves} keys {KEY_INTERVAL_S * 1000:.0f} ms apart (textual {textual.__version__}, "
+        f"python {sys.version.split()[0]})"
+    )
+    headless_driver.HeadlessDriver = CountingDriver  # run_test looks the class up here at start-up
+    ok = True
+    for zoom in zooms:
+        result = asyncio.run(measure(zoom))
+        moves, scrolls = len(result["bytes"]), result["scroll_bytes"]
+        print(f"\nzoom {zoom}: {moves} moves within the view" + (
+            f", {len(scrolls)} that scrolled it (full repaint, median {statistics.median(scrolls) / 1024:.0f} KB)"
+            if scrolls else ""))
+        print(f"  key -> heatmap frame written (ms)   {summary(result['first_ms'])}")
+        print(f"  key -> status line written too (ms) {summary(result['last_ms'])}")
+        print(f"  heatmap's own work per move (ms)    {summary(result['widget_ms'])}")
+        print(f"  bytes written per move              {summary(result['bytes'])}")
+        ok &= statistics.median(result["first_ms"]) < TARGET_MS and statistics.median(result["bytes"]) < TARGET_BYTES
+    print(f"\ntargets: median < {TARGET_MS:.0f} ms and < {TARGET_BYTES} bytes per move: {'met' if ok else 'MISSED'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
