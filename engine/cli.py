@@ -212,6 +212,79 @@ def layers(
         out.print(f"{point.name}  [dim]{where}[/]", highlight=False)
 
 
+@app.command()
+def analyze(
+    store: Annotated[Path, typer.Argument(help="a complete store")],
+    cka: Annotated[bool, typer.Option("--cka", help="CKA within every model and across every pair")] = False,
+    attention: Annotated[bool, typer.Option("--attention", help="mean attention distances (ViT-like)")] = False,
+    probes: Annotated[bool, typer.Option("--probes", help="linear probes per layer and readout (needs labels)")] = False,
+    skip: Annotated[bool, typer.Option("--skip", help="skip-connection norm ratios")] = False,
+    spatial: Annotated[bool, typer.Option("--spatial", help="spatial localisation maps")] = False,
+    batch_size: Annotated[int, typer.Option(help="images per CKA minibatch")] = 256,
+    shuffles: Annotated[int, typer.Option(help="average CKA over K seeded shuffles (0: store order)")] = 1,
+    seed: Annotated[int, typer.Option(help="seed of the shuffles and the probe split")] = 0,
+    spatial_layer: Annotated[Optional[str], typer.Option(help="layer of the spatial maps (default: last block)")] = None,
+    device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")] = "auto",
+    recompute: Annotated[bool, typer.Option(help="ignore cached results")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bars")] = False,
+) -> None:
+    """Compute the paper's analyses (none named: all that apply) and cache them in the store."""
+    from .analyze import AnalyzeConfig, run_analyses
+
+    chosen = [name for name, flag in (("cka", cka), ("attention", attention), ("probes", probes), ("skip", skip), ("spatial", spatial)) if flag]
+    cfg = AnalyzeConfig(batch_size=batch_size, shuffles=shuffles, seed=seed, device=device, recompute=recompute, spatial_layer=spatial_layer)
+    on_event, bar = _progress_bar(quiet)
+
+    def on_step(step) -> None:
+        from .extract import Progress
+
+        on_event(Progress("analyze", done=step.done, total=step.total, message=step.analysis))
+
+    try:
+        done = run_analyses(store, chosen or None, cfg, progress=on_step)
+    finally:
+        if isinstance(bar, _NoBar) or bar.live.is_started:
+            bar.stop()
+    if not quiet:
+        err.print(f"{store}: {', '.join(done)} ready", highlight=False)
+
+
+@app.command()
+def export(
+    store: Annotated[Path, typer.Argument(help="a store")],
+    view: Annotated[str, typer.Argument(help="cka:MODEL_A[:MODEL_B] | attention:MODEL | probes:MODEL | skip:MODEL | spatial:MODEL[:LAYER]")],
+    out_file: Annotated[Path, typer.Option("--out", "-o", help="FILE.png | FILE.json | FILE.csv")],
+    cmap: Annotated[str, typer.Option(help="viridis | magma | cividis")] = "viridis",
+    batch_size: Annotated[int, typer.Option(help="CKA minibatch size if the result must be computed")] = 256,
+    shuffles: Annotated[int, typer.Option(help="CKA shuffles if the result must be computed")] = 1,
+    device: Annotated[str, typer.Option(help="auto | cpu | cuda")] = "auto",
+) -> None:
+    """Write one view as a figure (.png), its numbers (.json) or a table (.csv); computes it if needed."""
+    from .analyze import AnalyzeConfig
+    from .views import load_view, write_view
+
+    v = load_view(store, view, AnalyzeConfig(batch_size=batch_size, shuffles=shuffles, device=device))
+    path = write_view(v, out_file, cmap=cmap)
+    err.print(f"wrote {path}", highlight=False)
+
+
+@app.command()
+def show(
+    store: Annotated[Path, typer.Argument(help="a store")],
+    view: Annotated[str, typer.Argument(help="cka:MODEL_A[:MODEL_B] | attention:MODEL | probes:MODEL | skip:MODEL | spatial:MODEL[:LAYER]")],
+    color: Annotated[str, typer.Option(help="auto | truecolor | 256 | 16 | none")] = "auto",
+    cmap: Annotated[str, typer.Option(help="viridis | magma | cividis")] = "viridis",
+) -> None:
+    """Print a view in the terminal: a coloured heatmap or a table (ASCII with NO_COLOR)."""
+    from .analyze import AnalyzeConfig
+    from .render import render_view
+    from .views import load_view
+
+    v = load_view(store, view, AnalyzeConfig())
+    for renderable in render_view(v, color=color, cmap=cmap):
+        out.print(renderable)
+
+
 def main() -> None:
     """Entry point: runs the Typer app, turning user errors into one line and a non-zero exit."""
     try:

@@ -380,8 +380,9 @@ class Store:
 
         def visit(name, obj):
             if isinstance(obj, h5py.Dataset):
-                value = obj[()]
-                out[name] = value.decode() if isinstance(value, bytes) else value
+                is_text = h5py.check_string_dtype(obj.dtype) is not None
+                value = obj.asstr()[()] if is_text else obj[()]
+                out[name] = value.astype(str) if is_text and isinstance(value, np.ndarray) else value
 
         group.visititems(visit)
         out["_params"] = json.loads(group.attrs["params"])

@@ -1,0 +1,566 @@
+"""Store-level runners of the paper's analyses: stream the store batch by batch, compute on the device,
+cache each result in the store keyed by its parameters.
+
+Every runner reads through `Store` only, never holds more than a batch of one layer (plus a few read
+ahead) in memory, and returns the cached result when one with the same parameters exists.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import cka as cka_mod
+from . import probes as probes_mod
+from .attention import sort_heads, uniform_attention_distance_px
+from .errors import VitseeError
+from .store import Store, read_rows
+
+ANALYSES = ("cka", "attention", "probes", "skip", "spatial")
+
+
+@dataclass
+class AnalyzeConfig:
+    """Parameters shared by the analyses (each result records the ones it used)."""
+
+    batch_size: int = 256
+    shuffles: int = 1
+    seed: int = 0
+    device: str = "auto"
+    recompute: bool = False
+    probe_tokens: bool = True
+    spatial_layer: str | None = None
+    probe_max_dim: int = 1024  # per-token probes keep a (D, D) matrix per token: skip wider layers
+
+
+@dataclass
+class Step:
+    """A progress event: which analysis, how far (done/total in its own units)."""
+
+    analysis: str
+    done: int
+    total: int
+    message: str = ""
+
+
+StepFn = Callable[[Step], None]
+
+
+def _device(name: str) -> torch.device:
+    from .extract import resolve_device
+
+    return resolve_device(name)
+
+
+def _emit(progress: StepFn | None, analysis: str, done: int, total: int, message: str = "") -> None:
+    if progress is not None:
+        progress(Step(analysis, done, total, message))
+
+
+# --- reading ahead ----------------------------------------------------------------------------------
+
+
+class _Prefetch:
+    """Reads (rows, dataset) jobs in a background thread, at most `ahead` arrays in memory, in order.
+
+    HDF5 reads run while the device computes on the previous array, so the GPU does not wait on disk.
+    """
+
+    def __init__(self, jobs: Iterator[tuple[np.ndarray, object]], ahead: int = 3):
+        self._queue: queue.Queue = queue.Queue(maxsize=ahead)
+        self._thread = threading.Thread(target=self._run, args=(jobs,), daemon=True, name="vitsee-prefetch")
+        self._stop = threading.Event()
+        self._thread.start()
+
+    def _run(self, jobs) -> None:
+        try:
+            for rows, read in jobs:
+                if self._stop.is_set():
+                    return
+                self._queue.put(("ok", read(rows)))
+            self._queue.put(("end", None))
+        except BaseException as exc:  # handed to the consumer
+            self._queue.put(("error", exc))
+
+    def get(self) -> np.ndarray:
+        kind, value = self._queue.get()
+        if kind == "error":
+            raise value
+        if kind == "end":
+            raise StopIteration
+        return value
+
+    def close(self) -> None:
+        self._stop.set()
+        while self._thread.is_alive():
+            try:
+                self._queue.get(timeout=0.05)
+            except queue.Empty:
+                pass
+
+
+class _Lazy:
+    """One layer's batch that is read only when the CKA accumulator asks for it (keeps memory at one layer)."""
+
+    def __init__(self, shape: tuple[int, ...], source: _Prefetch):
+        self.shape = shape
+        self._source = source
+
+    def __array__(self, dtype=None, copy=None):
+        array = self._source.get()
+        return array if dtype is None else array.astype(dtype)
+
+
+# --- CKA -------------------------------------------------------------------------------------------
+
+
+def batch_plan(n: int, batch_size: int, shuffles: int, seed: int) -> list[tuple[int, np.ndarray]]:
+    """Returns [(shuffle, rows)] batches defined by global index: store order, or K seeded shuffles."""
+    if shuffles < 0:
+        raise VitseeError(f"--shuffles must be 0 (store order) or more, got {shuffles}")
+    if batch_size < cka_mod.MIN_BATCH:
+        raise VitseeError(f"--batch-size {batch_size} is too small for CKA: use at least {cka_mod.MIN_BATCH}")
+    orders = [np.arange(n)] if shuffles == 0 else [np.random.default_rng([seed, k]).permutation(n) for k in range(shuffles)]
+    return [(k, order[s : s + batch_size]) for k, order in enumerate(orders) for s in range(0, n, batch_size)]
+
+
+def _check_ready(store: Store, models: Sequence[str]) -> None:
+    if not models:
+        raise VitseeError(f"{store.path} holds no models: add one with `vitsee extract {store.path} --model NAME`")
+    for m in models:
+        store.require_complete(m)
+    if store.n_images < cka_mod.MIN_BATCH:
+        raise VitseeError(
+            f"{store.path} has {store.n_images} images; CKA needs at least {cka_mod.MIN_BATCH}: extract more (--n-images)"
+        )
+
+
+def cka_params(store: Store, cfg: AnalyzeConfig) -> dict:
+    models = store.models
+    batch_size = min(cfg.batch_size, store.n_images)
+    return {
+        "models": models,
+        "layers": {m: store.layers(m) for m in models},
+        "batch_size": batch_size,
+        "shuffles": cfg.shuffles,
+        "seed": cfg.seed if cfg.shuffles else None,
+        "n_images": store.n_images,
+    }
+
+
+def compute_cka(store: Store, params: dict, device: torch.device, progress: StepFn | None = None,
+                plan: list[tuple[int, np.ndarray]] | None = None) -> dict:
+    """Returns the joint (L, L) CKA over every stored layer of every model, averaged over the shuffles.
+
+    One pass over the store per batch: every layer of every model is read once, its Gram built once, and
+    all pairs come from one product inside MinibatchCKA. `plan` (default: all batches) lets a caller give
+    each process its share; the per-shuffle HSIC sums are returned for an all-reduce.
+    """
+    models = params["models"]
+    columns = [(m, layer) for m in models for layer in params["layers"][m]]
+    datasets = [store._layer(m, layer) for m, layer in columns]
+    full_plan = batch_plan(params["n_images"], params["batch_size"], params["shuffles"], params["seed"] or 0)
+    plan = full_plan if plan is None else plan
+    n_shuffles = max(1, params["shuffles"])
+    accumulators = [cka_mod.MinibatchCKA(len(columns), device) for _ in range(n_shuffles)]
+    jobs = ((rows, lambda r, ds=ds: read_rows(ds, r)) for _, rows in plan for ds in datasets)
+    prefetch = _Prefetch(jobs)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a short last batch is reported once below, not per shuffle
+            for b, (k, rows) in enumerate(plan):
+                if len(rows) < cka_mod.MIN_BATCH:  # skipped by the estimator: drain its reads
+                    for _ in datasets:
+                        prefetch.get()
+                else:
+                    accumulators[k].update([_Lazy((len(rows), *ds.shape[1:]), prefetch) for ds in datasets])
+                _emit(progress, "cka", b + 1, len(plan))
+    finally:
+        prefetch.close()
+    states = torch.stack([acc.state for acc in accumulators])  # (K, L*L + 1)
+    return {"states": states, "columns": columns}
+
+
+def finish_cka(states: torch.Tensor, columns: list[tuple[str, str]], params: dict) -> dict:
+    """Returns the cached arrays of a CKA result from the (merged) per-shuffle accumulator states."""
+    matrices = []
+    for state in states:
+        acc = cka_mod.MinibatchCKA(len(columns), "cpu")
+        acc.state = state.cpu().to(torch.float64)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            matrices.append(acc.result())
+    matrix = np.mean(matrices, axis=0)
+    last = params["n_images"] % params["batch_size"]
+    dropped = last if 0 < last < cka_mod.MIN_BATCH else 0
+    return {
+        "matrix": matrix,
+        "model": np.array([params["models"].index(m) for m, _ in columns]),
+        "layer": np.array([layer for _, layer in columns]),
+        "shuffle_std": np.std(matrices, axis=0) if len(matrices) > 1 else np.zeros_like(matrix),
+        "dropped_per_shuffle": np.array(dropped),
+    }
+
+
+def run_cka(store: Store, cfg: AnalyzeConfig, progress: StepFn | None = None) -> dict:
+    """Returns the CKA result (cached or computed): `matrix` (L, L) over all models' layers."""
+    _check_ready(store, store.models)
+    params = cka_params(store, cfg)
+    cached = None if cfg.recompute else store.get_result("cka", params)
+    if cached is not None:
+        return cached
+    if params["n_images"] % params["batch_size"] and params["n_images"] % params["batch_size"] < cka_mod.MIN_BATCH:
+        warnings.warn(
+            f"the last batch of {params['n_images'] % params['batch_size']} images is dropped from each pass: "
+            f"unbiased HSIC needs at least {cka_mod.MIN_BATCH}; pick --batch-size to avoid it",
+            stacklevel=2,
+        )
+    out = compute_cka(store, params, _device(cfg.device), progress)
+    arrays = finish_cka(out["states"], out["columns"], params)
+    return _save(store, "cka", params, arrays)
+
+
+def _save(store: Store, analysis: str, params: dict, arrays: dict) -> dict:
+    store.put_result(analysis, params, arrays, provenance=_provenance(store))
+    result = store.get_result(analysis, params)
+    assert result is not None
+    return result
+
+
+def _provenance(store: Store) -> dict:
+    return {
+        "store": str(store.path),
+        "dataset": store.dataset_spec,
+        "n_images": store.n_images,
+        "models": {m: store.model_info(m)["weights"] for m in store.models},
+    }
+
+
+def cka_block(result: dict, store_models: Sequence[str], model_a: str, model_b: str | None = None) -> tuple[np.ndarray, list[str], list[str]]:
+    """Returns (matrix, row layers, col layers) of model_a x model_b (model_b defaults to model_a)."""
+    model_b = model_b or model_a
+    models = result["_params"]["models"]
+    ia, ib = models.index(model_a), models.index(model_b)
+    rows = np.flatnonzero(result["model"] == ia)
+    cols = np.flatnonzero(result["model"] == ib)
+    layers = [str(x) for x in result["layer"]]
+    return result["matrix"][np.ix_(rows, cols)], [layers[i] for i in rows], [layers[i] for i in cols]
+
+
+# --- attention distances ----------------------------------------------------------------------------
+
+
+def attention_params(store: Store, key: str, cfg: AnalyzeConfig) -> dict:
+    return {"model": key, "n_images": store.n_images, "bins": 32}
+
+
+def run_attention(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | None = None) -> dict:
+    """Returns per block: heads' mean distances (sorted), their spread over images, and the histogram
+    over heads and images, with the distance of uniform attention for the model's grid."""
+    key = store.resolve_model(model)
+    store.require_complete(key)
+    info = store.model_info(key)
+    if "attention_distance" not in store.stats(key):
+        raise VitseeError(f"{key} has no attention distances ({info['family']} model): they exist for ViT-like models only")
+    params = attention_params(store, key, cfg)
+    bins = params["bins"]
+    cached = None if cfg.recompute else store.get_result("attention", params)
+    if cached is not None:
+        return cached
+    dist = store.attention_distance(key)  # (N, blocks, heads)
+    renorm = store.attention_distance(key, renormalised=True)
+    uniform = uniform_attention_distance_px(tuple(info["grid_size"]), tuple(info["patch_size"]))
+    gh, gw = info["grid_size"]
+    ph, pw = info["patch_size"]
+    max_px = float(np.hypot((gh - 1) * ph, (gw - 1) * pw))
+    edges = np.linspace(0.0, max_px, bins + 1)
+    hist = np.stack([np.histogram(dist[:, b, :].ravel(), bins=edges)[0] for b in range(dist.shape[1])])
+    mean = dist.mean(axis=0)  # (blocks, heads)
+    order = np.argsort(mean, axis=1)
+    arrays = {
+        "mean_px": np.take_along_axis(mean, order, axis=1),  # sorted ascending per block
+        "std_px": np.take_along_axis(dist.std(axis=0), order, axis=1),
+        "head_order": order,
+        "mean_renorm_px": sort_heads(renorm.mean(axis=0)),
+        "hist_counts": hist,
+        "hist_edges": edges,
+        "uniform_px": np.array(uniform),
+        "blocks": np.array([f"blocks.{b}" for b in range(dist.shape[1])]),
+    }
+    _emit(progress, f"attention {key}", 1, 1)
+    return _save(store, "attention", params, arrays)
+
+
+# --- skip ratios ------------------------------------------------------------------------------------
+
+
+def skip_params(store: Store, key: str, cfg: AnalyzeConfig) -> dict:
+    return {"model": key, "n_images": store.n_images}
+
+
+def run_skip(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | None = None) -> dict:
+    """Returns skip-connection norm ratios ||z||/||f(z)||: ViT per sublayer x token (mean over images),
+    with CLS vs mean of spatial tokens; ResNet per block."""
+    key = store.resolve_model(model)
+    store.require_complete(key)
+    info = store.model_info(key)
+    params = skip_params(store, key, cfg)
+    cached = None if cfg.recompute else store.get_result("skip", params)
+    if cached is not None:
+        return cached
+    stats = store.stats(key)
+    if "skip_ratio_attn" in stats:
+        attn, mlp = store.stat(key, "skip_ratio_attn"), store.stat(key, "skip_ratio_mlp")  # (N, blocks, T)
+        blocks = attn.shape[1]
+        per_token = np.empty((2 * blocks, attn.shape[2]))
+        per_token[0::2] = _finite_mean(attn)
+        per_token[1::2] = _finite_mean(mlp)
+        prefix = int(info["num_prefix_tokens"])
+        rows = [f"blocks.{b}.{part}" for b in range(blocks) for part in ("attn", "mlp")]
+        cols = [("CLS" if t == 0 else f"prefix {t}") if t < prefix else f"token {t - prefix}" for t in range(attn.shape[2])]
+        arrays = {
+            "ratio": per_token,
+            "rows": np.array(rows),
+            "cols": np.array(cols),
+            "cls": per_token[:, 0] if prefix else np.full(2 * blocks, np.nan),
+            "spatial_mean": per_token[:, prefix:].mean(axis=1),
+        }
+    elif "skip_ratio_block" in stats:
+        ratio = _finite_mean(store.stat(key, "skip_ratio_block"))  # (blocks,)
+        blocks = [layer for layer in store.layers(key) if layer[:5] in ("layer", "stage")]
+        arrays = {
+            "ratio": ratio[:, None],
+            "rows": np.array(blocks[: len(ratio)] if len(blocks) >= len(ratio) else [f"block {i}" for i in range(len(ratio))]),
+            "cols": np.array(["whole map"]),
+            "cls": np.full(len(ratio), np.nan),
+            "spatial_mean": ratio,
+        }
+    else:
+        raise VitseeError(f"{key} has no skip-connection statistics: they are recorded for ViT- and ResNet-like models")
+    _emit(progress, f"skip {key}", 1, 1)
+    return _save(store, "skip", params, arrays)
+
+
+def _finite_mean(x: np.ndarray) -> np.ndarray:
+    """Mean over images ignoring inf (a zero branch, e.g. a ResNet's zero-initialised last BN)."""
+    x = np.where(np.isfinite(x), x, np.nan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmean(x, axis=0)
+
+
+# --- linear probes ----------------------------------------------------------------------------------
+
+
+def _readouts(store: Store, key: str, layer: str) -> dict[str, Callable[[np.ndarray], np.ndarray]]:
+    """Returns readout name -> function (b, ...) activations -> (b, P, D) features for the probes."""
+    shape = store.layer_shape(key, layer)
+    prefix = store.layer_prefix_tokens(key, layer)
+    if len(shape) == 2:  # tokens x dim
+        out = {}
+        if prefix:
+            out["cls"] = lambda a: a[:, None, 0, :]
+        out["gap"] = lambda a, p=prefix: a[:, None, p:, :].mean(axis=2)
+        out["tokens"] = lambda a: a
+        return out
+    if len(shape) == 3:  # C x H x W
+        return {"gap": lambda a: a.reshape(a.shape[0], 1, a.shape[1], -1).mean(axis=3)}
+    return {"flat": lambda a: a.reshape(a.shape[0], 1, -1)}
+
+
+def probe_params(store: Store, key: str, cfg: AnalyzeConfig) -> dict:
+    return {"model": key, "n_images": store.n_images, "seed": cfg.seed, "tokens": cfg.probe_tokens,
+            "max_token_dim": cfg.probe_max_dim, "l2_ratios": [float(r) for r in probes_mod.L2_RATIOS]}
+
+
+def run_probes(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | None = None) -> dict:
+    """Returns test accuracy per layer and readout (CLS, GAP; per-token maps for ViTs), with the split
+    and the L2 chosen per probe on a held-out part of the training split."""
+    key = store.resolve_model(model)
+    store.require_complete(key)
+    labels = store.labels
+    if labels is None:
+        raise VitseeError(
+            f"{store.path} has no labels ({store.dataset_spec}): probes need a labelled dataset "
+            "(digits, synthetic, samples, an image folder with class sub-folders); CKA and the rest still work"
+        )
+    params = probe_params(store, key, cfg)
+    cached = None if cfg.recompute else store.get_result("probes", params)
+    if cached is not None:
+        return cached
+    device = _device(cfg.device)
+    layers = store.layers(key)
+    readout_names = ["cls", "gap"]
+    table = np.full((len(layers), len(readout_names)), np.nan)
+    l2 = np.full_like(table, np.nan)
+    token_maps: dict[str, np.ndarray] = {}
+    for li, layer in enumerate(layers):
+        ds = store._layer(key, layer)
+        readouts = _readouts(store, key, layer)
+        groups = [[n for n in readouts if n in ("cls", "gap", "flat")]]
+        if cfg.probe_tokens and "tokens" in readouts and ds.shape[-1] <= cfg.probe_max_dim:
+            groups.append(["tokens"])
+        for names in groups:
+            fns = [readouts[n] for n in names]
+
+            def batches(mask, fns=fns, ds=ds):
+                rows = np.flatnonzero(mask)
+                for s in range(0, len(rows), cfg.batch_size):
+                    r = rows[s : s + cfg.batch_size]
+                    a = read_rows(ds, r).astype(np.float32)
+                    yield np.concatenate([f(a) for f in fns], axis=1), labels[r]
+
+            res = probes_mod.fit_probes(batches, labels, seed=cfg.seed, device=device)
+            if names == ["tokens"]:
+                token_maps[layer] = res.test_accuracy
+            else:
+                for name, acc, pen in zip(names, res.test_accuracy, res.l2):
+                    col = readout_names.index("gap" if name == "flat" else name)
+                    table[li, col] = acc
+                    l2[li, col] = pen
+            split = res.split
+        _emit(progress, f"probes {key}", li + 1, len(layers), layer)
+    arrays = {
+        "accuracy": table,
+        "l2": l2,
+        "layers": np.array(layers),
+        "readouts": np.array(readout_names),
+        "split_train": split.train,
+        "split_test": split.test,
+        "chance": np.array(np.bincount(labels).max() / len(labels)),
+    }
+    for layer, acc in token_maps.items():
+        arrays[f"tokens/{layer}"] = acc
+    return _save(store, "probes", params, arrays)
+
+
+# --- spatial localisation ---------------------------------------------------------------------------
+
+
+def _spatial_layout(store: Store, key: str, layer: str) -> tuple[tuple[int, int], int, Callable[[np.ndarray], list[np.ndarray]]]:
+    """Returns (grid, patch px, function activations (b, ...) -> per-cell (b, D) features)."""
+    shape = store.layer_shape(key, layer)
+    info = store.model_info(key)
+    _, h, w = info["data_config"]["input_size"]
+    if len(shape) == 2:  # ViT tokens
+        if not info.get("grid_size"):
+            raise VitseeError(f"{key} has no patch grid: spatial maps need a ViT-like or CNN model")
+        gh, gw = info["grid_size"]
+        prefix = store.layer_prefix_tokens(key, layer)
+        if shape[0] != prefix + gh * gw:
+            raise VitseeError(f"layer {layer} of {key} has {shape[0]} tokens, not a {gh}x{gw} grid: pick a block output")
+        return (gh, gw), h // gh, lambda a: [a[:, prefix + t, :] for t in range(gh * gw)]
+    if len(shape) == 3:  # C x H x W
+        _, gh, gw = shape
+        if h % gh or w % gw:
+            raise VitseeError(f"layer {layer} of {key} has a {gh}x{gw} map that does not tile the {h}x{w} input: pick another layer")
+        return (gh, gw), h // gh, lambda a: [a[:, :, i, j] for i in range(gh) for j in range(gw)]
+    raise VitseeError(f"layer {layer} of {key} has shape {shape}: spatial maps need tokens or feature maps")
+
+
+def default_spatial_layer(store: Store, key: str) -> str:
+    """Returns the last block output (the paper's choice), or the last stored layer."""
+    layers = store.layers(key)
+    blocks = [layer for layer in layers if layer.startswith("blocks.") and layer.count(".") == 1]
+    if blocks:
+        return blocks[-1]
+    cnn = [layer for layer in layers if len(store.layer_shape(key, layer)) == 3]
+    return (cnn or layers)[-1]
+
+
+def spatial_params(store: Store, key: str, cfg: AnalyzeConfig, layer: str | None = None) -> dict:
+    layer = layer or cfg.spatial_layer or default_spatial_layer(store, key)
+    store._layer(key, layer)  # names the close matches if the layer is unknown
+    return {"model": key, "layer": layer, "n_images": store.n_images, "batch_size": min(cfg.batch_size, store.n_images),
+            "shuffles": cfg.shuffles, "seed": cfg.seed if cfg.shuffles else None}
+
+
+def run_spatial(store: Store, model: str, cfg: AnalyzeConfig, layer: str | None = None, progress: StepFn | None = None) -> dict:
+    """Returns the (cells, cells) CKA between each token position's representation and the raw pixels of
+    each input patch (the preprocessed model input): row t reshaped to the grid is token t's map."""
+    key = store.resolve_model(model)
+    store.require_complete(key)
+    params = spatial_params(store, key, cfg, layer)
+    layer, batch_size = params["layer"], params["batch_size"]
+    (gh, gw), patch, cells = _spatial_layout(store, key, layer)
+    cached = None if cfg.recompute else store.get_result("spatial", params)
+    if cached is not None:
+        return cached
+    _check_ready(store, [key])
+    device = _device(cfg.device)
+    n_cells = gh * gw
+    plan = batch_plan(store.n_images, batch_size, cfg.shuffles, cfg.seed)
+    accumulators = [cka_mod.MinibatchCKA(2 * n_cells, device) for _ in range(max(1, cfg.shuffles))]
+    ds = store._layer(key, layer)
+    pixels = store._model(key)["input"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for b, (k, rows) in enumerate(plan):
+            acts = read_rows(ds, rows)
+            img = read_rows(pixels, rows)  # (b, 3, H, W)
+            b_ = len(rows)
+            patches = img.reshape(b_, 3, gh, patch, gw, patch).transpose(0, 2, 4, 1, 3, 5).reshape(b_, n_cells, -1)
+            accumulators[k].update([*cells(acts), *[patches[:, c] for c in range(n_cells)]])
+            _emit(progress, f"spatial {key}", b + 1, len(plan))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        maps = np.mean([acc.result()[:n_cells, n_cells:] for acc in accumulators], axis=0)
+    arrays = {"maps": maps, "grid": np.array([gh, gw]), "patch_px": np.array(patch)}
+    return _save(store, "spatial", params, arrays)
+
+
+# --- all of them ------------------------------------------------------------------------------------
+
+
+def applicable(store: Store, model: str) -> list[str]:
+    """Returns the per-model analyses that apply to a model of this store."""
+    key = store.resolve_model(model)
+    stats = store.stats(key)
+    out = []
+    if "attention_distance" in stats:
+        out.append("attention")
+    if store.labels is not None:
+        out.append("probes")
+    if any(s.startswith("skip_ratio") for s in stats):
+        out.append("skip")
+    try:
+        _spatial_layout(store, key, default_spatial_layer(store, key))
+        out.append("spatial")
+    except VitseeError:
+        pass
+    return out
+
+
+def run_analyses(path: str | Path, which: Sequence[str] | None, cfg: AnalyzeConfig, progress: StepFn | None = None) -> list[str]:
+    """Runs the named analyses (None: all that apply) on a store and caches them; returns what was done."""
+    unknown = [a for a in (which or []) if a not in ANALYSES]
+    if unknown:
+        raise VitseeError(f"unknown analysis '{unknown[0]}': choose from {', '.join(ANALYSES)}")
+    done = []
+    with Store.writer(path) as store:
+        _check_ready(store, store.models)
+        if which is None or "cka" in which:
+            run_cka(store, cfg, progress)
+            done.append("cka")
+        for key in store.models:
+            apply = applicable(store, key)
+            for name, fn in (("attention", run_attention), ("probes", run_probes), ("skip", run_skip), ("spatial", run_spatial)):
+                if which is not None and name not in which:
+                    continue
+                if name not in apply:
+                    if which is not None and name == "probes" and store.labels is None:
+                        fn(store, key, cfg, progress=progress)  # raises the clear no-labels error
+                    continue
+                fn(store, key, cfg, progress=progress)
+                done.append(f"{name}:{key}")
+    return done
+
+
+def config_dict(cfg: AnalyzeConfig) -> dict:
+    return asdict(cfg)

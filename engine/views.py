@@ -1,0 +1,245 @@
+"""Views: one analysis result shaped for looking at — a labelled matrix plus what its kind needs.
+
+A view is named by a string: `cka:MODEL_A[:MODEL_B]`, `attention:MODEL`, `probes:MODEL`, `skip:MODEL`,
+`spatial:MODEL[:LAYER]` (MODEL is a store key or a unique prefix of one). The CLI's export and show,
+and the terminal app, all go through `load_view`, so they show the same numbers.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import analyze as an
+from .errors import VitseeError
+from .store import Store
+
+VIEW_KINDS = ("cka", "attention", "probes", "skip", "spatial")
+VIEW_HELP = "cka:MODEL_A[:MODEL_B], attention:MODEL, probes:MODEL, skip:MODEL or spatial:MODEL[:LAYER]"
+
+
+@dataclass
+class View:
+    """A result ready to draw: `matrix` (rows x cols) with labels, a colour range, and kind extras."""
+
+    kind: str
+    spec: str
+    title: str
+    subtitle: str
+    matrix: np.ndarray
+    rows: list[str]
+    cols: list[str]
+    value_name: str
+    vmin: float | None = None
+    vmax: float | None = None
+    params: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+    models: list[str] = field(default_factory=list)
+
+    def value(self, row: int, col: int) -> float:
+        return float(self.matrix[row, col])
+
+    def to_json(self) -> dict:
+        """Returns the numbers with their labels and parameters (JSON-able; NaN becomes null)."""
+        out: dict[str, Any] = {"view": self.kind}
+        if self.kind == "cka":
+            out["model_a"], out["model_b"] = self.models[0], self.models[-1]
+        else:
+            out["model"] = self.models[0]
+        out.update(
+            title=self.title, rows=list(self.rows), cols=list(self.cols), value_name=self.value_name,
+            values=_nested(self.matrix),
+        )
+        for key, value in self.extra.items():
+            out[key] = _nested(value)
+        out["params"] = self.params
+        return out
+
+    def to_csv(self) -> str:
+        """Returns the matrix as CSV: a header of column labels, each row led by its label."""
+        buf = io.StringIO()
+        writer = csv.writer(buf)
+        writer.writerow([self.value_name, *self.cols])
+        for label, row in zip(self.rows, self.matrix):
+            writer.writerow([label, *[("" if not np.isfinite(v) else repr(float(v))) for v in row]])
+        return buf.getvalue()
+
+
+def _nested(value):
+    if isinstance(value, dict):
+        return {k: _nested(v) for k, v in value.items()}
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind in "fc":
+            return [_nested(v) for v in value] if value.ndim else _nested(float(value))
+        return value.tolist()
+    if isinstance(value, (float, np.floating)):
+        return float(value) if np.isfinite(value) else None
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (list, tuple)):
+        return [_nested(v) for v in value]
+    return value
+
+
+def parse_view(text: str) -> tuple[str, list[str]]:
+    """Returns (kind, arguments) of a view string."""
+    kind, _, rest = text.partition(":")
+    if kind not in VIEW_KINDS:
+        raise VitseeError(f"unknown view '{text}': use {VIEW_HELP}")
+    args = _split_models(rest) if rest else []
+    if not args:
+        raise VitseeError(f"view '{text}' names no model: use {VIEW_HELP}")
+    limit = 2
+    if len(args) > limit:
+        raise VitseeError(f"view '{text}' has too many parts: use {VIEW_HELP}")
+    return kind, args
+
+
+def _split_models(rest: str) -> list[str]:
+    # model keys hold ':' themselves (test_vit@random:0), so split only where a new part begins: a ':' not
+    # followed by a digit run that ends the part (seeds are digits)
+    parts: list[str] = []
+    for piece in rest.split(":"):
+        if parts and (piece.isdigit() or parts[-1].endswith("@random") or parts[-1].endswith("@file")):
+            parts[-1] += ":" + piece
+        else:
+            parts.append(piece)
+    return parts
+
+
+def _subtitle(store: Store, models: list[str]) -> str:
+    parts = []
+    for m in models:
+        w = store.model_info(m)["weights"]
+        desc = {"pretrained": "pretrained", "random": f"random init (seed {w.get('seed')})", "file": f"weights {Path(w.get('path') or '').name}"}
+        parts.append(f"{m}: {desc.get(w['kind'], w['kind'])}")
+    return "; ".join(parts) + f"; {store.n_images} images of {store.dataset_spec}"
+
+
+def _result(path: Path, analysis: str, params_fn, run_fn, cfg: an.AnalyzeConfig, progress) -> dict:
+    """Returns the cached result when there is one (read-only open), else computes and caches it."""
+    with Store.open(path) as store:
+        params = params_fn(store)
+        cached = None if cfg.recompute else store.get_result(analysis, params)
+    if cached is not None:
+        return cached
+    with Store.writer(path) as store:
+        return run_fn(store)
+
+
+def load_view(path: str | Path, text: str, cfg: an.AnalyzeConfig | None = None, progress=None) -> View:
+    """Returns the view named by `text` for the store at path, computing and caching what is missing."""
+    cfg = cfg or an.AnalyzeConfig()
+    path = Path(path)
+    kind, args = parse_view(text)
+    with Store.open(path) as store:
+        keys = [store.resolve_model(a) for a in (args if kind == "cka" else args[:1])]
+        subtitle = _subtitle(store, list(dict.fromkeys(keys)))
+        if kind not in ("cka", "spatial") and len(args) > 1:
+            raise VitseeError(f"view '{text}' takes one model: use {VIEW_HELP}")
+        if kind == "spatial":
+            keys = keys[:1]
+    key = keys[0]
+    builder = {"cka": _cka_view, "attention": _attention_view, "probes": _probe_view, "skip": _skip_view, "spatial": _spatial_view}[kind]
+    view = builder(path, keys, args, cfg, progress)
+    view.subtitle = subtitle
+    view.spec = f"{kind}:{':'.join(keys if kind == 'cka' else [key] + args[1:])}"
+    return view
+
+
+def _cka_view(path, keys, args, cfg, progress) -> View:
+    result = _result(path, "cka", lambda s: an.cka_params(s, cfg), lambda s: an.run_cka(s, cfg, progress), cfg, progress)
+    a, b = keys[0], keys[-1]
+    matrix, rows, cols = an.cka_block(result, result["_params"]["models"], a, b)
+    title = f"CKA {a}" if a == b else f"CKA {a} (rows) x {b} (cols)"
+    params = dict(result["_params"])
+    params.pop("layers", None)
+    return View("cka", "", title, "", matrix, rows, cols, "CKA", 0.0, 1.0, params, {}, [a, b])
+
+
+def _attention_view(path, keys, args, cfg, progress) -> View:
+    key = keys[0]
+    r = _result(path, "attention", lambda s: an.attention_params(s, key, cfg), lambda s: an.run_attention(s, key, cfg, progress), cfg, progress)
+    heads = r["mean_px"].shape[1]
+    extra = {"std_px": r["std_px"], "hist_counts": r["hist_counts"], "hist_edges": r["hist_edges"],
+             "uniform_px": float(r["uniform_px"]), "head_order": r["head_order"], "mean_renorm_px": r["mean_renorm_px"]}
+    return View("attention", "", f"Mean attention distance {key}", "", r["mean_px"], [str(b) for b in r["blocks"]],
+                [f"head {h + 1}" for h in range(heads)], "distance (px)", 0.0, float(r["hist_edges"][-1]),
+                dict(r["_params"]), extra, [key])
+
+
+def _probe_view(path, keys, args, cfg, progress) -> View:
+    key = keys[0]
+    r = _result(path, "probes", lambda s: an.probe_params(s, key, cfg), lambda s: an.run_probes(s, key, cfg, progress), cfg, progress)
+    layers = [str(x) for x in r["layers"]]
+    token_maps = {name.split("/", 1)[1]: v for name, v in r.items() if name.startswith("tokens/")}
+    token_mean = np.array([np.mean(token_maps[layer]) if layer in token_maps else np.nan for layer in layers])
+    matrix = np.column_stack([r["accuracy"], token_mean])
+    cols = ["CLS", "GAP", "tokens (mean)"]
+    keep = [i for i in range(matrix.shape[1]) if np.isfinite(matrix[:, i]).any()]
+    params = dict(r["_params"], split_seed=r["_params"]["seed"], n_train=int(len(r["split_train"])), n_test=int(len(r["split_test"])))
+    extra = {"token_maps": {k: np.asarray(v) for k, v in token_maps.items()}, "chance": float(r["chance"]), "l2": r["l2"]}
+    return View("probes", "", f"Linear probe test accuracy {key}", "", matrix[:, keep], layers, [cols[i] for i in keep],
+                "accuracy", 0.0, 1.0, params, extra, [key])
+
+
+def _skip_view(path, keys, args, cfg, progress) -> View:
+    key = keys[0]
+    r = _result(path, "skip", lambda s: an.skip_params(s, key, cfg), lambda s: an.run_skip(s, key, cfg, progress), cfg, progress)
+    ratio = np.asarray(r["ratio"], dtype=float)
+    finite = ratio[np.isfinite(ratio)]
+    extra = {"cls": r["cls"], "spatial_mean": r["spatial_mean"]}
+    return View("skip", "", f"Skip-connection norm ratio ||z||/||f(z)|| {key}", "", ratio, [str(x) for x in r["rows"]],
+                [str(x) for x in r["cols"]], "ratio", float(finite.min()) if finite.size else 0.0,
+                float(finite.max()) if finite.size else 1.0, dict(r["_params"]), extra, [key])
+
+
+def _spatial_view(path, keys, args, cfg, progress) -> View:
+    key = keys[0]
+    layer = args[1] if len(args) > 1 else None
+    r = _result(path, "spatial", lambda s: an.spatial_params(s, key, cfg, layer),
+                lambda s: an.run_spatial(s, key, cfg, layer, progress), cfg, progress)
+    gh, gw = (int(v) for v in r["grid"])
+    cells = [f"r{i}c{j}" for i in range(gh) for j in range(gw)]
+    params = dict(r["_params"])
+    return View("spatial", "", f"Spatial localisation {key} {params['layer']}", "", r["maps"], [f"token {c}" for c in cells],
+                [f"patch {c}" for c in cells], "CKA", 0.0, 1.0, params, {"grid": [gh, gw], "patch_px": int(r["patch_px"])}, [key])
+
+
+def available_views(path: str | Path) -> list[str]:
+    """Returns every view that applies to the store (for pickers): CKA pairs first, then per model."""
+    with Store.open(path) as store:
+        models = store.models
+        out = [f"cka:{m}" for m in models]
+        out += [f"cka:{a}:{b}" for i, a in enumerate(models) for b in models[i + 1 :]]
+        for m in models:
+            out += [f"{kind}:{m}" for kind in an.applicable(store, m)]
+    return out
+
+
+def write_view(view: View, out: str | Path, selection: tuple[int, int] | None = None, cmap: str = "viridis") -> Path:
+    """Writes the view to .png (a figure), .json or .csv, by the file's extension; returns the path."""
+    out = Path(out)
+    suffix = out.suffix.lower()
+    if not out.parent.exists():
+        raise VitseeError(f"folder {out.parent} does not exist: create it or choose another --out")
+    if suffix == ".json":
+        payload = view.to_json()
+        if selection is not None:
+            payload["selection"] = {"row": selection[0], "col": selection[1], "row_label": view.rows[selection[0]],
+                                    "col_label": view.cols[selection[1]], "value": _nested(view.matrix[selection])}
+        out.write_text(json.dumps(payload, indent=1))
+    elif suffix == ".csv":
+        out.write_text(view.to_csv())
+    elif suffix == ".png":
+        from .figures import save_png
+
+        save_png(view, out, selection=selection, cmap=cmap)
+    else:
+        raise VitseeError(f"cannot export to '{out.name}': use a .png, .json or .csv file name")
+    return out
