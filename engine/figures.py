@@ -1,0 +1,416 @@
+"""Figures of views, fit for a paper: matplotlib's object API on an Agg canvas (no pyplot, no global state).
+
+One figure per view kind, drawn from the view's numbers only (nothing is recomputed), with the view's
+colour range and the colormap asked for:
+
+- cka: the layer x layer heatmap (paper Fig. 1, 2), a colour bar labelled CKA over the view's range.
+- attention: per block, every head's mean distance as a dot with its spread over images, and the distance
+  of uniform attention as a dashed line (Fig. 3); beside it, the histogram over heads and images of one block.
+- probes: accuracy vs depth, one line per readout, chance dotted, the best layer of each readout starred
+  (Fig. 11, 13); beside it, the per-token accuracy map of one layer when the view has one.
+- skip: the sublayer x token ratio heatmap on a log colour scale, and the CLS vs spatial-token curves (Fig. 7).
+- spatial: one token's CKA map over the input patches with the token's own cell outlined (Fig. 9, 10), and
+  a few other tokens' maps for comparison.
+
+Orientation: heatmaps whose rows are layers (cka, skip) put row 0 at the bottom left, as the paper does,
+so depth grows up and to the right. The terminal (`vitsee show`, the TUI) draws row 0 at the top because
+text is read top-down; both name every layer on the axis, so they read alike. Spatial maps are pictures
+of the input: grid row 0 is at the top everywhere.
+
+A selection (row, col) is a cell of `view.matrix`: it is outlined (gid "selection") and its value written
+beside it; for attention the row picks the block of the histogram, for probes the layer of the token map,
+for spatial the token whose map is drawn.
+"""
+from __future__ import annotations
+
+import math
+import textwrap
+from pathlib import Path
+
+import numpy as np
+from matplotlib import colormaps
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import Colormap, LogNorm, Normalize
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+from matplotlib.ticker import FuncFormatter
+
+from .errors import VitseeError
+from .views import View
+
+TITLE_PT, SUBTITLE_PT, TICK_PT = 11, 8, 7
+MARK = "#e8112d"  # the selection: a red that stands out on viridis, magma and cividis alike
+BAD = "0.85"  # cells not computed (NaN)
+LINE_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd")  # readouts: categorical, unlike the heatmaps
+
+
+def figure_for(view: View, selection: tuple[int, int] | None = None, cmap: str = "viridis") -> Figure:
+    """Returns the figure of `view` (an Agg-backed Figure), with `selection` (row, col) marked if given."""
+    selection = _check_selection(view, selection)
+    draw = {"cka": _cka, "attention": _attention, "probes": _probes, "skip": _skip, "spatial": _spatial}[view.kind]
+    return draw(view, selection, _colormap(cmap))
+
+
+def save_png(view: View, path: str | Path, selection: tuple[int, int] | None = None, cmap: str = "viridis",
+             dpi: int = 150) -> Path:
+    """Returns the path of the PNG of `view` written there (see `figure_for`)."""
+    path = Path(path)
+    fig = figure_for(view, selection=selection, cmap=cmap)
+    fig.savefig(path, dpi=dpi, metadata={"Software": "vitsee", "Title": view.title})
+    return path
+
+
+# --- the five figures -------------------------------------------------------------------------------
+
+
+def _cka(view: View, selection, cmap: Colormap) -> Figure:
+    """Returns the CKA heatmap: rows = model A's layers (up from the bottom), cols = model B's (rightwards)."""
+    n_rows, n_cols = view.matrix.shape
+    fig = _new_figure(view, (6.6, 6.0))
+    ax = fig.add_subplot(label="heatmap")
+    vmin, vmax = _value_range(view)
+    image = ax.imshow(view.matrix, origin="lower", cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest",
+                      aspect="equal" if n_rows == n_cols else "auto")
+    _layer_ticks(ax.yaxis, view.rows, room_in=4.6)
+    _layer_ticks(ax.xaxis, view.cols, room_in=4.6, rotate=True)
+    model_a, model_b = (view.models + view.models)[:2] if view.models else ("", "")
+    ax.set_ylabel(f"{model_a} layer")
+    ax.set_xlabel(f"{model_b} layer")
+    fig.colorbar(image, ax=ax, label=view.value_name, shrink=0.85)
+    if selection:
+        r, c = selection
+        _mark_cell(ax, r, c, f"{view.rows[r]} x {view.cols[c]}\n{view.value_name} {_fmt(view.value(r, c))}",
+                   toward=(n_cols / 2 - c, n_rows / 2 - r), cell_pt=330 / max(n_rows, n_cols))
+    return fig
+
+
+def _attention(view: View, selection, cmap: Colormap) -> Figure:
+    """Returns per-block head distances (dots, std bars, uniform line) and one block's histogram."""
+    mean, std = view.matrix, np.asarray(view.extra["std_px"], dtype=float)
+    counts, edges = np.asarray(view.extra["hist_counts"]), np.asarray(view.extra["hist_edges"], dtype=float)
+    uniform = float(view.extra["uniform_px"])
+    n_blocks, n_heads = mean.shape
+    vmin, vmax = _value_range(view)
+    fig = _new_figure(view, (9.0, 4.6))
+    grid = fig.add_gridspec(1, 2, width_ratios=[2.0, 1.0])
+    ax = fig.add_subplot(grid[0], label="distances")
+    hist = fig.add_subplot(grid[1], label="histogram")
+
+    # heads of a block sit side by side (sorted, nearest first) so their error bars do not hide each other
+    spread = np.linspace(-0.28, 0.28, n_heads) if n_heads > 1 else np.zeros(1)
+    x = np.arange(n_blocks)[:, None] + spread[None, :]
+    ax.errorbar(x.ravel(), mean.ravel(), yerr=std.ravel(), fmt="none", ecolor="0.65", elinewidth=0.8, zorder=1,
+                label="std over images")
+    ax.scatter(x.ravel(), mean.ravel(), c=mean.ravel(), cmap=cmap, vmin=vmin, vmax=vmax, s=22, edgecolors="0.15",
+               linewidths=0.5, zorder=2, label="head (mean over images)", gid="heads")
+    ax.axhline(uniform, ls="--", color="0.25", lw=1, label=f"uniform attention ({uniform:.1f} px)")
+    ax.set_xticks(np.arange(n_blocks), labels=view.rows, rotation=45 if n_blocks > 8 else 0,
+                  ha="right" if n_blocks > 8 else "center", fontsize=TICK_PT)
+    ax.set_xlim(-0.6, n_blocks - 0.4)
+    ax.set_ylim(vmin, vmax)
+    ax.set_xlabel("block")
+    ax.set_ylabel("mean attention distance (px)")
+    ax.legend(fontsize=TICK_PT, loc="upper left")
+
+    block = selection[0] if selection else 0  # the first block mixes local and global heads (paper Fig. 3)
+    ax.axvspan(block - 0.45, block + 0.45, color="0.93", zorder=0)
+    if selection:
+        r, c = selection
+        ax.scatter([x[r, c]], [mean[r, c]], s=110, facecolors="none", edgecolors=MARK, linewidths=1.6, zorder=3,
+                   gid="selection")
+        ax.annotate(f"{view.rows[r]}, head {c + 1} of {n_heads} (sorted)\n{_fmt(mean[r, c], 1)} ± {_fmt(std[r, c], 1)} px",
+                    xy=(x[r, c], mean[r, c]), xytext=(14 if r < n_blocks / 2 else -14, 14), textcoords="offset points",
+                    ha="left" if r < n_blocks / 2 else "right", fontsize=TICK_PT, bbox=_BOX,
+                    arrowprops={"arrowstyle": "-", "color": MARK})
+
+    hist.stairs(counts[block], edges, fill=True, color=cmap(0.35), alpha=0.85)
+    hist.axvline(uniform, ls="--", color="0.25", lw=1)
+    hist.set_xlim(edges[0], edges[-1])
+    hist.set_title(f"{view.rows[block]}: heads x images", fontsize=9)
+    hist.set_xlabel("mean attention distance (px)")
+    hist.set_ylabel("count")
+    return fig
+
+
+def _probes(view: View, selection, cmap: Colormap) -> Figure:
+    """Returns accuracy vs depth per readout (chance dotted, best starred) and one layer's token map."""
+    token_maps = view.extra.get("token_maps") or {}
+    chance = view.extra.get("chance")
+    n_layers = len(view.rows)
+    layer = _probe_map_layer(view, selection)
+    fig = _new_figure(view, (9.0, 4.6) if layer else (6.8, 4.6))
+    grid = fig.add_gridspec(1, 2 if layer else 1, width_ratios=[2.2, 1.0] if layer else [1.0])
+    ax = fig.add_subplot(grid[0], label="accuracy")
+    vmin, vmax = _value_range(view)
+
+    x = np.arange(n_layers)
+    for j, readout in enumerate(view.cols):
+        acc = view.matrix[:, j]
+        color = LINE_COLORS[j % len(LINE_COLORS)]
+        ax.plot(x, acc, marker="o", ms=3.5, lw=1.4, color=color, label=readout, gid=f"readout:{readout}")
+        if np.isfinite(acc).any():
+            best = int(np.nanargmax(acc))
+            ax.plot([best], [acc[best]], marker="*", ms=13, color=color, mec="0.1", mew=0.6, ls="none", zorder=4,
+                    gid=f"best:{readout}")
+            ax.annotate(_fmt(acc[best], 2), (best, acc[best]), xytext=(0, 8), textcoords="offset points",
+                        ha="center", fontsize=TICK_PT, color=color)
+    if chance is not None:
+        ax.axhline(chance, ls=":", color="0.3", lw=1.2, label=f"chance ({chance:.2f})", gid="chance")
+    ax.set_xticks(x, labels=view.rows, rotation=45 if n_layers > 6 else 0, ha="right" if n_layers > 6 else "center",
+                  fontsize=TICK_PT)
+    ax.set_ylim(vmin, vmax + 0.05 * (vmax - vmin))  # room for the best values' labels
+    ax.set_xlabel("layer")
+    ax.set_ylabel("test accuracy")
+    ax.legend(fontsize=TICK_PT, loc="best")
+    if selection:
+        r, c = selection
+        ax.axvspan(r - 0.4, r + 0.4, color="0.93", zorder=0)
+        ax.scatter([r], [view.matrix[r, c]], s=110, facecolors="none", edgecolors=MARK, linewidths=1.6, zorder=5,
+                   gid="selection")
+
+    if layer:
+        accuracy = np.asarray(token_maps[layer], dtype=float)
+        prefix, (gh, gw) = token_grid(len(accuracy), has_cls="CLS" in view.cols)
+        tokens = fig.add_subplot(grid[1], label="token map")
+        image = tokens.imshow(accuracy[prefix:].reshape(gh, gw), cmap=cmap, vmin=vmin, vmax=vmax,
+                              interpolation="nearest")
+        title = f"{layer}: per-token probes"
+        if prefix:
+            title += f"\nCLS token {_fmt(accuracy[0], 2)}"
+        tokens.set_title(title, fontsize=9)
+        tokens.set_xlabel("patch column")
+        tokens.set_ylabel("patch row")
+        _integer_ticks(tokens, gh, gw)
+        fig.colorbar(image, ax=tokens, label="accuracy", shrink=0.8)
+    return fig
+
+
+def _skip(view: View, selection, cmap: Colormap) -> Figure:
+    """Returns the sublayer x token ratio heatmap (log scale) and CLS vs spatial-token ratios over depth."""
+    n_rows, n_cols = view.matrix.shape
+    vmin, vmax = _value_range(view)
+    log = 0 < vmin < vmax  # ratios span decades; a range that reaches 0 (or is empty) cannot be logarithmic
+    fig = _new_figure(view, (10.0, 5.2))
+    # a ResNet has one ratio per block: its heatmap is a single column and needs little room
+    grid = fig.add_gridspec(1, 2, width_ratios=[min(1.5, max(0.4, n_cols / 10)), 1.0])
+    ax = fig.add_subplot(grid[0], label="heatmap")
+    norm = LogNorm(vmin, vmax) if log else Normalize(vmin, vmax)
+    image = ax.imshow(view.matrix, origin="lower", cmap=cmap, norm=norm, interpolation="nearest", aspect="auto")
+    _layer_ticks(ax.yaxis, view.rows, room_in=3.8)
+    _layer_ticks(ax.xaxis, view.cols, room_in=4.0, rotate=True)
+    ax.set_ylabel("sublayer" if n_cols > 1 else "block")
+    ax.set_xlabel("token" if n_cols > 1 else "")
+    bar = fig.colorbar(image, ax=ax, label="||z|| / ||f(z)||" + (" (log scale)" if log else ""), shrink=0.85)
+    if log:
+        _plain_log_labels(bar.ax.yaxis)
+    if selection:
+        r, c = selection
+        _mark_cell(ax, r, c, f"{view.rows[r]}, {view.cols[c]}\nratio {_fmt(view.value(r, c), 2)}",
+                   toward=(n_cols / 2 - c, n_rows / 2 - r), cell_pt=280 / max(n_rows, n_cols))
+
+    curves = fig.add_subplot(grid[1], label="curves")
+    x = np.arange(n_rows)
+    cls = np.asarray(view.extra.get("cls", np.full(n_rows, np.nan)), dtype=float)
+    spatial = np.asarray(view.extra.get("spatial_mean", np.full(n_rows, np.nan)), dtype=float)
+    drawn = False
+    if np.isfinite(cls).any():
+        curves.plot(x, cls, marker="o", ms=3, color=LINE_COLORS[1], label="CLS token", gid="cls")
+        drawn = True
+    if np.isfinite(spatial).any():
+        label = "spatial tokens (mean)" if n_cols > 1 else "whole map"
+        curves.plot(x, spatial, marker="o", ms=3, color=LINE_COLORS[0], label=label, gid="spatial")
+        drawn = True
+    if drawn:
+        curves.axhline(1.0, ls=":", color="0.4", lw=1, label="equal norms")
+        if log:
+            curves.set_yscale("log")
+            _plain_log_labels(curves.yaxis)
+        curves.legend(fontsize=TICK_PT)
+    else:
+        curves.text(0.5, 0.5, "no finite ratios\n(a residual branch that adds zero)", ha="center", va="center",
+                    transform=curves.transAxes, fontsize=9, color="0.35")
+        curves.set_yticks([])
+    _layer_ticks(curves.xaxis, view.rows, room_in=2.6, rotate=True)
+    curves.set_xlim(-0.5, n_rows - 0.5)
+    curves.set_xlabel("sublayer" if n_cols > 1 else "block")
+    curves.set_ylabel("||z|| / ||f(z)||")
+    return fig
+
+
+def _spatial(view: View, selection, cmap: Colormap) -> Figure:
+    """Returns the selected (default: centre) token's CKA map over input patches and a few others' maps."""
+    gh, gw = (int(v) for v in view.extra["grid"])
+    token = selection[0] if selection else spatial_centre_token(gh, gw)
+    vmin, vmax = _value_range(view)
+    others = _spread_tokens(gh, gw)
+    fig = _new_figure(view, (9.6, 5.0))
+    grid = fig.add_gridspec(1, 2, width_ratios=[1.3, 1.0])
+    ax = fig.add_subplot(grid[0], label="map")
+    image = _token_map(ax, view, token, gh, gw, cmap, vmin, vmax, lw=2.2)
+    ax.set_title(f"{view.rows[token]} vs every input patch", fontsize=9)
+    ax.set_xlabel("patch column")
+    ax.set_ylabel("patch row")
+    _integer_ticks(ax, gh, gw)
+    fig.colorbar(image, ax=ax, label=view.value_name, shrink=0.85)
+    if selection:
+        r, c = selection
+        pi, pj = divmod(c, gw)
+        ax.add_patch(Rectangle((pj - 0.5, pi - 0.5), 1, 1, fill=False, edgecolor=MARK, lw=1.6, ls="--", gid="selection"))
+        ax.annotate(f"{view.cols[c]}: {view.value_name} {_fmt(view.value(r, c))}", (pj, pi),
+                    xytext=(12 if pj < gw / 2 else -12, -14 if pi < gh / 2 else 14), textcoords="offset points",
+                    ha="left" if pj < gw / 2 else "right", fontsize=TICK_PT, bbox=_BOX,
+                    arrowprops={"arrowstyle": "-", "color": MARK})
+
+    rows_k, cols_k = len(others[0]), len(others[1])
+    small = grid[1].subgridspec(rows_k, cols_k)
+    for a, i in enumerate(others[0]):
+        for b, j in enumerate(others[1]):
+            sub = fig.add_subplot(small[a, b], label=f"token {i * gw + j}")
+            _token_map(sub, view, i * gw + j, gh, gw, cmap, vmin, vmax, lw=1.2)
+            sub.set_title(view.rows[i * gw + j].removeprefix("token "), fontsize=TICK_PT, pad=2)
+            sub.set_xticks([])
+            sub.set_yticks([])
+    return fig
+
+
+# --- pieces -----------------------------------------------------------------------------------------
+
+_BOX = {"boxstyle": "round,pad=0.25", "fc": "white", "ec": "0.6", "alpha": 0.9}
+
+
+def spatial_centre_token(gh: int, gw: int) -> int:
+    """Returns the index of the token at the centre of a gh x gw grid (row-major; lower-right of the middle)."""
+    return (gh // 2) * gw + gw // 2
+
+
+def token_grid(n_tokens: int, has_cls: bool) -> tuple[int, tuple[int, int]]:
+    """Returns (prefix tokens, (gh, gw)) of a per-token vector: the fewest prefix tokens that leave a square.
+
+    Probe views keep every token of a layer, prefix tokens first (CLS, registers), but not the grid;
+    a square grid after at most 8 prefix tokens is how every ViT in timm lays them out. With no square
+    the tokens are drawn as one row.
+    """
+    for prefix in range(1 if has_cls else 0, min(n_tokens, 9)):
+        side = math.isqrt(n_tokens - prefix)
+        if side > 0 and side * side == n_tokens - prefix:
+            return prefix, (side, side)
+    prefix = 1 if has_cls and n_tokens > 1 else 0
+    return prefix, (1, n_tokens - prefix)
+
+
+def _token_map(ax, view: View, token: int, gh: int, gw: int, cmap, vmin, vmax, lw: float):
+    """Draws token's map on ax with its own cell outlined (gid "token"); returns the AxesImage."""
+    image = ax.imshow(view.matrix[token].reshape(gh, gw), cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")
+    ti, tj = divmod(token, gw)
+    ax.add_patch(Rectangle((tj - 0.5, ti - 0.5), 1, 1, fill=False, edgecolor="white", lw=lw, gid="token"))
+    ax.add_patch(Rectangle((tj - 0.5, ti - 0.5), 1, 1, fill=False, edgecolor="black", lw=lw / 3))
+    return image
+
+
+def _spread_tokens(gh: int, gw: int) -> tuple[list[int], list[int]]:
+    """Returns up to 3 grid rows and 3 grid columns spread over the grid (corners, edges, centre)."""
+    def pick(n: int) -> list[int]:
+        return sorted({0, (n - 1) // 2, n - 1}) if n > 1 else [0]
+
+    return pick(gh), pick(gw)
+
+
+def _probe_map_layer(view: View, selection) -> str | None:
+    """Returns the layer whose token map is drawn: the selected one, else the last layer that has one."""
+    token_maps = view.extra.get("token_maps") or {}
+    if selection:
+        layer = view.rows[selection[0]]
+        return layer if layer in token_maps else None
+    with_maps = [layer for layer in view.rows if layer in token_maps]
+    return with_maps[-1] if with_maps else None
+
+
+def _new_figure(view: View, size: tuple[float, float]) -> Figure:
+    """Returns an empty Agg figure with the view's title and subtitle across the top."""
+    fig = Figure(figsize=size, layout="constrained")
+    FigureCanvasAgg(fig)
+    width_pt = size[0] * 72
+    # characters of a line: a glyph of the figure's sans-serif is about 0.55 of its point size wide
+    title = textwrap.wrap(view.title, int(width_pt / (0.6 * TITLE_PT))) or [""]
+    subtitle = textwrap.wrap(view.subtitle, int(width_pt / (0.55 * SUBTITLE_PT))) if view.subtitle else []
+    top_pt = 6
+    for line in title:
+        fig.text(0.5, 1 - (top_pt + TITLE_PT) / (size[1] * 72), line, ha="center", va="baseline",
+                 fontsize=TITLE_PT, weight="bold")
+        top_pt += TITLE_PT * 1.3
+    for line in subtitle:
+        fig.text(0.5, 1 - (top_pt + SUBTITLE_PT) / (size[1] * 72), line, ha="center", va="baseline",
+                 fontsize=SUBTITLE_PT, color="0.3")
+        top_pt += SUBTITLE_PT * 1.3
+    fig.get_layout_engine().set(rect=(0, 0, 1, 1 - (top_pt + 6) / (size[1] * 72)))
+    return fig
+
+
+def _layer_ticks(axis, labels: list[str], room_in: float, rotate: bool = False) -> None:
+    """Labels every cell of an axis with its name, or every Nth when too many to read (first always)."""
+    fit = max(2, int(room_in * 72 / (TICK_PT * 1.45)))
+    step = max(1, math.ceil(len(labels) / fit))
+    ticks = np.arange(0, len(labels), step)
+    axis.set_ticks(ticks, labels=[labels[i] for i in ticks], fontsize=TICK_PT)
+    if rotate:
+        for text in axis.get_ticklabels():
+            text.set_rotation(90)
+
+
+def _plain_log_labels(axis) -> None:
+    """Writes a log axis's tick labels as plain numbers (2, 5, 10, 20) instead of powers of ten."""
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:g}"[0] in "25" else ""))
+
+
+def _integer_ticks(ax, gh: int, gw: int) -> None:
+    step_r, step_c = max(1, math.ceil(gh / 8)), max(1, math.ceil(gw / 8))
+    ax.set_yticks(np.arange(0, gh, step_r))
+    ax.set_xticks(np.arange(0, gw, step_c))
+    ax.tick_params(labelsize=TICK_PT)
+
+
+def _mark_cell(ax, row: int, col: int, text: str, toward: tuple[float, float], cell_pt: float) -> None:
+    """Outlines cell (row, col) (gid "selection") and writes `text` beside it, offset towards the middle."""
+    ax.add_patch(Rectangle((col - 0.5, row - 0.5), 1, 1, fill=False, edgecolor=MARK, lw=2, gid="selection",
+                           zorder=5))
+    dx, dy = (1 if toward[0] >= 0 else -1), (1 if toward[1] >= 0 else -1)
+    if ax.yaxis_inverted():
+        dy = -dy
+    away = 10 + 0.5 * cell_pt  # from the cell's centre to just past its edge
+    ax.annotate(text, (col, row), xytext=(away * dx, away * dy), textcoords="offset points", fontsize=TICK_PT,
+                ha="left" if dx > 0 else "right", va="bottom" if dy > 0 else "top", bbox=_BOX, zorder=6,
+                arrowprops={"arrowstyle": "-", "color": MARK, "lw": 1.2}, gid="selection-label")
+
+
+def _check_selection(view: View, selection) -> tuple[int, int] | None:
+    """Returns the selection as (row, col) ints, or raises when it is not a cell of the view's matrix."""
+    if selection is None:
+        return None
+    n_rows, n_cols = view.matrix.shape
+    row, col = (int(v) for v in selection)
+    if not (0 <= row < n_rows and 0 <= col < n_cols):
+        raise VitseeError(f"selection ({row}, {col}) is outside the {n_rows}x{n_cols} matrix of {view.spec}: "
+                          f"pick a row in 0..{n_rows - 1} and a column in 0..{n_cols - 1}")
+    return row, col
+
+
+def _colormap(name: str) -> Colormap:
+    """Returns matplotlib's colormap `name` with NaN cells drawn light grey."""
+    if name not in colormaps:
+        raise VitseeError(f"unknown colormap '{name}': use viridis, magma, cividis or another matplotlib colormap")
+    return colormaps[name].with_extremes(bad=BAD)
+
+
+def _value_range(view: View) -> tuple[float, float]:
+    """Returns the view's (vmin, vmax), filling a missing bound from the finite values of its matrix."""
+    finite = view.matrix[np.isfinite(view.matrix)]
+    vmin = view.vmin if view.vmin is not None else (float(finite.min()) if finite.size else 0.0)
+    vmax = view.vmax if view.vmax is not None else (float(finite.max()) if finite.size else 1.0)
+    if vmax <= vmin:  # a constant matrix still needs a range to place its one value in
+        vmax = vmin + 1.0
+    return float(vmin), float(vmax)
+
+
+def _fmt(value: float, digits: int = 3) -> str:
+    return f"{value:.{digits}f}" if np.isfinite(value) else "not computed"
