@@ -170,15 +170,27 @@ class MinibatchCKA:
     L x L matrix, and each layer's Gram is built once per batch. The whole state is `state`, one fp64 tensor
     [HSIC sums (L*L, row-major), batch count], so processes can combine theirs with one all_reduce (or `merge`)
     and the result does not depend on how the batches were shared out.
+
+    cross_at=k accumulates only the block between layers [:k] and [k:] (and each layer's own HSIC, which CKA
+    needs): the pair product shrinks from L^2 to k(L-k) + L inner products per batch, which is what dominates when
+    there are hundreds of small layers (spatial localisation: every token against every patch). The other
+    entries of result() are nan.
     """
 
-    def __init__(self, num_layers: int, device: str | torch.device | None = None):
+    def __init__(self, num_layers: int, device: str | torch.device | None = None, cross_at: int | None = None):
         if num_layers < 1:
             raise VitseeError(f"MinibatchCKA needs at least one layer, got num_layers={num_layers}")
+        if cross_at is not None and not 0 < cross_at < num_layers:
+            raise VitseeError(
+                f"cross_at={cross_at} does not split {num_layers} layers into two groups: use 1..{num_layers - 1}"
+            )
         self.num_layers = num_layers
+        self.cross_at = cross_at
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.state = torch.zeros(num_layers * num_layers + 1, dtype=torch.float64, device=self.device)
-        self._scratch = torch.empty(0, dtype=GRAM_DTYPE, device=self.device)  # reused for centred features
+        # Kept between batches: on CPU, fresh buffers of this size cost more in page faults than their use.
+        self._scratch = torch.empty(0, dtype=GRAM_DTYPE, device=self.device)  # one layer's centred features
+        self._grams = torch.empty(0, dtype=PAIR_DTYPE, device=self.device)  # all layers' U-centred Grams
 
     @property
     def hsic_sums(self) -> torch.Tensor:
@@ -213,14 +225,22 @@ class MinibatchCKA:
             )
             return
 
+        L = self.num_layers
         with torch.no_grad(), full_fp32_matmul():
-            grams = torch.empty(self.num_layers, m * m, dtype=PAIR_DTYPE, device=self.device)  # (L, m*m)
+            if self._grams.numel() != L * m * m or self._grams.dtype != PAIR_DTYPE:
+                self._grams = torch.empty(L, m * m, dtype=PAIR_DTYPE, device=self.device)
+            grams = self._grams  # (L, m*m)
             for i, f in enumerate(feats):
                 x = self._centred(f, m)  # (m, D_i)
                 grams[i] = u_centre(gram(x).to(PAIR_DTYPE)).reshape(-1)
-            # All L*L pairs in one product: <U(K_i), U(K_j)>_F / (m (m-3)).
-            hsic = (grams @ grams.T) / (m * (m - 3))  # (L, L)
-            self.state[:-1] += hsic.reshape(-1).to(torch.float64)
+            # HSIC1 of a pair is <U(K_i), U(K_j)>_F / (m (m-3)): all pairs are one product of the stacked Grams.
+            sums, scale = self.hsic_sums, 1.0 / (m * (m - 3))
+            if self.cross_at is None:
+                sums += (grams @ grams.T).to(torch.float64) * scale  # (L, L)
+            else:
+                k = self.cross_at
+                sums[:k, k:] += (grams[:k] @ grams[k:].T).to(torch.float64) * scale  # (k, L - k)
+                sums.diagonal().add_((grams * grams).sum(dim=1).to(torch.float64) * scale)  # (L,)
             self.state[-1] += 1
 
     def _centred(self, f: Any, m: int) -> torch.Tensor:
@@ -257,7 +277,7 @@ class MinibatchCKA:
             raise VitseeError(
                 f"no batch of at least {MIN_BATCH} examples was accumulated: give CKA more images or a larger batch"
             )
-        sums = self.hsic_sums.cpu().numpy()
+        sums = self.hsic_sums.cpu().numpy().copy()  # a copy: on CPU .numpy() would share the state
         self_hsic = np.diag(sums)  # a squared Frobenius norm per layer, so >= 0 up to rounding
         bad = np.flatnonzero(~np.isfinite(self_hsic))
         if bad.size:
@@ -271,6 +291,11 @@ class MinibatchCKA:
                 f"layers {flat.tolist()} do not vary across examples (zero self-HSIC): their CKA is nan",
                 stacklevel=2,
             )
+        if self.cross_at is not None:  # only the cross block and the diagonal were accumulated
+            k, kept = self.cross_at, np.eye(self.num_layers, dtype=bool)
+            kept[:k, k:] = kept[k:, :k] = True
+            sums[k:, :k] = sums[:k, k:].T
+            sums[~kept] = np.nan
         with np.errstate(divide="ignore", invalid="ignore"):
             return sums / np.sqrt(np.outer(self_hsic, self_hsic))
 
@@ -308,7 +333,7 @@ def minibatch_cka(
         pairs = ((batch, ()) for batch in batches_a)
     else:
         batches_b, n_layers_b = _batches(feats_b, batch_size, "feats_b")
-        acc = MinibatchCKA(n_layers_a + n_layers_b, device)
+        acc = MinibatchCKA(n_layers_a + n_layers_b, device, cross_at=n_layers_a)
         pairs = _zip_same_length(batches_a, batches_b)
 
     done = 0

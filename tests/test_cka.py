@@ -238,6 +238,25 @@ def test_merged_accumulators_equal_one_pass_whatever_the_split(rng):
     assert np.abs(even.result() - one.result()).max() < 1e-12
 
 
+def test_cross_only_accumulator_matches_the_joint_matrix_where_it_computes(rng):
+    feats = layers(rng, 48, SHAPES + [(7,)])
+    joint, cross = MinibatchCKA(5), MinibatchCKA(5, cross_at=2)
+    for s in range(0, 48, 16):
+        joint.update([f[s : s + 16] for f in feats])
+        cross.update([f[s : s + 16] for f in feats])
+    full, part = joint.result(), cross.result()
+    assert np.abs(part[:2, 2:] - full[:2, 2:]).max() < 1e-12
+    assert np.abs(part[2:, :2] - full[2:, :2]).max() < 1e-12
+    assert np.abs(np.diag(part) - 1).max() < 1e-12
+    assert np.isnan(part[0, 1]) and np.isnan(part[3, 4])
+    assert np.array_equal(cross.result(), part, equal_nan=True)  # result() leaves the state alone
+
+
+def test_cross_at_must_split_the_layers(rng):
+    with pytest.raises(VitseeError, match="cross_at=4"):
+        MinibatchCKA(4, cross_at=4)
+
+
 def test_a_too_small_batch_is_skipped_and_not_counted(rng):
     feats = layers(rng, 3, SHAPES)
     acc = MinibatchCKA(len(feats))
