@@ -149,10 +149,10 @@ def _probes(view: View, selection, cmap: Colormap) -> Figure:
         color = LINE_COLORS[j % len(LINE_COLORS)]
         ax.plot(x, acc, marker="o", ms=3.5, lw=1.4, color=color, label=readout, gid=f"readout:{readout}")
         if np.isfinite(acc).any():
-            best = int(np.nanargmax(acc))
-            ax.plot([best], [acc[best]], marker="*", ms=13, color=color, mec="0.1", mew=0.6, ls="none", zorder=4,
+            best = np.flatnonzero(acc == np.nanmax(acc))  # every layer that ties for best (small test splits tie)
+            ax.plot(best, acc[best], marker="*", ms=13, color=color, mec="0.1", mew=0.6, ls="none", zorder=4,
                     gid=f"best:{readout}")
-            ax.annotate(_fmt(acc[best], 2), (best, acc[best]), xytext=(0, 8), textcoords="offset points",
+            ax.annotate(_fmt(acc[best[-1]], 2), (best[-1], acc[best[-1]]), xytext=(0, 8), textcoords="offset points",
                         ha="center", fontsize=TICK_PT, color=color)
     if chance is not None:
         ax.axhline(chance, ls=":", color="0.3", lw=1.2, label=f"chance ({chance:.2f})", gid="chance")

@@ -1,0 +1,391 @@
+"""Views printed in a terminal (`vitsee show`): Rich renderables, no Textual, nothing printed here.
+
+Matrix views (cka, skip, and one token's spatial map) become heatmaps of upper-half blocks: each text
+row holds two matrix sub-rows, the upper cell in the foreground colour of '▀' and the lower one in its
+background, so a cell one character wide is about square. Small matrices are magnified (a cell k
+characters wide and k sub-rows tall); wide ones are pooled (block means). Row 0 is at the top, as in the
+terminal app; the PNG figures put layer 0 at the bottom like the paper (see figures.py).
+
+Without colour (NO_COLOR, TERM=dumb, --color none) everything is plain ASCII: one matrix row per text
+row in density characters ' .:-=+*#%@', ASCII table borders, no escape codes. Attention and probe
+views are tables of numbers.
+"""
+from __future__ import annotations
+
+import math
+import shutil
+import warnings
+
+import numpy as np
+from rich import box
+from rich.style import Style
+from rich.table import Table
+from rich.text import Text
+
+from .colormap import ASCII_RAMP, DEFAULT_LEVELS, MISSING, ColorMode, ColorScale, Palette, detect_color_mode
+from .views import View
+
+UPPER_HALF = "\u2580"  # ▀
+FULL_BLOCK = "\u2588"  # █
+SPARKS = "\u2581\u2582\u2583\u2584\u2585\u2586\u2587\u2588"  # ▁▂▃▄▅▆▇█
+MISSING_COLOR = "grey42"  # a cell not computed yet (NaN)
+MAX_LABEL = 14
+MAX_MAGNIFY = 4
+TOKEN_MARK = "<>"  # the token's own cell in a spatial map
+
+
+def render_view(view: View, color: str | ColorMode = "auto", cmap: str = "viridis", width: int | None = None,
+                selection: tuple[int, int] | None = None) -> list:
+    """Returns the Rich renderables that show `view` in a terminal `width` columns wide (default: this one).
+
+    `color` is auto (NO_COLOR, COLORTERM and TERM decide), truecolor, 256, 16 or none; `selection` picks the
+    token of a spatial view (its row; default the centre token).
+    """
+    mode = detect_color_mode(override=None if str(color) == "auto" else color)
+    width = width or shutil.get_terminal_size((100, 24)).columns
+    out: list = [_title(view, mode)]
+    if view.kind == "cka":
+        out += _cka(view, mode, cmap, width)
+    elif view.kind == "skip":
+        out += _skip(view, mode, cmap, width)
+    elif view.kind == "spatial":
+        out += _spatial(view, mode, cmap, width, selection)
+    elif view.kind == "attention":
+        out += _attention(view, mode)
+    elif view.kind == "probes":
+        out += _probes(view, mode)
+    return out
+
+
+# --- the views --------------------------------------------------------------------------------------
+
+
+def _title(view: View, mode: ColorMode) -> Text:
+    text = Text()
+    text.append(view.title, style=_style(mode, "bold"))
+    if view.subtitle:
+        text.append("\n" + view.subtitle, style=_style(mode, "dim"))
+    return text
+
+
+def _cka(view: View, mode: ColorMode, cmap: str, width: int) -> list:
+    scale = ColorScale.for_matrix(view.matrix, vmin=view.vmin, vmax=view.vmax, levels=_levels(mode), cmap=cmap)
+    model_a, model_b = (view.models + view.models)[:2] if view.models else ("rows", "cols")
+    plot = Heatmap(view.matrix, view.rows, view.cols, scale, mode, width)
+    where = f"rows: {model_a} layers, first at the top; columns: {model_b} layers, first at the left"
+    return [*plot.lines(), plot.legend(view.value_name), *plot.column_key(), Text(where, style=_style(mode, "dim"))]
+
+
+def _skip(view: View, mode: ColorMode, cmap: str, width: int) -> list:
+    vmin, vmax = view.vmin, view.vmax
+    log = vmin is not None and vmax is not None and 0 < vmin < vmax  # ratios span decades, as in the PNG
+    if log:  # colour by log10 of the ratio; the legend still reads in ratios
+        values = np.log10(np.where(view.matrix > 0, view.matrix, np.nan))
+        scale = ColorScale(math.log10(vmin), math.log10(vmax), _levels(mode), cmap)
+    else:
+        values = view.matrix
+        scale = ColorScale.for_matrix(values, vmin=vmin, vmax=vmax, levels=_levels(mode), cmap=cmap)
+    # many tokens get pooled to fit, but the CLS column is the point of the figure: it keeps its own
+    plot = Heatmap(values, view.rows, view.cols, scale, mode, width, keep_first_col=view.cols[:1] == ["CLS"],
+                   pool_rows=False, missing="no finite ratio")
+    legend = plot.legend("||z||/||f(z)||", transform=(lambda v: 10**v) if log else None,
+                         note="log colour scale" if log else "")
+    return [*plot.lines(), legend, *plot.column_key(), *_skip_curves(view, mode)]
+
+
+def _spatial(view: View, mode: ColorMode, cmap: str, width: int, selection) -> list:
+    from .figures import spatial_centre_token
+
+    gh, gw = (int(v) for v in view.extra["grid"])
+    token = selection[0] if selection else spatial_centre_token(gh, gw)
+    token_map = view.matrix[token].reshape(gh, gw)
+    scale = ColorScale.for_matrix(view.matrix, vmin=view.vmin, vmax=view.vmax, levels=_levels(mode), cmap=cmap)
+    plot = Heatmap(token_map, [f"r{i}" for i in range(gh)], [f"c{j}" for j in range(gw)], scale, mode, width,
+                   magnify="even", mark=divmod(token, gw))
+    caption = (f"{view.rows[token]}: CKA of its representation with the pixels of every input patch; "
+               f"{TOKEN_MARK} marks the token's own cell ({_fmt(view.value(token, token))})")
+    return [Text(caption, style=_style(mode, "dim")), *plot.lines(), *plot.column_key(names=False),
+            plot.legend(view.value_name)]
+
+
+def _attention(view: View, mode: ColorMode) -> list:
+    """Returns the block x head table of mean distances (sorted per block) and what they are measured against."""
+    std = np.asarray(view.extra["std_px"], dtype=float)
+    uniform = float(view.extra["uniform_px"])
+    n_heads = view.matrix.shape[1]
+    plus = "+-" if mode is ColorMode.NONE else "\u00b1"
+    with_std = n_heads <= 6  # wider tables wrap on an 80-column terminal
+    table = _table(mode)
+    table.add_column("block")
+    for h in range(n_heads):
+        table.add_column(f"#{h + 1}", justify="right")
+    for b, block in enumerate(view.rows):
+        cells = [f"{m:.1f}{f' {plus}{s:.1f}' if with_std else ''}" for m, s in zip(view.matrix[b], std[b])]
+        table.add_row(block, *cells)
+    caption = (f"mean attention distance (px) of each head, sorted nearest first (#1)"
+               f"{f', {plus} std over images' if with_std else ''}; uniform attention: {uniform:.1f} px")
+    return [table, Text(caption, style=_style(mode, "dim"))]
+
+
+def _probes(view: View, mode: ColorMode) -> list:
+    """Returns the layer x readout accuracy table (best per column starred and bold) and depth sparklines."""
+    best = _best_rows(view.matrix)
+    table = _table(mode)
+    table.add_column("layer")
+    for readout in view.cols:
+        table.add_column(readout, justify="right")
+    for r, layer in enumerate(view.rows):
+        cells = []
+        for c in range(len(view.cols)):
+            value = view.matrix[r, c]
+            if r in best[c]:
+                cells.append(Text(f"{_fmt(value)} *", style=_style(mode, "bold")))
+            else:
+                cells.append(Text(f"{_fmt(value)}  "))
+        table.add_row(layer, *cells)
+    caption = f"test accuracy; * best layer of each readout; chance {_fmt(view.extra.get('chance'))}"
+    n_train, n_test = view.params.get("n_train"), view.params.get("n_test")
+    if n_train and n_test:
+        caption += f"; {n_train} train / {n_test} test images"
+    lines = [Text(caption, style=_style(mode, "dim")), Text("accuracy vs depth (0 to 1, first layer left):")]
+    pad = max(map(len, view.cols))
+    for c, readout in enumerate(view.cols):
+        lines.append(Text(f"  {readout.ljust(pad)}  {sparkline(view.matrix[:, c], 0.0, 1.0, mode)}"))
+    return [table, *lines]
+
+
+def _skip_curves(view: View, mode: ColorMode) -> list:
+    """Returns the paper's Fig. 7 curves as numbers: per sublayer, the CLS ratio and the spatial tokens' mean."""
+    cls = np.asarray(view.extra.get("cls", []), dtype=float)
+    spatial = np.asarray(view.extra.get("spatial_mean", []), dtype=float)
+    table = _table(mode)
+    table.add_column("sublayer" if len(view.cols) > 1 else "block")
+    has_cls = bool(cls.size) and np.isfinite(cls).any()
+    if has_cls:
+        table.add_column("CLS", justify="right")
+    table.add_column("spatial (mean)" if len(view.cols) > 1 else "ratio", justify="right")
+    for r, row in enumerate(view.rows):
+        cells = [_fmt(cls[r], 2)] if has_cls else []
+        table.add_row(row, *cells, _fmt(spatial[r], 2) if r < spatial.size else "-")
+    caption = "ratio > 1: the skip connection carries more than the sublayer adds"
+    return [table, Text(caption, style=_style(mode, "dim"))]
+
+
+# --- the heatmap ------------------------------------------------------------------------------------
+
+
+class Heatmap:
+    """A matrix laid out for a terminal `width` wide: pooled or magnified, coloured by `scale` in `mode`.
+
+    `lines()` are the grid rows (label gutter + cells), `legend()` the colour ramp with its range,
+    `column_key()` which column is which. `mark` (row, col) draws TOKEN_MARK on one cell (needs whole cells
+    per line: magnify=2 in colour, any in ASCII).
+    """
+
+    def __init__(self, matrix: np.ndarray, rows: list[str], cols: list[str], scale: ColorScale, mode: ColorMode,
+                 width: int, magnify: str | None = None, keep_first_col: bool = False, pool_rows: bool = True,
+                 mark: tuple[int, int] | None = None, missing: str = "not computed"):
+        self.mode, self.scale, self.mark, self.missing = mode, scale, mark, missing
+        self.palette: Palette = scale.palette(mode)
+        self.ascii = mode is ColorMode.NONE
+        labels = fit_labels(rows, MAX_LABEL)
+        self.gutter = max(map(len, labels)) + 1
+        room = max(8, width - self.gutter - 1)
+        chars_per_cell = 2 if self.ascii else 1  # an ASCII cell is one line tall: two characters keep it square
+        n_rows, n_cols = matrix.shape
+        pool = max(1, math.ceil(n_cols * chars_per_cell / room))
+        if pool > 1 and self.ascii:  # pool less by giving up square ASCII cells first
+            chars_per_cell, pool = 1, max(1, math.ceil(n_cols / room))
+        self.pool, self.pools_rows = pool, pool_rows
+        self.keep_first = keep_first_col and pool > 1
+        self.matrix = _pool(matrix, pool if pool_rows else 1, pool, self.keep_first)
+        self.row_labels = labels[:: pool if pool_rows else 1]
+        self.cols = cols
+        self.col_starts = ([0] if self.keep_first else []) + list(range(1 if self.keep_first else 0, n_cols, pool))
+        # magnify small matrices in colour (an ASCII cell stays one line): a cell k characters wide and k
+        # sub-rows tall, at most ~32 lines in all; `magnify="even"` keeps whole cells on each line
+        fit = room // (self.matrix.shape[1] * chars_per_cell)
+        k = 1 if self.ascii or pool > 1 else max(1, min(MAX_MAGNIFY, fit, 64 // self.matrix.shape[0]))
+        if magnify == "even" and not self.ascii:
+            k = max(2, k - k % 2)
+        self.k = k
+        self.cell_w = k * chars_per_cell
+        self.levels = scale.quantize(self.matrix)
+
+    # the grid
+
+    def lines(self) -> list[Text]:
+        """Returns the grid, one Text per terminal row."""
+        return self._ascii_lines() if self.ascii else self._block_lines()
+
+    def _block_lines(self) -> list[Text]:
+        # every matrix row spans k sub-rows; a text row shows sub-rows 2y (upper) and 2y + 1 (lower)
+        sub_rows = np.repeat(np.arange(self.matrix.shape[0]), self.k)
+        out = []
+        for y in range(0, len(sub_rows), 2):
+            upper = sub_rows[y]
+            lower = sub_rows[y + 1] if y + 1 < len(sub_rows) else None
+            # label the row that starts on this line (the upper one if both do)
+            starts = [s for s in (y, y + 1) if s < len(sub_rows) and (s == 0 or sub_rows[s - 1] != sub_rows[s])]
+            cells = []
+            for c in range(self.matrix.shape[1]):
+                top = self._color(self.levels[upper, c])
+                bottom = self._color(self.levels[lower, c]) if lower is not None else None
+                if self.mark == (upper, c) and lower == upper:
+                    fg = "black" if self.palette.is_light(max(int(self.levels[upper, c]), 0)) else "white"
+                    cells.append((TOKEN_MARK.center(self.cell_w)[: self.cell_w], Style(color=fg, bgcolor=top, bold=True)))
+                else:
+                    cells.append((UPPER_HALF * self.cell_w, Style(color=top, bgcolor=bottom)))
+            out.append(_line(self._label(self.row_labels[sub_rows[starts[0]]] if starts else ""), cells))
+        return out
+
+    def _ascii_lines(self) -> list[Text]:
+        out = []
+        for r in range(self.matrix.shape[0]):
+            cells = []
+            for c in range(self.matrix.shape[1]):
+                level = int(self.levels[r, c])
+                if self.mark == (r, c):
+                    cells.append(TOKEN_MARK.center(self.cell_w)[: self.cell_w])
+                else:
+                    cells.append((self.palette.missing_char if level == MISSING else self.palette.chars[level]) * self.cell_w)
+            out.append(Text(self._label(self.row_labels[r]) + "".join(cells)))
+        return out
+
+    def _label(self, label: str) -> str:
+        return label.rjust(self.gutter - 1) + " "
+
+    def _color(self, level) -> str:
+        return MISSING_COLOR if int(level) == MISSING else self.palette.colors[int(level)]
+
+    # what the grid means
+
+    def legend(self, value_name: str, transform=None, note: str = "") -> Text:
+        """Returns 'vmin <ramp> vmax  value_name' plus how the grid was scaled and what '?' means."""
+        show = transform or (lambda v: v)
+        text = Text(" " * self.gutter + f"{show(self.scale.vmin):.3g} ")
+        if self.ascii:
+            text.append("[" + "".join(self.palette.chars) + "]")
+        else:
+            for color in self.palette.colors:
+                text.append(FULL_BLOCK, Style(color=color))
+        notes = [n for n in (note, self._scaling(), self._missing()) if n]
+        text.append(f" {show(self.scale.vmax):.3g}  {value_name}" + (f"  ({'; '.join(notes)})" if notes else ""))
+        return text
+
+    def _scaling(self) -> str:
+        if self.pool > 1:
+            pooled = f"cells pooled {self.pool}x{self.pool}" if self.pools_rows else f"columns pooled by {self.pool}"
+            return pooled + (" after the first" if self.keep_first else "")
+        if not self.ascii and self.k == 1 and self.matrix.shape[0] > 1:
+            return "2 rows per line: the labelled row is the upper half"
+        return ""
+
+    def _missing(self) -> str:
+        if not (self.levels == MISSING).any():
+            return ""
+        return f"{self.palette.missing_char} = {self.missing}" if self.ascii else f"grey = {self.missing}"
+
+    def column_key(self, names: bool = True) -> list[Text]:
+        """Returns a ruler of column numbers under the grid and (with `names`) which column each number is."""
+        ruler = [" "] * (self.matrix.shape[1] * self.cell_w)
+        step = max(1, math.ceil(4 / self.cell_w))  # numbers of up to 3 digits and a space
+        for shown in range(0, self.matrix.shape[1], step):
+            number = str(self.col_starts[shown])
+            x = shown * self.cell_w
+            if x + len(number) <= len(ruler) and all(ch == " " for ch in ruler[max(0, x - 1): x + len(number)]):
+                ruler[x : x + len(number)] = number
+        key = ", ".join(f"{i} {name}" for i, name in enumerate(self.cols))
+        if len(self.cols) > 40:
+            key = f"0 {self.cols[0]}, 1 {self.cols[1]}, ..., {len(self.cols) - 1} {self.cols[-1]}"
+        ruler_line = Text(" " * self.gutter + "".join(ruler).rstrip())
+        return [ruler_line, Text("columns: " + key, style=_style(self.mode, "dim"))] if names else [ruler_line]
+
+
+def _line(label: str, cells: list[tuple[str, Style]]) -> Text:
+    """Returns label + cells as one Text, neighbouring cells that look the same merged into one run."""
+    line = Text(label)
+    run, run_style = "", None
+    for chars, style in cells:
+        if style == run_style:
+            run += chars
+            continue
+        if run:
+            line.append(run, run_style)
+        run, run_style = chars, style
+    if run:
+        line.append(run, run_style)
+    return line
+
+
+def _pool(matrix: np.ndarray, pool_r: int, pool_c: int, keep_first_col: bool) -> np.ndarray:
+    """Returns block means (pool_r x pool_c; NaN ignored) of the matrix, column 0 left alone if asked."""
+    if keep_first_col and pool_c > 1:
+        return np.hstack([_pool(matrix[:, :1], pool_r, 1, False), _pool(matrix[:, 1:], pool_r, pool_c, False)])
+    rows, cols = matrix.shape
+    shown_r, shown_c = -(-rows // pool_r), -(-cols // pool_c)
+    padded = np.full((shown_r * pool_r, shown_c * pool_c), np.nan)
+    padded[:rows, :cols] = matrix
+    with warnings.catch_warnings():  # a block with no computed cell stays NaN
+        warnings.simplefilter("ignore", category=RuntimeWarning)
+        return np.nanmean(padded.reshape(shown_r, pool_r, shown_c, pool_c), axis=(1, 3))
+
+
+# --- pieces -----------------------------------------------------------------------------------------
+
+
+def sparkline(values: np.ndarray, vmin: float, vmax: float, mode: ColorMode) -> str:
+    """Returns one character per value, taller for larger ('▁'..'█'; the ASCII ramp without colour; ' ' for NaN)."""
+    ramp = ASCII_RAMP[1:] if mode is ColorMode.NONE else SPARKS
+    out = []
+    for v in np.asarray(values, dtype=float):
+        if not np.isfinite(v):
+            out.append(" ")
+            continue
+        frac = min(1.0, max(0.0, (v - vmin) / (vmax - vmin) if vmax > vmin else 0.0))
+        out.append(ramp[min(len(ramp) - 1, int(frac * len(ramp)))])
+    return "".join(out)
+
+
+def short_label(label: str) -> str:
+    """Returns a module path with its leading parts cut to initials: 'blocks.11' -> 'b.11', 'layer2.1' -> 'l2.1'."""
+    parts = label.split(".")
+    for i, head in enumerate(parts[:-1]):
+        digits = len(head) - len(head.rstrip("0123456789"))
+        parts[i] = head[:1] + (head[-digits:] if 0 < digits < len(head) else "")
+    return ".".join(parts)
+
+
+def fit_labels(labels: list[str], width: int) -> list[str]:
+    """Returns the labels as they are if all fit in `width`, else all shortened alike and cut from the left."""
+    if not labels or max(map(len, labels)) <= width:
+        return list(labels)
+    return [s if len(s := short_label(label)) <= width else "~" + s[-(width - 1):] for label in labels]
+
+
+def _best_rows(matrix: np.ndarray) -> list[set[int]]:
+    """Returns, per column, the rows that hold its largest finite value (all of them on a tie)."""
+    best = []
+    for column in matrix.T:
+        finite = np.isfinite(column)
+        best.append(set(np.flatnonzero(finite & (column == np.max(column[finite])))) if finite.any() else set())
+    return best
+
+
+def _table(mode: ColorMode) -> Table:
+    if mode is ColorMode.NONE:  # plain ASCII and no styles: what a dumb terminal or a log file can show
+        return Table(box=box.ASCII, header_style=Style.null(), pad_edge=False)
+    return Table(box=box.SIMPLE_HEAD, header_style="bold", pad_edge=False)
+
+
+def _style(mode: ColorMode, style: str) -> Style:
+    return Style.null() if mode is ColorMode.NONE else Style.parse(style)
+
+
+def _levels(mode: ColorMode) -> int:
+    # without colour one level per density character, so each character means one range
+    return len(ASCII_RAMP) if mode is ColorMode.NONE else DEFAULT_LEVELS
+
+
+def _fmt(value, digits: int = 3) -> str:
+    return f"{value:.{digits}f}" if value is not None and np.isfinite(value) else "-"
