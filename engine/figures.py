@@ -99,8 +99,9 @@ def _attention(view: View, selection, cmap: Colormap) -> Figure:
     # heads of a block sit side by side (sorted, nearest first) so their error bars do not hide each other
     spread = np.linspace(-0.28, 0.28, n_heads) if n_heads > 1 else np.zeros(1)
     x = np.arange(n_blocks)[:, None] + spread[None, :]
-    ax.errorbar(x.ravel(), mean.ravel(), yerr=std.ravel(), fmt="none", ecolor="0.65", elinewidth=0.8, zorder=1,
-                label="std over images")
+    spread_bars = ax.errorbar(x.ravel(), mean.ravel(), yerr=std.ravel(), fmt="none", ecolor="0.65", elinewidth=0.8,
+                              zorder=1, label="std over images")
+    spread_bars.lines[2][0].set_gid("spread")
     ax.scatter(x.ravel(), mean.ravel(), c=mean.ravel(), cmap=cmap, vmin=vmin, vmax=vmax, s=22, edgecolors="0.15",
                linewidths=0.5, zorder=2, label="head (mean over images)", gid="heads")
     ax.axhline(uniform, ls="--", color="0.25", lw=1, label=f"uniform attention ({uniform:.1f} px)")
