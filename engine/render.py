@@ -219,7 +219,7 @@ class Heatmap:
         return self._ascii_lines() if self.ascii else self._block_lines()
 
     def _block_lines(self) -> list[Text]:
-        # every matrix row spans k sub-rows; a text row shows sub-rows 2y (upper) and 2y + 1 (lower)
+        # every matrix row spans k sub-rows; each text row shows two of them: y (upper half) and y + 1 (lower)
         sub_rows = np.repeat(np.arange(self.matrix.shape[0]), self.k)
         out = []
         for y in range(0, len(sub_rows), 2):
@@ -231,7 +231,7 @@ class Heatmap:
             for c in range(self.matrix.shape[1]):
                 top = self._color(self.levels[upper, c])
                 bottom = self._color(self.levels[lower, c]) if lower is not None else None
-                if self.mark == (upper, c) and lower == upper:
+                if self.mark == (upper, c) and lower == upper and y in starts:  # once, on the cell's first line
                     fg = "black" if self.palette.is_light(max(int(self.levels[upper, c]), 0)) else "white"
                     cells.append((TOKEN_MARK.center(self.cell_w)[: self.cell_w], Style(color=fg, bgcolor=top, bold=True)))
                 else:
