@@ -319,6 +319,17 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
     def matrix(self) -> np.ndarray:
         return self._matrix
 
+    @property
+    def cmap(self) -> str:
+        return self._cmap
+
+    def set_cmap(self, cmap: str) -> None:
+        """Redraw with another colormap ('viridis', 'magma', 'cividis'); data and cursor stay."""
+        if cmap != self._cmap:
+            self._cmap = cmap
+            self._load(self._matrix, self.row_labels, self.col_labels)
+            self._invalidate()
+
     def value_at(self, row: int, col: int) -> float:
         """Return the value of a matrix cell (NaN when not computed)."""
         return float(self._matrix[row, col])

@@ -1,0 +1,141 @@
+"""`vitsee-tui`: explore a store's analyses in the terminal (over SSH, in tmux), export what you see.
+
+    vitsee-tui [STORE] [--export-dir DIR] [--no-mouse] [--color auto|truecolor|256|16|none] [--demo]
+
+With a STORE it opens on the CKA view of its first model; without one it lists the stores in the current
+folder and offers a new run; --demo builds (once) and opens a small store of a ViT and a ResNet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import ClassVar
+
+from textual.app import App
+from textual.binding import Binding, BindingType
+
+from vitsee.engine.analyze import AnalyzeConfig
+from vitsee.engine.colormap import ColorMode, detect_color_mode
+from vitsee.engine.errors import VitseeError
+from vitsee.tui.commands import VitseeCommands
+from vitsee.tui.options import COLORMAPS, AppOptions
+
+
+class VitseeApp(App):
+    """The terminal explorer: a start screen, the new-run form, runs, and the explorer of one store."""
+
+    TITLE = "vitsee"
+    CSS_PATH = "vitsee.tcss"
+    COMMANDS = App.COMMANDS | {VitseeCommands}
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("q", "quit", "Quit", id="app.quit", tooltip="Quit vitsee-tui"),
+        Binding("question_mark", "help", "Help", id="app.help", tooltip="List the keys that work here"),
+        Binding("ctrl+p", "command_palette", "Commands", show=False, id="app.command_palette",
+                tooltip="Open the command palette: open store, switch view or models, export, zoom"),
+    ]
+
+    def __init__(self, store: Path | None = None, *, options: AppOptions | None = None, demo: bool = False) -> None:
+        super().__init__()
+        self.options = options or AppOptions()
+        self.store = store
+        self.demo = demo
+
+    def on_mount(self) -> None:
+        if self.demo:
+            self.open_demo()
+        elif self.store is not None:
+            self.open_store(self.store)
+        else:
+            self.show_start()
+
+    # --- screens ------------------------------------------------------------------------------------------
+
+    def show_start(self) -> None:
+        from vitsee.tui.screens.start import StartScreen
+
+        self.push_screen(StartScreen(self.options))
+
+    def new_run(self) -> None:
+        from vitsee.tui.screens.new_run import NewRunScreen
+
+        self.push_screen(NewRunScreen(self.options))
+
+    def open_store(self, path: Path, *, analyse_all: bool = False, analysis: AnalyzeConfig | None = None,
+                   note: str | None = None, replace: bool = False) -> None:
+        """Open a store in the explorer (a missing or broken one is reported there, not raised)."""
+        from vitsee.tui.screens.explorer import ExplorerScreen
+
+        screen = ExplorerScreen(Path(path), self.options, analyse_all=analyse_all, note=note, analysis=analysis)
+        if replace:
+            self.switch_screen(screen)
+        else:
+            self.push_screen(screen)
+
+    def open_demo(self) -> None:
+        from vitsee.tui import demo
+        from vitsee.tui.screens.run import RunPlan, RunScreen
+
+        def prepare() -> RunPlan:
+            choice = demo.choose(device=self.options.analysis.device, plan=demo.DemoPlan(**self.demo_overrides))
+            note = f"demo store {choice.config.store}: {choice.weights_note}"
+            return RunPlan(choice.config, choice.analysis, note=note, reuse_complete=True)
+
+        self.push_screen(RunScreen(self.options, prepare, "Demo: a ViT and a ResNet over the built-in photographs"))
+
+    demo_overrides: ClassVar[dict] = {}  # tests make the demo small
+
+    def action_help(self) -> None:
+        from vitsee.tui.screens.help import HelpScreen, describe_bindings
+
+        if isinstance(self.screen, HelpScreen):
+            return
+        where = type(self.screen.focused).__name__ if self.screen.focused is not None else type(self.screen).__name__
+        self.push_screen(HelpScreen(describe_bindings(self.screen), title=f"Keys ({where} has the focus)"))
+
+
+# --- command line ----------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="vitsee-tui", description="Explore a vitsee store in the terminal: CKA, attention distances, "
+        "probes, skip ratios, spatial maps; export any view to PNG + JSON.",
+    )
+    parser.add_argument("store", nargs="?", type=Path, help="a store made by `vitsee extract` (default: pick one)")
+    parser.add_argument("--export-dir", type=Path, default=Path("vitsee-exports"),
+                        help="where `e` writes PNG + JSON (default ./vitsee-exports)")
+    parser.add_argument("--no-mouse", action="store_true", help="turn mouse reporting off (slow links, tmux copy mode)")
+    parser.add_argument("--color", default="auto", choices=["auto", "truecolor", "256", "16", "none"],
+                        help="heatmap colours (default auto: COLORTERM/TERM; NO_COLOR means none)")
+    parser.add_argument("--cmap", default="viridis", choices=list(COLORMAPS), help="heatmap colormap")
+    parser.add_argument("--demo", action="store_true",
+                        help="open the demo store (built on first use from built-in images and two small models)")
+    parser.add_argument("--device", default="auto", help="device for analyses not cached yet: auto, cpu, cuda[:N]")
+    return parser.parse_args(argv)
+
+
+def build_app(args: argparse.Namespace) -> VitseeApp:
+    """Returns the app the arguments describe (a VitseeError for a bad value)."""
+    color_mode = detect_color_mode() if args.color == "auto" else ColorMode.parse(args.color)
+    options = AppOptions(color_mode=color_mode, export_dir=args.export_dir, cmap=args.cmap,
+                         analysis=AnalyzeConfig(device=args.device))
+    if args.store is not None and args.demo:
+        raise VitseeError("give a STORE or --demo, not both")
+    return VitseeApp(args.store, options=options, demo=args.demo)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    try:
+        app = build_app(args)
+    except VitseeError as exc:
+        print(f"vitsee-tui: {exc}", file=sys.stderr)
+        sys.exit(2)
+    app.run(mouse=not args.no_mouse)
+    sys.exit(app.return_code or 0)
+
+
+if __name__ == "__main__":
+    main()

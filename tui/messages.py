@@ -1,0 +1,109 @@
+"""Messages the app's workers and panes send, kept in one place (the toolong way)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from textual.message import Message
+
+from vitsee.tui.results import LoadedView, StoreSummary
+
+
+@dataclass
+class SummaryLoaded(Message):
+    """A store was opened and read: its models, layers and what is cached."""
+
+    summary: StoreSummary
+
+
+@dataclass
+class SummaryFailed(Message):
+    """A store could not be opened (missing, corrupt, not a store)."""
+
+    path: Path
+    error: str
+
+
+@dataclass
+class ViewLoaded(Message):
+    """A view's numbers arrived (read from the cache or just computed)."""
+
+    loaded: LoadedView
+
+
+@dataclass
+class ViewFailed(Message):
+    """A view could not be shown: the reason, in one line."""
+
+    spec: str
+    error: str
+
+
+@dataclass
+class AnalysisStep(Message):
+    """An analysis moved on: `done` of `total` in its own units."""
+
+    spec: str
+    analysis: str
+    done: int
+    total: int
+    message: str = ""
+
+
+@dataclass
+class ResultCached(Message):
+    """The background pass over every view has cached one more (views waiting on it can load)."""
+
+    spec: str
+
+
+@dataclass
+class StatusChanged(Message):
+    """A pane's selection changed: the status line should read `text`."""
+
+    kind: str
+    text: str
+
+
+@dataclass
+class ExportWritten(Message):
+    """An export finished: the files written, and a note when the PNG could not be drawn."""
+
+    json_path: Path
+    png_path: Path | None
+    note: str | None = None
+
+
+@dataclass
+class RunEvent(Message):
+    """An extraction event: stage 'plan', 'load', 'extract' (done/total images) or 'done'."""
+
+    stage: str
+    done: int = 0
+    total: int = 0
+    text: str = ""
+
+
+@dataclass
+class RunEnded(Message):
+    """An extraction ended: finished, cancelled (resumable) or failed with an error line."""
+
+    store: Path
+    cancelled: bool = False
+    error: str | None = None
+
+
+@dataclass
+class ModelsPicked(Message):
+    """The side panel's model A or B changed (B is None: the CKA view is within model A)."""
+
+    model_a: str
+    model_b: str | None
+
+
+@dataclass
+class LayerPicked(Message):
+    """A layer was picked in the side panel: the view moves its selection there."""
+
+    layer: str

@@ -1,0 +1,333 @@
+"""What the app reads from a store: a summary to build the pickers, and views with what their panes need.
+
+Everything here opens HDF5 files and may compute an analysis, so it runs in thread workers only, never on
+the event loop. No Textual here: plain functions over the engine's store and view API.
+
+The app shows cached results whatever parameters they were computed with (a store analysed with
+`vitsee analyze --shuffles 0 --batch-size 16` opens without recomputing), and computes what is missing
+with its own configuration.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from vitsee.engine import analyze as an
+from vitsee.engine.errors import VitseeError, brief
+from vitsee.engine.store import Store
+from vitsee.engine.views import View, load_view, parse_view, write_view
+
+StepFn = Callable[[an.Step], None]
+INCOMPLETE_HINT = "rerun vitsee extract to resume"
+
+
+@dataclass
+class ModelSummary:
+    """One model of a store as the pickers show it."""
+
+    key: str
+    family: str
+    weights: str  # 'pretrained', 'random init (seed 0)', 'weights FILE'
+    layers: list[str]
+    shapes: dict[str, tuple[int, ...]]
+    rows_done: int
+    views: list[str]  # per-model analyses that apply: attention, probes, skip, spatial
+    spatial_layers: list[str]  # layers with a token grid or feature map
+    heads: int = 0
+
+
+@dataclass
+class StoreSummary:
+    """A store's models and images, and what is wrong with it (an interrupted extraction)."""
+
+    path: Path
+    n_images: int
+    dataset: str
+    models: list[ModelSummary]
+    cached: list[str] = field(default_factory=list)  # analyses with a cached result
+
+    def model(self, key: str) -> ModelSummary:
+        return next(m for m in self.models if m.key == key)
+
+    @property
+    def keys(self) -> list[str]:
+        return [m.key for m in self.models]
+
+    @property
+    def problem(self) -> str | None:
+        """Returns the sentence to show when a model's extraction has not finished, else None."""
+        unfinished = [m for m in self.models if m.rows_done < self.n_images]
+        if not self.models:
+            return f"{self.path.name} holds no models: add one with `vitsee extract {self.path} --model NAME`"
+        if not unfinished:
+            return None
+        m = min(unfinished, key=lambda m: m.rows_done)
+        return f"extraction incomplete: {m.rows_done} of {self.n_images} images; {INCOMPLETE_HINT}"
+
+
+def weights_text(weights: dict) -> str:
+    """Returns how a model was initialised, in the words the screen uses."""
+    kind = weights.get("kind")
+    if kind == "pretrained":
+        return "pretrained"
+    if kind == "random":
+        return f"random init (seed {weights.get('seed')})"
+    if kind == "file":
+        return f"weights {Path(weights.get('path') or '').name}"
+    return str(kind)
+
+
+def read_summary(path: str | Path) -> StoreSummary:
+    """Returns the summary of the store at path; a missing, corrupt or foreign file is a VitseeError."""
+    path = Path(path)
+    try:
+        with ACCESS.read(), Store.open(path) as store:
+            models = []
+            for key in store.models:
+                info = store.model_info(key)
+                layers = store.layers(key)
+                shapes = {layer: store.layer_shape(key, layer) for layer in layers}
+                spatial = [layer for layer in layers if _has_grid(store, key, layer, info)]
+                models.append(ModelSummary(
+                    key=key, family=str(info.get("family", "other")), weights=weights_text(info.get("weights", {})),
+                    layers=layers, shapes=shapes, rows_done=store.rows_done(key), views=an.applicable(store, key),
+                    spatial_layers=spatial, heads=int(info.get("num_heads") or 0),
+                ))
+            cached = sorted({r["analysis"] for r in store.results()})
+            return StoreSummary(path, store.n_images, store.dataset_spec, models, cached)
+    except VitseeError:
+        raise
+    except (OSError, KeyError, ValueError, TypeError, json.JSONDecodeError) as exc:  # a damaged file
+        raise VitseeError(
+            f"{path} is not a readable vitsee store ({brief(exc)}): re-create it with `vitsee extract ... --overwrite`"
+        ) from exc
+
+
+def _has_grid(store: Store, key: str, layer: str, info: dict) -> bool:
+    try:
+        an._spatial_layout(store, key, layer)
+    except VitseeError:
+        return False
+    return True
+
+
+# --- which parameters to read with ------------------------------------------------------------------
+
+
+def _params_of(store: Store, kind: str, key: str, cfg: an.AnalyzeConfig, layer: str | None) -> dict:
+    if kind == "cka":
+        return an.cka_params(store, cfg)
+    if kind == "attention":
+        return an.attention_params(store, key, cfg)
+    if kind == "probes":
+        return an.probe_params(store, key, cfg)
+    if kind == "skip":
+        return an.skip_params(store, key, cfg)
+    return an.spatial_params(store, key, cfg, layer)
+
+
+def _config_from(params: dict, base: an.AnalyzeConfig) -> an.AnalyzeConfig:
+    """Returns the config that produces a cached result's parameters (what an analysis records)."""
+    fields: dict = {}
+    if "batch_size" in params:
+        fields["batch_size"] = int(params["batch_size"])
+    if "shuffles" in params:
+        fields["shuffles"] = int(params["shuffles"])
+    if params.get("seed") is not None:
+        fields["seed"] = int(params["seed"])
+    if "tokens" in params:
+        fields["probe_tokens"] = bool(params["tokens"])
+    if "max_token_dim" in params:
+        fields["probe_max_dim"] = int(params["max_token_dim"])
+    return replace(base, **fields)
+
+
+def config_for(store: Store, spec: str, base: an.AnalyzeConfig) -> tuple[an.AnalyzeConfig, bool]:
+    """Returns (config, cached): the config of a cached result for this view if there is one, else `base`."""
+    kind, args = parse_view(spec)
+    key = store.resolve_model(args[0])
+    layer = args[1] if kind == "spatial" and len(args) > 1 else None
+    wanted = _params_of(store, kind, key, base, layer)
+    if store.get_result(kind, wanted) is not None:
+        return base, True
+    candidates = sorted(store.results(kind), key=lambda r: r["provenance"].get("created", ""), reverse=True)
+    for result in candidates:
+        cfg = _config_from(result["params"], base)
+        try:
+            params = _params_of(store, kind, key, cfg, layer)
+        except VitseeError:
+            continue
+        if Store.result_id(params) == result["id"]:
+            return cfg, True
+    return base, False
+
+
+# --- views --------------------------------------------------------------------------------------------
+
+
+class Cancelled(Exception):
+    """Raised from a progress callback to stop an analysis whose worker was cancelled."""
+
+
+@dataclass
+class LoadedView:
+    """A view plus what its pane shows beside the numbers (layer shapes for the pair detail)."""
+
+    spec: str
+    view: View
+    computed: bool  # False: read from the cache
+    seconds: float
+    shapes: dict[str, dict[str, tuple[int, ...]]]  # model -> layer -> per-image shape
+
+
+class StoreAccess:
+    """Lets the app's workers share one store: reads at any time, one computation at a time.
+
+    HDF5 refuses to open a file for writing while the same process has it open read-only, but lets readers
+    open it while a writer holds it. So a computation waits for open readers to finish and holds new ones
+    back only while it opens its writer; once the writer is open, cached views read alongside it.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._opening = False
+        self._one_writer = threading.Lock()
+
+    @contextmanager
+    def read(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._opening)
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                self._cond.notify_all()
+
+    @contextmanager
+    def write(self, path: str | Path) -> Iterator[Store]:
+        with self._one_writer:
+            with self._cond:
+                self._opening = True
+                try:
+                    self._cond.wait_for(lambda: self._readers == 0)
+                    store = Store.writer(path)
+                finally:
+                    self._opening = False
+                    self._cond.notify_all()
+            try:
+                yield store
+            finally:
+                store.close()
+
+
+ACCESS = StoreAccess()
+
+
+def _compute(store: Store, spec: str, cfg: an.AnalyzeConfig, progress: StepFn) -> None:
+    """Computes and caches the analysis behind a view (the runners return early when it is cached)."""
+    kind, args = parse_view(spec)
+    key = store.resolve_model(args[0])
+    if kind == "cka":
+        an.run_cka(store, cfg, progress)
+    elif kind == "attention":
+        an.run_attention(store, key, cfg, progress)
+    elif kind == "probes":
+        an.run_probes(store, key, cfg, progress)
+    elif kind == "skip":
+        an.run_skip(store, key, cfg, progress)
+    else:
+        an.run_spatial(store, key, cfg, args[1] if len(args) > 1 else None, progress)
+
+
+def read_view(path: str | Path, spec: str, base: an.AnalyzeConfig, progress: StepFn | None = None,
+              cancelled: Callable[[], bool] = lambda: False) -> LoadedView:
+    """Returns the view named by spec, from the cache when it is there, else computed and cached first.
+
+    `cancelled` is polled at every progress step; when it says so the computation stops with Cancelled
+    and nothing is cached.
+    """
+
+    def step(event: an.Step) -> None:
+        if cancelled():
+            raise Cancelled(spec)
+        if progress is not None:
+            progress(event)
+
+    start = time.perf_counter()
+    with ACCESS.read(), Store.open(path) as store:
+        cfg, cached = config_for(store, spec, base)
+    if not cached:
+        with ACCESS.write(path) as store:
+            if cancelled():
+                raise Cancelled(spec)
+            _compute(store, spec, cfg, step)
+    with ACCESS.read():
+        view = load_view(path, spec, cfg)
+        with Store.open(path) as store:
+            shapes = {m: {layer: store.layer_shape(m, layer) for layer in store.layers(m)} for m in view.models}
+    return LoadedView(spec, view, not cached, time.perf_counter() - start, shapes)
+
+
+# --- export ---------------------------------------------------------------------------------------------
+
+
+def export_name(view: View, when: float | None = None) -> str:
+    """Returns a file stem naming the view and the time: cka-vit_tiny-x-resnet18-20240102-150405."""
+    models = [re.sub(r"[^A-Za-z0-9_.-]+", "_", m) for m in dict.fromkeys(view.models)]
+    layer = view.params.get("layer") if view.kind == "spatial" else None
+    parts = [view.kind, "-x-".join(models)] + ([layer] if layer else [])
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(when))
+    return "-".join(parts + [stamp])
+
+
+def export_view(view: View, folder: str | Path, selection: tuple[int, int] | None, cmap: str) -> tuple[Path, Path | None, str | None]:
+    """Writes the view's .json and .png into folder; returns (json path, png path or None, why no png)."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise VitseeError(f"cannot create export folder {folder} ({brief(exc)}): pass another --export-dir") from exc
+    stem = export_name(view)
+    out_json = write_view(view, folder / f"{stem}.json", selection=selection, cmap=cmap)
+    try:
+        out_png = write_view(view, folder / f"{stem}.png", selection=selection, cmap=cmap)
+    except ImportError as exc:  # engine/figures.py not installed yet
+        return out_json, None, f"PNG export is unavailable ({brief(exc)}); wrote the numbers"
+    return out_json, out_png, None
+
+
+# --- planning a run ---------------------------------------------------------------------------------------
+
+
+def estimate_size(cfg) -> str:
+    """Returns 'N images x M models: 1.2 GB on disk' for an extraction config, by planning it (the models
+    are built and run once on one image, nothing is written). Raises VitseeError for a bad config."""
+    from vitsee.engine import extract
+    from vitsee.engine.store import human_bytes
+
+    device = extract.resolve_device(cfg.device)
+    selection, plans, existing = extract.plan(cfg, device, lambda _event: None)
+    try:
+        n = len(selection)
+        total = sum(mp.bytes(n, cfg.dtype) for mp in plans)
+        todo = sum(mp.bytes(n, cfg.dtype) * (1 - mp.done.mean()) for mp in plans if not mp.done.all())
+    finally:
+        for mp in plans:
+            for rec in mp.recorders:
+                rec.detach()
+        if existing is not None:
+            existing.close()
+    text = f"{n} images x {len(plans)} model(s): expected size on disk {human_bytes(total)}"
+    if existing is not None:
+        text += f" ({human_bytes(todo)} still to write: the store exists and will be resumed or extended)"
+    return text

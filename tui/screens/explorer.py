@@ -1,0 +1,486 @@
+"""The main screen: one store, its views in tabs, a side panel picking models and layers, a status line.
+
+Numbers arrive only through thread workers (`read_view`: the cache, or a computation that caches); the
+event loop switches panes and repaints. A view that is not cached is computed when it is opened, with
+its progress in the bar above the panes; after a new run a background pass caches every view in turn.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import ClassVar
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import ContentSwitcher, Footer, Label, Static, Tabs
+from textual.worker import get_current_worker
+
+from vitsee.engine.analyze import AnalyzeConfig, Step
+from vitsee.engine.errors import VitseeError, brief
+from vitsee.engine.views import View
+from vitsee.tui.messages import (
+    AnalysisStep,
+    ExportWritten,
+    LayerPicked,
+    ModelsPicked,
+    ResultCached,
+    StatusChanged,
+    SummaryFailed,
+    SummaryLoaded,
+    ViewFailed,
+    ViewLoaded,
+)
+from vitsee.tui.options import COLORMAPS, AppOptions
+from vitsee.tui.results import Cancelled, StoreSummary, export_view, read_summary, read_view
+from vitsee.tui.widgets.attention_pane import AttentionPane
+from vitsee.tui.widgets.cka_pane import CkaPane
+from vitsee.tui.widgets.probes_pane import ProbesPane
+from vitsee.tui.widgets.side_panel import SidePanel, model_label
+from vitsee.tui.widgets.skip_pane import SkipPane
+from vitsee.tui.widgets.spatial_pane import SpatialPane
+from vitsee.tui.widgets.task_bar import TaskBar
+from vitsee.tui.widgets.view_pane import ViewPane
+from vitsee.tui.widgets.view_tabs import VIEW_LABELS, ViewTabs
+
+log = logging.getLogger(__name__)
+
+KINDS = tuple(VIEW_LABELS)
+PANES: dict[str, type[ViewPane]] = {
+    "cka": CkaPane, "attention": AttentionPane, "probes": ProbesPane, "skip": SkipPane, "spatial": SpatialPane,
+}
+
+
+class ExplorerScreen(Screen):
+    """A store's analyses: CKA, attention distances, probes, skip ratios, spatial maps."""
+
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (110, "-wide")]
+    AUTO_FOCUS = ""  # the view takes the focus once its numbers are in, not the first model picker
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("1", "show_view('cka')", "CKA", show=False, id="explorer.view_cka", tooltip="Show the CKA heatmap"),
+        Binding("2", "show_view('attention')", "Attention", show=False, id="explorer.view_attention",
+                tooltip="Show the mean attention distances per head and block"),
+        Binding("3", "show_view('probes')", "Probes", show=False, id="explorer.view_probes",
+                tooltip="Show the linear probe accuracies"),
+        Binding("4", "show_view('skip')", "Skip", show=False, id="explorer.view_skip",
+                tooltip="Show the skip-connection norm ratios"),
+        Binding("5", "show_view('spatial')", "Spatial", show=False, id="explorer.view_spatial",
+                tooltip="Show the spatial localisation maps"),
+        Binding("a", "cycle_model('a')", "Model A", id="explorer.model_a", tooltip="Show the next model as model A (rows)"),
+        Binding("b", "cycle_model('b')", "Model B", id="explorer.model_b",
+                tooltip="Compare model A with the next model in the CKA view (columns)"),
+        Binding("e", "export", "Export", id="explorer.export",
+                tooltip="Export the view to PNG and JSON in the export folder, the selection marked"),
+        Binding("c", "cycle_cmap", "Colours", show=False, id="explorer.cmap",
+                tooltip="Cycle the colormap: viridis, magma, cividis"),
+        Binding("ctrl+b", "toggle_panel", "Panel", show=False, id="explorer.panel",
+                tooltip="Show or hide the side panel (models and layers)"),
+        Binding("o", "open_store", "Open", show=False, id="explorer.open", tooltip="Open another store"),
+        Binding("n", "new_run", "New run", show=False, id="explorer.new_run",
+                tooltip="Extract another store (models, images, layers)"),
+        Binding("x", "cancel", "Cancel", show=False, id="explorer.cancel",
+                tooltip="Stop the analysis being computed (nothing half-done is kept)"),
+    ]
+
+    DEFAULT_CSS = """
+    ExplorerScreen {
+        & #title-bar { width: 1fr; height: 1; padding: 0 1; background: $panel; color: $text; }
+        & #explorer-body { height: 1fr; }
+        & #main { width: 1fr; height: 1fr; }
+        & #panes { height: 1fr; }
+        &.-narrow SidePanel { width: 22; }
+        & #status-line { width: 1fr; height: 1; padding: 0 1; background: $panel; color: $text; text-style: bold; }
+    }
+    """
+
+    def __init__(self, path: Path, options: AppOptions, *, analyse_all: bool = False, note: str | None = None,
+                 analysis: AnalyzeConfig | None = None) -> None:
+        super().__init__()
+        self.path = Path(path)
+        self.options = options
+        self.analysis = analysis or options.analysis
+        self.analyse_all = analyse_all
+        self.note = note
+        self.summary: StoreSummary | None = None
+        self.kind = "cka"
+        self.model_a: str | None = None
+        self.model_b: str | None = None
+        self.spatial_layer: dict[str, str] = {}
+        self._views: dict[str, object] = {}  # spec -> LoadedView, kept so switching back costs nothing
+        self._status: dict[str, str] = {}
+        self._loading: str | None = None
+
+    # --- layout -------------------------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield Label(f" {self.path.name}", id="title-bar")
+        with Horizontal(id="explorer-body"):
+            yield SidePanel(id="side-panel")
+            with Vertical(id="main"):
+                yield ViewTabs()
+                yield TaskBar(id="view-task")
+                with ContentSwitcher(initial="pane-cka", id="panes"):
+                    for kind in KINDS:
+                        yield PANES[kind](self.options.color_mode, self.options.cmap)
+        yield TaskBar(id="background-task")
+        yield Static("", id="status-line", markup=False)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#view-task", TaskBar).start(f"opening {self.path.name}")
+        for kind in KINDS:
+            self.pane(kind).show_message(f"opening {self.path} \u2026")
+        self._read_summary()
+
+    def pane(self, kind: str | None = None) -> ViewPane:
+        return self.query_one(f"#pane-{kind or self.kind}", ViewPane)
+
+    # --- the store -----------------------------------------------------------------------------------------
+
+    @work(thread=True, group="summary", exit_on_error=False)
+    def _read_summary(self) -> None:
+        try:
+            self.post_message(SummaryLoaded(read_summary(self.path)))
+        except VitseeError as exc:
+            self.post_message(SummaryFailed(self.path, str(exc)))
+        except Exception as exc:  # a bug: say it in one line, keep the app alive
+            log.exception("reading %s", self.path)
+            self.post_message(SummaryFailed(self.path, f"cannot read {self.path}: {brief(exc)}"))
+
+    def on_summary_failed(self, message: SummaryFailed) -> None:
+        self.query_one("#view-task", TaskBar).stop()
+        for kind in KINDS:
+            self.pane(kind).show_message(message.error)
+        self.query_one("#status-line", Static).update(message.error)
+        self.notify(message.error, severity="error", timeout=10)
+
+    def on_summary_loaded(self, message: SummaryLoaded) -> None:
+        summary = self.summary = message.summary
+        self.query_one("#view-task", TaskBar).stop()
+        models = "; ".join(f"{model_label(m.key)}: {m.weights}" for m in summary.models)
+        self.query_one("#title-bar", Label).update(
+            f" {self.path.name} \u00b7 {summary.n_images} images of {summary.dataset} \u00b7 {models}"
+        )
+        self.query_one(SidePanel).set_models(summary)
+        if summary.models:
+            self.model_a = summary.models[0].key
+        if summary.problem:
+            self.notify(summary.problem, severity="error", timeout=10)
+        if self.note:
+            self.notify(self.note, title="demo", timeout=8)
+        self.show_view(self.kind)
+        if self.analyse_all and summary.problem is None:
+            self._analyse_all(self.all_specs())
+
+    def all_specs(self) -> list[str]:
+        """Returns every view of the store, cheapest first (probes last: they take longest)."""
+        summary = self.summary
+        if summary is None:
+            return []
+        keys = summary.keys
+        specs = [f"cka:{keys[0]}"] if keys else []
+        specs += [f"cka:{a}:{b}" for i, a in enumerate(keys) for b in keys[i + 1:]]
+        specs += [f"cka:{k}" for k in keys[1:]]
+        for order in ("attention", "skip", "spatial", "probes"):
+            specs += [f"{order}:{m.key}" for m in summary.models if order in m.views]
+        return specs
+
+    # --- which view --------------------------------------------------------------------------------------
+
+    def spec_for(self, kind: str) -> tuple[str | None, str]:
+        """Returns (view spec, '') for the pane of `kind` with the picked models, or (None, why not)."""
+        summary, a, b = self.summary, self.model_a, self.model_b
+        if summary is None or a is None:
+            return None, "no models in this store: add one with `vitsee extract STORE --model NAME`"
+        involved = [a] + ([b] if kind == "cka" and b else [])
+        for key in involved:
+            m = summary.model(key)
+            if m.rows_done < summary.n_images:
+                return None, (f"{key}: extraction incomplete: {m.rows_done} of {summary.n_images} images; "
+                              "rerun vitsee extract to resume")
+        model = summary.model(a)
+        if kind == "cka":
+            return (f"cka:{a}:{b}" if b and b != a else f"cka:{a}"), ""
+        if kind not in model.views:
+            return None, {
+                "attention": f"{a} is a {model.family} model: attention distances exist for ViT-like models; "
+                             "press a to pick a ViT as model A",
+                "probes": f"this store's images ({summary.dataset}) have no labels, which probes need; "
+                          "CKA and the rest still work",
+                "skip": f"{a} has no skip-connection statistics: they are recorded for ViT- and ResNet-like models",
+                "spatial": f"{a} has no layer with a token grid or feature map",
+            }[kind]
+        if kind == "spatial" and self.spatial_layer.get(a):
+            return f"spatial:{a}:{self.spatial_layer[a]}", ""
+        return f"{kind}:{a}", ""
+
+    def action_show_view(self, kind: str) -> None:
+        self.show_view(kind)
+
+    def show_view(self, kind: str) -> None:
+        """Switch to a view's pane and load what it should show."""
+        self.kind = kind
+        self.query_one("#panes", ContentSwitcher).current = f"pane-{kind}"
+        tabs = self.query_one(ViewTabs)
+        if tabs.active != f"tab-{kind}":
+            tabs.active = f"tab-{kind}"
+        self.request(kind)
+        self.query_one("#status-line", Static).update(self._status.get(kind, ""))
+        self._update_side_panel()
+        self._focus_view()
+
+    @on(Tabs.TabActivated, "#view-tabs")
+    def _tab_activated(self, event: Tabs.TabActivated) -> None:
+        kind = (event.tab.id or "").removeprefix("tab-")
+        if kind in KINDS and kind != self.kind:
+            self.show_view(kind)
+
+    def request(self, kind: str) -> None:
+        """Make the pane of `kind` show its view: at once when it is loaded, else through a worker."""
+        pane = self.pane(kind)
+        spec, reason = self.spec_for(kind)
+        if spec is None:
+            pane.show_message(reason)
+            return
+        if pane.loaded is not None and pane.loaded.spec == spec:
+            pane.post_status()
+            return
+        if spec in self._views:
+            self._show(pane, self._views[spec])
+            return
+        if self._loading == spec:
+            return
+        pane.show_message(f"loading {spec} \u2026")
+        waiting = self.query_one("#background-task", TaskBar).running
+        self.query_one("#view-task", TaskBar).start(
+            f"reading {spec}" + (" (after the analysis running below)" if waiting else "")
+        )
+        self._loading = spec
+        self._load(spec)
+
+    def _show(self, pane: ViewPane, loaded) -> None:
+        pane.show(loaded)
+        if pane.kind == self.kind:
+            self._update_side_panel()
+            self._focus_view()
+
+    def _focus_view(self) -> None:
+        focused = self.focused
+        if focused is not None and focused in self.query_one(SidePanel).query("*"):
+            return  # the user is picking in the side panel
+        widget = self.pane().main_widget()
+        if widget is not None and widget.focusable:
+            widget.focus()
+
+    def _update_side_panel(self) -> None:
+        panel = self.query_one(SidePanel)
+        pane = self.pane()
+        summary = self.summary
+        if summary is None or self.model_a is None:
+            return
+        model = summary.model(self.model_a)
+        if self.kind == "spatial":
+            view = pane.view
+            current = view.params.get("layer") if view is not None else self.spatial_layer.get(self.model_a)
+            panel.set_layers("Layer of the map (Enter)", model.spatial_layers, current, show_b=False)
+        elif self.kind == "cka":
+            panel.set_layers("Layers of A (Enter jumps)", pane.layer_choices() or model.layers, show_b=True)
+        else:
+            title = {"attention": "Blocks", "skip": "Blocks", "probes": "Layers"}[self.kind]
+            panel.set_layers(f"{title} (Enter jumps)", pane.layer_choices(), show_b=False)
+
+    # --- loading --------------------------------------------------------------------------------------------
+
+    @work(thread=True, exclusive=True, group="view", exit_on_error=False)
+    def _load(self, spec: str) -> None:
+        worker = get_current_worker()
+
+        def progress(step: Step) -> None:
+            self.post_message(AnalysisStep(spec, step.analysis, step.done, step.total, step.message))
+
+        try:
+            loaded = read_view(self.path, spec, self.analysis, progress, cancelled=lambda: worker.is_cancelled)
+        except Cancelled:
+            return
+        except VitseeError as exc:
+            self.post_message(ViewFailed(spec, str(exc)))
+        except Exception as exc:  # a bug: one line on screen, the traceback in the log
+            log.exception("loading %s", spec)
+            self.post_message(ViewFailed(spec, f"cannot show {spec}: {brief(exc)}"))
+        else:
+            self.post_message(ViewLoaded(loaded))
+
+    def on_analysis_step(self, message: AnalysisStep) -> None:
+        what = f"computing {message.analysis}"
+        if message.message:
+            what += f"  {message.message}"
+        bar_id = "#view-task" if message.spec == self._loading else "#background-task"
+        if bar_id == "#background-task":
+            what = f"caching every view: {message.spec}  {what}"
+        else:
+            what += "  (x cancels)"
+        self.query_one(bar_id, TaskBar).advance(what, message.done, message.total)
+
+    def on_view_loaded(self, message: ViewLoaded) -> None:
+        loaded = message.loaded
+        self._views[loaded.spec] = loaded
+        if self._loading == loaded.spec:
+            self._loading = None
+            self.query_one("#view-task", TaskBar).stop()
+        kind = loaded.view.kind
+        if self.spec_for(kind)[0] == loaded.spec:
+            self._show(self.pane(kind), loaded)
+        if loaded.computed:
+            self.notify(f"computed and cached {loaded.spec} in {loaded.seconds:.1f} s", timeout=4)
+
+    def on_view_failed(self, message: ViewFailed) -> None:
+        if self._loading == message.spec:
+            self._loading = None
+            self.query_one("#view-task", TaskBar).stop()
+        kind = message.spec.partition(":")[0]
+        if self.spec_for(kind)[0] == message.spec:
+            self.pane(kind).show_message(message.error)
+        self.notify(message.error, severity="error", timeout=10)
+
+    def action_cancel(self) -> None:
+        cancelled = False
+        for worker in self.workers:
+            if worker.group in ("view", "background") and worker.is_running:
+                worker.cancel()
+                cancelled = True
+        if cancelled:
+            self._loading = None
+            self.query_one("#view-task", TaskBar).stop()
+            self.query_one("#background-task", TaskBar).stop()
+            self.pane().show_message("cancelled: nothing was cached; open the view again to compute it")
+            self.notify("analysis cancelled: nothing half-done was cached", timeout=4)
+        else:
+            self.notify("nothing is being computed", timeout=3)
+
+    @work(thread=True, group="background", exit_on_error=False)
+    def _analyse_all(self, specs: list[str]) -> None:
+        """Cache every view in turn, so each opens at once later (views fill in as results arrive)."""
+        worker = get_current_worker()
+        for index, spec in enumerate(specs, start=1):
+            if worker.is_cancelled:
+                return
+
+            def progress(step: Step, spec=spec) -> None:
+                self.post_message(AnalysisStep(spec, f"{step.analysis} ({index}/{len(specs)})", step.done, step.total, step.message))
+
+            try:
+                loaded = read_view(self.path, spec, self.analysis, progress, cancelled=lambda: worker.is_cancelled)
+            except Cancelled:
+                return
+            except VitseeError as exc:
+                self.post_message(ViewFailed(spec, str(exc)))
+                continue
+            except Exception as exc:
+                log.exception("caching %s", spec)
+                self.post_message(ViewFailed(spec, f"cannot compute {spec}: {brief(exc)}"))
+                continue
+            self.post_message(ViewLoaded(loaded))
+            self.post_message(ResultCached(spec))
+
+    def on_result_cached(self, message: ResultCached) -> None:
+        specs = self.all_specs()
+        if specs and message.spec == specs[-1]:
+            self.query_one("#background-task", TaskBar).stop()
+            self.notify("every view is cached in the store", timeout=4)
+
+    # --- panes and side panel --------------------------------------------------------------------------------
+
+    def on_status_changed(self, message: StatusChanged) -> None:
+        self._status[message.kind] = message.text
+        if message.kind == self.kind:
+            self.query_one("#status-line", Static).update(message.text)
+
+    def on_models_picked(self, message: ModelsPicked) -> None:
+        if (message.model_a, message.model_b) == (self.model_a, self.model_b):
+            return
+        self.model_a, self.model_b = message.model_a, message.model_b
+        self.request(self.kind)
+        self._update_side_panel()
+
+    def on_layer_picked(self, message: LayerPicked) -> None:
+        if self.kind == "spatial" and self.model_a is not None:
+            self.spatial_layer[self.model_a] = message.layer
+            self.request("spatial")
+        elif not self.pane().jump_to_layer(message.layer):
+            self.notify(f"{message.layer} is not in this view", severity="warning", timeout=3)
+        widget = self.pane().main_widget()
+        if widget is not None:
+            widget.focus()
+
+    def action_cycle_model(self, which: str) -> None:
+        summary = self.summary
+        if summary is None or not summary.models:
+            return
+        keys = summary.keys
+        panel = self.query_one(SidePanel)
+        if which == "a":
+            current = keys.index(self.model_a) if self.model_a in keys else -1
+            panel.pick(model_a=keys[(current + 1) % len(keys)])
+        else:
+            choices: list[str | None] = [None, *keys]
+            current = choices.index(self.model_b) if self.model_b in choices else 0
+            nxt = choices[(current + 1) % len(choices)]
+            panel.pick(model_b=nxt, same=nxt is None)
+            if self.kind != "cka":
+                self.show_view("cka")
+
+    def action_toggle_panel(self) -> None:
+        self.query_one(SidePanel).toggle_class("-hidden")
+
+    def action_cycle_cmap(self) -> None:
+        cmap = COLORMAPS[(COLORMAPS.index(self.options.cmap) + 1) % len(COLORMAPS)]
+        self.options.cmap = cmap
+        for kind in KINDS:
+            self.pane(kind).set_cmap(cmap)
+        self.notify(f"colormap {cmap}", timeout=2)
+
+    def action_toggle_zoom(self) -> None:
+        if not self.pane().toggle_zoom():
+            self.notify("this view has no heatmap to zoom", severity="warning", timeout=3)
+
+    def action_open_store(self) -> None:
+        from vitsee.tui.screens.start import StartScreen
+
+        self.app.push_screen(StartScreen(self.options))
+
+    def action_new_run(self) -> None:
+        from vitsee.tui.screens.new_run import NewRunScreen
+
+        self.app.push_screen(NewRunScreen(self.options))
+
+    # --- export -------------------------------------------------------------------------------------------------
+
+    def action_export(self) -> None:
+        pane = self.pane()
+        view = pane.view
+        if view is None:
+            self.notify("nothing to export yet: wait for the view to load", severity="warning", timeout=4)
+            return
+        self._export(view, pane.selection, pane.cmap)
+
+    @work(thread=True, group="export", exit_on_error=False)
+    def _export(self, view: View, selection: tuple[int, int] | None, cmap: str) -> None:
+        try:
+            json_path, png_path, note = export_view(view, self.options.export_dir, selection, cmap)
+        except VitseeError as exc:
+            self.app.call_from_thread(self.notify, str(exc), severity="error", timeout=8)
+            return
+        except Exception as exc:
+            log.exception("exporting %s", view.spec)
+            self.app.call_from_thread(self.notify, f"export failed: {brief(exc)}", severity="error", timeout=8)
+            return
+        self.post_message(ExportWritten(json_path, png_path, note))
+
+    def on_export_written(self, message: ExportWritten) -> None:
+        if message.png_path is not None:
+            self.notify(f"exported {message.png_path} (+ {message.json_path.name})", title="export", timeout=8)
+        else:
+            self.notify(f"{message.note}: {message.json_path}", title="export", severity="warning", timeout=8)

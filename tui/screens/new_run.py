@@ -1,0 +1,149 @@
+"""The new-run form: models, images, layers, device, where the store goes; its size on disk before it starts."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import ClassVar
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, VerticalScroll
+from textual.screen import Screen
+from textual.suggester import SuggestFromList
+from textual.widgets import Button, Footer, Input, Label, Select
+
+from vitsee.engine.analyze import AnalyzeConfig
+from vitsee.engine.data import BUILTIN_DATASETS
+from vitsee.engine.errors import VitseeError, brief
+from vitsee.engine.extract import ExtractConfig
+from vitsee.tui.options import AppOptions
+from vitsee.tui.results import estimate_size
+from vitsee.tui.screens.run import RunPlan, RunScreen
+from vitsee.tui.widgets.model_picker import ModelPicker
+
+log = logging.getLogger(__name__)
+
+
+class NewRunScreen(Screen):
+    """Fill in a run, check its size, start it (the RunScreen shows its progress)."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("ctrl+s", "start", "Start", id="new_run.start", tooltip="Start the extraction"),
+        Binding("ctrl+e", "estimate", "Size", id="new_run.estimate",
+                tooltip="Work out the size on disk (builds each model once, writes nothing)"),
+        Binding("escape", "back", "Back", id="new_run.back", tooltip="Leave the form"),
+    ]
+
+    DEFAULT_CSS = """
+    NewRunScreen {
+        & > #form { padding: 0 2; }
+        & .form--title { text-style: bold; margin-top: 1; }
+        & .form--label { color: $text-muted; margin-top: 1; }
+        & .form--row { height: auto; }
+        & .form--row > Vertical { width: 1fr; height: auto; }
+        & .form--field { width: 1fr; height: auto; margin-right: 1; }
+        & #size-line { margin-top: 1; color: $text; text-style: bold; }
+        & #form-buttons { height: auto; margin: 1 0; }
+        & #form-buttons > Button { margin-right: 2; }
+    }
+    """
+
+    def __init__(self, options: AppOptions, models: list[str] | None = None) -> None:
+        super().__init__()
+        self.options = options
+        self.initial_models = models or []
+
+    def compose(self) -> ComposeResult:
+        stamp = time.strftime("%Y%m%d-%H%M")
+        with VerticalScroll(id="form"):
+            yield Label("New run: extract activations into a store", classes="form--title")
+            yield Label("Models", classes="form--label")
+            yield ModelPicker(self.initial_models, id="model-picker")
+            yield Label("Images: dataset (samples, synthetic, digits, imagefolder:PATH, cifar10:PATH, npz:PATH) "
+                        "and how many", classes="form--label")
+            with Horizontal(classes="form--row"):
+                yield Input("samples", id="dataset", classes="form--field",
+                            suggester=SuggestFromList(list(BUILTIN_DATASETS), case_sensitive=False))
+                yield Input("240", id="n-images", type="integer", classes="form--field", placeholder="all")
+            yield Label("Layers, device, image size (empty: the model's own)", classes="form--label")
+            with Horizontal(classes="form--row"):
+                yield Select([("blocks", "blocks"), ("sublayers (6x the size)", "sublayers")], value="blocks",
+                             allow_blank=False, id="layers", classes="form--field")
+                yield Select([("auto", "auto"), ("cpu", "cpu"), ("cuda", "cuda")], value="auto", allow_blank=False,
+                             id="device", classes="form--field")
+                yield Input("", id="img-size", type="integer", placeholder="e.g. 224", classes="form--field")
+            yield Label("Store file", classes="form--label")
+            yield Input(str(self.options.folder / f"vitsee-{stamp}.h5"), id="store-path")
+            yield Label("expected size on disk: press ctrl+e (or Start: it is shown before extraction begins)",
+                        id="size-line")
+            with Horizontal(id="form-buttons"):
+                yield Button("Start (ctrl+s)", id="start", variant="primary")
+                yield Button("Size (ctrl+e)", id="estimate")
+                yield Button("Back (esc)", id="back")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#model-search", Input).focus()
+
+    def config(self) -> ExtractConfig:
+        """Returns the run the form describes; a VitseeError names the field to fix."""
+        models = self.query_one(ModelPicker).specs
+        if not models:
+            raise VitseeError("no model in the run: search for one and press Enter, or type NAME@random and Enter")
+        n_text = self.query_one("#n-images", Input).value.strip()
+        size_text = self.query_one("#img-size", Input).value.strip()
+        store = self.query_one("#store-path", Input).value.strip()
+        if not store:
+            raise VitseeError("no store file: type a path ending in .h5")
+        try:
+            n_images = int(n_text) if n_text else None
+            img_size = int(size_text) if size_text else None
+        except ValueError:
+            raise VitseeError(f"'{n_text or size_text}' is not a whole number: fix the images or image size field") from None
+        if n_images is not None and n_images < 4:
+            raise VitseeError(f"{n_images} images is too few: CKA needs at least 4 (a few hundred is better)")
+        return ExtractConfig(
+            store=Path(store).expanduser(), models=models, dataset=self.query_one("#dataset", Input).value.strip() or "samples",
+            n_images=n_images, device=str(self.query_one("#device", Select).value),
+            layers=str(self.query_one("#layers", Select).value), img_size=img_size,
+        )
+
+    @on(Button.Pressed, "#estimate")
+    def action_estimate(self) -> None:
+        try:
+            cfg = self.config()
+        except VitseeError as exc:
+            self.notify(str(exc), severity="error", timeout=8)
+            return
+        self.query_one("#size-line", Label).update("working out the size \u2026 (building each model once)")
+        self._estimate(cfg)
+
+    @work(thread=True, exclusive=True, group="estimate", exit_on_error=False)
+    def _estimate(self, cfg: ExtractConfig) -> None:
+        try:
+            text = estimate_size(cfg)
+        except VitseeError as exc:
+            text = str(exc)
+            self.app.call_from_thread(self.notify, text, severity="error", timeout=10)
+        except Exception as exc:
+            log.exception("estimating %s", cfg)
+            text = f"cannot plan this run: {brief(exc)}"
+        self.app.call_from_thread(self.query_one("#size-line", Label).update, text)
+
+    @on(Button.Pressed, "#start")
+    def action_start(self) -> None:
+        try:
+            cfg = self.config()
+        except VitseeError as exc:
+            self.notify(str(exc), severity="error", timeout=8)
+            return
+        analysis = AnalyzeConfig(**{**self.options.analysis.__dict__, "device": cfg.device})
+        plan = RunPlan(cfg, analysis)
+        self.app.switch_screen(RunScreen(self.options, lambda: plan, f"Extracting into {cfg.store}"))
+
+    @on(Button.Pressed, "#back")
+    def action_back(self) -> None:
+        self.app.pop_screen()

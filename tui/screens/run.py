@@ -1,0 +1,150 @@
+"""An extraction running in a thread worker: what it plans (size on disk), loading, images done; cancellable.
+
+When it ends the store opens in the explorer, which then caches every view in the background, so views
+fill in as their results arrive. A cancelled run keeps its finished batches: running it again resumes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical
+from textual.screen import Screen
+from textual.widgets import Footer, Label, ProgressBar, RichLog
+from textual.worker import get_current_worker
+
+from vitsee.engine.analyze import AnalyzeConfig
+from vitsee.engine.errors import VitseeError, brief
+from vitsee.engine.extract import ExtractConfig, Progress, run_extraction
+from vitsee.tui.messages import RunEnded, RunEvent
+from vitsee.tui.options import AppOptions
+from vitsee.tui.results import read_summary
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunPlan:
+    """What to extract, how to analyse it afterwards, and a note for the explorer (the demo's weights)."""
+
+    config: ExtractConfig
+    analysis: AnalyzeConfig
+    note: str | None = None
+    reuse_complete: bool = False  # open an existing complete store as it is (the demo)
+
+
+class RunScreen(Screen):
+    """Progress of one extraction."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("x,escape", "cancel", "Cancel", id="run.cancel",
+                tooltip="Stop after the current batch; finished batches are kept and a rerun resumes"),
+    ]
+
+    DEFAULT_CSS = """
+    RunScreen {
+        align: center top;
+        & > #run { width: 1fr; max-width: 110; height: 1fr; padding: 1 2; }
+        & .run--title { text-style: bold; }
+        & #run-stage { margin-top: 1; color: $text; }
+        & #run-bar { margin: 1 0; }
+        & #run-log { height: 1fr; border: round $foreground 30%; }
+    }
+    """
+
+    def __init__(self, options: AppOptions, prepare: Callable[[], RunPlan], title: str) -> None:
+        super().__init__()
+        self.options = options
+        self.prepare = prepare
+        self.title_text = title
+        self.cancel_event = threading.Event()
+        self.plan: RunPlan | None = None
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="run"):
+            yield Label(self.title_text, classes="run--title")
+            yield Label("preparing \u2026", id="run-stage")
+            yield ProgressBar(total=None, id="run-bar", show_eta=True)
+            yield RichLog(id="run-log", wrap=True, markup=False)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self._run()
+
+    def on_unmount(self) -> None:
+        self.cancel_event.set()  # quitting mid-run: stop at the next batch, keep what is written
+
+    def action_cancel(self) -> None:
+        if self.cancel_event.is_set():
+            return
+        self.cancel_event.set()
+        self.query_one("#run-stage", Label).update("cancelling after the current batch \u2026")
+
+    @work(thread=True, group="run", exit_on_error=False)
+    def _run(self) -> None:
+        worker = get_current_worker()
+        try:
+            plan = self.plan = self.prepare()
+            cfg = plan.config
+            self.post_message(RunEvent("plan", text=f"store {cfg.store}"))
+            if plan.note:
+                self.post_message(RunEvent("plan", text=plan.note))
+            if plan.reuse_complete and Path(cfg.store).exists():
+                summary = read_summary(cfg.store)
+                if summary.problem is None and len(summary.models) == len(cfg.models):
+                    self.post_message(RunEnded(Path(cfg.store)))
+                    return
+                self.post_message(RunEvent("plan", text=f"resuming: {summary.problem or 'models missing'}"))
+            Path(cfg.store).parent.mkdir(parents=True, exist_ok=True)
+
+            def progress(event: Progress) -> None:
+                self.post_message(RunEvent(event.stage, event.done, event.total, event.message))
+
+            result = run_extraction(cfg, progress, self.cancel_event)
+        except VitseeError as exc:
+            self.post_message(RunEnded(Path(self.plan.config.store) if self.plan else Path("."), error=str(exc)))
+            return
+        except Exception as exc:  # a bug: one line, the traceback in the log
+            log.exception("extraction")
+            self.post_message(RunEnded(Path(self.plan.config.store) if self.plan else Path("."),
+                                       error=f"extraction failed: {brief(exc)}"))
+            return
+        if not worker.is_cancelled:
+            self.post_message(RunEnded(result.store, cancelled=result.cancelled))
+
+    def on_run_event(self, message: RunEvent) -> None:
+        stage = self.query_one("#run-stage", Label)
+        bar = self.query_one("#run-bar", ProgressBar)
+        if message.stage == "extract":
+            stage.update(f"extracting: {message.done} of {message.total} images")
+            bar.update(total=max(message.total, 1), progress=message.done)
+            return
+        if message.text:
+            self.query_one(RichLog).write(message.text)
+        if message.stage == "plan" and "expected size on disk" in message.text:
+            stage.update(message.text.split(": ", 1)[-1])
+        elif message.stage == "load":
+            stage.update(message.text)
+
+    def on_run_ended(self, message: RunEnded) -> None:
+        if message.error:
+            self.query_one("#run-stage", Label).update(message.error)
+            self.query_one(RichLog).write(f"error: {message.error}")
+            self.notify(message.error, severity="error", timeout=12)
+            return
+        if message.cancelled:
+            text = f"cancelled: finished batches are kept in {message.store}; run it again to resume"
+            self.query_one("#run-stage", Label).update(text)
+            self.notify(text, severity="warning", timeout=10)
+            return
+        plan = self.plan
+        self.app.open_store(message.store, analyse_all=True, analysis=plan.analysis if plan else None,
+                            note=plan.note if plan else None, replace=True)

@@ -1,0 +1,114 @@
+"""The start screen: the stores in the current folder (newest first), a path to open, a new run, the demo."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import ClassVar
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import Button, Footer, Input, Label, OptionList
+from textual.widgets.option_list import Option
+
+from vitsee.engine.store import human_bytes
+from vitsee.tui.options import AppOptions
+
+
+def find_stores(folder: Path) -> list[Path]:
+    """Returns the .h5 files in folder, newest first."""
+    try:
+        files = [p for p in folder.glob("*.h5") if p.is_file()]
+    except OSError:
+        return []
+    return sorted(files, key=lambda p: p.stat().st_mtime, reverse=True)
+
+
+def store_line(path: Path) -> str:
+    stat = path.stat()
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(stat.st_mtime))
+    return f"{path.name:<40} {human_bytes(stat.st_size):>9}  {when}"
+
+
+class StartScreen(Screen):
+    """Where vitsee-tui starts without a store."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("n", "new_run", "New run", id="start.new_run", tooltip="Extract a new store: models, images, layers"),
+        Binding("d", "demo", "Demo", id="start.demo", tooltip="Open the demo store (built on first use)"),
+        Binding("r", "rescan", "Rescan", id="start.rescan", tooltip="Look for stores in the folder again"),
+        Binding("escape", "back", "Back", show=False, id="start.back", tooltip="Back to the store that was open"),
+    ]
+
+    DEFAULT_CSS = """
+    StartScreen {
+        align: center top;
+        & > #start { width: 1fr; max-width: 100; height: 1fr; padding: 1 2; }
+        & .start--title { text-style: bold; }
+        & .start--hint { color: $text-muted; margin-bottom: 1; }
+        & #stores { height: 1fr; min-height: 3; border: round $foreground 30%; }
+        & #stores:focus { border: round $accent; }
+        & #open-path { margin-top: 1; }
+        & #start-buttons { height: auto; margin-top: 1; }
+        & #start-buttons > Button { margin-right: 2; }
+    }
+    """
+
+    def __init__(self, options: AppOptions) -> None:
+        super().__init__()
+        self.options = options
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="start"):
+            yield Label("vitsee \u2014 do vision transformers see like CNNs?", classes="start--title")
+            yield Label(f"Stores in {self.options.folder} (newest first); Enter opens one.", classes="start--hint",
+                        id="start-folder")
+            yield OptionList(id="stores")
+            yield Input(placeholder="or type the path of a store and press Enter", id="open-path")
+            with Horizontal(id="start-buttons"):
+                yield Button("New run (n)", id="new-run", variant="primary")
+                yield Button("Demo (d)", id="demo")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.action_rescan()
+
+    def action_rescan(self) -> None:
+        stores = find_stores(self.options.folder)
+        option_list = self.query_one("#stores", OptionList)
+        option_list.clear_options()
+        if stores:
+            option_list.add_options([Option(store_line(p), id=str(p)) for p in stores])
+            option_list.highlighted = 0
+            option_list.focus()
+        else:
+            option_list.add_option(Option("no .h5 stores here: start a new run (n) or open the demo (d)", disabled=True))
+            self.query_one("#new-run", Button).focus()
+
+    @on(OptionList.OptionSelected, "#stores")
+    def _open_selected(self, event: OptionList.OptionSelected) -> None:
+        if event.option.id:
+            self.app.open_store(Path(event.option.id))
+
+    @on(Input.Submitted, "#open-path")
+    def _open_typed(self, event: Input.Submitted) -> None:
+        text = event.value.strip()
+        if text:
+            self.app.open_store(Path(text).expanduser())
+
+    @on(Button.Pressed, "#new-run")
+    def action_new_run(self) -> None:
+        from vitsee.tui.screens.new_run import NewRunScreen
+
+        self.app.push_screen(NewRunScreen(self.options))
+
+    @on(Button.Pressed, "#demo")
+    def action_demo(self) -> None:
+        self.app.open_demo()
+
+    def action_back(self) -> None:
+        if len(self.app.screen_stack) > 2:
+            self.app.pop_screen()

@@ -1,0 +1,74 @@
+"""Mean attention distances (paper Fig. 3, 4): heads per block, and the selected block's histogram."""
+
+from __future__ import annotations
+
+import numpy as np
+from textual.app import ComposeResult
+from textual.widget import Widget
+
+from vitsee.tui.results import LoadedView
+from vitsee.tui.widgets.distance_plot import DistancePlot
+from vitsee.tui.widgets.histogram import Histogram
+from vitsee.tui.widgets.view_pane import ViewPane
+
+
+class AttentionPane(ViewPane):
+    """Per block the heads' sorted mean distances; below, the distances of every head and image of the
+    selected block as a histogram, with the distance of uniform attention marked in both."""
+
+    kind = "attention"
+    label = "Attention"
+
+    DEFAULT_CSS = """
+    AttentionPane {
+        & Histogram { height: 1fr; min-height: 6; max-height: 16; }
+    }
+    """
+
+    def compose_body(self) -> ComposeResult:
+        yield DistancePlot(id="attention-plot")
+        yield Histogram(id="attention-histogram")
+
+    def populate(self, loaded: LoadedView) -> None:
+        view = loaded.view
+        plot = self.query_one(DistancePlot)
+        plot.show(view.matrix, list(view.rows), float(np.asarray(view.extra["hist_edges"])[-1]), view.extra["uniform_px"])
+
+    def on_distance_plot_cursor_moved(self, message: DistancePlot.CursorMoved) -> None:
+        message.stop()
+        view = self.view
+        if view is None:
+            return
+        counts = np.asarray(view.extra["hist_counts"])[message.block]
+        edges = np.asarray(view.extra["hist_edges"])
+        self.query_one(Histogram).show(
+            counts, edges, marker=view.extra["uniform_px"], marker_name=f"uniform {view.extra['uniform_px']:.1f} px",
+            unit="px", caption=f"{view.rows[message.block]}: every head and image",
+        )
+        self.post_status()
+
+    @property
+    def selection(self) -> tuple[int, int] | None:
+        return self.query_one(DistancePlot).cursor if self.view is not None else None
+
+    def status_text(self) -> str:
+        view = self.view
+        if view is None:
+            return ""
+        block, head = self.query_one(DistancePlot).cursor
+        heads = view.matrix.shape[1]
+        original = int(np.asarray(view.extra["head_order"])[block, head]) + 1
+        std = float(np.asarray(view.extra["std_px"])[block, head])
+        return (f"{view.rows[block]} head {original} ({head + 1}/{heads} by distance)  "
+                f"distance {view.matrix[block, head]:.1f} px \u00b1 {std:.1f}  uniform {view.extra['uniform_px']:.1f} px")
+
+    def main_widget(self) -> Widget | None:
+        return self.query_one(DistancePlot)
+
+    def jump_to_layer(self, layer: str) -> bool:
+        view = self.view
+        if view is None or layer not in view.rows:
+            return False
+        plot = self.query_one(DistancePlot)
+        plot.cursor = (view.rows.index(layer), plot.cursor[1])
+        return True

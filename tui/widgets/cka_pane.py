@@ -1,0 +1,83 @@
+"""CKA between layers: within a model (paper Fig. 1) or model A's rows x model B's columns (Fig. 2)."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.widget import Widget
+
+from vitsee.tui.messages import StatusChanged
+from vitsee.tui.results import LoadedView
+from vitsee.tui.widgets.heatmap import Heatmap
+from vitsee.tui.widgets.view_pane import ViewPane
+
+
+class CkaPane(ViewPane):
+    """The CKA heatmap; Enter on a cell opens the pair's detail."""
+
+    kind = "cka"
+    label = "CKA"
+
+    def compose_body(self) -> ComposeResult:
+        yield from ()
+
+    @property
+    def heatmap(self) -> Heatmap | None:
+        found = self.query(Heatmap)
+        return found.first() if found else None
+
+    def populate(self, loaded: LoadedView) -> None:
+        view = loaded.view
+        heatmap = self.heatmap
+        if heatmap is None:
+            heatmap = Heatmap(view.matrix, view.rows, view.cols, vmin=view.vmin, vmax=view.vmax, cmap=self.cmap,
+                              color_mode=self.color_mode, value_name=view.value_name, id="cka-heatmap")
+            self.query_one(".pane--body").mount(heatmap)
+        else:
+            heatmap.set_cmap(self.cmap)
+            heatmap.set_data(view.matrix, view.rows, view.cols, vmin=view.vmin, vmax=view.vmax)
+
+    def on_heatmap_cursor_moved(self, message: Heatmap.CursorMoved) -> None:
+        message.stop()
+        self.post_message(StatusChanged(self.kind, message.summary))
+
+    def on_heatmap_cell_selected(self, message: Heatmap.CellSelected) -> None:
+        message.stop()
+        if self.loaded is not None:
+            from vitsee.tui.screens.pair_detail import PairDetailScreen
+
+            self.app.push_screen(PairDetailScreen(self.loaded, message.row, message.col))
+
+    @property
+    def selection(self) -> tuple[int, int] | None:
+        heatmap = self.heatmap
+        return heatmap.cursor if heatmap is not None and self.loaded is not None else None
+
+    def status_text(self) -> str:
+        heatmap = self.heatmap
+        if heatmap is None or self.loaded is None:
+            return ""
+        row, col = heatmap.cursor
+        value = heatmap.value_at(row, col)
+        shown = "not computed" if value != value else f"{value:.4f}"
+        return f"{heatmap.row_labels[row]} x {heatmap.col_labels[col]}  CKA {shown}"
+
+    def main_widget(self) -> Widget | None:
+        return self.heatmap
+
+    def jump_to_layer(self, layer: str) -> bool:
+        heatmap, view = self.heatmap, self.view
+        if heatmap is None or view is None or layer not in view.rows:
+            return False
+        heatmap.cursor = (view.rows.index(layer), heatmap.cursor[1])
+        return True
+
+    def set_cmap(self, cmap: str) -> None:
+        super().set_cmap(cmap)
+        if self.heatmap is not None:
+            self.heatmap.set_cmap(cmap)
+
+    def toggle_zoom(self) -> bool:
+        if self.heatmap is None:
+            return False
+        self.heatmap.action_cycle_zoom()
+        return True

@@ -1,0 +1,173 @@
+"""Mean attention distance per head, one row per block (the paper's Fig. 3 turned on its side).
+
+Each head is a dot at its mean distance (a digit where several share a character), the uniform-attention
+distance is a dotted column, and a cursor picks a block (up/down) and one of its heads (left/right, in
+sorted order, as the paper plots them).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+from rich.style import Style
+from rich.text import Text
+from textual.binding import Binding, BindingType
+from textual.message import Message
+from textual.reactive import reactive
+from textual.widget import Widget
+
+from vitsee.tui.widgets.heatmap import fit_labels
+
+DOT = "\u25cf"  # ●
+UNIFORM = "\u250a"  # ┊
+MAX_LABEL = 10
+
+
+class DistancePlot(Widget, can_focus=True):
+    """Heads' mean distances (blocks x heads, sorted per block) on a shared distance axis."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("up,k", "move(-1, 0)", "Block up", show=False, id="attention.up", tooltip="Previous block"),
+        Binding("down,j", "move(1, 0)", "Block down", show=False, id="attention.down", tooltip="Next block"),
+        Binding("left,h", "move(0, -1)", "Nearer head", show=False, id="attention.left", tooltip="Head with the next shorter distance"),
+        Binding("right,l", "move(0, 1)", "Farther head", show=False, id="attention.right", tooltip="Head with the next longer distance"),
+        Binding("home", "jump(0)", "First block", show=False, id="attention.first", tooltip="Jump to the first block"),
+        Binding("end", "jump(-1)", "Last block", show=False, id="attention.last", tooltip="Jump to the last block"),
+    ]
+
+    COMPONENT_CLASSES: ClassVar[set[str]] = {
+        "distance-plot--dot",
+        "distance-plot--cursor",
+        "distance-plot--row-cursor",
+        "distance-plot--label",
+        "distance-plot--uniform",
+        "distance-plot--axis",
+    }
+
+    DEFAULT_CSS = """
+    DistancePlot {
+        height: 1fr;
+        min-height: 5;
+        max-height: 65%;
+        & > .distance-plot--dot { color: $accent; }
+        & > .distance-plot--cursor { text-style: bold reverse; }
+        & > .distance-plot--row-cursor { background: $boost; }
+        & > .distance-plot--label { color: $text-muted; }
+        & > .distance-plot--uniform { color: $warning; }
+        & > .distance-plot--axis { color: $text-muted; }
+    }
+    DistancePlot:focus > .distance-plot--row-cursor { background: $accent 20%; }
+    """
+
+    cursor: reactive[tuple[int, int]] = reactive((0, 0), init=False)
+
+    class CursorMoved(Message):
+        """A block or head was picked."""
+
+        def __init__(self, plot: DistancePlot, block: int, head: int) -> None:
+            super().__init__()
+            self.plot, self.block, self.head = plot, block, head
+
+        @property
+        def control(self) -> DistancePlot:
+            return self.plot
+
+    def __init__(self, *, name: str | None = None, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(name=name, id=id, classes=classes)
+        self.distances = np.zeros((0, 0))
+        self.blocks: list[str] = []
+        self.max_px = 1.0
+        self.uniform_px: float | None = None
+
+    def show(self, distances: np.ndarray, blocks: list[str], max_px: float, uniform_px: float | None) -> None:
+        """Show (blocks, heads) distances in px, each row sorted ascending."""
+        self.distances = np.asarray(distances, dtype=float)
+        self.blocks, self.max_px, self.uniform_px = list(blocks), float(max_px) or 1.0, uniform_px
+        self.styles.height = len(self.blocks) + 2  # as tall as the blocks need; max-height keeps room below
+        self.set_reactive(DistancePlot.cursor, self.validate_cursor(self.cursor))
+        self.refresh()
+        self.post_message(self.CursorMoved(self, *self.cursor))
+
+    def validate_cursor(self, cursor: tuple[int, int]) -> tuple[int, int]:
+        rows, cols = self.distances.shape if self.distances.size else (1, 1)
+        return (min(max(cursor[0], 0), rows - 1), min(max(cursor[1], 0), cols - 1))
+
+    def watch_cursor(self) -> None:
+        self.refresh()
+        self.post_message(self.CursorMoved(self, *self.cursor))
+
+    def action_move(self, blocks: int, heads: int) -> None:
+        self.cursor = (self.cursor[0] + blocks, self.cursor[1] + heads)
+
+    def action_jump(self, block: int) -> None:
+        if self.distances.size:
+            self.cursor = (block % self.distances.shape[0], self.cursor[1])
+
+    def render(self) -> Text:
+        width, height = self.size.width, self.size.height
+        if not self.distances.size or height < 3:
+            return Text("")
+        labels = fit_labels(self.blocks, MAX_LABEL)
+        gutter = max(map(len, labels)) + 1
+        plot_w = max(width - gutter - 1, 8)
+        rows = height - 2  # axis, its labels
+        n_blocks = len(self.blocks)
+        top = min(max(self.cursor[0] - rows // 2, 0), max(n_blocks - rows, 0))
+
+        def x_of(px: float) -> int:
+            return min(max(round(px / self.max_px * (plot_w - 1)), 0), plot_w - 1)
+
+        dot = self.get_component_rich_style("distance-plot--dot")
+        cursor_style = self.get_component_rich_style("distance-plot--cursor")
+        row_cursor = self.get_component_rich_style("distance-plot--row-cursor")
+        label_style = self.get_component_rich_style("distance-plot--label")
+        uniform_style = self.get_component_rich_style("distance-plot--uniform")
+        axis = self.get_component_rich_style("distance-plot--axis")
+        uniform_x = x_of(self.uniform_px) if self.uniform_px is not None else None
+        text = Text(no_wrap=True, overflow="crop")
+        for block in range(top, min(top + rows, n_blocks)):
+            on_row = block == self.cursor[0]
+            base = row_cursor if on_row else Style()
+            text.append(f"{labels[block]:>{gutter - 1}} ", (label_style + cursor_style) if on_row else label_style)
+            xs = [x_of(px) for px in self.distances[block]]
+            cursor_x = xs[self.cursor[1]] if on_row else None
+            counts: dict[int, int] = {}
+            for x in xs:
+                counts[x] = counts.get(x, 0) + 1
+            for x in range(plot_w):
+                if x in counts:
+                    char = DOT if counts[x] == 1 else str(min(counts[x], 9))
+                    style = base + dot + (cursor_style if x == cursor_x else Style())
+                elif x == uniform_x:
+                    char, style = UNIFORM, base + uniform_style
+                else:
+                    char, style = " ", base
+                text.append(char, style)
+            text.append("\n")
+        for _ in range(rows - (min(top + rows, n_blocks) - top)):
+            text.append("\n")
+        text.append(" " * gutter + "\u2514" + "\u2500" * (plot_w - 1) + "\n", axis)  # └───
+        text.append(" " * gutter)
+        text.append_text(self._axis_labels(plot_w, uniform_x, axis, uniform_style))
+        return text
+
+    def _axis_labels(self, plot_w: int, uniform_x: int | None, axis: Style, uniform_style: Style) -> Text:
+        """Return '0 ... ▲uniform 116.5 ... 311 px' with the ▲ under the uniform column."""
+        right = f"{self.max_px:.0f} px"
+        line = Text("0".ljust(plot_w - len(right)) + right, style=axis, no_wrap=True, overflow="crop")
+        if uniform_x is not None and self.uniform_px is not None:
+            name = f"uniform {self.uniform_px:.1f}"
+            if uniform_x + 1 + len(name) < plot_w - len(right):
+                start, end = uniform_x, uniform_x + 1 + len(name)
+                label = "\u25b2" + name
+            elif uniform_x - len(name) > 1:
+                start, end = uniform_x - len(name), uniform_x + 1
+                label = name + "\u25b2"
+            else:
+                start, end, label = uniform_x, uniform_x + 1, "\u25b2"
+            plain = line.plain
+            line = Text(plain[:start], style=axis, no_wrap=True, overflow="crop")
+            line.append(label, uniform_style)
+            line.append(plain[end:], axis)
+        return line

@@ -1,0 +1,89 @@
+"""A histogram drawn with eighth blocks, with one value marked on its axis (the uniform-attention distance)."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Sequence
+
+import numpy as np
+from rich.style import Style
+from rich.text import Text
+from textual.widget import Widget
+
+EIGHTHS = " \u2581\u2582\u2583\u2584\u2585\u2586\u2587\u2588"  # ' ▁▂▃▄▅▆▇█'
+AXIS_WIDTH = 6
+
+
+class Histogram(Widget):
+    """Bar heights from bin counts over bin edges; `marker` puts a ▲ and its name under the axis."""
+
+    COMPONENT_CLASSES: ClassVar[set[str]] = {"histogram--bar", "histogram--axis", "histogram--marker"}
+
+    DEFAULT_CSS = """
+    Histogram {
+        height: 9;
+        & > .histogram--bar { color: $accent; }
+        & > .histogram--axis { color: $text-muted; }
+        & > .histogram--marker { color: $warning; text-style: bold; }
+    }
+    """
+
+    def __init__(self, *, name: str | None = None, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(name=name, id=id, classes=classes)
+        self.counts = np.zeros(0)
+        self.edges = np.zeros(0)
+        self.marker: float | None = None
+        self.marker_name = ""
+        self.unit = ""
+        self.caption = ""
+
+    def show(self, counts: Sequence[float], edges: Sequence[float], *, marker: float | None = None,
+             marker_name: str = "", unit: str = "", caption: str = "") -> None:
+        self.counts, self.edges = np.asarray(counts, dtype=float), np.asarray(edges, dtype=float)
+        self.marker, self.marker_name, self.unit, self.caption = marker, marker_name, unit, caption
+        self.refresh()
+
+    def render(self) -> Text:
+        width, height = self.size.width, self.size.height
+        bins = len(self.counts)
+        plot_h = height - 2  # axis labels, caption
+        plot_w = width - AXIS_WIDTH
+        if bins == 0 or plot_h < 1 or plot_w < bins:
+            return Text(self.caption)
+        cell_w = max(1, plot_w // bins)
+        top = float(self.counts.max()) or 1.0
+        eighths = np.round(self.counts / top * plot_h * 8).astype(int)  # bar height in eighths of a line
+        bar = self.get_component_rich_style("histogram--bar")
+        axis = self.get_component_rich_style("histogram--axis")
+        marker = self.get_component_rich_style("histogram--marker")
+        lo, hi = float(self.edges[0]), float(self.edges[-1])
+        marker_x = None
+        if self.marker is not None and lo <= self.marker <= hi and hi > lo:
+            marker_x = min(int((self.marker - lo) / (hi - lo) * bins * cell_w), bins * cell_w - 1)
+        text = Text(no_wrap=True, overflow="crop")
+        for row in range(plot_h):
+            level_below = (plot_h - 1 - row) * 8  # eighths under this line
+            label = f"{int(top)}" if row == 0 else "0" if row == plot_h - 1 else ""
+            text.append(f"{label:>{AXIS_WIDTH - 1}}\u2502", axis)
+            line = "".join(EIGHTHS[min(max(e - level_below, 0), 8)] * cell_w for e in eighths)
+            for x, char in enumerate(line):
+                style = bar if char != " " else Style()
+                if x == marker_x and char == " ":
+                    char, style = "\u2502", marker  # │ the marked value through the empty space
+                text.append(char, style)
+            text.append("\n")
+        axis_line = [" "] * (bins * cell_w)
+        lo_text, hi_text = f"{lo:g}", f"{hi:.0f} {self.unit}".strip()
+        axis_line[: len(lo_text)] = lo_text
+        axis_line[len(axis_line) - len(hi_text):] = hi_text
+        text.append(" " * AXIS_WIDTH + "".join(axis_line)[: plot_w], axis)
+        text.append("\n")
+        caption = Text(" " * AXIS_WIDTH, no_wrap=True, overflow="crop")
+        if marker_x is not None:
+            caption.append(" " * marker_x)
+            caption.append(f"\u25b2 {self.marker_name}", marker)  # ▲
+            caption.append(f"   {self.caption}" if self.caption else "")
+        else:
+            caption.append(self.caption)
+        caption.truncate(width)
+        text.append_text(caption)
+        return text

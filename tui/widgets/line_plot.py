@@ -1,0 +1,204 @@
+"""A small line plot drawn with braille dots: a few series against an index, one position marked.
+
+Each character cell holds 2 x 4 dots, so a 40 x 6 plot has 80 x 24 points of resolution. Used for a CKA
+row and column in the pair detail, accuracy against depth for the probes, CLS against spatial tokens for
+the skip ratios. Without colour the series after the first are drawn as dots at their samples only, so
+two curves can still be told apart.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar, Sequence
+
+import numpy as np
+from rich.style import Style
+from rich.text import Text
+from textual.widget import Widget
+
+BRAILLE = 0x2800
+# bit of the dot at (x in 0..1, y in 0..3, from the top) of a braille cell
+DOT_BITS = ((0x01, 0x02, 0x04, 0x40), (0x08, 0x10, 0x20, 0x80))
+AXIS_WIDTH = 6
+SERIES_CLASSES = ("line-plot--series-0", "line-plot--series-1", "line-plot--series-2")
+
+
+@dataclass
+class Series:
+    """One curve: a name for the legend and one value per x position (NaN: no point)."""
+
+    name: str
+    values: Sequence[float]
+
+
+def format_tick(value: float) -> str:
+    """Return a y tick label of at most AXIS_WIDTH - 1 characters."""
+    if not math.isfinite(value):
+        return ""
+    for digits in (3, 2, 1, 0):
+        text = f"{value:.{digits}f}"
+        if len(text) < AXIS_WIDTH:
+            return text
+    return f"{value:.0e}"
+
+
+class LinePlot(Widget):
+    """Series as braille lines over a shared x axis, with y ticks, x labels at both ends, a legend.
+
+    `mark` draws a column across the plot at one x position (the selected layer); `hline` a dotted
+    reference line (chance accuracy, a ratio of 1).
+    """
+
+    COMPONENT_CLASSES: ClassVar[set[str]] = {
+        *SERIES_CLASSES,
+        "line-plot--axis",
+        "line-plot--mark",
+        "line-plot--hline",
+    }
+
+    DEFAULT_CSS = """
+    LinePlot {
+        height: 8;
+        & > .line-plot--series-0 { color: $accent; }
+        & > .line-plot--series-1 { color: $warning; }
+        & > .line-plot--series-2 { color: $success; }
+        & > .line-plot--axis { color: $text-muted; }
+        & > .line-plot--mark { background: $boost; color: $foreground; text-style: bold; }
+        & > .line-plot--hline { color: $text-muted; }
+    }
+    """
+
+    def __init__(self, *, name: str | None = None, id: str | None = None, classes: str | None = None,
+                 monochrome: bool = False) -> None:
+        super().__init__(name=name, id=id, classes=classes)
+        self.series: list[Series] = []
+        self.x_labels: list[str] = []
+        self.ymin: float | None = None
+        self.ymax: float | None = None
+        self.mark: int | None = None
+        self.hline: float | None = None
+        self.hline_name = ""
+        self.monochrome = monochrome
+
+    def plot(self, series: Sequence[Series], x_labels: Sequence[str], *, ymin: float | None = None,
+             ymax: float | None = None, mark: int | None = None, hline: float | None = None,
+             hline_name: str = "") -> None:
+        """Show new data (a length-0 series list clears the plot)."""
+        self.series = list(series)
+        self.x_labels = list(x_labels)
+        self.ymin, self.ymax, self.mark, self.hline, self.hline_name = ymin, ymax, mark, hline, hline_name
+        self.refresh()
+
+    def set_mark(self, mark: int | None) -> None:
+        if mark != self.mark:
+            self.mark = mark
+            self.refresh()
+
+    # --- drawing ----------------------------------------------------------------------------------------
+
+    def _y_range(self) -> tuple[float, float]:
+        values = np.concatenate([np.asarray(s.values, dtype=float) for s in self.series] or [np.zeros(0)])
+        if self.hline is not None:
+            values = np.append(values, self.hline)
+        finite = values[np.isfinite(values)]
+        lo = self.ymin if self.ymin is not None else (float(finite.min()) if finite.size else 0.0)
+        hi = self.ymax if self.ymax is not None else (float(finite.max()) if finite.size else 1.0)
+        if hi <= lo:
+            hi = lo + 1.0
+        return lo, hi
+
+    def render(self) -> Text:
+        width, height = self.size.width, self.size.height
+        n = max((len(s.values) for s in self.series), default=0)
+        plot_w, plot_h = width - AXIS_WIDTH, height - 2  # x labels and legend below
+        if n == 0 or plot_w < 4 or plot_h < 1:
+            return Text("")
+        lo, hi = self._y_range()
+        dots_w, dots_h = plot_w * 2, plot_h * 4
+
+        def x_of(i: int) -> int:
+            return 0 if n == 1 else round(i * (dots_w - 1) / (n - 1))
+
+        def y_of(v: float) -> int:  # dot row from the top
+            return round((hi - min(max(v, lo), hi)) / (hi - lo) * (dots_h - 1))
+
+        cells = np.zeros((plot_h, plot_w), dtype=np.int32)
+        owner = np.full((plot_h, plot_w), -1, dtype=np.int8)  # the series whose colour a cell takes
+        for index, series in enumerate(self.series):
+            values = np.asarray(series.values, dtype=float)
+            dotted = self.monochrome and index > 0
+            points = [(x_of(i), y_of(v)) for i, v in enumerate(values) if math.isfinite(v)]
+            dots: list[tuple[int, int]] = []
+            for k, (x, y) in enumerate(points):
+                if dotted:
+                    dots += [(x, y), (min(x + 1, dots_w - 1), y)]
+                    continue
+                dots.append((x, y))
+                if k + 1 < len(points):
+                    x2, y2 = points[k + 1]
+                    steps = max(x2 - x, abs(y2 - y), 1)
+                    dots += [(round(x + (x2 - x) * t / steps), round(y + (y2 - y) * t / steps)) for t in range(1, steps)]
+            for x, y in dots:
+                row, col = y // 4, x // 2
+                cells[row, col] |= DOT_BITS[x % 2][y % 4]
+                owner[row, col] = index
+
+        hline_row = None
+        if self.hline is not None and math.isfinite(self.hline) and lo <= self.hline <= hi:
+            hline_row = y_of(self.hline) // 4
+        mark_col = x_of(self.mark) // 2 if self.mark is not None and 0 <= self.mark < n else None
+
+        axis = self.get_component_rich_style("line-plot--axis")
+        mark_style = self.get_component_rich_style("line-plot--mark")
+        hline_style = self.get_component_rich_style("line-plot--hline")
+        series_styles = [self.get_component_rich_style(SERIES_CLASSES[i % len(SERIES_CLASSES)]) for i in range(len(self.series))]
+        text = Text(no_wrap=True, overflow="crop")
+        for row in range(plot_h):
+            tick = format_tick(hi) if row == 0 else format_tick(lo) if row == plot_h - 1 else ""
+            text.append(f"{tick:>{AXIS_WIDTH - 1}}\u2502", axis)
+            for col in range(plot_w):
+                bits = int(cells[row, col])
+                if bits:
+                    char, style = chr(BRAILLE + bits), series_styles[owner[row, col]]
+                elif row == hline_row:
+                    char, style = "\u2508", hline_style  # ┈
+                else:
+                    char, style = " ", Style()
+                if col == mark_col:
+                    style = style + mark_style
+                text.append(char, style)
+            text.append("\n")
+        text.append(self._x_axis_line(plot_w, mark_col, n), axis)
+        text.append("\n")
+        text.append_text(self._legend(series_styles, hline_style, width))
+        return text
+
+    def _x_axis_line(self, plot_w: int, mark_col: int | None, n: int) -> str:
+        """Return the x labels line: first and last label at the ends, the marked one under its column."""
+        line = [" "] * plot_w
+        first, last = (self.x_labels[0], self.x_labels[-1]) if self.x_labels else ("", "")
+
+        def put(x: int, label: str) -> None:
+            x = max(0, min(x, plot_w - len(label)))
+            for i, char in enumerate(label[:plot_w]):
+                line[x + i] = char
+
+        put(0, first)
+        put(plot_w - len(last), last)
+        if mark_col is not None and self.mark is not None and self.mark < len(self.x_labels):
+            label = f"\u25b2{self.x_labels[self.mark]}"  # ▲
+            put(mark_col, label)
+        return " " * AXIS_WIDTH + "".join(line)
+
+    def _legend(self, styles: list[Style], hline_style: Style, width: int) -> Text:
+        legend = Text(" " * AXIS_WIDTH, no_wrap=True, overflow="crop")
+        for index, (series, style) in enumerate(zip(self.series, styles)):
+            glyph = "\u2824\u2824" if self.monochrome and index > 0 else "\u2812\u2812"  # dotted / solid
+            legend.append(f"{glyph} ", style)
+            legend.append(f"{series.name}  ")
+        if self.hline is not None and self.hline_name:
+            legend.append("\u2508\u2508 ", hline_style)
+            legend.append(self.hline_name)
+        legend.truncate(width)
+        return legend

@@ -1,0 +1,110 @@
+"""Linear probe test accuracy per layer and readout (paper Fig. 11, 13): a table and accuracy vs depth."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.widget import Widget
+from textual.widgets import DataTable
+
+from vitsee.engine.colormap import ColorMode
+from vitsee.tui.results import LoadedView
+from vitsee.tui.widgets.heatmap import short_label
+from vitsee.tui.widgets.line_plot import LinePlot, Series
+from vitsee.tui.widgets.view_pane import ViewPane
+
+BEST = "\u2605"  # ★
+
+
+def best_rows(matrix: np.ndarray) -> list[int | None]:
+    """Returns, per column, the row with the highest accuracy (None for a column with no value)."""
+    out: list[int | None] = []
+    for col in matrix.T:
+        finite = np.isfinite(col)
+        out.append(int(np.nanargmax(np.where(finite, col, -np.inf))) if finite.any() else None)
+    return out
+
+
+class ProbesPane(ViewPane):
+    """A table of accuracy per layer x readout with each column's best marked ★, and the same numbers
+    as lines against depth, chance level dotted."""
+
+    kind = "probes"
+    label = "Probes"
+
+    DEFAULT_CSS = """
+    ProbesPane {
+        & DataTable { height: 1fr; min-height: 4; }
+        & LinePlot { height: 8; }
+    }
+    """
+
+    def compose_body(self) -> ComposeResult:
+        table: DataTable = DataTable(id="probes-table", cursor_type="cell", zebra_stripes=True)
+        yield table
+        yield LinePlot(id="probes-plot", monochrome=self.color_mode is ColorMode.NONE)
+
+    def populate(self, loaded: LoadedView) -> None:
+        view = loaded.view
+        table = self.query_one(DataTable)
+        table.clear(columns=True)
+        best = best_rows(view.matrix)
+        for col in view.cols:
+            table.add_column(col, width=max(len(col), 7))
+        for r, layer in enumerate(view.rows):
+            cells = []
+            for c, value in enumerate(view.matrix[r]):
+                if not math.isfinite(value):
+                    cells.append(Text("\u2013 ", justify="right"))  # –
+                elif best[c] == r:
+                    cells.append(Text(f"{value:.3f}{BEST}", style="bold", justify="right"))
+                else:
+                    cells.append(Text(f"{value:.3f} ", justify="right"))
+            table.add_row(*cells, label=layer, key=layer)
+        plot = self.query_one(LinePlot)
+        plot.plot([Series(name, view.matrix[:, c]) for c, name in enumerate(view.cols)],
+                  [short_label(r) for r in view.rows], ymin=0.0, ymax=1.0,
+                  mark=0, hline=float(view.extra.get("chance", float("nan"))), hline_name="chance")
+        self.post_status()
+
+    def on_data_table_cell_highlighted(self, message: DataTable.CellHighlighted) -> None:
+        message.stop()
+        self.query_one(LinePlot).set_mark(message.coordinate.row)
+        self.post_status()
+
+    @property
+    def selection(self) -> tuple[int, int] | None:
+        if self.view is None:
+            return None
+        coordinate = self.query_one(DataTable).cursor_coordinate
+        return (coordinate.row, coordinate.column)
+
+    def status_text(self) -> str:
+        view = self.view
+        if view is None:
+            return ""
+        row, col = self.selection or (0, 0)
+        value = float(view.matrix[row, col])
+        best = best_rows(view.matrix)[col]
+        shown = f"{value:.4f}" if math.isfinite(value) else "not computed"
+        text = f"{view.rows[row]} {view.cols[col]}  accuracy {shown}"
+        if best is not None:
+            text += f"  best {view.rows[best]} {view.matrix[best, col]:.4f}"
+        chance = view.extra.get("chance")
+        if chance is not None:
+            text += f"  chance {float(chance):.3f}"
+        return text
+
+    def main_widget(self) -> Widget | None:
+        return self.query_one(DataTable)
+
+    def jump_to_layer(self, layer: str) -> bool:
+        view = self.view
+        if view is None or layer not in view.rows:
+            return False
+        table = self.query_one(DataTable)
+        table.move_cursor(row=view.rows.index(layer))
+        return True

@@ -1,0 +1,103 @@
+"""Skip-connection norm ratios ||z|| / ||f(z)|| (paper Fig. 7): sublayer x token, and CLS vs spatial."""
+
+from __future__ import annotations
+
+import numpy as np
+from textual.app import ComposeResult
+from textual.widget import Widget
+
+from vitsee.engine.colormap import ColorMode
+from vitsee.tui.messages import StatusChanged
+from vitsee.tui.results import LoadedView
+from vitsee.tui.widgets.heatmap import Heatmap, short_label
+from vitsee.tui.widgets.line_plot import LinePlot, Series
+from vitsee.tui.widgets.view_pane import ViewPane
+
+
+class SkipPane(ViewPane):
+    """A heatmap of the ratio per sublayer (rows) and token (columns), and below it the CLS token's
+    ratio against the mean over spatial tokens, row by row (the phase transition of the paper)."""
+
+    kind = "skip"
+    label = "Skip"
+
+    DEFAULT_CSS = """
+    SkipPane {
+        & Heatmap { height: 1fr; min-height: 6; }
+        & LinePlot { height: 7; }
+    }
+    """
+
+    def compose_body(self) -> ComposeResult:
+        yield LinePlot(id="skip-plot", monochrome=self.color_mode is ColorMode.NONE)
+
+    @property
+    def heatmap(self) -> Heatmap | None:
+        found = self.query(Heatmap)
+        return found.first() if found else None
+
+    def populate(self, loaded: LoadedView) -> None:
+        view = loaded.view
+        heatmap = self.heatmap
+        if heatmap is None:
+            heatmap = Heatmap(view.matrix, view.rows, view.cols, vmin=view.vmin, vmax=view.vmax, cmap=self.cmap,
+                              color_mode=self.color_mode, value_name="ratio", id="skip-heatmap")
+            body = self.query_one(".pane--body")
+            body.mount(heatmap, before=0)
+        else:
+            heatmap.set_cmap(self.cmap)
+            heatmap.set_data(view.matrix, view.rows, view.cols, vmin=view.vmin, vmax=view.vmax)
+        cls = np.asarray(view.extra["cls"], dtype=float)
+        spatial = np.asarray(view.extra["spatial_mean"], dtype=float)
+        series = [Series("CLS token", cls)] if np.isfinite(cls).any() else []
+        series.append(Series("spatial tokens (mean)" if series else "whole map", spatial))
+        self.query_one(LinePlot).plot(series, [short_label(r) for r in view.rows], mark=heatmap.cursor[0],
+                                      hline=1.0, hline_name="ratio 1")
+
+    def on_heatmap_cursor_moved(self, message: Heatmap.CursorMoved) -> None:
+        message.stop()
+        self.query_one(LinePlot).set_mark(message.row)
+        self.post_message(StatusChanged(self.kind, message.summary))
+
+    @property
+    def selection(self) -> tuple[int, int] | None:
+        heatmap = self.heatmap
+        return heatmap.cursor if heatmap is not None and self.loaded is not None else None
+
+    def status_text(self) -> str:
+        heatmap = self.heatmap
+        if heatmap is None or self.loaded is None:
+            return ""
+        row, col = heatmap.cursor
+        return f"{heatmap.row_labels[row]} x {heatmap.col_labels[col]}  ratio {heatmap.value_at(row, col):.4f}"
+
+    def main_widget(self) -> Widget | None:
+        return self.heatmap
+
+    def jump_to_layer(self, layer: str) -> bool:
+        heatmap, view = self.heatmap, self.view
+        if heatmap is None or view is None:
+            return False
+        rows = [i for i, r in enumerate(view.rows) if r == layer or r.startswith(layer + ".")]
+        if not rows:
+            return False
+        heatmap.cursor = (rows[0], heatmap.cursor[1])
+        return True
+
+    def layer_choices(self) -> list[str]:
+        view = self.view
+        if view is None:
+            return []
+        # rows are sublayers (blocks.3.attn, blocks.3.mlp): offer each block once
+        return list(dict.fromkeys(r.rsplit(".", 1)[0] if r.endswith((".attn", ".mlp")) else r for r in view.rows))
+
+    def set_cmap(self, cmap: str) -> None:
+        super().set_cmap(cmap)
+        if self.heatmap is not None:
+            self.heatmap.set_cmap(cmap)
+
+    def toggle_zoom(self) -> bool:
+        if self.heatmap is None:
+            return False
+        self.heatmap.action_cycle_zoom()
+        return True

@@ -1,0 +1,116 @@
+"""Spatial localisation (paper Fig. 9, 10): how much one token position's representation resembles each
+input patch; the cursor walks over the image grid and the map is that token's."""
+
+from __future__ import annotations
+
+import numpy as np
+from textual.app import ComposeResult
+from textual.widget import Widget
+from textual.widgets import Label
+
+from vitsee.tui.messages import StatusChanged
+from vitsee.tui.results import LoadedView
+from vitsee.tui.widgets.heatmap import Heatmap
+from vitsee.tui.widgets.view_pane import ViewPane
+
+
+def cell_name(index: int, grid_w: int) -> str:
+    return f"r{index // grid_w}c{index % grid_w}"
+
+
+class SpatialPane(ViewPane):
+    """A grid-sized heatmap: the cursor is a token position, the colours its CKA with every input patch."""
+
+    kind = "spatial"
+    label = "Spatial"
+
+    DEFAULT_CSS = """
+    SpatialPane {
+        & Heatmap { height: 1fr; }
+        & .spatial--note { height: 1; color: $text-muted; padding: 0 1; }
+    }
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.token = 0
+        self.grid_layers: list[str] = []  # the layers with a grid, offered by the side panel
+
+    def compose_body(self) -> ComposeResult:
+        yield Label("", classes="spatial--note")
+
+    @property
+    def heatmap(self) -> Heatmap | None:
+        found = self.query(Heatmap)
+        return found.first() if found else None
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        view = self.view
+        gh, gw = view.extra["grid"] if view is not None else (1, 1)
+        return int(gh), int(gw)
+
+    def token_map(self, token: int) -> np.ndarray:
+        gh, gw = self.grid
+        return np.asarray(self.view.matrix[token], dtype=float).reshape(gh, gw)
+
+    def populate(self, loaded: LoadedView) -> None:
+        view = loaded.view
+        gh, gw = self.grid
+        self.token = min(self.token, gh * gw - 1)
+        rows, cols = [f"r{i}" for i in range(gh)], [f"c{j}" for j in range(gw)]
+        heatmap = self.heatmap
+        if heatmap is None:
+            heatmap = Heatmap(self.token_map(self.token), rows, cols, vmin=view.vmin, vmax=view.vmax, cmap=self.cmap,
+                              color_mode=self.color_mode, value_name="CKA", id="spatial-heatmap")
+            self.query_one(".pane--body").mount(heatmap, before=0)
+        else:
+            heatmap.set_cmap(self.cmap)
+            heatmap.set_data(self.token_map(self.token), rows, cols, vmin=view.vmin, vmax=view.vmax)
+        heatmap.cursor = (self.token // gw, self.token % gw)
+        self.query_one(".spatial--note", Label).update(
+            f"layer {view.params.get('layer')}: move the cursor over the {gh}x{gw} grid to pick a token; "
+            f"colours are its CKA with the pixels of each {view.extra.get('patch_px')}px input patch"
+        )
+
+    def on_heatmap_cursor_moved(self, message: Heatmap.CursorMoved) -> None:
+        message.stop()
+        if self.view is None:
+            return
+        gh, gw = self.grid
+        token = message.row * gw + message.col
+        if token != self.token:
+            self.token = token
+            message.heatmap.set_data(self.token_map(token))
+        self.post_message(StatusChanged(self.kind, self.status_text()))
+
+    @property
+    def selection(self) -> tuple[int, int] | None:
+        return (self.token, self.token) if self.view is not None else None
+
+    def status_text(self) -> str:
+        view = self.view
+        if view is None:
+            return ""
+        gh, gw = self.grid
+        values = np.asarray(view.matrix[self.token], dtype=float)
+        peak = int(np.nanargmax(values)) if np.isfinite(values).any() else self.token
+        return (f"token {cell_name(self.token, gw)} x patch {cell_name(self.token, gw)}  CKA {values[self.token]:.4f}"
+                f"  peak patch {cell_name(peak, gw)} {values[peak]:.4f}")
+
+    def main_widget(self) -> Widget | None:
+        return self.heatmap
+
+    def layer_choices(self) -> list[str]:
+        return list(self.grid_layers)
+
+    def set_cmap(self, cmap: str) -> None:
+        super().set_cmap(cmap)
+        if self.heatmap is not None:
+            self.heatmap.set_cmap(cmap)
+
+    def toggle_zoom(self) -> bool:
+        if self.heatmap is None:
+            return False
+        self.heatmap.action_cycle_zoom()
+        return True

@@ -1,0 +1,107 @@
+"""What every analysis pane shares: a title, a message shown while loading or when there is nothing
+to show, the body, and the selection (the cell an export marks and the status line names)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widget import Widget
+from textual.widgets import Label, Static
+
+from vitsee.engine.colormap import ColorMode
+from vitsee.engine.views import View
+from vitsee.tui.messages import StatusChanged
+from vitsee.tui.results import LoadedView
+
+
+class ViewPane(Vertical):
+    """A view's pane: `show(loaded)` fills it, `show_message(text)` replaces it with a line of text."""
+
+    kind: ClassVar[str] = ""
+    label: ClassVar[str] = ""
+
+    DEFAULT_CSS = """
+    ViewPane {
+        height: 1fr;
+        & > .pane--title { width: 1fr; height: 1; color: $text-muted; padding: 0 1; }
+        & > .pane--message { width: 1fr; height: auto; padding: 1 2; color: $text-muted; }
+        & > .pane--body { height: 1fr; }
+        &.-message > .pane--body { display: none; }
+        &.-ready > .pane--message { display: none; }
+    }
+    """
+
+    def __init__(self, color_mode: ColorMode, cmap: str = "viridis", *, id: str | None = None) -> None:
+        super().__init__(id=id or f"pane-{self.kind}", classes="-message")
+        self.color_mode = color_mode
+        self.cmap = cmap
+        self.loaded: LoadedView | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Label("", classes="pane--title")
+        yield Static("", classes="pane--message")
+        with Vertical(classes="pane--body"):
+            yield from self.compose_body()
+
+    def compose_body(self) -> ComposeResult:
+        yield from ()
+
+    @property
+    def view(self) -> View | None:
+        return self.loaded.view if self.loaded is not None else None
+
+    def show(self, loaded: LoadedView) -> None:
+        """Show a view's numbers."""
+        self.loaded = loaded
+        view = loaded.view
+        self.query_one(".pane--title", Label).update(f"{view.title}  \u00b7  {view.subtitle}")
+        self.set_class(False, "-message")
+        self.set_class(True, "-ready")
+        self.populate(loaded)
+
+    def show_message(self, text: str, keep: bool = False) -> None:
+        """Show a line of text instead of the view (loading, not applicable, failed)."""
+        if keep and self.loaded is not None:
+            return
+        self.loaded = None
+        self.query_one(".pane--title", Label).update("")
+        self.query_one(".pane--message", Static).update(text)
+        self.set_class(True, "-message")
+        self.set_class(False, "-ready")
+        self.post_message(StatusChanged(self.kind, text.splitlines()[0] if text else ""))
+
+    def populate(self, loaded: LoadedView) -> None:
+        """Fill the body from a view (subclasses)."""
+
+    @property
+    def selection(self) -> tuple[int, int] | None:
+        """Returns the (row, col) of the view's matrix that is selected, for export."""
+        return None
+
+    def status_text(self) -> str:
+        return ""
+
+    def post_status(self) -> None:
+        self.post_message(StatusChanged(self.kind, self.status_text()))
+
+    def main_widget(self) -> Widget | None:
+        """Returns the widget that takes the keys of this view (focused when the view opens)."""
+        return None
+
+    def jump_to_layer(self, layer: str) -> bool:
+        """Moves the selection to a layer picked in the side panel; returns whether it could."""
+        return False
+
+    def layer_choices(self) -> list[str]:
+        """Returns the layers the side panel offers for this view (default: the view's rows)."""
+        view = self.view
+        return list(view.rows) if view is not None else []
+
+    def set_cmap(self, cmap: str) -> None:
+        self.cmap = cmap
+
+    def toggle_zoom(self) -> bool:
+        """Cycles the zoom of the view's heatmap; returns False when the view has none."""
+        return False

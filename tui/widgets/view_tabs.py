@@ -1,0 +1,19 @@
+"""The row of view names above the panes; number keys and clicks switch views, focus stays on the view."""
+
+from __future__ import annotations
+
+from textual.widgets import Tab, Tabs
+
+VIEW_LABELS = {"cka": "CKA", "attention": "Attention", "probes": "Probes", "skip": "Skip", "spatial": "Spatial"}
+
+
+class ViewTabs(Tabs, can_focus=False):
+    """Tabs named '1 CKA', '2 Attention', ... whose ids are `tab-KIND`."""
+
+    DEFAULT_CSS = """
+    ViewTabs { height: 2; }
+    """
+
+    def __init__(self) -> None:
+        tabs = [Tab(f"{i} {label}", id=f"tab-{kind}") for i, (kind, label) in enumerate(VIEW_LABELS.items(), start=1)]
+        super().__init__(*tabs, id="view-tabs")
