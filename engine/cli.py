@@ -249,21 +249,40 @@ def analyze(
         err.print(f"{store}: {', '.join(done)} ready", highlight=False)
 
 
+def _view_config(batch_size, shuffles, seed, device):
+    """Returns None (any cached estimate serves) unless the user set an estimator option."""
+    from .analyze import AnalyzeConfig
+
+    if batch_size is None and shuffles is None and seed is None:
+        return None if device is None else AnalyzeConfig(device=device)
+    base = AnalyzeConfig()
+    return AnalyzeConfig(
+        batch_size=base.batch_size if batch_size is None else batch_size,
+        shuffles=base.shuffles if shuffles is None else shuffles,
+        seed=base.seed if seed is None else seed,
+        device=device or base.device,
+    )
+
+
+VIEW_ARG = "cka:MODEL_A[:MODEL_B] | attention:MODEL | probes:MODEL | skip:MODEL | spatial:MODEL[:LAYER]"
+EST_HELP = "if the result must be computed (default: use any cached one)"
+
+
 @app.command()
 def export(
     store: Annotated[Path, typer.Argument(help="a store")],
-    view: Annotated[str, typer.Argument(help="cka:MODEL_A[:MODEL_B] | attention:MODEL | probes:MODEL | skip:MODEL | spatial:MODEL[:LAYER]")],
+    view: Annotated[str, typer.Argument(help=VIEW_ARG)],
     out_file: Annotated[Path, typer.Option("--out", "-o", help="FILE.png | FILE.json | FILE.csv")],
     cmap: Annotated[str, typer.Option(help="viridis | magma | cividis")] = "viridis",
-    batch_size: Annotated[int, typer.Option(help="CKA minibatch size if the result must be computed")] = 256,
-    shuffles: Annotated[int, typer.Option(help="CKA shuffles if the result must be computed")] = 1,
-    device: Annotated[str, typer.Option(help="auto | cpu | cuda")] = "auto",
+    batch_size: Annotated[Optional[int], typer.Option(help=f"CKA minibatch size {EST_HELP}")] = None,
+    shuffles: Annotated[Optional[int], typer.Option(help=f"CKA shuffles {EST_HELP}")] = None,
+    seed: Annotated[Optional[int], typer.Option(help=f"seed {EST_HELP}")] = None,
+    device: Annotated[Optional[str], typer.Option(help="auto | cpu | cuda")] = None,
 ) -> None:
     """Write one view as a figure (.png), its numbers (.json) or a table (.csv); computes it if needed."""
-    from .analyze import AnalyzeConfig
     from .views import load_view, write_view
 
-    v = load_view(store, view, AnalyzeConfig(batch_size=batch_size, shuffles=shuffles, device=device))
+    v = load_view(store, view, _view_config(batch_size, shuffles, seed, device))
     path = write_view(v, out_file, cmap=cmap)
     err.print(f"wrote {path}", highlight=False)
 
@@ -271,18 +290,28 @@ def export(
 @app.command()
 def show(
     store: Annotated[Path, typer.Argument(help="a store")],
-    view: Annotated[str, typer.Argument(help="cka:MODEL_A[:MODEL_B] | attention:MODEL | probes:MODEL | skip:MODEL | spatial:MODEL[:LAYER]")],
+    view: Annotated[str, typer.Argument(help=VIEW_ARG)],
     color: Annotated[str, typer.Option(help="auto | truecolor | 256 | 16 | none")] = "auto",
     cmap: Annotated[str, typer.Option(help="viridis | magma | cividis")] = "viridis",
+    batch_size: Annotated[Optional[int], typer.Option(help=f"CKA minibatch size {EST_HELP}")] = None,
+    shuffles: Annotated[Optional[int], typer.Option(help=f"CKA shuffles {EST_HELP}")] = None,
+    seed: Annotated[Optional[int], typer.Option(help=f"seed {EST_HELP}")] = None,
+    device: Annotated[Optional[str], typer.Option(help="auto | cpu | cuda")] = None,
 ) -> None:
     """Print a view in the terminal: a coloured heatmap or a table (ASCII with NO_COLOR)."""
-    from .analyze import AnalyzeConfig
+    from .colormap import ColorMode, detect_color_mode
     from .render import render_view
     from .views import load_view
 
-    v = load_view(store, view, AnalyzeConfig())
-    for renderable in render_view(v, color=color, cmap=cmap):
-        out.print(renderable)
+    v = load_view(store, view, _view_config(batch_size, shuffles, seed, device))
+    mode = detect_color_mode(override=None if color == "auto" else color)
+    systems = {ColorMode.TRUECOLOR: "truecolor", ColorMode.COLORS_256: "256", ColorMode.COLORS_16: "standard"}
+    # an explicit --color keeps its colours when piped (e.g. into less -R); auto follows the terminal
+    console = out
+    if color != "auto" and mode is not ColorMode.NONE:
+        console = Console(file=out.file, force_terminal=True, color_system=systems[mode], width=out.width, soft_wrap=True)
+    for renderable in render_view(v, color=mode.value, cmap=cmap, width=console.width):
+        console.print(renderable)
 
 
 def main() -> None:

@@ -121,11 +121,32 @@ def _subtitle(store: Store, models: list[str]) -> str:
     return "; ".join(parts) + f"; {store.n_images} images of {store.dataset_spec}"
 
 
-def _result(path: Path, analysis: str, params_fn, run_fn, cfg: an.AnalyzeConfig, progress) -> dict:
-    """Returns the cached result when there is one (read-only open), else computes and caches it."""
+# parameters that say WHAT a result is about; the others (batch size, shuffles, seed) say HOW it was
+# estimated, and any cached estimate of the right thing serves a view that did not ask for a particular one
+IDENTITY = {
+    "cka": ("models", "layers", "n_images"),
+    "attention": ("model", "n_images", "bins"),
+    "probes": ("model", "n_images", "tokens", "max_token_dim"),
+    "skip": ("model", "n_images"),
+    "spatial": ("model", "layer", "n_images"),
+}
+
+
+def _result(path: Path, analysis: str, params_fn, run_fn, cfg: an.AnalyzeConfig, explicit: bool) -> dict:
+    """Returns the cached result when there is one (read-only open), else computes and caches it.
+
+    With explicit parameters only an exact match serves; otherwise the newest cached result about the
+    same models/layers/images does, whatever estimator settings made it.
+    """
     with Store.open(path) as store:
         params = params_fn(store)
         cached = None if cfg.recompute else store.get_result(analysis, params)
+        if cached is None and not explicit and not cfg.recompute:
+            keys = IDENTITY[analysis]
+            same = [r for r in store.results(analysis) if all(r["params"].get(k) == params.get(k) for k in keys)]
+            if same:
+                newest = max(same, key=lambda r: r["provenance"].get("created", ""))
+                cached = store.get_result(analysis, newest["params"])
     if cached is not None:
         return cached
     with Store.writer(path) as store:
@@ -133,7 +154,12 @@ def _result(path: Path, analysis: str, params_fn, run_fn, cfg: an.AnalyzeConfig,
 
 
 def load_view(path: str | Path, text: str, cfg: an.AnalyzeConfig | None = None, progress=None) -> View:
-    """Returns the view named by `text` for the store at path, computing and caching what is missing."""
+    """Returns the view named by `text` for the store at path, computing and caching what is missing.
+
+    cfg None means "no particular estimator settings": any cached result about the same thing serves,
+    and a missing one is computed with the defaults.
+    """
+    explicit = cfg is not None
     cfg = cfg or an.AnalyzeConfig()
     path = Path(path)
     kind, args = parse_view(text)
@@ -146,14 +172,14 @@ def load_view(path: str | Path, text: str, cfg: an.AnalyzeConfig | None = None, 
             keys = keys[:1]
     key = keys[0]
     builder = {"cka": _cka_view, "attention": _attention_view, "probes": _probe_view, "skip": _skip_view, "spatial": _spatial_view}[kind]
-    view = builder(path, keys, args, cfg, progress)
+    view = builder(path, keys, args, cfg, progress, explicit)
     view.subtitle = subtitle
     view.spec = f"{kind}:{':'.join(keys if kind == 'cka' else [key] + args[1:])}"
     return view
 
 
-def _cka_view(path, keys, args, cfg, progress) -> View:
-    result = _result(path, "cka", lambda s: an.cka_params(s, cfg), lambda s: an.run_cka(s, cfg, progress), cfg, progress)
+def _cka_view(path, keys, args, cfg, progress, explicit) -> View:
+    result = _result(path, "cka", lambda s: an.cka_params(s, cfg), lambda s: an.run_cka(s, cfg, progress), cfg, explicit)
     a, b = keys[0], keys[-1]
     matrix, rows, cols = an.cka_block(result, result["_params"]["models"], a, b)
     title = f"CKA {a}" if a == b else f"CKA {a} (rows) x {b} (cols)"
@@ -162,9 +188,9 @@ def _cka_view(path, keys, args, cfg, progress) -> View:
     return View("cka", "", title, "", matrix, rows, cols, "CKA", 0.0, 1.0, params, {}, [a, b])
 
 
-def _attention_view(path, keys, args, cfg, progress) -> View:
+def _attention_view(path, keys, args, cfg, progress, explicit) -> View:
     key = keys[0]
-    r = _result(path, "attention", lambda s: an.attention_params(s, key, cfg), lambda s: an.run_attention(s, key, cfg, progress), cfg, progress)
+    r = _result(path, "attention", lambda s: an.attention_params(s, key, cfg), lambda s: an.run_attention(s, key, cfg, progress), cfg, explicit)
     heads = r["mean_px"].shape[1]
     extra = {"std_px": r["std_px"], "hist_counts": r["hist_counts"], "hist_edges": r["hist_edges"],
              "uniform_px": float(r["uniform_px"]), "head_order": r["head_order"], "mean_renorm_px": r["mean_renorm_px"]}
@@ -173,24 +199,28 @@ def _attention_view(path, keys, args, cfg, progress) -> View:
                 dict(r["_params"]), extra, [key])
 
 
-def _probe_view(path, keys, args, cfg, progress) -> View:
+def _probe_view(path, keys, args, cfg, progress, explicit) -> View:
     key = keys[0]
-    r = _result(path, "probes", lambda s: an.probe_params(s, key, cfg), lambda s: an.run_probes(s, key, cfg, progress), cfg, progress)
+    r = _result(path, "probes", lambda s: an.probe_params(s, key, cfg), lambda s: an.run_probes(s, key, cfg, progress), cfg, explicit)
     layers = [str(x) for x in r["layers"]]
     token_maps = {name.split("/", 1)[1]: v for name, v in r.items() if name.startswith("tokens/")}
-    token_mean = np.array([np.mean(token_maps[layer]) if layer in token_maps else np.nan for layer in layers])
+    info = _model_info(path, key)
+    prefix = int(info.get("num_prefix_tokens") or 0)
+    # the token maps hold the prefix tokens first (CLS...): the mean is over the spatial positions only
+    token_mean = np.array([np.mean(token_maps[layer][prefix:]) if layer in token_maps else np.nan for layer in layers])
     matrix = np.column_stack([r["accuracy"], token_mean])
     cols = ["CLS", "GAP", "tokens (mean)"]
     keep = [i for i in range(matrix.shape[1]) if np.isfinite(matrix[:, i]).any()]
     params = dict(r["_params"], split_seed=r["_params"]["seed"], n_train=int(len(r["split_train"])), n_test=int(len(r["split_test"])))
-    extra = {"token_maps": {k: np.asarray(v) for k, v in token_maps.items()}, "chance": float(r["chance"]), "l2": r["l2"]}
+    extra = {"token_maps": {k: np.asarray(v) for k, v in token_maps.items()}, "chance": float(r["chance"]), "l2": r["l2"],
+             "grid": list(info.get("grid_size") or []), "prefix_tokens": prefix}
     return View("probes", "", f"Linear probe test accuracy {key}", "", matrix[:, keep], layers, [cols[i] for i in keep],
                 "accuracy", 0.0, 1.0, params, extra, [key])
 
 
-def _skip_view(path, keys, args, cfg, progress) -> View:
+def _skip_view(path, keys, args, cfg, progress, explicit) -> View:
     key = keys[0]
-    r = _result(path, "skip", lambda s: an.skip_params(s, key, cfg), lambda s: an.run_skip(s, key, cfg, progress), cfg, progress)
+    r = _result(path, "skip", lambda s: an.skip_params(s, key, cfg), lambda s: an.run_skip(s, key, cfg, progress), cfg, explicit)
     ratio = np.asarray(r["ratio"], dtype=float)
     finite = ratio[np.isfinite(ratio)]
     extra = {"cls": r["cls"], "spatial_mean": r["spatial_mean"]}
@@ -199,16 +229,21 @@ def _skip_view(path, keys, args, cfg, progress) -> View:
                 float(finite.max()) if finite.size else 1.0, dict(r["_params"]), extra, [key])
 
 
-def _spatial_view(path, keys, args, cfg, progress) -> View:
+def _spatial_view(path, keys, args, cfg, progress, explicit) -> View:
     key = keys[0]
     layer = args[1] if len(args) > 1 else None
     r = _result(path, "spatial", lambda s: an.spatial_params(s, key, cfg, layer),
-                lambda s: an.run_spatial(s, key, cfg, layer, progress), cfg, progress)
+                lambda s: an.run_spatial(s, key, cfg, layer, progress), cfg, explicit)
     gh, gw = (int(v) for v in r["grid"])
     cells = [f"r{i}c{j}" for i in range(gh) for j in range(gw)]
     params = dict(r["_params"])
     return View("spatial", "", f"Spatial localisation {key} {params['layer']}", "", r["maps"], [f"token {c}" for c in cells],
                 [f"patch {c}" for c in cells], "CKA", 0.0, 1.0, params, {"grid": [gh, gw], "patch_px": int(r["patch_px"])}, [key])
+
+
+def _model_info(path: Path, key: str) -> dict:
+    with Store.open(path) as store:
+        return store.model_info(key)
 
 
 def available_views(path: str | Path) -> list[str]:
