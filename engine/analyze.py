@@ -273,25 +273,29 @@ def run_attention(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn
     cached = None if cfg.recompute else store.get_result("attention", params)
     if cached is not None:
         return cached
-    dist = store.attention_distance(key)  # (N, blocks, heads)
-    renorm = store.attention_distance(key, renormalised=True)
     uniform = uniform_attention_distance_px(tuple(info["grid_size"]), tuple(info["patch_size"]))
     gh, gw = info["grid_size"]
     ph, pw = info["patch_size"]
     max_px = float(np.hypot((gh - 1) * ph, (gw - 1) * pw))
     edges = np.linspace(0.0, max_px, bins + 1)
-    hist = np.stack([np.histogram(dist[:, b, :].ravel(), bins=edges)[0] for b in range(dist.shape[1])])
-    mean = dist.mean(axis=0)  # (blocks, heads)
+    plain, renorm = RunningMoments(), RunningMoments()
+    hist = 0
+    for batch in store.stat_batches(key, ["attention_distance", "attention_distance_renorm"]):
+        dist = batch["attention_distance"]  # (b, blocks, heads)
+        plain.update(dist)
+        renorm.update(batch["attention_distance_renorm"])
+        hist = hist + np.stack([np.histogram(dist[:, b, :].ravel(), bins=edges)[0] for b in range(dist.shape[1])])
+    mean = plain.mean  # (blocks, heads)
     order = np.argsort(mean, axis=1)
     arrays = {
         "mean_px": np.take_along_axis(mean, order, axis=1),  # sorted ascending per block
-        "std_px": np.take_along_axis(dist.std(axis=0), order, axis=1),
+        "std_px": np.take_along_axis(plain.std, order, axis=1),
         "head_order": order,
-        "mean_renorm_px": sort_heads(renorm.mean(axis=0)),
+        "mean_renorm_px": sort_heads(renorm.mean),
         "hist_counts": hist,
         "hist_edges": edges,
         "uniform_px": np.array(uniform),
-        "blocks": np.array([f"blocks.{b}" for b in range(dist.shape[1])]),
+        "blocks": np.array([f"blocks.{b}" for b in range(mean.shape[0])]),
     }
     _emit(progress, f"attention {key}", 1, 1)
     return _save(store, "attention", params, arrays)
@@ -316,14 +320,14 @@ def run_skip(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | No
         return cached
     stats = store.stats(key)
     if "skip_ratio_attn" in stats:
-        attn, mlp = store.stat(key, "skip_ratio_attn"), store.stat(key, "skip_ratio_mlp")  # (N, blocks, T)
-        blocks = attn.shape[1]
-        per_token = np.empty((2 * blocks, attn.shape[2]))
-        per_token[0::2] = _finite_mean(attn)
-        per_token[1::2] = _finite_mean(mlp)
+        attn, mlp = _finite_means(store, key, ["skip_ratio_attn", "skip_ratio_mlp"])  # (blocks, T) each
+        blocks = attn.shape[0]
+        per_token = np.empty((2 * blocks, attn.shape[1]))
+        per_token[0::2] = attn
+        per_token[1::2] = mlp
         prefix = int(info["num_prefix_tokens"])
         rows = [f"blocks.{b}.{part}" for b in range(blocks) for part in ("attn", "mlp")]
-        cols = [("CLS" if t == 0 else f"prefix {t}") if t < prefix else f"token {t - prefix}" for t in range(attn.shape[2])]
+        cols = [("CLS" if t == 0 else f"prefix {t}") if t < prefix else f"token {t - prefix}" for t in range(attn.shape[1])]
         arrays = {
             "ratio": per_token,
             "rows": np.array(rows),
@@ -332,7 +336,7 @@ def run_skip(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | No
             "spatial_mean": per_token[:, prefix:].mean(axis=1),
         }
     elif "skip_ratio_block" in stats:
-        ratio = _finite_mean(store.stat(key, "skip_ratio_block"))  # (blocks,)
+        (ratio,) = _finite_means(store, key, ["skip_ratio_block"])  # (blocks,)
         blocks = [layer for layer in store.layers(key) if layer[:5] in ("layer", "stage")]
         arrays = {
             "ratio": ratio[:, None],
@@ -347,12 +351,50 @@ def run_skip(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | No
     return _save(store, "skip", params, arrays)
 
 
-def _finite_mean(x: np.ndarray) -> np.ndarray:
-    """Mean over images ignoring inf (a zero branch, e.g. a ResNet's zero-initialised last BN)."""
-    x = np.where(np.isfinite(x), x, np.nan)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return np.nanmean(x, axis=0)
+def _finite_means(store: Store, key: str, names: Sequence[str]) -> list[np.ndarray]:
+    """Returns per statistic the mean over images ignoring inf (a zero branch, e.g. a ResNet's
+    zero-initialised last BN), nan where no image is finite; streamed batch by batch."""
+    sums: list = [0.0] * len(names)
+    counts: list = [0] * len(names)
+    for batch in store.stat_batches(key, names):
+        for i, name in enumerate(names):
+            finite = np.isfinite(batch[name])
+            sums[i] = sums[i] + np.where(finite, batch[name], 0.0).sum(axis=0, dtype=np.float64)
+            counts[i] = counts[i] + finite.sum(axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return [np.where(c > 0, s / np.maximum(c, 1), np.nan) for s, c in zip(sums, counts)]
+
+
+class RunningMoments:
+    """Per-element mean and standard deviation over images, merged batch by batch in fp64 (Chan et al.)."""
+
+    def __init__(self):
+        self.n = 0
+        self._mean: np.ndarray | float = 0.0
+        self._m2: np.ndarray | float = 0.0  # sum of squared deviations from the mean
+
+    def update(self, x: np.ndarray) -> None:
+        """Adds a batch x (b, ...)."""
+        b = len(x)
+        if b == 0:
+            return
+        x = np.asarray(x, dtype=np.float64)
+        mean_b = x.mean(axis=0)
+        m2_b = np.square(x - mean_b).sum(axis=0)
+        n = self.n + b
+        delta = mean_b - self._mean
+        self._mean = self._mean + delta * (b / n)
+        self._m2 = self._m2 + m2_b + np.square(delta) * (self.n * b / n)
+        self.n = n
+
+    @property
+    def mean(self) -> np.ndarray:
+        return np.asarray(self._mean)
+
+    @property
+    def std(self) -> np.ndarray:
+        """The population standard deviation (numpy's default, ddof=0)."""
+        return np.sqrt(np.asarray(self._m2) / max(self.n, 1))
 
 
 # --- linear probes ----------------------------------------------------------------------------------

@@ -313,15 +313,28 @@ class Store:
         group = self._model(model)
         return list(group["stats"]) if "stats" in group else []
 
-    def stat(self, model: str, name: str) -> np.ndarray:
-        """Returns a per-image statistic (finished rows), float32."""
+    def _stat(self, model: str, name: str) -> h5py.Dataset:
         group = self._model(model)
         if "stats" not in group or name not in group["stats"]:
             raise VitseeError(
                 f"{self.resolve_model(model)} has no '{name}' statistic in {self.path} "
                 f"(stored: {', '.join(self.stats(model)) or 'none'}): it is recorded for ViT-like models at extraction"
             )
-        return group["stats"][name][: self.rows_done(model)].astype(np.float32)
+        return group["stats"][name]
+
+    def stat(self, model: str, name: str, rows: slice | None = None) -> np.ndarray:
+        """Returns a per-image statistic (finished rows, or a slice of them), float32."""
+        start, stop, step = (rows or slice(None)).indices(self.rows_done(model))
+        return self._stat(model, name)[start:stop:step].astype(np.float32)
+
+    def stat_batches(self, model: str, names: Sequence[str], batch_size: int = 1024) -> Iterator[dict[str, np.ndarray]]:
+        """Yields {name: (b, ...) float32} of per-image statistics over the finished rows, in store order,
+        batch by batch, so an aggregate over any number of images holds one batch in memory."""
+        datasets = {name: self._stat(model, name) for name in names}
+        done = self.rows_done(model)
+        for start in range(0, done, batch_size):
+            stop = min(start + batch_size, done)
+            yield {name: ds[start:stop].astype(np.float32) for name, ds in datasets.items()}
 
     def attention_distance(self, model: str, renormalised: bool = False) -> np.ndarray:
         """Returns (N, blocks, heads) mean attention distances in pixels."""
