@@ -27,14 +27,14 @@ from vitsee.engine.errors import VitseeError
 
 MIN_BATCH = 4  # unbiased HSIC divides by m (m - 3) and (m - 1)(m - 2): it needs m >= 4 examples
 
-# Precision, chosen by measurement (benchmarks/cka.py --accuracy prints the table; CPU, 2,560 examples in batches
-# of 256, ViT-like (m, 197*192) and ResNet-like maps, with and without a +300 offset on every unit):
-#   Gram fp32, U-centring + pair product fp64 -> max |CKA - fp64 reference| ~ 1e-7
-#   Gram fp32, U-centring + pair product fp32 -> ~ 1e-6 .. 1e-5 (the m*m-term sum in fp32 is what hurts)
-#   Gram fp64                                -> ~ 1e-15, at twice the CPU time (and 1/64 of the rate on consumer GPUs)
-# Once the features are centred over the batch, the fp32 Gram (a length-D dot product per entry) is accurate
-# to ~1e-7 relative; the cancellation-prone steps are the U-centring and the m*m-term inner products, which are
-# cheap (O(L m^2) and O(L^2 m^2), against O(L m^2 D) for the Grams), so they run in fp64.
+# Precision, chosen by measurement (python benchmarks/cka.py --accuracy; CPU, 1,024 synthetic images in batches of
+# 256, 12 ViT-like (197 x 192) and 14 ResNet-like maps, max |CKA - numpy fp64 reference| over the 26 x 26 matrix):
+#   Gram fp32, U-centring + pair product fp64: 2.7e-09 (3.7e-09 with +300 on every unit)
+#   Gram fp32, U-centring + pair product fp32: 2.1e-07 (3.8e-07)  -- the m*m-term sums in fp32 are what hurts
+#   Gram fp64, U-centring + pair product fp64: 6.3e-15, at 2x the CPU time (1/64 of the rate on consumer GPUs)
+# Once the features are centred over the batch, the fp32 Gram is accurate to ~1e-8 in CKA (without centring the
+# error grows with the offset: 8e-8 on these features, 3e-2 with +300). U-centring and the pair product are
+# O(L m^2) and O(L^2 m^2) against O(L m^2 D) for the Grams, so they run in fp64 at no visible cost.
 GRAM_DTYPE = torch.float32
 PAIR_DTYPE = torch.float64
 
@@ -43,22 +43,21 @@ PAIR_DTYPE = torch.float64
 # Small, checkable pieces
 
 
-def gram(x: torch.Tensor) -> torch.Tensor:
-    """Return the linear-kernel Gram matrix x x^T of x (m, D) as (m, m).
+def gram(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Return the linear-kernel Gram matrix x x^T of x (m, D) as (m, m), written into `out` if given.
 
-    K is symmetric, so only its upper block-triangle is multiplied out (rows [:h] against all rows, rows [h:]
-    against themselves) and the lower-left block is mirrored: 3/4 of the FLOPs of x @ x.T, measured ~15% faster
-    on CPU for D in 4k..50k.
+    K is symmetric, so only rows [:h] against all rows and rows [h:] against themselves are multiplied out and
+    the lower-left block is mirrored: 3/4 of the FLOPs of x @ x.T. On 2 CPU cores that measured 7% faster at
+    m = 256 and 12-18% at m = 512-1024, but slower at m = 128, where the half-size products run less efficiently.
     """
     m = x.shape[0]
     h = m // 2
-    if h < 32:  # small batches: one GEMM is as fast and simpler
-        return x @ x.T
-    k = x.new_empty(m, m)
-    top = x[:h] @ x.T  # (h, m)
-    k[:h] = top
-    k[h:, :h] = top[:, h:].T
+    k = x.new_empty(m, m) if out is None else out
+    if h < 128:  # smaller batches: one product is faster
+        return torch.mm(x, x.T, out=k)
+    torch.mm(x[:h], x.T, out=k[:h])  # (h, m); a block of whole rows is contiguous, so mm writes in place
     k[h:, h:] = x[h:] @ x[h:].T  # (m - h, m - h)
+    k[h:, :h] = k[:h, h:].T
     return k
 
 
@@ -68,14 +67,18 @@ def u_centre(k: torch.Tensor) -> torch.Tensor:
     U(K)_ij = Kt_ij - (Kt 1)_i / (m-2) - (1'Kt)_j / (m-2) + 1'Kt1 / ((m-1)(m-2)) for i != j, 0 on the diagonal,
     with Kt = K with its diagonal zeroed; then <U(K), U(L)>_F / (m (m-3)) is the unbiased HSIC estimator.
     """
-    m = k.shape[0]
-    kt = k.clone()
-    kt.fill_diagonal_(0)
-    means = kt.sum(dim=0) / (m - 2)  # (m,)  column sums; Kt is symmetric so these are the row sums too
-    means -= means.sum() / (2 * (m - 1))
-    u = kt - means[:, None] - means[None, :]
-    u.fill_diagonal_(0)
-    return u
+    return u_centre_(k.clone())
+
+
+def u_centre_(k: torch.Tensor) -> torch.Tensor:
+    """U-centre symmetric Grams k (..., m, m) in place (see u_centre) and return k."""
+    m = k.shape[-1]
+    k.diagonal(dim1=-2, dim2=-1).zero_()
+    means = k.sum(dim=-2) / (m - 2)  # (..., m) column sums; K is symmetric so these are the row sums too
+    means -= means.sum(dim=-1, keepdim=True) / (2 * (m - 1))
+    k.sub_(means.unsqueeze(-1)).sub_(means.unsqueeze(-2))
+    k.diagonal(dim1=-2, dim2=-1).zero_()
+    return k
 
 
 def unbiased_hsic(k: torch.Tensor, l: torch.Tensor) -> float:
@@ -96,14 +99,14 @@ def unbiased_hsic(k: torch.Tensor, l: torch.Tensor) -> float:
     return float((trace + sums - cross) / (m * (m - 3)))
 
 
-def linear_cka(x: Any, y: Any) -> float:
+def linear_cka(x: Any, y: Any, device: str | torch.device | None = None) -> float:
     """Return the full-batch linear CKA (Kornblith et al. 2019, biased HSIC) of x (n, ...) and y (n, ...), in fp64.
 
     CKA = ||Yc' Xc||_F^2 / (||Xc' Xc||_F ||Yc' Yc||_F) with Xc, Yc the features centred over examples. When there
     are fewer examples than features the same number is taken through the n x n Grams, <Kc, Lc>_F / (||Kc|| ||Lc||).
     """
-    xc = _flat_fp64(x, "x")
-    yc = _flat_fp64(y, "y")
+    xc = _flat_fp64(x, "x", device)
+    yc = _flat_fp64(y, "y", device)
     if xc.shape[0] != yc.shape[0]:
         raise VitseeError(
             f"linear_cka needs the same examples in x and y, got {xc.shape[0]} and {yc.shape[0]} rows: "
@@ -120,8 +123,8 @@ def linear_cka(x: Any, y: Any) -> float:
     return float(num / den)
 
 
-def _flat_fp64(a: Any, name: str) -> torch.Tensor:
-    t = torch.as_tensor(a).detach().to("cpu", torch.float64)
+def _flat_fp64(a: Any, name: str, device: str | torch.device | None) -> torch.Tensor:
+    t = torch.as_tensor(a).detach().to(device or "cpu", torch.float64)
     if t.ndim < 2:
         raise VitseeError(f"{name} must be (examples, features...), got shape {tuple(t.shape)}: add a feature axis")
     return t.reshape(t.shape[0], -1)
@@ -188,9 +191,8 @@ class MinibatchCKA:
         self.cross_at = cross_at
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.state = torch.zeros(num_layers * num_layers + 1, dtype=torch.float64, device=self.device)
-        # Kept between batches: on CPU, fresh buffers of this size cost more in page faults than their use.
-        self._scratch = torch.empty(0, dtype=GRAM_DTYPE, device=self.device)  # one layer's centred features
-        self._grams = torch.empty(0, dtype=PAIR_DTYPE, device=self.device)  # all layers' U-centred Grams
+        # Buffers kept between batches, sized by _reserve.
+        self._scratch = self._gram = self._grams = self._mean_row = torch.empty(0, device=self.device)
 
     @property
     def hsic_sums(self) -> torch.Tensor:
@@ -227,12 +229,12 @@ class MinibatchCKA:
 
         L = self.num_layers
         with torch.no_grad(), full_fp32_matmul():
-            if self._grams.numel() != L * m * m or self._grams.dtype != PAIR_DTYPE:
-                self._grams = torch.empty(L, m * m, dtype=PAIR_DTYPE, device=self.device)
-            grams = self._grams  # (L, m*m)
+            self._reserve(m, max(int(np.prod(f.shape)) for f in feats))
             for i, f in enumerate(feats):
                 x = self._centred(f, m)  # (m, D_i)
-                grams[i] = u_centre(gram(x).to(PAIR_DTYPE)).reshape(-1)
+                self._grams[i].copy_(gram(x, out=self._gram))  # (m, m) fp32 -> its fp64 slot
+            u_centre_(self._grams)  # (L, m, m), all layers at once
+            grams = self._grams.view(L, m * m)  # (L, m*m)
             # HSIC1 of a pair is <U(K_i), U(K_j)>_F / (m (m-3)): all pairs are one product of the stacked Grams.
             sums, scale = self.hsic_sums, 1.0 / (m * (m - 3))
             if self.cross_at is None:
@@ -243,23 +245,28 @@ class MinibatchCKA:
                 sums.diagonal().add_((grams * grams).sum(dim=1).to(torch.float64) * scale)  # (L,)
             self.state[-1] += 1
 
+    def _reserve(self, m: int, largest_layer: int) -> None:
+        """Size the buffers kept between batches: fresh ones per layer cost more in CPU page faults than their use."""
+        L = self.num_layers
+        if self._grams.shape != (L, m, m) or self._grams.dtype != PAIR_DTYPE:
+            self._grams = torch.empty(L, m, m, dtype=PAIR_DTYPE, device=self.device)  # U-centred Grams
+            self._gram = torch.empty(m, m, dtype=GRAM_DTYPE, device=self.device)  # one layer's Gram
+            self._mean_row = torch.full((1, m), 1.0 / m, dtype=GRAM_DTYPE, device=self.device)
+        if self._scratch.numel() < largest_layer or self._scratch.dtype != GRAM_DTYPE:
+            self._scratch = torch.empty(largest_layer, dtype=GRAM_DTYPE, device=self.device)  # centred features
+
     def _centred(self, f: Any, m: int) -> torch.Tensor:
         """Return one layer's batch (m, ...) as (m, D) GRAM_DTYPE on the device, centred over the batch."""
         if not isinstance(f, torch.Tensor):  # numpy, or an array-like read only now (a store batch read lazily)
             f = torch.from_numpy(np.ascontiguousarray(np.asarray(f)))
         x = f.to(self.device).reshape(m, -1)  # (m, D), any float dtype (fp16 from the store)
-        size = x.shape[0] * x.shape[1]
-        if self._scratch.numel() < size or self._scratch.dtype != GRAM_DTYPE:
-            self._scratch = torch.empty(size, dtype=GRAM_DTYPE, device=self.device)
-        out = self._scratch[:size].view(x.shape)
+        out = self._scratch[: x.numel()].view(x.shape)
         if x.dtype != GRAM_DTYPE:  # e.g. fp16 from the store: convert once, then centre in place
             x = out.copy_(x)
         # Centring leaves HSIC1 unchanged and keeps a shared offset (+300 on every unit, a ViT's position
         # embedding) from swamping the fp32 Gram with a huge rank-one term. Any shift close to the mean does, so
-        # the mean is a GEMV (one read of x, faster than a reduction over rows). The result goes to a kept buffer:
-        # on CPU a fresh (m, D) tensor per layer costs more in page faults than the subtraction itself.
-        mean = (torch.ones(1, m, dtype=GRAM_DTYPE, device=self.device) @ x) / m  # (1, D)
-        return torch.sub(x, mean, out=out)
+        # the mean is a GEMV with a row of 1/m (one read of x, faster than a reduction over rows).
+        return torch.sub(x, self._mean_row @ x, out=out)
 
     def merge(self, other: MinibatchCKA | torch.Tensor) -> None:
         """Add another accumulator (or its `state`) for the same layers into this one, e.g. from another process."""

@@ -107,10 +107,11 @@ def test_u_centred_gram_has_zero_diagonal_and_zero_row_sums(rng):
 
 
 def test_gram_is_x_times_x_transposed(rng):
-    x = torch.from_numpy(rng.standard_normal((81, 30)))  # big enough for the block-triangle route, odd split
+    x = torch.from_numpy(rng.standard_normal((257, 30)))  # big enough for the block route, odd split
     k = gram(x)
     assert torch.allclose(k, x @ x.T, rtol=1e-12, atol=1e-12)
-    assert torch.equal(k[40:, :40], k[:40, 40:].T)  # the mirrored block
+    assert torch.equal(k[128:, :128], k[:128, 128:].T)  # the mirrored block
+    assert torch.allclose(gram(x[:20]), x[:20] @ x[:20].T, rtol=1e-12, atol=1e-12)  # small: one product
 
 
 @pytest.mark.parametrize("n, dx, dy", [(20, 60, 40), (200, 6, 9)], ids=["fewer-examples", "fewer-features"])
@@ -125,10 +126,11 @@ def test_linear_cka_matches_the_feature_space_formula(rng, n, dx, dy):
 # Minibatch CKA against the per-pair loop
 
 
-def test_minibatch_cka_matches_per_pair_song_loop_with_a_short_last_batch(rng):
-    feats = layers(rng, 3 * 16 + 5, SHAPES)  # three batches of 16, then one of 5
-    got = minibatch_cka(feats, batch_size=16)
-    assert np.abs(got - reference_minibatch_cka(feats, feats, 16)).max() < 1e-6
+@pytest.mark.parametrize("batch, batches", [(16, 3), (256, 2)], ids=["one-product-grams", "block-grams"])
+def test_minibatch_cka_matches_per_pair_song_loop_with_a_short_last_batch(rng, batch, batches):
+    feats = layers(rng, batches * batch + 5, SHAPES)  # full batches, then one of 5
+    got = minibatch_cka(feats, batch_size=batch)
+    assert np.abs(got - reference_minibatch_cka(feats, feats, batch)).max() < 1e-6
 
 
 def test_last_batch_of_three_is_dropped_with_a_warning(rng):
