@@ -1,15 +1,19 @@
 """What one heatmap cursor move costs: time from the key to the repainted screen, and bytes on the wire.
 
-Runs the Heatmap on a 200 x 200 matrix in a 160 x 48 app with a status line (what vitsee-tui shows),
-presses ~200 cursor keys and, for each, times the key event to the last terminal write of its frame and
-counts the bytes written. The app's driver is Textual's headless one with its output switched back on and
-sent to a counter, so every frame is composed and encoded exactly as for a real terminal.
+Runs vitsee-tui itself (the explorer screen: title bar, side panel, tabs, status line, footer) on its CKA
+view of a 200 x 200 matrix in a 160 x 48 terminal, presses ~200 cursor keys and, for each, times the key
+event to the last terminal write of its frame and counts the bytes written. The store is simulated: the
+explorer's two readers return a summary and a view made here, so only the app is measured. `--widget`
+measures the bare Heatmap with a status line instead. The app's driver is Textual's headless one with its
+output switched back on and sent to a counter, so every frame is composed and encoded exactly as for a
+real terminal.
 
 Keys arrive 40 ms apart, about a held key's repeat rate: Textual paints at most 60 frames a second, so
 keys sent back to back would measure that cap instead of the widget.
 
-    python benchmarks/tui.py                      # 1:1 and fit, truecolor
+    python benchmarks/tui.py                      # the app's CKA view, 1:1 and fit, truecolor
     python benchmarks/tui.py --zoom 1:1 --color-mode 256 --moves 400
+    python benchmarks/tui.py --widget             # the Heatmap alone
 
 Targets: median under 16 ms and under 4 KB per move; the exit status is 1 when a median misses them.
 """
@@ -22,6 +26,7 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 
 COLOR_SYSTEMS = {"truecolor": "truecolor", "256": "256", "16": "standard", "none": "truecolor"}
 KEY_INTERVAL_S = 0.040
@@ -36,6 +41,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--zoom", action="append", choices=["fit", "1:1", "detail"], help="default: 1:1 and fit")
     parser.add_argument("--color-mode", default="truecolor", choices=list(COLOR_SYSTEMS))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--widget", action="store_true", help="measure the bare Heatmap, not the app")
     return parser.parse_args()
 
 
@@ -118,18 +124,58 @@ def time_widget_work(heatmap: Heatmap) -> list[float]:
     return spent
 
 
+def app_on_cka_view(matrix: np.ndarray, zoom: str, color_mode: str):
+    """Returns vitsee-tui opened on a simulated store whose CKA view is `matrix`."""
+    from vitsee.engine.colormap import ColorMode
+    from vitsee.engine.views import View
+    from vitsee.tui import results
+    from vitsee.tui.app import VitseeApp
+    from vitsee.tui.options import AppOptions
+    from vitsee.tui.screens import explorer
+
+    key = "vit_bench@random:0"
+    layers = [f"blocks.{i}" for i in range(len(matrix))]
+    shapes = {layer: (197, 768) for layer in layers}
+    summary = results.StoreSummary(Path("bench.h5"), 1024, "synthetic", [results.ModelSummary(
+        key=key, family="vit", weights="random init (seed 0)", layers=layers, shapes=shapes, rows_done=1024,
+        views=[], spatial_layers=[])])
+    view = View("cka", f"cka:{key}", f"CKA {key}", "", matrix, layers, layers, "CKA", 0.0, 1.0, {}, {}, [key, key])
+    loaded = results.LoadedView(f"cka:{key}", view, False, 0.0, {key: shapes})
+    explorer.read_summary = lambda path: summary
+    explorer.read_view = lambda path, spec, cfg, progress=None, cancelled=None: loaded
+    app = VitseeApp(Path("bench.h5"), options=AppOptions(color_mode=ColorMode.parse(color_mode)))
+    app.bench_zoom = zoom
+    return app
+
+
+async def heatmap_ready(app, pilot) -> Heatmap:
+    """Waits for the app's heatmap (the widget bench has it at once) and sets the zoom."""
+    if isinstance(app, HeatmapBench):
+        return app.heatmap
+    for _ in range(200):
+        await pilot.pause(0.05)
+        found = app.screen.query(Heatmap)
+        if found:
+            heatmap = found.first()
+            heatmap.zoom = app.bench_zoom
+            return heatmap
+    raise RuntimeError("the app never showed its CKA heatmap")
+
+
 async def measure(zoom: str) -> dict[str, list[float]]:
     width, height = map(int, ARGS.size.lower().split("x"))
-    app = HeatmapBench(cka_like(ARGS.matrix), zoom, ARGS.color_mode)
+    matrix = cka_like(ARGS.matrix)
+    app = HeatmapBench(matrix, zoom, ARGS.color_mode) if ARGS.widget else app_on_cka_view(matrix, zoom, ARGS.color_mode)
     result: dict[str, list[float]] = {"first_ms": [], "last_ms": [], "bytes": [], "widget_ms": [], "scroll_bytes": []}
     async with app.run_test(size=(width, height)) as pilot:
         driver = app._driver
         assert isinstance(driver, CountingDriver)
+        heatmap = await heatmap_ready(app, pilot)
         await pilot.pause()
-        await asyncio.sleep(0.2)  # the first full frame
-        spent = time_widget_work(app.heatmap)
+        await asyncio.sleep(0.3)  # the first full frame
+        spent = time_widget_work(heatmap)
         for key in cursor_walk(ARGS.moves, ARGS.seed):
-            scroll_before = app.heatmap.scroll_offset
+            scroll_before = heatmap.scroll_offset
             driver.reset()
             spent[0] = 0.0
             event = events.Key(key, None)
@@ -139,7 +185,7 @@ async def measure(zoom: str) -> dict[str, list[float]]:
             await asyncio.sleep(KEY_INTERVAL_S)
             if not driver.write_times:  # a key against an edge changes nothing and writes nothing
                 continue
-            if app.heatmap.scroll_offset != scroll_before:  # a full repaint: counted apart
+            if heatmap.scroll_offset != scroll_before:  # a full repaint: counted apart
                 result["scroll_bytes"].append(driver.bytes_written)
                 continue
             result["first_ms"].append((driver.write_times[0] - pressed) * 1000)
@@ -160,7 +206,8 @@ def main() -> int:
 
     zooms = ARGS.zoom or ["1:1", "fit"]
     print(
-        f"Heatmap {ARGS.matrix}x{ARGS.matrix}, terminal {ARGS.size}, colour {ARGS.color_mode}, "
+        f"{'Heatmap widget' if ARGS.widget else 'vitsee-tui CKA view'} {ARGS.matrix}x{ARGS.matrix}, "
+        f"terminal {ARGS.size}, colour {ARGS.color_mode}, "
         f"{ARGS.moves} keys {KEY_INTERVAL_S * 1000:.0f} ms apart (textual {textual.__version__}, "
         f"python {sys.version.split()[0]})"
     )

@@ -11,16 +11,18 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from textual.app import App
 from textual.binding import Binding, BindingType
 
-from vitsee.engine.analyze import AnalyzeConfig
 from vitsee.engine.colormap import ColorMode, detect_color_mode
 from vitsee.engine.errors import VitseeError
 from vitsee.tui.commands import VitseeCommands
 from vitsee.tui.options import COLORMAPS, AppOptions
+
+if TYPE_CHECKING:
+    from vitsee.engine.analyze import AnalyzeConfig
 
 
 class VitseeApp(App):
@@ -78,7 +80,7 @@ class VitseeApp(App):
         from vitsee.tui.screens.run import RunPlan, RunScreen
 
         def prepare() -> RunPlan:
-            choice = demo.choose(device=self.options.analysis.device, plan=demo.DemoPlan(**self.demo_overrides))
+            choice = demo.choose(device=self.options.device, plan=demo.DemoPlan(**self.demo_overrides))
             note = f"demo store {choice.config.store}: {choice.weights_note}"
             return RunPlan(choice.config, choice.analysis, note=note, reuse_complete=True)
 
@@ -119,8 +121,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def build_app(args: argparse.Namespace) -> VitseeApp:
     """Returns the app the arguments describe (a VitseeError for a bad value)."""
     color_mode = detect_color_mode() if args.color == "auto" else ColorMode.parse(args.color)
-    options = AppOptions(color_mode=color_mode, export_dir=args.export_dir, cmap=args.cmap,
-                         analysis=AnalyzeConfig(device=args.device))
+    options = AppOptions(color_mode=color_mode, export_dir=args.export_dir, cmap=args.cmap, device=args.device)
     if args.store is not None and args.demo:
         raise VitseeError("give a STORE or --demo, not both")
     return VitseeApp(args.store, options=options, demo=args.demo)

@@ -8,11 +8,13 @@ store made without weights is not mistaken for one made with them later.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from vitsee.engine.analyze import AnalyzeConfig
-from vitsee.engine.extract import ExtractConfig
+if TYPE_CHECKING:
+    from vitsee.engine.analyze import AnalyzeConfig
+    from vitsee.engine.extract import ExtractConfig
 
 DEMO_VIT = "vit_tiny_patch16_224.augreg_in21k_ft_in1k"
 DEMO_RESNET = "resnet18.a1_in1k"
@@ -30,7 +32,7 @@ class DemoPlan:
     batch_size: int = 32
     img_size: int | None = None  # the models' own 224 px: a 14 x 14 grid, as in the paper
     # per-token probes fit one probe per token and layer: minutes on a CPU, so the demo keeps CLS and GAP
-    analysis: AnalyzeConfig = field(default_factory=lambda: AnalyzeConfig(probe_tokens=False))
+    probe_tokens: bool = False
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,8 @@ def hub_reachable() -> bool:
 
 def choose(plan: DemoPlan | None = None, device: str = "auto", folder: Path | None = None) -> DemoChoice:
     """Returns the demo's run: pretrained where possible (may wait a moment on the network check)."""
+    from vitsee.engine.analyze import AnalyzeConfig
+    from vitsee.engine.extract import ExtractConfig
     from vitsee.engine.models import cached_pretrained_file
 
     plan = plan or DemoPlan()
@@ -88,4 +92,4 @@ def choose(plan: DemoPlan | None = None, device: str = "auto", folder: Path | No
     store = folder / f"demo-{label}-{plan.n_images}{size}.h5"
     config = ExtractConfig(store=store, models=specs, dataset=plan.dataset, n_images=plan.n_images,
                            batch_size=plan.batch_size, device=device, img_size=plan.img_size)
-    return DemoChoice(config, pretrained, replace(plan.analysis, device=device))
+    return DemoChoice(config, pretrained, AnalyzeConfig(device=device, probe_tokens=plan.probe_tokens))

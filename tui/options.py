@@ -5,8 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vitsee.engine.analyze import AnalyzeConfig
+from typing import TYPE_CHECKING
+
 from vitsee.engine.colormap import ColorMode
+
+if TYPE_CHECKING:
+    from vitsee.engine.analyze import AnalyzeConfig
 
 COLORMAPS = ("viridis", "magma", "cividis")
 
@@ -19,5 +23,14 @@ class AppOptions:
     color_mode: ColorMode = ColorMode.TRUECOLOR
     export_dir: Path = Path("vitsee-exports")
     cmap: str = "viridis"
-    analysis: AnalyzeConfig = field(default_factory=AnalyzeConfig)
+    device: str = "auto"  # for analyses that are not cached yet
     folder: Path = field(default_factory=Path.cwd)  # where the start screen looks for stores
+
+    def analysis_config(self) -> AnalyzeConfig:
+        """Returns the engine's default analysis parameters (those of `vitsee analyze`) on our device.
+
+        Call it from a worker: the engine imports torch.
+        """
+        from vitsee.engine.analyze import AnalyzeConfig
+
+        return AnalyzeConfig(device=self.device)

@@ -19,12 +19,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from vitsee.engine import analyze as an
-from vitsee.engine.errors import VitseeError, brief
-from vitsee.engine.store import Store
-from vitsee.engine.views import View, load_view, parse_view, write_view
+from typing import TYPE_CHECKING
 
-StepFn = Callable[[an.Step], None]
+from vitsee.engine.errors import VitseeError, brief
+
+if TYPE_CHECKING:  # the engine pulls in torch (seconds): imported by the workers, not at start-up
+    from vitsee.engine import analyze as an
+    from vitsee.engine.store import Store
+    from vitsee.engine.views import View
+
+StepFn = Callable[["an.Step"], None]
 INCOMPLETE_HINT = "rerun vitsee extract to resume"
 
 
@@ -86,6 +90,9 @@ def weights_text(weights: dict) -> str:
 
 def read_summary(path: str | Path) -> StoreSummary:
     """Returns the summary of the store at path; a missing, corrupt or foreign file is a VitseeError."""
+    from vitsee.engine import analyze as an
+    from vitsee.engine.store import Store
+
     path = Path(path)
     try:
         with ACCESS.read(), Store.open(path) as store:
@@ -111,6 +118,8 @@ def read_summary(path: str | Path) -> StoreSummary:
 
 
 def _has_grid(store: Store, key: str, layer: str, info: dict) -> bool:
+    from vitsee.engine import analyze as an
+
     try:
         an._spatial_layout(store, key, layer)
     except VitseeError:
@@ -122,6 +131,8 @@ def _has_grid(store: Store, key: str, layer: str, info: dict) -> bool:
 
 
 def _params_of(store: Store, kind: str, key: str, cfg: an.AnalyzeConfig, layer: str | None) -> dict:
+    from vitsee.engine import analyze as an
+
     if kind == "cka":
         return an.cka_params(store, cfg)
     if kind == "attention":
@@ -151,6 +162,9 @@ def _config_from(params: dict, base: an.AnalyzeConfig) -> an.AnalyzeConfig:
 
 def config_for(store: Store, spec: str, base: an.AnalyzeConfig) -> tuple[an.AnalyzeConfig, bool]:
     """Returns (config, cached): the config of a cached result for this view if there is one, else `base`."""
+    from vitsee.engine.store import Store
+    from vitsee.engine.views import parse_view
+
     kind, args = parse_view(spec)
     key = store.resolve_model(args[0])
     layer = args[1] if kind == "spatial" and len(args) > 1 else None
@@ -215,6 +229,8 @@ class StoreAccess:
 
     @contextmanager
     def write(self, path: str | Path) -> Iterator[Store]:
+        from vitsee.engine.store import Store
+
         with self._one_writer:
             with self._cond:
                 self._opening = True
@@ -235,6 +251,9 @@ ACCESS = StoreAccess()
 
 def _compute(store: Store, spec: str, cfg: an.AnalyzeConfig, progress: StepFn) -> None:
     """Computes and caches the analysis behind a view (the runners return early when it is cached)."""
+    from vitsee.engine import analyze as an
+    from vitsee.engine.views import parse_view
+
     kind, args = parse_view(spec)
     key = store.resolve_model(args[0])
     if kind == "cka":
@@ -256,6 +275,9 @@ def read_view(path: str | Path, spec: str, base: an.AnalyzeConfig, progress: Ste
     `cancelled` is polled at every progress step; when it says so the computation stops with Cancelled
     and nothing is cached.
     """
+    from vitsee.engine.store import Store
+    from vitsee.engine.views import load_view
+
 
     def step(event: an.Step) -> None:
         if cancelled():
@@ -292,6 +314,8 @@ def export_name(view: View, when: float | None = None) -> str:
 
 def export_view(view: View, folder: str | Path, selection: tuple[int, int] | None, cmap: str) -> tuple[Path, Path | None, str | None]:
     """Writes the view's .json and .png into folder; returns (json path, png path or None, why no png)."""
+    from vitsee.engine.views import write_view
+
     folder = Path(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)

@@ -9,19 +9,17 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import ContentSwitcher, Footer, Label, Static, Tabs
+from textual.widgets import ContentSwitcher, Footer, Label, Tabs
 from textual.worker import get_current_worker
 
-from vitsee.engine.analyze import AnalyzeConfig, Step
 from vitsee.engine.errors import VitseeError, brief
-from vitsee.engine.views import View
 from vitsee.tui.messages import (
     AnalysisStep,
     ExportWritten,
@@ -42,9 +40,14 @@ from vitsee.tui.widgets.probes_pane import ProbesPane
 from vitsee.tui.widgets.side_panel import SidePanel, model_label
 from vitsee.tui.widgets.skip_pane import SkipPane
 from vitsee.tui.widgets.spatial_pane import SpatialPane
+from vitsee.tui.widgets.status_line import StatusLine
 from vitsee.tui.widgets.task_bar import TaskBar
 from vitsee.tui.widgets.view_pane import ViewPane
 from vitsee.tui.widgets.view_tabs import VIEW_LABELS, ViewTabs
+
+if TYPE_CHECKING:
+    from vitsee.engine.analyze import AnalyzeConfig, Step
+    from vitsee.engine.views import View
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +95,6 @@ class ExplorerScreen(Screen):
         & #main { width: 1fr; height: 1fr; }
         & #panes { height: 1fr; }
         &.-narrow SidePanel { width: 22; }
-        & #status-line { width: 1fr; height: 1; padding: 0 1; background: $panel; color: $text; text-style: bold; }
     }
     """
 
@@ -101,7 +103,7 @@ class ExplorerScreen(Screen):
         super().__init__()
         self.path = Path(path)
         self.options = options
-        self.analysis = analysis or options.analysis
+        self.analysis = analysis  # None: the app's defaults, made in a worker (the engine imports torch)
         self.analyse_all = analyse_all
         self.note = note
         self.summary: StoreSummary | None = None
@@ -126,7 +128,7 @@ class ExplorerScreen(Screen):
                     for kind in KINDS:
                         yield PANES[kind](self.options.color_mode, self.options.cmap)
         yield TaskBar(id="background-task")
-        yield Static("", id="status-line", markup=False)
+        yield StatusLine(id="status-line")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -154,13 +156,13 @@ class ExplorerScreen(Screen):
         self.query_one("#view-task", TaskBar).stop()
         for kind in KINDS:
             self.pane(kind).show_message(message.error)
-        self.query_one("#status-line", Static).update(message.error)
+        self.query_one(StatusLine).show(message.error)
         self.notify(message.error, severity="error", timeout=10)
 
     def on_summary_loaded(self, message: SummaryLoaded) -> None:
         summary = self.summary = message.summary
         self.query_one("#view-task", TaskBar).stop()
-        models = "; ".join(f"{model_label(m.key)}: {m.weights}" for m in summary.models)
+        models = "; ".join(f"{model_label(m.key, width=0)}: {m.weights}" for m in summary.models)
         self.query_one("#title-bar", Label).update(
             f" {self.path.name} \u00b7 {summary.n_images} images of {summary.dataset} \u00b7 {models}"
         )
@@ -228,7 +230,7 @@ class ExplorerScreen(Screen):
         if tabs.active != f"tab-{kind}":
             tabs.active = f"tab-{kind}"
         self.request(kind)
-        self.query_one("#status-line", Static).update(self._status.get(kind, ""))
+        self.query_one(StatusLine).show(self._status.get(kind, ""))
         self._update_side_panel()
         self._focus_view()
 
@@ -294,6 +296,10 @@ class ExplorerScreen(Screen):
 
     # --- loading --------------------------------------------------------------------------------------------
 
+    def _config(self) -> AnalyzeConfig:
+        """Returns the parameters for what is not cached (worker threads only: it imports the engine)."""
+        return self.analysis or self.options.analysis_config()
+
     @work(thread=True, exclusive=True, group="view", exit_on_error=False)
     def _load(self, spec: str) -> None:
         worker = get_current_worker()
@@ -302,7 +308,7 @@ class ExplorerScreen(Screen):
             self.post_message(AnalysisStep(spec, step.analysis, step.done, step.total, step.message))
 
         try:
-            loaded = read_view(self.path, spec, self.analysis, progress, cancelled=lambda: worker.is_cancelled)
+            loaded = read_view(self.path, spec, self._config(), progress, cancelled=lambda: worker.is_cancelled)
         except Cancelled:
             return
         except VitseeError as exc:
@@ -372,7 +378,7 @@ class ExplorerScreen(Screen):
                 self.post_message(AnalysisStep(spec, f"{step.analysis} ({index}/{len(specs)})", step.done, step.total, step.message))
 
             try:
-                loaded = read_view(self.path, spec, self.analysis, progress, cancelled=lambda: worker.is_cancelled)
+                loaded = read_view(self.path, spec, self._config(), progress, cancelled=lambda: worker.is_cancelled)
             except Cancelled:
                 return
             except VitseeError as exc:
@@ -396,7 +402,7 @@ class ExplorerScreen(Screen):
     def on_status_changed(self, message: StatusChanged) -> None:
         self._status[message.kind] = message.text
         if message.kind == self.kind:
-            self.query_one("#status-line", Static).update(message.text)
+            self.query_one(StatusLine).show(message.text)
 
     def on_models_picked(self, message: ModelsPicked) -> None:
         if (message.model_a, message.model_b) == (self.model_a, self.model_b):

@@ -35,12 +35,15 @@ def describe_bindings(screen: Screen) -> list[KeyHelp]:
         owner = type(node).__name__ if node is not app else "App"
         group = (id(node), binding.action)
         shown = app.get_key_display(binding)
-        if group in rows:
-            if shown not in rows[group].keys.split(" / "):
-                rows[group].keys += f" / {shown}"
-            continue
         description = binding.tooltip or binding.description or binding.action
-        rows[group] = KeyHelp(owner, shown, description, binding.id or "")
+        row = rows.get(group)
+        if row is None:
+            rows[group] = KeyHelp(owner, shown, description, binding.id or "")
+        elif shown not in row.keys.split(" / "):
+            if binding.id and not row.binding_id:  # ours over Textual's default for the same action (q, ctrl+q)
+                row.keys, row.description, row.binding_id = f"{shown} / {row.keys}", description, binding.id
+            else:
+                row.keys += f" / {shown}"
     return list(rows.values())
 
 

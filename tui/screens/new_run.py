@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from textual import on, work
 from textual.app import ComposeResult
@@ -15,16 +15,24 @@ from textual.screen import Screen
 from textual.suggester import SuggestFromList
 from textual.widgets import Button, Footer, Input, Label, Select
 
-from vitsee.engine.analyze import AnalyzeConfig
 from vitsee.engine.data import BUILTIN_DATASETS
 from vitsee.engine.errors import VitseeError, brief
-from vitsee.engine.extract import ExtractConfig
 from vitsee.tui.options import AppOptions
 from vitsee.tui.results import estimate_size
 from vitsee.tui.screens.run import RunPlan, RunScreen
 from vitsee.tui.widgets.model_picker import ModelPicker
 
+if TYPE_CHECKING:
+    from vitsee.engine.extract import ExtractConfig
+
 log = logging.getLogger(__name__)
+
+
+def extract_config(fields: dict) -> ExtractConfig:
+    """Returns the engine's config for the form's fields (in a worker: the engine imports torch)."""
+    from vitsee.engine.extract import ExtractConfig
+
+    return ExtractConfig(**fields)
 
 
 class NewRunScreen(Screen):
@@ -32,7 +40,7 @@ class NewRunScreen(Screen):
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("ctrl+s", "start", "Start", id="new_run.start", tooltip="Start the extraction"),
-        Binding("ctrl+e", "estimate", "Size", id="new_run.estimate",
+        Binding("f2", "estimate", "Size", id="new_run.estimate",
                 tooltip="Work out the size on disk (builds each model once, writes nothing)"),
         Binding("escape", "back", "Back", id="new_run.back", tooltip="Leave the form"),
     ]
@@ -42,6 +50,7 @@ class NewRunScreen(Screen):
         & > #form { padding: 0 2; }
         & .form--title { text-style: bold; margin-top: 1; }
         & .form--label { color: $text-muted; margin-top: 1; }
+        & Input, Select { margin-right: 1; }
         & .form--row { height: auto; }
         & .form--row > Vertical { width: 1fr; height: auto; }
         & .form--field { width: 1fr; height: auto; margin-right: 1; }
@@ -65,31 +74,31 @@ class NewRunScreen(Screen):
             yield Label("Images: dataset (samples, synthetic, digits, imagefolder:PATH, cifar10:PATH, npz:PATH) "
                         "and how many", classes="form--label")
             with Horizontal(classes="form--row"):
-                yield Input("samples", id="dataset", classes="form--field",
+                yield Input("samples", id="dataset", classes="form--field", compact=True,
                             suggester=SuggestFromList(list(BUILTIN_DATASETS), case_sensitive=False))
-                yield Input("240", id="n-images", type="integer", classes="form--field", placeholder="all")
+                yield Input("240", id="n-images", type="integer", classes="form--field", placeholder="all", compact=True)
             yield Label("Layers, device, image size (empty: the model's own)", classes="form--label")
             with Horizontal(classes="form--row"):
                 yield Select([("blocks", "blocks"), ("sublayers (6x the size)", "sublayers")], value="blocks",
-                             allow_blank=False, id="layers", classes="form--field")
+                             allow_blank=False, id="layers", classes="form--field", compact=True)
                 yield Select([("auto", "auto"), ("cpu", "cpu"), ("cuda", "cuda")], value="auto", allow_blank=False,
-                             id="device", classes="form--field")
-                yield Input("", id="img-size", type="integer", placeholder="e.g. 224", classes="form--field")
+                             id="device", classes="form--field", compact=True)
+                yield Input("", id="img-size", type="integer", placeholder="e.g. 224", classes="form--field", compact=True)
             yield Label("Store file", classes="form--label")
-            yield Input(str(self.options.folder / f"vitsee-{stamp}.h5"), id="store-path")
-            yield Label("expected size on disk: press ctrl+e (or Start: it is shown before extraction begins)",
+            yield Input(str(self.options.folder / f"vitsee-{stamp}.h5"), id="store-path", compact=True)
+            yield Label("size on disk: press F2 to work it out (Start shows it too, before extracting)",
                         id="size-line")
             with Horizontal(id="form-buttons"):
                 yield Button("Start (ctrl+s)", id="start", variant="primary")
-                yield Button("Size (ctrl+e)", id="estimate")
+                yield Button("Size (F2)", id="estimate")
                 yield Button("Back (esc)", id="back")
         yield Footer()
 
     def on_mount(self) -> None:
         self.query_one("#model-search", Input).focus()
 
-    def config(self) -> ExtractConfig:
-        """Returns the run the form describes; a VitseeError names the field to fix."""
+    def fields(self) -> dict:
+        """Returns the run the form describes, as ExtractConfig fields; a VitseeError names the field to fix."""
         models = self.query_one(ModelPicker).specs
         if not models:
             raise VitseeError("no model in the run: search for one and press Enter, or type NAME@random and Enter")
@@ -105,7 +114,7 @@ class NewRunScreen(Screen):
             raise VitseeError(f"'{n_text or size_text}' is not a whole number: fix the images or image size field") from None
         if n_images is not None and n_images < 4:
             raise VitseeError(f"{n_images} images is too few: CKA needs at least 4 (a few hundred is better)")
-        return ExtractConfig(
+        return dict(
             store=Path(store).expanduser(), models=models, dataset=self.query_one("#dataset", Input).value.strip() or "samples",
             n_images=n_images, device=str(self.query_one("#device", Select).value),
             layers=str(self.query_one("#layers", Select).value), img_size=img_size,
@@ -114,35 +123,39 @@ class NewRunScreen(Screen):
     @on(Button.Pressed, "#estimate")
     def action_estimate(self) -> None:
         try:
-            cfg = self.config()
+            fields = self.fields()
         except VitseeError as exc:
             self.notify(str(exc), severity="error", timeout=8)
             return
         self.query_one("#size-line", Label).update("working out the size \u2026 (building each model once)")
-        self._estimate(cfg)
+        self._estimate(fields)
 
     @work(thread=True, exclusive=True, group="estimate", exit_on_error=False)
-    def _estimate(self, cfg: ExtractConfig) -> None:
+    def _estimate(self, fields: dict) -> None:
         try:
-            text = estimate_size(cfg)
+            text = estimate_size(extract_config(fields))
         except VitseeError as exc:
             text = str(exc)
             self.app.call_from_thread(self.notify, text, severity="error", timeout=10)
         except Exception as exc:
-            log.exception("estimating %s", cfg)
+            log.exception("estimating %s", fields)
             text = f"cannot plan this run: {brief(exc)}"
         self.app.call_from_thread(self.query_one("#size-line", Label).update, text)
 
     @on(Button.Pressed, "#start")
     def action_start(self) -> None:
         try:
-            cfg = self.config()
+            fields = self.fields()
         except VitseeError as exc:
             self.notify(str(exc), severity="error", timeout=8)
             return
-        analysis = AnalyzeConfig(**{**self.options.analysis.__dict__, "device": cfg.device})
-        plan = RunPlan(cfg, analysis)
-        self.app.switch_screen(RunScreen(self.options, lambda: plan, f"Extracting into {cfg.store}"))
+
+        def prepare() -> RunPlan:  # in the run's worker
+            from vitsee.engine.analyze import AnalyzeConfig
+
+            return RunPlan(extract_config(fields), AnalyzeConfig(device=fields["device"]))
+
+        self.app.switch_screen(RunScreen(self.options, prepare, f"Extracting into {fields['store']}"))
 
     @on(Button.Pressed, "#back")
     def action_back(self) -> None:

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from textual import work
 from textual.app import ComposeResult
@@ -21,12 +21,14 @@ from textual.screen import Screen
 from textual.widgets import Footer, Label, ProgressBar, RichLog
 from textual.worker import get_current_worker
 
-from vitsee.engine.analyze import AnalyzeConfig
 from vitsee.engine.errors import VitseeError, brief
-from vitsee.engine.extract import ExtractConfig, Progress, run_extraction
 from vitsee.tui.messages import RunEnded, RunEvent
 from vitsee.tui.options import AppOptions
 from vitsee.tui.results import read_summary
+
+if TYPE_CHECKING:
+    from vitsee.engine.analyze import AnalyzeConfig
+    from vitsee.engine.extract import ExtractConfig, Progress
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +94,8 @@ class RunScreen(Screen):
     def _run(self) -> None:
         worker = get_current_worker()
         try:
+            from vitsee.engine.extract import run_extraction
+
             plan = self.plan = self.prepare()
             cfg = plan.config
             self.post_message(RunEvent("plan", text=f"store {cfg.store}"))

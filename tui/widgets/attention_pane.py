@@ -21,7 +21,7 @@ class AttentionPane(ViewPane):
 
     DEFAULT_CSS = """
     AttentionPane {
-        & Histogram { height: 1fr; min-height: 6; max-height: 16; }
+        & Histogram { height: 1fr; min-height: 6; max-height: 24; }
     }
     """
 

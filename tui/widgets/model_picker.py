@@ -36,10 +36,15 @@ class ChosenModels(OptionList):
 class ModelPicker(Vertical):
     """A search box over timm's models, its matches, and the chosen models."""
 
+    BINDINGS = [
+        Binding("down", "focus_matches", "Matches", show=False, id="new_run.matches",
+                tooltip="Move from the search box into its matches"),
+    ]
+
     DEFAULT_CSS = """
     ModelPicker {
         height: auto;
-        & > #model-matches { height: 8; border: round $foreground 30%; }
+        & > #model-matches { height: 7; border: round $foreground 30%; }
         & > #model-matches:focus { border: round $accent; }
         & > #models-chosen { height: 4; border: round $foreground 30%; }
         & > #models-chosen:focus { border: round $accent; }
@@ -54,11 +59,14 @@ class ModelPicker(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Input(placeholder="search timm models (vit, resnet...), or type NAME[.TAG][@random|@FILE] + Enter",
-                    id="model-search")
-        yield Label("matches: name  family  \u2713 weights cached here (Enter adds)", id="model-matches-label")
+                    id="model-search", compact=True)
+        yield Label("matches: name, family, \u2713 = weights cached here", id="model-matches-label")
         yield OptionList(id="model-matches")
         yield Label("models of the run (Delete removes)")
         yield ChosenModels(*[Option(spec, id=spec) for spec in self.initial], id="models-chosen")
+
+    def action_focus_matches(self) -> None:
+        self.query_one("#model-matches", OptionList).focus()
 
     def on_mount(self) -> None:
         self.query_one("#model-matches", OptionList).add_option(Option("loading timm's model list \u2026", disabled=True))
@@ -89,7 +97,9 @@ class ModelPicker(Vertical):
             return
         words = text.lower().split("@")[0].split()
         matches = [r for r in self.rows if all(w in r["name"].lower() for w in words)]
-        matches.sort(key=lambda r: (not r["cached"], r["name"]))  # weights at hand first
+        first = words[0] if words else ""
+        # weights at hand first, then names that start with what was typed
+        matches.sort(key=lambda r: (not r["cached"], not r["name"].lower().startswith(first), r["name"]))
         option_list = self.query_one("#model-matches", OptionList)
         option_list.clear_options()
         width = max((len(r["name"]) for r in matches[:MAX_MATCHES]), default=10)
@@ -99,8 +109,8 @@ class ModelPicker(Vertical):
         ])
         more = len(matches) - MAX_MATCHES
         self.query_one("#model-matches-label", Label).update(
-            f"{len(matches)} matches{f' (first {MAX_MATCHES} shown)' if more > 0 else ''}: "
-            f"name  family  {CACHED} weights cached here (Enter adds; pretrained unless cached is missing)"
+            f"{len(matches)} matches{f' (first {MAX_MATCHES} shown)' if more > 0 else ''}; "
+            f"{CACHED} = weights cached here; \u2193 then Enter adds one"
         )
 
     @on(OptionList.OptionSelected, "#model-matches")

@@ -13,14 +13,14 @@ from vitsee.tui.results import StoreSummary
 SAME_AS_A = "\x00same"
 
 
-def model_label(key: str, weights: str = "") -> str:
-    """Returns a model key short enough for the panel: the timm name without its tag, and the weights."""
+def model_label(key: str, width: int = 22) -> str:
+    """Returns a model key short enough for the panel: the timm name without its tag, and how it was
+    initialised when that fits too (the title bar always says it)."""
     name, _, init = key.partition("@")
     base = name.partition(".")[0]
-    if init.startswith("random"):
-        return f"{base} (random)"
-    if init.startswith("file"):
-        return f"{base} (file)"
+    kind = "random" if init.startswith("random") else "file" if init.startswith("file") else ""
+    if kind and len(base) + len(kind) + 3 <= width:
+        return f"{base} ({kind})"
     return base
 
 

@@ -3,7 +3,7 @@ to show, the body, and the selection (the cell an export marks and the status li
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from textual.app import ComposeResult
 from textual.containers import Vertical
@@ -11,9 +11,11 @@ from textual.widget import Widget
 from textual.widgets import Label, Static
 
 from vitsee.engine.colormap import ColorMode
-from vitsee.engine.views import View
 from vitsee.tui.messages import StatusChanged
 from vitsee.tui.results import LoadedView
+
+if TYPE_CHECKING:
+    from vitsee.engine.views import View
 
 
 class ViewPane(Vertical):
@@ -56,7 +58,7 @@ class ViewPane(Vertical):
         """Show a view's numbers."""
         self.loaded = loaded
         view = loaded.view
-        self.query_one(".pane--title", Label).update(f"{view.title}  \u00b7  {view.subtitle}")
+        self.query_one(".pane--title", Label).update(view.title)  # the title bar names weights and images
         self.set_class(False, "-message")
         self.set_class(True, "-ready")
         self.populate(loaded)

@@ -1,0 +1,490 @@
+"""vitsee-tui driven by Textual's Pilot on a tiny analysed store: what a researcher sees and can do.
+
+Most tests open a store whose analyses are already cached (the app must read, never compute); one opens a
+store with nothing cached and watches the view being computed in a worker and cached.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from conftest import RESNET, VIT, run_cli
+from vitsee.engine.analyze import AnalyzeConfig, run_analyses
+from vitsee.engine.colormap import ColorMode
+from vitsee.engine.store import Store
+from vitsee.engine.views import load_view
+from vitsee.tui.app import VitseeApp, build_app, main, parse_args
+from vitsee.tui.options import AppOptions
+from vitsee.tui.screens.explorer import ExplorerScreen
+from vitsee.tui.widgets.heatmap import UPPER_HALF, Heatmap
+
+SIZE = (120, 40)
+CACHED = AnalyzeConfig(shuffles=0, batch_size=16)  # what the shared store was analysed with
+
+
+def analysed_copy(tiny_store: Path, base: Path) -> Path:
+    """Returns a copy of the shared tiny store with every analysis cached (built once per session)."""
+    path = base / "tui" / "tiny.h5"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(".building.h5")
+        shutil.copy(tiny_store, tmp)
+        run_analyses(tmp, None, CACHED)
+        tmp.rename(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def store(tiny_store, tmp_path_factory) -> Path:
+    return analysed_copy(tiny_store, tmp_path_factory.getbasetemp())
+
+
+def make_app(path: Path | None, tmp_path: Path, color: ColorMode = ColorMode.TRUECOLOR, **kwargs) -> VitseeApp:
+    options = AppOptions(color_mode=color, export_dir=tmp_path / "exports", folder=tmp_path)
+    return VitseeApp(path, options=options, **kwargs)
+
+
+async def settle(pilot, until=lambda app: True, timeout: float = 30.0) -> None:
+    """Wait for the workers and the messages they post, until `until(app)` holds."""
+    app = pilot.app
+    deadline = time.monotonic() + timeout
+    while True:
+        await pilot.pause()
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        if until(app) and not any(w.is_running for w in app.workers):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"app did not settle within {timeout} s (screen {app.screen})")
+
+
+def view_shown(kind: str):
+    def check(app) -> bool:
+        screen = app.screen
+        return isinstance(screen, ExplorerScreen) and screen.kind == kind and screen.pane(kind).loaded is not None
+    return check
+
+
+def status(app) -> str:
+    return str(app.screen.query_one("#status-line").render())
+
+
+def notifications(app) -> list[tuple[str, str]]:
+    return [(n.message, n.severity) for n in app._notifications]
+
+
+# --- opening -----------------------------------------------------------------------------------------------
+
+
+async def test_opening_a_store_shows_the_cka_view_of_its_first_model(store, tmp_path):
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, view_shown("cka"))
+        screen = app.screen
+        view = screen.pane("cka").view
+        assert view.kind == "cka" and view.models == [VIT, VIT]
+        heatmap = screen.query_one("#cka-heatmap", Heatmap)
+        assert app.focused is heatmap
+        assert status(app) == f"patch_embed x patch_embed  CKA {view.matrix[0, 0]:.4f}"
+        assert not screen.pane("cka").loaded.computed  # read from the cache, not recomputed
+        assert "random init (seed 0)" in str(screen.query_one("#title-bar").render())
+
+
+async def test_arrow_keys_move_the_cursor_and_the_status_line_names_the_pair_with_the_exported_value(
+        store, tmp_path, capsys):
+    out = tmp_path / "cka.json"
+    code, _, err = run_cli(["export", store, f"cka:{VIT}", "--out", out, "--batch-size", "16", "--shuffles", "0"], capsys)
+    assert code == 0, err
+    exported = json.loads(out.read_text())
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, view_shown("cka"))
+        await pilot.press("right")
+        row, col = 0, 1
+        assert status(app) == f"{exported['rows'][row]} x {exported['cols'][col]}  CKA {exported['values'][row][col]:.4f}"
+        await pilot.press("down", "down", "l", "j")
+        row, col = 3, 2
+        assert app.screen.query_one(Heatmap).cursor == (row, col)
+        assert status(app) == f"{exported['rows'][row]} x {exported['cols'][col]}  CKA {exported['values'][row][col]:.4f}"
+        assert status(app).startswith("blocks.2 x blocks.1  CKA ")
+
+
+async def test_enter_opens_the_pair_detail_with_both_shapes_and_the_value(store, tmp_path):
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, view_shown("cka"))
+        await pilot.press("down", "right", "right", "enter")
+        await pilot.pause()
+        from vitsee.tui.screens.pair_detail import PairDetailScreen
+
+        detail = app.screen
+        assert isinstance(detail, PairDetailScreen)
+        text = " ".join(str(w.render()) for w in detail.query("Label, Static"))
+        with Store.open(store) as s:
+            shape_row, shape_col = s.layer_shape(VIT, "blocks.0"), s.layer_shape(VIT, "blocks.1")
+        value = detail.loaded.view.matrix[1, 2]
+        assert f"blocks.0 x blocks.1  CKA {value:.4f}" in text
+        assert " x ".join(map(str, shape_row)) in text and " x ".join(map(str, shape_col)) in text
+        plots = detail.query("LinePlot")
+        assert len(plots) == 2 and plots.first().mark == 2  # the column is marked in the row's plot
+        await pilot.press("escape")
+        assert isinstance(app.screen, ExplorerScreen)
+
+
+async def test_cka_across_models_puts_model_a_on_rows_and_model_b_on_columns(store, tmp_path):
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, view_shown("cka"))
+        await pilot.press("b")  # model B: the next choice after 'same as A' is the ViT itself, then the ResNet
+        await pilot.press("b")
+        await settle(pilot, lambda a: a.screen.pane("cka").loaded.spec == f"cka:{VIT}:{RESNET}")
+        view = app.screen.pane("cka").view
+        with Store.open(store) as s:
+            assert view.rows == s.layers(VIT) and view.cols == s.layers(RESNET)
+        assert status(app).startswith("patch_embed x maxpool  CKA ")
+
+
+# --- every view ------------------------------------------------------------------------------------------------
+
+
+async def test_number_keys_switch_views_and_each_shows_its_content(store, tmp_path):
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, view_shown("cka"))
+        await pilot.press("2")
+        await settle(pilot, view_shown("attention"))
+        pane = app.screen.pane("attention")
+        assert app.screen.query_one("#panes").current == "pane-attention"
+        assert status(app).startswith("blocks.0 head ") and "uniform 32.1 px" in status(app)
+        await pilot.press("down")
+        assert status(app).startswith("blocks.1 head ")
+        histogram = pane.query_one("Histogram")
+        assert histogram.counts.sum() == 48 * 2  # images x heads of blocks.1
+        assert np.array_equal(histogram.counts, np.asarray(pane.view.extra["hist_counts"])[1])
+
+        await pilot.press("3")
+        await settle(pilot, view_shown("probes"))
+        table = app.screen.query_one("#probes-table")
+        assert table.row_count == len(app.screen.pane("probes").view.rows)
+        assert "accuracy" in status(app) and "chance" in status(app)
+
+        await pilot.press("4")
+        await settle(pilot, view_shown("skip"))
+        assert app.screen.query_one("#skip-heatmap", Heatmap).matrix.shape == (12, 17)
+        assert status(app).startswith("blocks.0.attn x CLS  ratio ")
+
+        await pilot.press("5")
+        await settle(pilot, view_shown("spatial"))
+        heatmap = app.screen.query_one("#spatial-heatmap", Heatmap)
+        assert heatmap.matrix.shape == (4, 4)
+        view = app.screen.pane("spatial").view
+        await pilot.press("right", "down")  # token r1c1 = 5: the map is that token's row of the result
+        assert np.allclose(heatmap.matrix.ravel(), view.matrix[5])
+        assert status(app).startswith("token r1c1 x patch r1c1  CKA ")
+
+        await pilot.press("1")
+        assert app.screen.query_one("#panes").current == "pane-cka"
+        assert status(app).startswith("patch_embed x patch_embed  CKA ")
+
+
+async def test_a_view_that_does_not_apply_says_why(store, tmp_path):
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, view_shown("cka"))
+        await pilot.press("a")  # model A: the ResNet, which has no attention
+        await settle(pilot, lambda a: a.screen.pane("cka").loaded.spec == f"cka:{RESNET}")
+        await pilot.press("2")
+        await settle(pilot)
+        assert "attention distances exist for ViT-like models" in status(app)
+
+
+async def test_picking_a_layer_in_the_side_panel_moves_the_cursor_there(store, tmp_path):
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, view_shown("cka"))
+        layers = app.screen.query_one("#layers")
+        layers.focus()
+        layers.highlighted = 4  # blocks.3
+        await pilot.press("enter")
+        assert app.screen.query_one(Heatmap).cursor[0] == 4
+        assert status(app).startswith("blocks.3 x patch_embed")
+        assert app.focused is app.screen.query_one(Heatmap)
+
+
+# --- export ----------------------------------------------------------------------------------------------------
+
+
+async def test_e_writes_a_png_and_a_json_with_the_stores_numbers_and_the_cursor_cell(store, tmp_path):
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, view_shown("cka"))
+        await pilot.press("down", "right", "right", "e")
+        await settle(pilot, lambda a: any("exported" in m for m, _ in notifications(a)))
+    files = sorted((tmp_path / "exports").iterdir())
+    png = next(p for p in files if p.suffix == ".png")
+    data = json.loads(next(p for p in files if p.suffix == ".json").read_text())
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    from PIL import Image
+
+    with Image.open(png) as image:
+        assert image.size[0] > 200 and image.size[1] > 200
+    expected = load_view(store, f"cka:{VIT}", CACHED)
+    assert np.allclose(np.array(data["values"], dtype=float), expected.matrix, equal_nan=True)
+    assert data["rows"] == expected.rows and data["selection"]["row"] == 1 and data["selection"]["col"] == 2
+    assert (png.name in m for m, _ in notifications(app))
+
+
+async def test_each_view_exports_its_own_numbers(store, tmp_path):
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, view_shown("cka"))
+        for key, kind in (("2", "attention"), ("4", "skip")):
+            await pilot.press(key)
+            await settle(pilot, view_shown(kind))
+            await pilot.press("e")
+            await settle(pilot, lambda a, kind=kind: any(kind in m and "exported" in m for m, _ in notifications(a)))
+    written = {p.name.split("-")[0] for p in (tmp_path / "exports").glob("*.json")}
+    assert written == {"attention", "skip"}
+    data = json.loads(next((tmp_path / "exports").glob("attention-*.json")).read_text())
+    assert np.allclose(np.array(data["values"]), load_view(store, f"attention:{VIT}", CACHED).matrix)
+
+
+# --- broken stores -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["missing", "corrupt"])
+async def test_a_missing_or_corrupt_store_is_a_notification_not_a_crash(kind, tmp_path):
+    path = tmp_path / "broken.h5"
+    if kind == "corrupt":
+        path.write_bytes(np.random.default_rng(0).bytes(4096))
+    app = make_app(path, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        errors = [m for m, severity in notifications(app) if severity == "error"]
+        assert len(errors) == 1 and str(path) in errors[0]
+        assert ("does not exist" if kind == "missing" else "not a readable vitsee store") in errors[0]
+        await pilot.press("2", "right", "e")  # keys on a broken store do nothing harmful
+        await settle(pilot)
+        assert app.is_running
+
+
+async def test_an_incomplete_store_says_how_far_extraction_got_and_how_to_resume(store, tmp_path):
+    path = tmp_path / "interrupted.h5"
+    shutil.copy(store, path)
+    with h5py.File(path, "r+") as f:  # as if killed during the last batch of the ResNet
+        f[f"models/{RESNET}/done"][-1] = 0
+    app = make_app(path, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        message = "extraction incomplete: 32 of 48 images; rerun vitsee extract to resume"
+        assert (message, "error") in notifications(app)
+        await pilot.press("a")  # the ResNet's views say it too instead of failing
+        await settle(pilot)
+        assert message in status(app)
+
+
+# --- computing what is not cached -------------------------------------------------------------------------------
+
+
+async def test_a_view_not_cached_is_computed_in_a_worker_and_cached(tiny_store, tmp_path):
+    path = tmp_path / "fresh.h5"
+    shutil.copy(tiny_store, path)
+    with Store.open(path) as s:
+        assert not s.results("cka")
+    app = make_app(path, tmp_path)
+    steps = []
+    async with app.run_test(size=SIZE, message_hook=lambda m: steps.append(m) if type(m).__name__ == "AnalysisStep" else None) as pilot:
+        await settle(pilot, view_shown("cka"), timeout=60)
+        assert app.screen.pane("cka").loaded.computed
+        assert steps and steps[-1].done == steps[-1].total  # progress reached the bar
+        assert not app.screen.query_one("#view-task").running
+        assert any("computed and cached" in m for m, _ in notifications(app))
+        text = status(app)
+    with Store.open(path) as s:
+        assert len(s.results("cka")) == 1
+    view = load_view(path, f"cka:{VIT}")  # the CLI's defaults: what the app computed with
+    assert text == f"patch_embed x patch_embed  CKA {view.matrix[0, 0]:.4f}"
+
+
+# --- terminals --------------------------------------------------------------------------------------------------
+
+
+def test_no_mouse_turns_mouse_reporting_off(store, monkeypatch):
+    calls = {}
+    monkeypatch.setattr(VitseeApp, "run", lambda self, **kw: calls.update(kw))
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(store), "--no-mouse"])
+    assert exit_info.value.code == 0 and calls["mouse"] is False
+    with pytest.raises(SystemExit):
+        main([str(store)])
+    assert calls["mouse"] is True
+
+
+def test_color_flag_and_no_color_pick_the_heatmap_colour_mode(store, monkeypatch):
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.delenv("VITSEE_COLOR", raising=False)
+    assert build_app(parse_args([str(store), "--color", "none"])).options.color_mode is ColorMode.NONE
+    assert build_app(parse_args([str(store), "--color", "256"])).options.color_mode is ColorMode.COLORS_256
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert build_app(parse_args([str(store)])).options.color_mode is ColorMode.NONE
+
+
+async def test_color_none_draws_the_heatmap_with_ascii_and_keeps_the_status_line(store, tmp_path):
+    app = make_app(store, tmp_path, color=ColorMode.NONE)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, view_shown("cka"))
+        heatmap = app.screen.query_one(Heatmap)
+        assert heatmap.color_mode is ColorMode.NONE
+        lines = "".join(heatmap.render_line(y).text for y in range(heatmap.size.height))
+        assert UPPER_HALF not in lines and "@" in lines  # the densest ASCII level: CKA of a layer with itself
+        await pilot.press("right")
+        assert status(app).startswith("patch_embed x blocks.0  CKA ")
+
+
+async def test_the_app_fits_80x24(store, tmp_path):
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, view_shown("cka"))
+        heatmap = app.screen.query_one(Heatmap)
+        assert heatmap.size.width >= 40 and heatmap.size.height >= 12
+        await pilot.press("end")
+        assert status(app).startswith("norm x patch_embed  CKA ")
+
+
+# --- keys, help, palette ----------------------------------------------------------------------------------------
+
+
+async def test_help_lists_the_keys_of_the_focused_view(store, tmp_path):
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, view_shown("cka"))
+        await pilot.press("question_mark")
+        from vitsee.tui.screens.help import HelpScreen
+
+        assert isinstance(app.screen, HelpScreen)
+        rows = {(k.keys, k.binding_id) for k in app.screen.keys}
+        assert ("\u2192 / l", "heatmap.right") in rows
+        assert ("e", "explorer.export") in rows and ("q / ^q", "app.quit") in rows and ("z", "heatmap.zoom") in rows
+        table = app.screen.query_one("#help-table")
+        assert table.row_count == len(app.screen.keys)
+        await pilot.press("escape")
+        assert isinstance(app.screen, ExplorerScreen)
+
+
+async def test_the_command_palette_offers_views_models_export_and_zoom(store, tmp_path):
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, view_shown("cka"))
+        from vitsee.tui.commands import VitseeCommands
+
+        names = [name for name, _, _ in VitseeCommands(app.screen)._commands()]
+        for wanted in ("View: Attention", "Export view to PNG + JSON", "Toggle zoom", "Model A: test_resnet (random)",
+                       "Model B: test_resnet (random)", "Open store list"):
+            assert wanted in names
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        await pilot.press(*"zoom")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.screen.query_one(Heatmap).zoom == "1:1"
+
+
+async def test_q_quits(store, tmp_path):
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, view_shown("cka"))
+        await pilot.press("q")
+        await pilot.pause()
+        assert not app.is_running
+
+
+# --- start screen, new run, demo -------------------------------------------------------------------------------
+
+
+async def test_without_a_store_the_start_screen_lists_the_stores_here_newest_first(store, tmp_path):
+    older, newer = tmp_path / "older.h5", tmp_path / "newer.h5"
+    shutil.copy(store, older)
+    shutil.copy(store, newer)
+    import os
+
+    os.utime(older, (time.time() - 100, time.time() - 100))
+    app = make_app(None, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        from vitsee.tui.screens.start import StartScreen
+
+        assert isinstance(app.screen, StartScreen)
+        options = app.screen.query_one("#stores").options
+        assert [Path(o.id).name for o in options] == ["newer.h5", "older.h5"]
+        await pilot.press("enter")
+        await settle(pilot, view_shown("cka"))
+        assert app.screen.path == newer
+
+
+async def test_a_new_run_from_the_form_extracts_shows_progress_and_opens_the_store(tmp_path, monkeypatch):
+    app = make_app(None, tmp_path)
+    events = []
+    async with app.run_test(size=SIZE, message_hook=lambda m: events.append(m) if type(m).__name__ == "RunEvent" else None) as pilot:
+        await settle(pilot)
+        await pilot.press("n")
+        await pilot.pause()
+        from vitsee.tui.screens.new_run import NewRunScreen
+
+        form = app.screen
+        assert isinstance(form, NewRunScreen)
+        for spec in (VIT, RESNET):
+            form.query_one("#model-search").value = spec
+            await pilot.press("enter")
+        form.query_one("#dataset").value = "synthetic"
+        form.query_one("#n-images").value = "32"
+        form.query_one("#img-size").value = "64"
+        form.query_one("#device").value = "cpu"
+        target = tmp_path / "run.h5"
+        form.query_one("#store-path").value = str(target)
+        assert form.fields()["models"] == [VIT, RESNET]
+        await pilot.press("f2")  # the size on disk, before anything is written
+        await settle(pilot, lambda a: "expected size on disk" in str(a.screen.query_one("#size-line").render()), timeout=60)
+        assert "32 images x 2 model(s)" in str(form.query_one("#size-line").render()) and not target.exists()
+        await pilot.press("ctrl+s")
+        await settle(pilot, view_shown("cka"), timeout=90)
+        plan = [e.text for e in events if e.stage == "plan" and "expected size on disk" in e.text]
+        extract = [(e.done, e.total) for e in events if e.stage == "extract"]
+        assert plan and extract[-1] == (32, 32) and len(extract) >= 3  # the bar moved batch by batch
+        assert target.exists()
+        with Store.open(target) as s:
+            assert s.models == [VIT, RESNET] and s.complete
+        await settle(pilot, lambda a: not a.screen.query_one("#background-task").running, timeout=90)
+        with Store.open(target) as s:  # the background pass cached every view
+            assert {r["analysis"] for r in s.results()} == {"cka", "attention", "probes", "skip", "spatial"}
+
+
+async def test_the_demo_builds_once_in_the_cache_folder_says_random_init_and_opens(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    small = {"models": ("test_vit", "test_resnet"), "dataset": "synthetic", "n_images": 32, "batch_size": 16,
+             "img_size": 64}
+    monkeypatch.setattr(VitseeApp, "demo_overrides", small)
+    created = []
+    for attempt in ("build", "reuse"):
+        app = make_app(None, tmp_path, demo=True)
+        events = []
+        async with app.run_test(size=SIZE, message_hook=lambda m: events.append(m) if type(m).__name__ == "RunEvent" else None) as pilot:
+            await settle(pilot, view_shown("cka"), timeout=90)
+            stores = list((tmp_path / "cache" / "vitsee").glob("demo-*.h5"))
+            assert [p.name for p in stores] == ["demo-random-32-64px.h5"]
+            notes = [m for m, _ in notifications(app) if m.startswith("demo store")]
+            assert notes and "test_vit: random init" in notes[0] and "Hub cannot be reached" in notes[0]
+            assert "test_vit: random init (seed 0)" in str(app.screen.query_one("#title-bar").render())
+            extracted = [e for e in events if e.stage == "extract"]
+            assert bool(extracted) == (attempt == "build")  # progress shown while building, none on reuse
+        with h5py.File(stores[0], "r") as f:
+            created.append(f.attrs["created"])
+    assert created[0] == created[1]

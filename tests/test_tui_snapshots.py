@@ -1,0 +1,58 @@
+"""Snapshots of every vitsee-tui view on the tiny analysed store, at a fixed terminal size.
+
+Regenerate after an intended change of the look with `pytest tests/test_tui_snapshots.py --snapshot-update`
+and look at the report before committing.
+"""
+
+from __future__ import annotations
+
+import pytest
+from test_tui import analysed_copy, make_app, settle, view_shown
+
+from vitsee.engine.colormap import ColorMode
+
+SIZE = (120, 36)
+
+
+@pytest.fixture(scope="session")
+def store(tiny_store, tmp_path_factory):
+    return analysed_copy(tiny_store, tmp_path_factory.getbasetemp())
+
+
+def opened_on(kind: str, *keys: str):
+    """Returns a run_before that waits for the store, switches to a view, waits for it, presses keys."""
+
+    async def run_before(pilot) -> None:
+        await settle(pilot, view_shown("cka"))
+        if kind != "cka":
+            await pilot.press({"attention": "2", "probes": "3", "skip": "4", "spatial": "5"}[kind])
+            await settle(pilot, view_shown(kind))
+        await pilot.press(*keys)
+        await settle(pilot)
+
+    return run_before
+
+
+@pytest.mark.parametrize(
+    "kind, keys",
+    [
+        ("cka", ("down", "down", "right")),
+        ("attention", ("down", "right")),
+        ("probes", ("down", "down", "right")),
+        ("skip", ("down", "right", "right")),
+        ("spatial", ("right", "down")),
+    ],
+)
+def test_view_snapshot(kind, keys, store, tmp_path, snap_compare):
+    app = make_app(store, tmp_path)
+    assert snap_compare(app, terminal_size=SIZE, run_before=opened_on(kind, *keys))
+
+
+def test_pair_detail_snapshot(store, tmp_path, snap_compare):
+    app = make_app(store, tmp_path)
+    assert snap_compare(app, terminal_size=SIZE, run_before=opened_on("cka", "down", "right", "right", "enter"))
+
+
+def test_no_colour_at_80x24_snapshot(store, tmp_path, snap_compare):
+    app = make_app(store, tmp_path, color=ColorMode.NONE)
+    assert snap_compare(app, terminal_size=(80, 24), run_before=opened_on("cka", "down", "right"))
