@@ -37,6 +37,8 @@ class AnalyzeConfig:
     probe_tokens: bool = True
     spatial_layer: str | None = None
     probe_max_dim: int = 1024  # per-token probes keep a (D, D) matrix per token: skip wider layers
+    # no estimator settings were asked for: a streaming store answers CKA with the estimate it streamed
+    any_cka_estimate: bool = False
 
 
 @dataclass
@@ -215,6 +217,8 @@ def run_cka(store: Store, cfg: AnalyzeConfig, progress: StepFn | None = None) ->
     cached = None if cfg.recompute else store.get_result("cka", params)
     if cached is not None:
         return cached
+    if store.streaming:
+        return _streamed_cka(store, cfg, params)
     if params["n_images"] % params["batch_size"] and params["n_images"] % params["batch_size"] < cka_mod.MIN_BATCH:
         warnings.warn(
             f"the last batch of {params['n_images'] % params['batch_size']} images is dropped from each pass: "
@@ -224,6 +228,21 @@ def run_cka(store: Store, cfg: AnalyzeConfig, progress: StepFn | None = None) ->
     out = compute_cka(store, params, _device(cfg.device), progress)
     arrays = finish_cka(out["states"], out["columns"], params)
     return _save(store, "cka", params, arrays)
+
+
+def _streamed_cka(store: Store, cfg: AnalyzeConfig, params: dict) -> dict:
+    """Returns the CKA a streaming extraction cached, when the asked-for settings allow it; without the
+    activations no other estimate can be made."""
+    from .extract import save_streamed_cka, streamed_cka_params
+
+    streamed = streamed_cka_params(store)
+    if cfg.any_cka_estimate and not cfg.recompute:
+        return store.get_result("cka", streamed) or save_streamed_cka(store)
+    raise VitseeError(
+        f"{store.path} was extracted with --streaming: its CKA was computed during extraction with batch size "
+        f"{streamed['batch_size']} in store order (--batch-size {streamed['batch_size']} --shuffles 0) and other "
+        "settings need the activations, which were not stored: re-extract without --streaming into another store"
+    )
 
 
 def _save(store: Store, analysis: str, params: dict, arrays: dict) -> dict:
@@ -426,6 +445,7 @@ def run_probes(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | 
     and the L2 chosen per probe on a held-out part of the training split."""
     key = store.resolve_model(model)
     store.require_complete(key)
+    store._require_activations("linear probes cannot be fitted")
     labels = store.labels
     if labels is None:
         raise VitseeError(
@@ -517,6 +537,7 @@ def default_spatial_layer(store: Store, key: str) -> str:
 
 
 def spatial_params(store: Store, key: str, cfg: AnalyzeConfig, layer: str | None = None) -> dict:
+    store._require_activations("spatial maps cannot be computed")
     layer = layer or cfg.spatial_layer or default_spatial_layer(store, key)
     store._layer(key, layer)  # names the close matches if the layer is unknown
     return {"model": key, "layer": layer, "n_images": store.n_images, "batch_size": min(cfg.batch_size, store.n_images),
@@ -567,10 +588,12 @@ def applicable(store: Store, model: str) -> list[str]:
     out = []
     if "attention_distance" in stats:
         out.append("attention")
-    if store.labels is not None:
+    if store.labels is not None and not store.streaming:
         out.append("probes")
     if any(s.startswith("skip_ratio") for s in stats):
         out.append("skip")
+    if store.streaming:  # probes and spatial maps read activations
+        return out
     try:
         _spatial_layout(store, key, default_spatial_layer(store, key))
         out.append("spatial")
@@ -596,8 +619,9 @@ def run_analyses(path: str | Path, which: Sequence[str] | None, cfg: AnalyzeConf
                 if which is not None and name not in which:
                     continue
                 if name not in apply:
-                    if which is not None and name == "probes" and store.labels is None:
-                        fn(store, key, cfg, progress=progress)  # raises the clear no-labels error
+                    needs_acts = store.streaming and name in ("probes", "spatial")
+                    if which is not None and (needs_acts or name == "probes" and store.labels is None):
+                        fn(store, key, cfg, progress=progress)  # raises the clear error saying why not
                     continue
                 fn(store, key, cfg, progress=progress)
                 done.append(f"{name}:{key}")

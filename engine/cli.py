@@ -86,6 +86,7 @@ def extract(
     dtype: Annotated[str, typer.Option(help="float16 | float32 for stored activations")] = "float16",
     shuffle_seed: Annotated[Optional[int], typer.Option(help="take a seeded random subset instead of the first N")] = None,
     workers: Annotated[Optional[int], typer.Option(help="image loading processes (default: cores - 1, at most 4)")] = None,
+    streaming: Annotated[bool, typer.Option(help="keep no activations: CKA (store order, this batch size) and statistics straight from the forward pass")] = False,
     overwrite: Annotated[bool, typer.Option(help="replace an existing store")] = False,
     force: Annotated[bool, typer.Option(help="start even if the disk looks too small")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
@@ -97,7 +98,7 @@ def extract(
     cfg = ExtractConfig(
         store=store, models=model, dataset=dataset, n_images=n_images, batch_size=batch_size, device=device,
         layers=layer_arg, img_size=img_size, dtype=dtype, shuffle_seed=shuffle_seed, overwrite=overwrite,
-        force=force, workers=workers,
+        force=force, workers=workers, streaming=streaming,
     )
     on_event, bar = _progress_bar(quiet)
     try:
@@ -124,6 +125,8 @@ def info(store: Annotated[Path, typer.Argument(help="a store made by `vitsee ext
     with Store.open(store) as s:
         status = "complete" if s.complete else "[yellow]incomplete[/] (rerun the same `vitsee extract` to resume)"
         out.print(f"[bold]{store}[/]  {human_bytes(store.stat().st_size)} on disk, {status}")
+        if s.streaming:
+            out.print("streaming: activations not stored (statistics and CKA from the forward pass only)", highlight=False)
         names = s.class_names
         labels = s.labels
         label_text = f"{len(set(labels.tolist()))} classes" if labels is not None else "no labels"
@@ -156,7 +159,8 @@ def info(store: Annotated[Path, typer.Argument(help="a store made by `vitsee ext
                 n_el = 1
                 for d in shape:
                     n_el *= d
-                table.add_row(layer, "x".join(map(str, shape)), human_bytes(n_el * itemsize * s.n_images), str(nonfinite[layer]) if nonfinite[layer] else "")
+                size = "not stored" if s.streaming else human_bytes(n_el * itemsize * s.n_images)
+                table.add_row(layer, "x".join(map(str, shape)), size, str(nonfinite[layer]) if nonfinite[layer] else "")
             out.print(table)
             if s.stats(key):
                 out.print("  statistics: " + ", ".join(f"{n} {'x'.join(map(str, s._model(key)['stats'][n].shape[1:]))}" for n in s.stats(key)), highlight=False)
@@ -220,9 +224,9 @@ def analyze(
     probes: Annotated[bool, typer.Option("--probes", help="linear probes per layer and readout (needs labels)")] = False,
     skip: Annotated[bool, typer.Option("--skip", help="skip-connection norm ratios")] = False,
     spatial: Annotated[bool, typer.Option("--spatial", help="spatial localisation maps")] = False,
-    batch_size: Annotated[int, typer.Option(help="images per CKA minibatch")] = 256,
-    shuffles: Annotated[int, typer.Option(help="average CKA over K seeded shuffles (0: store order)")] = 1,
-    seed: Annotated[int, typer.Option(help="seed of the shuffles and the probe split")] = 0,
+    batch_size: Annotated[Optional[int], typer.Option(help="images per CKA minibatch [default: 256]")] = None,
+    shuffles: Annotated[Optional[int], typer.Option(help="average CKA over K seeded shuffles (0: store order) [default: 1]")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="seed of the shuffles and the probe split [default: 0]")] = None,
     spatial_layer: Annotated[Optional[str], typer.Option(help="layer of the spatial maps (default: last block)")] = None,
     device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")] = "auto",
     recompute: Annotated[bool, typer.Option(help="ignore cached results")] = False,
@@ -232,7 +236,12 @@ def analyze(
     from .analyze import AnalyzeConfig, run_analyses
 
     chosen = [name for name, flag in (("cka", cka), ("attention", attention), ("probes", probes), ("skip", skip), ("spatial", spatial)) if flag]
-    cfg = AnalyzeConfig(batch_size=batch_size, shuffles=shuffles, seed=seed, device=device, recompute=recompute, spatial_layer=spatial_layer)
+    base = AnalyzeConfig()
+    cfg = AnalyzeConfig(
+        batch_size=base.batch_size if batch_size is None else batch_size, shuffles=base.shuffles if shuffles is None else shuffles,
+        seed=base.seed if seed is None else seed, device=device, recompute=recompute, spatial_layer=spatial_layer,
+        any_cka_estimate=batch_size is None and shuffles is None and seed is None,
+    )
     on_event, bar = _progress_bar(quiet)
 
     def on_step(step) -> None:

@@ -1,9 +1,14 @@
 """Extraction: one pass over the images feeds every model of a run, hooks record, a writer thread stores.
 
 The main thread loads batches (DataLoader workers), runs each model's forward with its recorders and
-starts the device-to-host copies; a background thread waits for those copies and writes the batch into
-the store, so the device never waits on HDF5. A bounded queue keeps host memory flat. Progress and plan
-messages reach the caller through one callback (the CLI draws a Rich bar, the terminal app a widget).
+starts the device-to-host copies on a side stream (so they overlap the next batch's forward); a background
+thread waits for those copies and writes the batch into the store, so the device never waits on HDF5. A
+bounded queue keeps host memory flat. Progress and plan messages reach the caller through one callback
+(the CLI draws a Rich bar, the terminal app a widget).
+
+With `streaming`, activations never leave the device: each batch's layers of every model go straight
+into one all-pairs CKA accumulator, and the store keeps the per-image statistics, the accumulator and,
+at the end, the CKA result (what `vitsee analyze --cka --shuffles 0` with the same batch size gives).
 """
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ import queue
 import shutil
 import threading
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +52,7 @@ class ExtractConfig:
     overwrite: bool = False
     force: bool = False
     workers: int | None = None
+    streaming: bool = False
 
 
 @dataclass
@@ -109,7 +116,9 @@ class ModelPlan:
     def key(self) -> str:
         return self.loaded.key
 
-    def bytes(self, n_images: int, dtype: str) -> int:
+    def bytes(self, n_images: int, dtype: str, streaming: bool = False) -> int:
+        if streaming:
+            return estimate_bytes(n_images, [], dtype, self.stats)
         inputs = ArraySpec("input", self.input_shape, dtype)
         return estimate_bytes(n_images, self.layers, dtype, [*self.stats, inputs])
 
@@ -154,6 +163,25 @@ def _check_same_model(store: Store, key: str, record: dict, layers: list[LayerSp
         )
 
 
+def _check_same_mode(store: Store, cfg: ExtractConfig, keys: list[str]) -> None:
+    """A streaming store resumes only as the same streaming run; a store with activations takes no
+    streaming run (its CKA could not cover the models already in it)."""
+    if store.streaming and not cfg.streaming:
+        raise VitseeError(
+            f"{store.path} was made with --streaming (no activations stored): add --streaming to resume it, "
+            "or extract with activations into another store (or --overwrite)"
+        )
+    if cfg.streaming and not store.streaming:
+        raise VitseeError(
+            f"{store.path} already holds activations; --streaming makes a store of its own: choose another path or --overwrite"
+        )
+    if cfg.streaming and store.models != keys:
+        raise VitseeError(
+            f"{store.path} streamed {', '.join(store.models)}; a streaming store cannot take other models "
+            f"({', '.join(keys)}) since its CKA covers all models of one pass: give the same --model list, another store or --overwrite"
+        )
+
+
 def plan(cfg: ExtractConfig, device: torch.device, emit: ProgressFn) -> tuple[Selection, list[ModelPlan], Store | None]:
     """Returns the run's images, one ModelPlan per model, and the existing store if resuming/appending."""
     if cfg.dtype not in DTYPES:
@@ -176,6 +204,7 @@ def plan(cfg: ExtractConfig, device: torch.device, emit: ProgressFn) -> tuple[Se
         existing = Store.writer(store_path)
         try:
             _check_same_images(existing, images, indices)
+            _check_same_mode(existing, cfg, keys)
         except BaseException:
             existing.close()
             raise
@@ -244,6 +273,8 @@ class _TransformedImages(torch.utils.data.Dataset):
 
 @dataclass
 class _Batch:
+    """One model's batch on its way to the store (host tensors, pinned on CUDA)."""
+
     model: str
     batch: int
     activations: dict[str, torch.Tensor]
@@ -251,6 +282,30 @@ class _Batch:
     model_input: torch.Tensor
     nonfinite: torch.Tensor
     ready: object = None  # a CUDA event the writer waits on before reading host memory
+
+    def write(self, store: Store) -> int:
+        acts = {k: v.numpy() for k, v in self.activations.items()}
+        stats = {k: v.numpy() for k, v in self.stats.items()}
+        inp = self.model_input.numpy()
+        store.write_batch(self.model, self.batch, acts, stats, inp, self.nonfinite.numpy().tolist())
+        return sum(a.nbytes for a in acts.values()) + inp.nbytes + sum(v.nbytes for v in stats.values())
+
+
+@dataclass
+class _StreamedBatch:
+    """One batch of a streaming run: every model's statistics and the CKA accumulator after it."""
+
+    batch: int
+    stats: dict[str, dict[str, torch.Tensor]]  # model -> name -> (b, ...)
+    nonfinite: dict[str, torch.Tensor]
+    cka_state: torch.Tensor
+    ready: object = None
+
+    def write(self, store: Store) -> int:
+        stats = {m: {k: v.numpy() for k, v in values.items()} for m, values in self.stats.items()}
+        state = self.cka_state.numpy()
+        store.write_streamed_batch(self.batch, stats, {m: c.numpy().tolist() for m, c in self.nonfinite.items()}, state)
+        return state.nbytes + sum(v.nbytes for values in stats.values() for v in values.values())
 
 
 class BatchWriter:
@@ -274,15 +329,11 @@ class BatchWriter:
             try:
                 if item.ready is not None:
                     item.ready.synchronize()
-                acts = {k: v.numpy() for k, v in item.activations.items()}
-                stats = {k: v.numpy() for k, v in item.stats.items()}
-                inp = item.model_input.numpy()
-                self.store.write_batch(item.model, item.batch, acts, stats, inp, item.nonfinite.numpy().tolist())
-                self.bytes_written += sum(a.nbytes for a in acts.values()) + inp.nbytes + sum(s.nbytes for s in stats.values())
+                self.bytes_written += item.write(self.store)
             except BaseException as exc:  # reported to the producer on its next put/close
                 self.error = exc
 
-    def put(self, item: _Batch) -> None:
+    def put(self, item: _Batch | _StreamedBatch) -> None:
         if self.error is not None:
             raise self.error
         self.queue.put(item)
@@ -294,39 +345,109 @@ class BatchWriter:
             raise self.error
 
 
-def _to_host(tensors: dict[str, torch.Tensor], dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-    out = {}
-    for name, t in tensors.items():
-        t = t.to(dtype) if dtype is not None else t
-        if t.device.type == "cpu":
-            out[name] = t.contiguous()
-        else:
-            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-            host.copy_(t, non_blocking=True)
-            out[name] = host
-    return out
+class _HostCopies:
+    """Device-to-host copies into pinned memory on a side stream, so they overlap the next forward.
+
+    The side stream first waits for the compute stream (the values must be finished), and every source
+    tensor is marked as used by it, so the caching allocator does not hand its memory to the next batch
+    before the copy has read it. On CPU the tensors are already on the host: nothing is copied.
+    """
+
+    def __init__(self, device: torch.device):
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def begin(self) -> None:
+        if self.stream is not None:
+            self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
+
+    def to_host(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if self.stream is None:
+            return {name: t.contiguous() for name, t in tensors.items()}
+        out = {}
+        with torch.cuda.stream(self.stream):
+            for name, t in tensors.items():
+                host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                host.copy_(t, non_blocking=True)
+                t.record_stream(self.stream)
+                out[name] = host
+        return out
+
+    def ready(self):
+        """Returns an event the writer waits on before it reads the copies (None on CPU)."""
+        if self.stream is None:
+            return None
+        event = torch.cuda.Event()
+        event.record(self.stream)
+        return event
 
 
-def _forward_batch(mp: ModelPlan, x: torch.Tensor, batch: int, torch_dtype: torch.dtype) -> _Batch:
+def _nonfinite_counts(acts: dict[str, torch.Tensor], layers: Sequence[LayerSpec]) -> torch.Tensor:
+    """Returns (layers,) counts of inf/nan values (fp16 overflow shows up here)."""
+    values = [acts[layer.name] for layer in layers]
+    if values and values[0].device.type == "cpu":
+        # a sum in fp32 is finite exactly when every value is (fp16 values cannot overflow it), and reads
+        # the data once at memory speed; only a layer that fails it is counted value by value
+        return torch.tensor([0 if torch.isfinite(v.sum(dtype=torch.float32)) else int((~torch.isfinite(v)).sum()) for v in values])
+    return torch.stack([(~torch.isfinite(v)).sum() for v in values])  # no host sync on the device
+
+
+def _forward(mp: ModelPlan, x: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Returns (activations, statistics) of one batch, on the model's device."""
     with torch.inference_mode():
         mp.loaded.model(x)
     acts: dict[str, torch.Tensor] = {}
     stats: dict[str, torch.Tensor] = {}
     for rec in mp.recorders:
         (acts if isinstance(rec, ActivationRecorder) else stats).update(rec.collect())
-    nonfinite = torch.stack([(~torch.isfinite(acts[layer.name])).sum() for layer in mp.layers])
-    host_acts = _to_host(acts)
-    host_stats = _to_host(stats, torch.float32)
-    host_rest = _to_host({"input": x.to(torch_dtype), "nonfinite": nonfinite})
-    ready = None
-    if x.device.type == "cuda":
-        ready = torch.cuda.Event()
-        ready.record()
-    return _Batch(mp.key, batch, host_acts, host_stats, host_rest["input"], host_rest["nonfinite"], ready)
+    return acts, {k: v.float() for k, v in stats.items()}
+
+
+def _forward_batch(mp: ModelPlan, x: torch.Tensor, batch: int, torch_dtype: torch.dtype, copies: _HostCopies) -> _Batch:
+    acts, stats = _forward(mp, x)
+    nonfinite = _nonfinite_counts(acts, mp.layers)
+    model_input = x.to(torch_dtype)
+    copies.begin()
+    host_acts = copies.to_host(acts)
+    host_stats = copies.to_host(stats)
+    host_rest = copies.to_host({"input": model_input, "nonfinite": nonfinite})
+    return _Batch(mp.key, batch, host_acts, host_stats, host_rest["input"], host_rest["nonfinite"], copies.ready())
+
+
+def _cka_columns(plans: Sequence[ModelPlan]) -> list[tuple[str, str]]:
+    """The streamed CKA's columns: every layer of every model, models in store order, layers in forward order."""
+    return [(mp.key, layer.name) for mp in plans for layer in mp.layers]
+
+
+def streamed_cka_params(store: Store) -> dict:
+    """Returns the parameters of a streaming store's CKA: those of `analyze --cka --shuffles 0` with the
+    extraction's batch size, so views and the app find it like any cached CKA."""
+    from .analyze import AnalyzeConfig, cka_params
+
+    batch_size = int(store.file["streaming/cka_state"].attrs["batch_size"])
+    return cka_params(store, AnalyzeConfig(batch_size=batch_size, shuffles=0))
+
+
+def save_streamed_cka(store: Store, state: np.ndarray | None = None) -> dict:
+    """Caches the CKA of a finished streaming run (from its stored accumulator, or the given summed state)."""
+    from .analyze import _save, finish_cka
+
+    saved = store.streamed_cka_state()
+    if saved is None:
+        raise VitseeError(f"{store.path} has no finished batch to compute CKA from: rerun the same `vitsee extract --streaming` command")
+    columns = saved[1]
+    state = saved[0] if state is None else state
+    params = streamed_cka_params(store)
+    if [tuple(c) for c in columns] != [(m, layer) for m in params["models"] for layer in params["layers"][m]]:
+        raise VitseeError(f"{store.path}: the streamed CKA's layers do not match the store's models: re-extract it with --overwrite")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a batch under 4 images was skipped; the result records it
+        arrays = finish_cka(torch.as_tensor(state)[None], columns, params)
+    return _save(store, "cka", params, arrays)
 
 
 def run_extraction(
-    cfg: ExtractConfig, progress: ProgressFn | None = None, cancel: threading.Event | None = None
+    cfg: ExtractConfig, progress: ProgressFn | None = None, cancel: threading.Event | None = None,
+    finish_streamed_cka: bool = True,
 ) -> ExtractResult:
     """Extracts (or resumes, or appends) every model of cfg into the store; returns what was done."""
     emit: ProgressFn = progress or (lambda _p: None)
@@ -337,9 +458,11 @@ def run_extraction(
     store_path = Path(cfg.store)
     messages = []
     try:
-        needed = sum(mp.bytes(n, cfg.dtype) * (1 - mp.done.mean()) for mp in plans if not mp.done.all())
-        total = sum(mp.bytes(n, cfg.dtype) for mp in plans)
+        needed = sum(mp.bytes(n, cfg.dtype, cfg.streaming) * (1 - mp.done.mean()) for mp in plans if not mp.done.all())
+        total = sum(mp.bytes(n, cfg.dtype, cfg.streaming) for mp in plans)
         msg = f"{store_path}: {n} images x {len(plans)} model(s), expected size on disk {human_bytes(total)}"
+        if cfg.streaming:
+            msg += " (streaming: statistics and CKA only, activations not stored)"
         if existing is not None:
             msg += f" (to write now: {human_bytes(needed)})"
         messages.append(msg)
@@ -356,13 +479,19 @@ def run_extraction(
                 images = selection.images
                 store_mod.write_images(h5, images.spec, selection.indices, selection.labels, images.class_names, selection.shuffle_seed)
                 for mp in plans:
-                    store_mod.add_model_layout(h5, mp.record, mp.layers, mp.stats, mp.input_shape, mp.batch_size, cfg.dtype, n)
+                    store_mod.add_model_layout(h5, mp.record, mp.layers, mp.stats, mp.input_shape, mp.batch_size,
+                                               cfg.dtype, n, streaming=cfg.streaming)
+                if cfg.streaming:
+                    store_mod.add_streaming_state(h5, _cka_columns(plans), cfg.batch_size)
             existing = Store.writer(store_path)
         else:
             for mp in plans:
                 if mp.new:
                     existing.add_model(mp.record, mp.layers, mp.stats, mp.input_shape, mp.batch_size, cfg.dtype)
-        processed, bytes_written, cancelled = _extract_pass(existing, selection, plans, device, cfg, emit, cancel)
+        run_pass = _streaming_pass if cfg.streaming else _extract_pass
+        processed, bytes_written, cancelled = run_pass(existing, selection, plans, device, cfg, emit, cancel)
+        if cfg.streaming and not cancelled and existing.complete and finish_streamed_cka:
+            save_streamed_cka(existing)
     finally:
         for mp in plans:
             for rec in mp.recorders:
@@ -374,6 +503,23 @@ def run_extraction(
     return ExtractResult(store_path, [mp.key for mp in plans], processed, seconds, bytes_written, cancelled, messages)
 
 
+def _loader(selection: Selection, group: Sequence[ModelPlan], batches: list[list[int]], device: torch.device,
+            cfg: ExtractConfig) -> tuple[torch.utils.data.DataLoader, dict[str, int]]:
+    """Returns a loader yielding per batch one input tensor per distinct transform, and model -> slot."""
+    transforms, slot = [], {}
+    for mp in group:
+        key = repr(mp.transform)
+        if key not in slot:
+            slot[key] = len(transforms)
+            transforms.append(mp.transform)
+    dataset = _TransformedImages(selection.images, selection.indices, transforms)
+    workers = cfg.workers if cfg.workers is not None else min(4, max(1, (os.cpu_count() or 2) - 1))
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_sampler=batches, num_workers=workers, pin_memory=device.type == "cuda"
+    )
+    return loader, {mp.key: slot[repr(mp.transform)] for mp in group}
+
+
 def _extract_pass(store, selection, plans, device, cfg, emit, cancel) -> tuple[int, int, bool]:
     """Runs the pending batches of every model, grouped by batch size (one pass per group)."""
     n = len(selection)
@@ -381,6 +527,7 @@ def _extract_pass(store, selection, plans, device, cfg, emit, cancel) -> tuple[i
     processed = 0
     cancelled = False
     writer = BatchWriter(store)
+    copies = _HostCopies(device)
     try:
         for bs in sorted({mp.batch_size for mp in plans}):
             group = [mp for mp in plans if mp.batch_size == bs and not mp.done.all()]
@@ -388,18 +535,8 @@ def _extract_pass(store, selection, plans, device, cfg, emit, cancel) -> tuple[i
                 continue
             n_batches = -(-n // bs)
             pending = [b for b in range(n_batches) if any(not mp.done[b] for mp in group)]
-            transforms, slot = [], {}
-            for mp in group:
-                key = repr(mp.transform)
-                if key not in slot:
-                    slot[key] = len(transforms)
-                    transforms.append(mp.transform)
-            dataset = _TransformedImages(selection.images, selection.indices, transforms)
             batches = [list(range(b * bs, min((b + 1) * bs, n))) for b in pending]
-            workers = cfg.workers if cfg.workers is not None else min(4, max(1, (os.cpu_count() or 2) - 1))
-            loader = torch.utils.data.DataLoader(
-                dataset, batch_sampler=batches, num_workers=workers, pin_memory=device.type == "cuda"
-            )
+            loader, slot = _loader(selection, group, batches, device, cfg)
             done_images = n - sum(len(rows) for rows in batches)
             emit(Progress("extract", done=done_images, total=n))
             for b, inputs in zip(pending, loader):
@@ -409,14 +546,69 @@ def _extract_pass(store, selection, plans, device, cfg, emit, cancel) -> tuple[i
                 for mp in group:
                     if mp.done[b]:
                         continue
-                    x = inputs[slot[repr(mp.transform)]].to(device, non_blocking=True)
-                    writer.put(_forward_batch(mp, x, b, torch_dtype))
+                    x = inputs[slot[mp.key]].to(device, non_blocking=True)
+                    writer.put(_forward_batch(mp, x, b, torch_dtype, copies))
                 rows = min(bs, n - b * bs)
                 processed += rows
                 done_images += rows
                 emit(Progress("extract", done=done_images, total=n))
             if cancelled:
                 break
+    finally:
+        writer.close()
+    return processed, writer.bytes_written, cancelled
+
+
+def _streaming_pass(store, selection, plans, device, cfg, emit, cancel) -> tuple[int, int, bool]:
+    """Runs the pending batches of all models together: statistics to the store, activations into one
+    all-pairs CKA accumulator on the device (resumed from the store's copy of it)."""
+    from .cka import MinibatchCKA
+
+    n = len(selection)
+    bs = plans[0].batch_size
+    n_batches = -(-n // bs)
+    done = np.logical_and.reduce([mp.done for mp in plans])
+    first = int(np.argmin(done)) if not done.all() else n_batches  # streaming writes batches in order
+    columns = _cka_columns(plans)
+    acc = MinibatchCKA(len(columns), device)
+    saved = store.streamed_cka_state()
+    if first > 0 and saved is not None:
+        acc.state.copy_(torch.as_tensor(saved[0]))
+    pending = list(range(first, n_batches))
+    batches = [list(range(b * bs, min((b + 1) * bs, n))) for b in pending]
+    processed, cancelled = 0, False
+    writer = BatchWriter(store)
+    copies = _HostCopies(device)
+    try:
+        if not pending:
+            return 0, 0, False
+        loader, slot = _loader(selection, plans, batches, device, cfg)
+        done_images = n - sum(len(rows) for rows in batches)
+        emit(Progress("extract", done=done_images, total=n))
+        for b, inputs in zip(pending, loader):
+            if cancel is not None and cancel.is_set():
+                cancelled = True
+                break
+            feats, stats, nonfinite = [], {}, {}
+            for mp in plans:
+                acts, stats[mp.key] = _forward(mp, inputs[slot[mp.key]].to(device, non_blocking=True))
+                nonfinite[mp.key] = _nonfinite_counts(acts, mp.layers)
+                feats += [acts[layer.name] for layer in mp.layers]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # a last batch under 4 images is skipped, as analyze does
+                acc.update(feats)
+            del feats
+            state = acc.state.clone()  # the next batch adds to the accumulator in place while this one is written
+            copies.begin()
+            host = _StreamedBatch(b, {m: copies.to_host(v) for m, v in stats.items()},
+                                  {m: copies.to_host({"c": c})["c"] for m, c in nonfinite.items()},
+                                  copies.to_host({"state": state})["state"])
+            host.ready = copies.ready()
+            writer.put(host)
+            rows = min(bs, n - b * bs)
+            processed += rows
+            done_images += rows
+            emit(Progress("extract", done=done_images, total=n))
     finally:
         writer.close()
     return processed, writer.bytes_written, cancelled

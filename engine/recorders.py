@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .attention import mean_attention_distance
+from .attention import mean_attention_distance, patch_distance_px
 from .models import LoadedModel, Point, _resnet_blocks
 from .store import ArraySpec, LayerSpec
 
@@ -130,9 +130,7 @@ class AttentionDistanceRecorder(Recorder):
 
         def hook(_m, args):
             attn = args[0].detach()  # (B, H, T, T)
-            kw = dict(grid_size=loaded.grid_size, patch_size=loaded.patch_size, num_prefix_tokens=loaded.num_prefix_tokens)
-            self.plain[i] = mean_attention_distance(attn, **kw)  # (B, H)
-            self.renorm[i] = mean_attention_distance(attn, renormalise=True, **kw)
+            self.plain[i], self.renorm[i] = _both_distances(attn, loaded)  # (B, H) each
 
         return hook
 
@@ -146,6 +144,23 @@ class AttentionDistanceRecorder(Recorder):
             "attention_distance": torch.stack(self.plain, dim=1),  # (B, blocks, H)
             "attention_distance_renorm": torch.stack(self.renorm, dim=1),
         }
+
+
+def _both_distances(attn: torch.Tensor, loaded: LoadedModel) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns mean_attention_distance(attn) plain and renormalised, (B, H) each, reading the map once.
+
+    The same operations as `attention.mean_attention_distance` in the same order, so the same numbers; the
+    weighted distances are shared instead of computed twice (the maps are the largest tensor of the block).
+    """
+    prefix = loaded.num_prefix_tokens
+    gh, gw = loaded.grid_size
+    if attn.shape[-1] != prefix + gh * gw:  # let the reference say what does not fit
+        return (mean_attention_distance(attn, loaded.grid_size, loaded.patch_size, prefix),) * 2
+    spatial = attn[..., prefix:, prefix:].float()  # (B, H, P, P)
+    dist = patch_distance_px(loaded.grid_size, loaded.patch_size, device=attn.device)  # (P, P)
+    per_query = (spatial * dist).sum(-1)  # (B, H, P)
+    renorm = per_query / spatial.sum(-1).clamp_min(torch.finfo(torch.float32).tiny)
+    return per_query.mean(-1), renorm.mean(-1)
 
 
 class SkipRatioRecorder(Recorder):

@@ -14,6 +14,12 @@ Layout
         done               (batches,) uint8, 1 once every array of the batch is on disk
     /results/<analysis>/<id>   cached analysis results, attrs: params (json), provenance (json)
 
+A streaming store (`vitsee extract --streaming`, file attr streaming=1) has the same layout without acts/
+and input: each model group records its layers' per-image shapes and prefix tokens in attrs instead, and
+/streaming/cka_state (2, L*L + 1) holds the all-pairs CKA accumulator of the batches done so far (two
+slots, batch b writes slot b % 2 before `done` marks it, so the state of the last finished batch is never
+the one being overwritten).
+
 Crash safety: every dataset a run will fill is allocated in full when the model is added (HDF5 early
 allocation, no fill), so extraction only overwrites raw bytes at fixed places and never touches the
 file's metadata; a batch counts only once `done` says so, after its data was flushed. A new store is
@@ -222,7 +228,20 @@ class Store:
         """Returns the stored layer names in forward order."""
         return json.loads(self._model(model).attrs["layers"])
 
+    @property
+    def streaming(self) -> bool:
+        """True for a store made with `--streaming`: statistics and results only, no activations."""
+        return bool(self.file.attrs.get("streaming", False))
+
+    def _require_activations(self, what: str) -> None:
+        if self.streaming:
+            raise VitseeError(
+                f"{self.path} was extracted with --streaming: activations were not stored, so {what}: "
+                "re-extract without --streaming into another store (or --overwrite)"
+            )
+
     def _layer(self, model: str, layer: str) -> h5py.Dataset:
+        self._require_activations(f"layer '{layer}' cannot be read")
         acts = self._model(model)["acts"]
         if layer not in acts:
             import difflib
@@ -232,12 +251,23 @@ class Store:
             raise VitseeError(f"no layer '{layer}' stored for {self.resolve_model(model)}: {hint}")
         return acts[layer]
 
+    def _layer_attrs(self, model: str, layer: str) -> dict:
+        """Returns {shape, prefix_tokens} of a layer (from the model's attrs in a streaming store)."""
+        group = self._model(model)
+        if "layer_shapes" not in group.attrs:
+            ds = self._layer(model, layer)
+            return {"shape": tuple(ds.shape[1:]), "prefix_tokens": int(ds.attrs.get("prefix_tokens", 0))}
+        shapes = json.loads(group.attrs["layer_shapes"])
+        if layer not in shapes:
+            raise VitseeError(f"no layer '{layer}' recorded for {self.resolve_model(model)}: it has {', '.join(list(shapes)[:8])} ...")
+        return {"shape": tuple(shapes[layer]), "prefix_tokens": int(json.loads(group.attrs["layer_prefix_tokens"])[layer])}
+
     def layer_shape(self, model: str, layer: str) -> tuple[int, ...]:
         """Returns the per-image shape of a stored layer."""
-        return tuple(self._layer(model, layer).shape[1:])
+        return self._layer_attrs(model, layer)["shape"]
 
     def layer_prefix_tokens(self, model: str, layer: str) -> int:
-        return int(self._layer(model, layer).attrs.get("prefix_tokens", 0))
+        return self._layer_attrs(model, layer)["prefix_tokens"]
 
     def batch_size(self, model: str) -> int:
         return int(self._model(model).attrs["batch_size"])
@@ -300,6 +330,7 @@ class Store:
 
     def model_input(self, model: str, rows: slice | np.ndarray | None = None) -> np.ndarray:
         """Returns the preprocessed model input (N, 3, H, W) as float32."""
+        self._require_activations("the model input cannot be read")
         ds = self._model(model)["input"]
         done = self.rows_done(model)
         if rows is None:
@@ -351,8 +382,8 @@ class Store:
 
         def visit(_name, obj):
             nonlocal total
-            if isinstance(obj, h5py.Dataset):
-                total += obj.id.get_storage_size()
+            if isinstance(obj, h5py.Dataset):  # a stitched store's rows live in its shards
+                total += obj.nbytes if obj.is_virtual else obj.id.get_storage_size()
 
         group.visititems(visit)
         return total
@@ -427,6 +458,22 @@ class Store:
         self.file.flush()
         return rid
 
+    # --- the CKA of a streaming extraction -------------------------------------------------------
+
+    def streamed_cka_state(self) -> tuple[np.ndarray, list[tuple[str, str]]] | None:
+        """Returns (accumulator state after the last finished batch, its [(model, layer)] columns), or None
+        when nothing has been accumulated yet (or the store is not a streaming one)."""
+        if "streaming/cka_state" not in self.file:
+            return None
+        ds = self.file["streaming/cka_state"]
+        columns = [tuple(c) for c in json.loads(ds.attrs["columns"])]
+        batches = int(ds.attrs["batch_size"])
+        done = min((self.rows_done(m) for m in self.models), default=0)
+        finished = -(-done // batches)  # batches, the last possibly short
+        if finished == 0:
+            return None
+        return ds[(finished - 1) % 2].astype(np.float64), columns
+
     # --- writing (extraction) -------------------------------------------------------------------
 
     def add_model(
@@ -453,6 +500,24 @@ class Store:
         nonfinite: Sequence[int],
     ) -> None:
         """Writes one batch of a model and marks it done once the data is flushed to disk."""
+        self._write_rows(model, batch, activations, stats, model_input, nonfinite)
+        self.file.flush()
+        self._model(model)["done"][batch] = 1
+        self.file.flush()
+
+    def write_streamed_batch(self, batch: int, stats: dict[str, dict[str, np.ndarray]],
+                             nonfinite: dict[str, Sequence[int]], cka_state: np.ndarray) -> None:
+        """Writes one batch of a streaming run (every model's statistics and the CKA accumulator after
+        it), then marks it done for every model once the data is flushed."""
+        for model, values in stats.items():
+            self._write_rows(model, batch, {}, values, None, nonfinite[model])
+        self.file["streaming/cka_state"][batch % 2] = cka_state
+        self.file.flush()
+        for model in stats:
+            self._model(model)["done"][batch] = 1
+        self.file.flush()
+
+    def _write_rows(self, model, batch, activations, stats, model_input, nonfinite) -> None:
         group = self.file["models"][model]
         bs = int(group.attrs["batch_size"])
         start = batch * bs
@@ -461,11 +526,9 @@ class Store:
             group["acts"][name][start:stop] = value
         for name, value in stats.items():
             group["stats"][name][start:stop] = value
-        group["input"][start:stop] = model_input
+        if model_input is not None:
+            group["input"][start:stop] = model_input
         group["nonfinite"][batch] = np.asarray(nonfinite, dtype=np.int64)
-        self.file.flush()
-        group["done"][batch] = 1
-        self.file.flush()
 
 
 def read_rows(ds: h5py.Dataset, rows: np.ndarray, limit: int | None = None) -> np.ndarray:
@@ -508,7 +571,9 @@ def add_model_layout(
     batch_size: int,
     dtype: str,
     n_images: int,
+    streaming: bool = False,
 ) -> None:
+    """Allocates every array of a new model in full (see the module docstring for the layout)."""
     key = record["key"]
     models = file.require_group("models")
     if key in models:
@@ -519,16 +584,21 @@ def add_model_layout(
     group.attrs["batch_size"] = int(batch_size)
     group.attrs["dtype"] = dtype
     group.attrs["order"] = len(models) - 1
-    acts = group.create_group("acts")
-    for layer in layers:
-        ds = _early_dataset(acts, layer.name, (n_images, *layer.shape), dtype, batch_size)
-        ds.attrs["prefix_tokens"] = int(layer.prefix_tokens)
-        ds.attrs["module"] = layer.module
-        ds.attrs["kind"] = layer.kind
+    if streaming:  # no activations: the layers' shapes are all a reader needs to know about them
+        group.attrs["layer_shapes"] = _json({layer.name: list(layer.shape) for layer in layers})
+        group.attrs["layer_prefix_tokens"] = _json({layer.name: int(layer.prefix_tokens) for layer in layers})
+    else:
+        acts = group.create_group("acts")
+        for layer in layers:
+            ds = _early_dataset(acts, layer.name, (n_images, *layer.shape), dtype, batch_size)
+            ds.attrs["prefix_tokens"] = int(layer.prefix_tokens)
+            ds.attrs["module"] = layer.module
+            ds.attrs["kind"] = layer.kind
     stat_group = group.create_group("stats")
     for spec in stats:
         _early_dataset(stat_group, spec.name, (n_images, *spec.shape), spec.dtype, batch_size)
-    _early_dataset(group, "input", (n_images, *input_shape), dtype, batch_size)
+    if not streaming:
+        _early_dataset(group, "input", (n_images, *input_shape), dtype, batch_size)
     n_batches = -(-n_images // batch_size)
     _early_dataset(group, "nonfinite", (n_batches, len(layers)), "int64", n_batches)
     done = _early_dataset(group, "done", (n_batches,), "uint8", n_batches)
@@ -561,6 +631,16 @@ def creating(path: str | Path, overwrite: bool = False):
             file.close()
         tmp.unlink(missing_ok=True)
         raise
+
+
+def add_streaming_state(file: h5py.File, columns: Sequence[tuple[str, str]], batch_size: int) -> None:
+    """Marks a new store as a streaming one and allocates its CKA accumulator slots."""
+    file.attrs["streaming"] = True
+    group = file.require_group("streaming")
+    n = len(columns)
+    ds = _early_dataset(group, "cka_state", (2, n * n + 1), "float64", 2)
+    ds.attrs["columns"] = _json([list(c) for c in columns])
+    ds.attrs["batch_size"] = int(batch_size)
 
 
 def write_images(file: h5py.File, dataset: str, indices: np.ndarray, labels: np.ndarray, class_names, shuffle_seed) -> None:
