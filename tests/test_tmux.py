@@ -82,8 +82,9 @@ def test_keys_sent_to_the_real_app_change_what_the_terminal_shows(app_in_tmux):
     wait_for(lambda s: STATUS.search(s) and STATUS.search(s).group(1) == "blocks.1", "the cursor to move down")
 
     tmux("send-keys", "-t", "app", "2")
-    attention = wait_for(lambda s: "Mean attention distance" in s, "the attention view")
-    assert "uniform" in attention and re.search(r"^ blocks\.0 head \d", attention, re.M)
+    attention = wait_for(lambda s: "Mean attention distance" in s and re.search(r"^ blocks\.0 head \d", s, re.M),
+                         "the attention view and its status line")
+    assert "\u25b2uniform 32.1" in attention  # the uniform-attention distance marked on the axis
 
     tmux("send-keys", "-t", "app", "a", "1")
     wait_for(lambda s: f"CKA {RESNET}" in s and STATUS.search(s), "model A to become the ResNet")

@@ -90,7 +90,7 @@ class ExplorerScreen(Screen):
 
     DEFAULT_CSS = """
     ExplorerScreen {
-        & #title-bar { width: 1fr; height: 1; padding: 0 1; background: $panel; color: $text; }
+        & #title-bar { width: 1fr; height: 1; padding: 0 1; background: $panel; color: $text; text-wrap: nowrap; text-overflow: ellipsis; }
         & #explorer-body { height: 1fr; }
         & #main { width: 1fr; height: 1fr; }
         & #panes { height: 1fr; }
@@ -287,12 +287,12 @@ class ExplorerScreen(Screen):
         if self.kind == "spatial":
             view = pane.view
             current = view.params.get("layer") if view is not None else self.spatial_layer.get(self.model_a)
-            panel.set_layers("Layer of the map (Enter)", model.spatial_layers, current, show_b=False)
+            panel.set_layers("Map of layer (Enter)", model.spatial_layers, current, show_b=False)
         elif self.kind == "cka":
-            panel.set_layers("Layers of A (Enter jumps)", pane.layer_choices() or model.layers, show_b=True)
+            panel.set_layers("Layers (Enter: go)", pane.layer_choices() or model.layers, show_b=True)
         else:
             title = {"attention": "Blocks", "skip": "Blocks", "probes": "Layers"}[self.kind]
-            panel.set_layers(f"{title} (Enter jumps)", pane.layer_choices(), show_b=False)
+            panel.set_layers(f"{title} (Enter: go)", pane.layer_choices(), show_b=False)
 
     # --- loading --------------------------------------------------------------------------------------------
 

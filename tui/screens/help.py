@@ -66,7 +66,7 @@ class HelpScreen(ModalScreen[None]):
             padding: 0 1;
         }
         & .help--title { text-style: bold; }
-        & .help--hint { color: $text-muted; }
+        & .help--hint { color: $text-muted; width: 1fr; }
         & DataTable { height: 1fr; }
     }
     """

@@ -52,6 +52,8 @@ def short_label(label: str) -> str:
     """Return a module path with its leading parts cut to initials: 'blocks.11' -> 'b.11', 'layer2.1' -> 'l2.1'."""
     parts = label.split(".")
     for i, head in enumerate(parts[:-1]):
+        if head.isdigit():  # an index ('blocks.10.attn') is what tells layers apart: keep it whole
+            continue
         digits = len(head) - len(head.rstrip("0123456789"))
         parts[i] = head[:1] + (head[-digits:] if 0 < digits < len(head) else "")
     return ".".join(parts)

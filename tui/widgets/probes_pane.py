@@ -37,8 +37,8 @@ class ProbesPane(ViewPane):
 
     DEFAULT_CSS = """
     ProbesPane {
-        & DataTable { height: 1fr; min-height: 4; }
-        & LinePlot { height: 8; }
+        & DataTable { height: auto; max-height: 70%; min-height: 4; }
+        & LinePlot { height: 1fr; min-height: 7; }
     }
     """
 
@@ -89,7 +89,7 @@ class ProbesPane(ViewPane):
         row, col = self.selection or (0, 0)
         value = float(view.matrix[row, col])
         best = best_rows(view.matrix)[col]
-        shown = f"{value:.4f}" if math.isfinite(value) else "not computed"
+        shown = f"{value:.4f}" if math.isfinite(value) else "n/a (no such readout here)"
         text = f"{view.rows[row]} {view.cols[col]}  accuracy {shown}"
         if best is not None:
             text += f"  best {view.rows[best]} {view.matrix[best, col]:.4f}"

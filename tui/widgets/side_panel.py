@@ -36,6 +36,7 @@ class SidePanel(Vertical):
         & > Label { color: $text-muted; padding: 0 1; margin-top: 1; }
         & > Label.-first { margin-top: 0; }
         & > Select { width: 1fr; }
+        & > Select Static#label { text-wrap: nowrap; text-overflow: ellipsis; }
         & > OptionList { height: 1fr; border: none; padding: 0; }
         &.-hidden { display: none; }
     }
@@ -44,7 +45,7 @@ class SidePanel(Vertical):
     def compose(self) -> ComposeResult:
         yield Label("Model A (rows)", classes="-first", id="label-model-a")
         yield Select([], prompt="model A", id="model-a", compact=True)
-        yield Label("Model B (CKA columns)", id="label-model-b")
+        yield Label("Model B (columns)", id="label-model-b")
         yield Select([], prompt="model B", id="model-b", compact=True)
         yield Label("Layers", id="label-layers")
         yield OptionList(id="layers")

@@ -23,8 +23,8 @@ class SkipPane(ViewPane):
 
     DEFAULT_CSS = """
     SkipPane {
-        & Heatmap { height: 1fr; min-height: 6; }
-        & LinePlot { height: 7; }
+        & Heatmap { height: 2fr; min-height: 6; }
+        & LinePlot { height: 1fr; min-height: 7; }
     }
     """
 

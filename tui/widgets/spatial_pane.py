@@ -63,14 +63,14 @@ class SpatialPane(ViewPane):
         if heatmap is None:
             heatmap = Heatmap(self.token_map(self.token), rows, cols, vmin=view.vmin, vmax=view.vmax, cmap=self.cmap,
                               color_mode=self.color_mode, value_name="CKA", id="spatial-heatmap")
-            self.query_one(".pane--body").mount(heatmap, before=0)
+            self.query_one(".pane--body").mount(heatmap)
         else:
             heatmap.set_cmap(self.cmap)
             heatmap.set_data(self.token_map(self.token), rows, cols, vmin=view.vmin, vmax=view.vmax)
         heatmap.cursor = (self.token // gw, self.token % gw)
         self.query_one(".spatial--note", Label).update(
-            f"layer {view.params.get('layer')}: move the cursor over the {gh}x{gw} grid to pick a token; "
-            f"colours are its CKA with the pixels of each {view.extra.get('patch_px')}px input patch"
+            f"cursor: a token of the {gh}x{gw} grid at {view.params.get('layer')}; "
+            f"colours: its CKA with the pixels of each {view.extra.get('patch_px')} px input patch"
         )
 
     def on_heatmap_cursor_moved(self, message: Heatmap.CursorMoved) -> None:
