@@ -95,11 +95,14 @@ def main() -> None:
         ("pytorch-cka, 3 calls", lambda: pytorch_cka_readme(feats, vit_layers, bs, device)),
         ("torch-cka", lambda: torch_cka_joint(feats, bs, device)),
     ):
+        if args.skip_slow and name == "torch-cka":
+            continue
         try:
             methods[name] = make()
         except Exception as e:  # not installed, or its API moved: say so and carry on
             print(f"{name}: unavailable ({type(e).__name__}: {e}); install the bench extra: pip install -e '.[bench]'")
-    methods["naive per-pair loop"] = lambda: naive_cka(feats, bs, device)
+    if not args.skip_slow:
+        methods["naive per-pair loop"] = lambda: naive_cka(feats, bs, device)
 
     timings = round_robin(methods, device, args.repeats, args.budget_s)
     ours = timings["vitsee minibatch_cka"][0]
@@ -127,6 +130,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3, help="best of this many runs per method (default 3)")
     p.add_argument("--budget-s", type=float, default=30.0, help="no more repeats once a method used this long")
     p.add_argument("--quick", action="store_true", help="small job: n=512, batch 128, 4+5 layers")
+    p.add_argument("--skip-slow", action="store_true", help="leave out torch-cka and the naive loop")
     p.add_argument("--accuracy", action="store_true", help="vitsee's error for each Gram / pair precision")
     args = p.parse_args()
     if args.quick:
@@ -356,7 +360,7 @@ def gemm_flops(shapes: list[tuple[int, ...]], n: int, batch_size: int) -> float:
         if m < vcka.MIN_BATCH:
             continue
         h = m // 2
-        gram_cells = m * m if h < 32 else h * m + (m - h) ** 2
+        gram_cells = m * m if m < vcka.BLOCK_GRAM_MIN else h * m + (m - h) ** 2
         total += sum(2.0 * gram_cells * np.prod(shape) for shape in shapes)
         total += 2.0 * len(shapes) ** 2 * m * m
     return total

@@ -26,15 +26,16 @@ import torch
 from vitsee.engine.errors import VitseeError
 
 MIN_BATCH = 4  # unbiased HSIC divides by m (m - 3) and (m - 1)(m - 2): it needs m >= 4 examples
+BLOCK_GRAM_MIN = 256  # from this batch size on, gram() multiplies out only the upper block-triangle
 
 # Precision, chosen by measurement (python benchmarks/cka.py --accuracy; CPU, 1,024 synthetic images in batches of
 # 256, 12 ViT-like (197 x 192) and 14 ResNet-like maps, max |CKA - numpy fp64 reference| over the 26 x 26 matrix):
-#   Gram fp32, U-centring + pair product fp64: 2.7e-09 (3.7e-09 with +300 on every unit)
-#   Gram fp32, U-centring + pair product fp32: 2.1e-07 (3.8e-07)  -- the m*m-term sums in fp32 are what hurts
-#   Gram fp64, U-centring + pair product fp64: 6.3e-15, at 2x the CPU time (1/64 of the rate on consumer GPUs)
-# Once the features are centred over the batch, the fp32 Gram is accurate to ~1e-8 in CKA (without centring the
-# error grows with the offset: 8e-8 on these features, 3e-2 with +300). U-centring and the pair product are
-# O(L m^2) and O(L^2 m^2) against O(L m^2 D) for the Grams, so they run in fp64 at no visible cost.
+#   Gram fp32, U-centring + pair product fp64: 2.7e-09 (2.0e-09 with +300 on every unit)
+#   Gram fp32, U-centring + pair product fp32: 2.1e-07 (2.2e-07)  -- the m*m-term sums in fp32 are what hurts
+#   Gram fp64, U-centring + pair product fp64: 6.3e-15 (1.0e-14), at 2-5x the CPU time, 1/64 rate on consumer GPUs
+# Once the features are centred over the batch, the fp32 Gram is accurate to ~1e-8 in CKA; without centring the
+# error grows with the offset (8e-8 on these features, 3e-2 with +300, on 512 of them). U-centring and the pair
+# product are O(L m^2) and O(L^2 m^2) against O(L m^2 D) for the Grams, so they run in fp64 at no visible cost.
 GRAM_DTYPE = torch.float32
 PAIR_DTYPE = torch.float64
 
@@ -53,7 +54,7 @@ def gram(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     m = x.shape[0]
     h = m // 2
     k = x.new_empty(m, m) if out is None else out
-    if h < 128:  # smaller batches: one product is faster
+    if m < BLOCK_GRAM_MIN:  # smaller batches: one product is faster
         return torch.mm(x, x.T, out=k)
     torch.mm(x[:h], x.T, out=k[:h])  # (h, m); a block of whole rows is contiguous, so mm writes in place
     k[h:, h:] = x[h:] @ x[h:].T  # (m - h, m - h)
@@ -242,7 +243,8 @@ class MinibatchCKA:
             else:
                 k = self.cross_at
                 sums[:k, k:] += (grams[:k] @ grams[k:].T).to(torch.float64) * scale  # (k, L - k)
-                sums.diagonal().add_((grams * grams).sum(dim=1).to(torch.float64) * scale)  # (L,)
+                own = torch.bmm(grams.unsqueeze(1), grams.unsqueeze(2)).view(L)  # (L,) row dot products, no temp
+                sums.diagonal().add_(own.to(torch.float64) * scale)
             self.state[-1] += 1
 
     def _reserve(self, m: int, largest_layer: int) -> None:
