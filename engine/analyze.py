@@ -607,6 +607,54 @@ def run_analyses(path: str | Path, which: Sequence[str] | None, cfg: AnalyzeConf
     unknown = [a for a in (which or []) if a not in ANALYSES]
     if unknown:
         raise VitseeError(f"unknown analysis '{unknown[0]}': choose from {', '.join(ANALYSES)}")
+    from . import distributed
+
+    rank = distributed.current()
+    if rank is not None:
+        return _run_analyses_distributed(path, which, cfg, progress, rank)
+    return _run_analyses_here(path, which, cfg, progress)
+
+
+def _run_analyses_distributed(path, which, cfg: AnalyzeConfig, progress, rank) -> list[str]:
+    """Under torchrun: every rank accumulates its share of the CKA batches, the HSIC sums are all-reduced
+    and rank 0 caches the result, then runs the rest as one process would (the CKA is cached by then)."""
+    from dataclasses import replace
+
+    from . import distributed
+
+    device = distributed.rank_device(rank, cfg.device)
+    distributed.init(rank, device)
+    try:
+        cfg = replace(cfg, device=device)
+        store, compute, params, error = None, False, {}, None
+        try:
+            store = Store.writer(path) if rank.main else Store.open(path)
+            _check_ready(store, store.models)
+            params = cka_params(store, cfg)
+            compute = (which is None or "cka" in which) and not store.streaming and (
+                cfg.recompute or store.get_result("cka", params) is None)
+        except BaseException as exc:
+            error = exc
+        try:
+            distributed.agree(error, f"opening {path}")
+            if compute:
+                plan = batch_plan(params["n_images"], params["batch_size"], params["shuffles"], params["seed"] or 0)
+                out = compute_cka(store, params, torch.device(device), progress if rank.main else None,
+                                  plan=plan[rank.rank :: rank.world])  # batches dealt out round-robin
+                states = distributed.all_reduce_sum(out["states"])
+                if rank.main:
+                    _save(store, "cka", params, finish_cka(states, out["columns"], params))
+        finally:
+            if store is not None:
+                store.close()
+        if not rank.main:
+            return ["cka"] if compute else []
+        return _run_analyses_here(path, which, cfg, progress)
+    finally:
+        distributed.shutdown()
+
+
+def _run_analyses_here(path, which, cfg: AnalyzeConfig, progress) -> list[str]:
     done = []
     with Store.writer(path) as store:
         _check_ready(store, store.models)

@@ -92,6 +92,7 @@ def extract(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
 ) -> None:
     """Run models over images and store layer activations and per-image statistics (resumable)."""
+    from .distributed import is_secondary
     from .extract import ExtractConfig, run_extraction
 
     layer_arg: str | list[str] = layers if layers in ("blocks", "sublayers") else [s.strip() for s in layers.split(",") if s.strip()]
@@ -100,6 +101,7 @@ def extract(
         layers=layer_arg, img_size=img_size, dtype=dtype, shuffle_seed=shuffle_seed, overwrite=overwrite,
         force=force, workers=workers, streaming=streaming,
     )
+    quiet = quiet or is_secondary()  # under torchrun rank 0 speaks for the run
     on_event, bar = _progress_bar(quiet)
     try:
         result = run_extraction(cfg, progress=on_event)
@@ -234,6 +236,7 @@ def analyze(
 ) -> None:
     """Compute the paper's analyses (none named: all that apply) and cache them in the store."""
     from .analyze import AnalyzeConfig, run_analyses
+    from .distributed import is_secondary
 
     chosen = [name for name, flag in (("cka", cka), ("attention", attention), ("probes", probes), ("skip", skip), ("spatial", spatial)) if flag]
     base = AnalyzeConfig()
@@ -242,6 +245,7 @@ def analyze(
         seed=base.seed if seed is None else seed, device=device, recompute=recompute, spatial_layer=spatial_layer,
         any_cka_estimate=batch_size is None and shuffles is None and seed is None,
     )
+    quiet = quiet or is_secondary()  # under torchrun rank 0 speaks for the run
     on_event, bar = _progress_bar(quiet)
 
     def on_step(step) -> None:

@@ -53,6 +53,20 @@ class ExtractConfig:
     force: bool = False
     workers: int | None = None
     streaming: bool = False
+    shard: Shard | None = None  # set by the torchrun driver: this process extracts these rows into their own file
+
+
+@dataclass(frozen=True)
+class Shard:
+    """The part of a run one torchrun process extracts: whole batches [first_batch, stop_batch) of the
+    run's images, rows [start, stop), stored as a store of its own and stitched into the run's store."""
+
+    rank: int
+    world: int
+    first_batch: int
+    stop_batch: int
+    start: int
+    stop: int
 
 
 @dataclass
@@ -196,6 +210,8 @@ def plan(cfg: ExtractConfig, device: torch.device, emit: ProgressFn) -> tuple[Se
         raise VitseeError(f"model {keys[0] if keys.count(keys[0]) > 1 else keys[1]} is given twice: list each model once")
     images = open_dataset(cfg.dataset)
     indices = select_indices(len(images), cfg.n_images, cfg.shuffle_seed)
+    if cfg.shard is not None:
+        indices = indices[cfg.shard.start : cfg.shard.stop]
     selection = Selection(images, indices, cfg.shuffle_seed)
 
     existing: Store | None = None
@@ -446,10 +462,17 @@ def save_streamed_cka(store: Store, state: np.ndarray | None = None) -> dict:
 
 
 def run_extraction(
-    cfg: ExtractConfig, progress: ProgressFn | None = None, cancel: threading.Event | None = None,
-    finish_streamed_cka: bool = True,
+    cfg: ExtractConfig, progress: ProgressFn | None = None, cancel: threading.Event | None = None
 ) -> ExtractResult:
-    """Extracts (or resumes, or appends) every model of cfg into the store; returns what was done."""
+    """Extracts (or resumes, or appends) every model of cfg into the store; returns what was done.
+
+    Launched by torchrun (WORLD_SIZE > 1), each process extracts its share into a shard and rank 0
+    stitches them into the store (see `distributed.extract_sharded`).
+    """
+    from . import distributed
+
+    if cfg.shard is None and distributed.current() is not None:
+        return distributed.extract_sharded(cfg, progress, cancel)
     emit: ProgressFn = progress or (lambda _p: None)
     device = resolve_device(cfg.device)
     t0 = time.perf_counter()
@@ -478,6 +501,8 @@ def run_extraction(
             with store_mod.creating(store_path, overwrite=cfg.overwrite) as h5:
                 images = selection.images
                 store_mod.write_images(h5, images.spec, selection.indices, selection.labels, images.class_names, selection.shuffle_seed)
+                if cfg.shard is not None:
+                    h5.attrs["shard"] = store_mod._json(cfg.shard.__dict__)
                 for mp in plans:
                     store_mod.add_model_layout(h5, mp.record, mp.layers, mp.stats, mp.input_shape, mp.batch_size,
                                                cfg.dtype, n, streaming=cfg.streaming)
@@ -490,8 +515,8 @@ def run_extraction(
                     existing.add_model(mp.record, mp.layers, mp.stats, mp.input_shape, mp.batch_size, cfg.dtype)
         run_pass = _streaming_pass if cfg.streaming else _extract_pass
         processed, bytes_written, cancelled = run_pass(existing, selection, plans, device, cfg, emit, cancel)
-        if cfg.streaming and not cancelled and existing.complete and finish_streamed_cka:
-            save_streamed_cka(existing)
+        if cfg.streaming and not cancelled and existing.complete and cfg.shard is None:
+            save_streamed_cka(existing)  # a shard's share is summed with the others' when they are stitched
     finally:
         for mp in plans:
             for rec in mp.recorders:

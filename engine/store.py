@@ -20,6 +20,10 @@ and input: each model group records its layers' per-image shapes and prefix toke
 slots, batch b writes slot b % 2 before `done` marks it, so the state of the last finished batch is never
 the one being overwritten).
 
+A store stitched from torchrun shards (file attr shards: json list of relative paths) holds the images and,
+per model, HDF5 virtual datasets over the shards' datasets of the same names; see shards.py. Readers use
+it like any store; opening one whose shard files are gone is an error rather than rows of fill values.
+
 Crash safety: every dataset a run will fill is allocated in full when the model is added (HDF5 early
 allocation, no fill), so extraction only overwrites raw bytes at fixed places and never touches the
 file's metadata; a batch counts only once `done` says so, after its data was flushed. A new store is
@@ -122,6 +126,14 @@ class Store:
         if "vitsee_format" not in self.file.attrs:
             self.file.close()
             raise VitseeError(f"{path} is an HDF5 file but not a vitsee store: give a store made by `vitsee extract`")
+        # a stitched store reads its rows from shard files; HDF5 would quietly fill a missing one's with zeros
+        for rel in json.loads(self.file.attrs.get("shards", "[]")):
+            if not (self.path.parent / rel).exists():
+                self.file.close()
+                raise VitseeError(
+                    f"{path} reads its rows from shard {self.path.parent / rel}, which is missing: put the store's "
+                    f".shards folder back beside it, or re-extract"
+                )
         self.writable = mode != "r"
         self._lock_fd: int | None = None
 
