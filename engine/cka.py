@@ -48,8 +48,8 @@ def gram(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """Return the linear-kernel Gram matrix x x^T of x (m, D) as (m, m), written into `out` if given.
 
     K is symmetric, so only rows [:h] against all rows and rows [h:] against themselves are multiplied out and
-    the lower-left block is mirrored: 3/4 of the FLOPs of x @ x.T. On 2 CPU cores that measured 7% faster at
-    m = 256 and 12-18% at m = 512-1024, but slower at m = 128, where the half-size products run less efficiently.
+    the lower-left block is mirrored: 3/4 of the FLOPs of x @ x.T. On 2 CPU cores that took 7% less CPU time at
+    m = 256 and 9-17% at m = 512-1024, but more at m = 128, where the half-size products run less efficiently.
     """
     m = x.shape[0]
     h = m // 2

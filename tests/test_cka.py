@@ -4,6 +4,8 @@ The references here are deliberately naive numpy float64: Grams of the raw (unce
 unbiased HSIC term by term with explicit ones vectors, one layer pair at a time.
 """
 
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -279,6 +281,27 @@ def test_fp32_matmul_settings_are_restored(rng):
         assert torch.get_float32_matmul_precision() == "high"
     finally:
         torch.set_float32_matmul_precision(before)
+
+
+def test_fp32_matmul_speaks_the_newer_precision_api_when_the_process_uses_it():
+    # Mixing the legacy and newer TF32 switches raises in PyTorch, and would poison this process: use a child.
+    code = (
+        "import torch, numpy as np\n"
+        "from vitsee.engine.cka import minibatch_cka, full_fp32_matmul\n"
+        "torch.backends.cuda.matmul.fp32_precision = 'tf32'\n"
+        "torch.backends.mkldnn.matmul.fp32_precision = 'bf16'\n"
+        "with full_fp32_matmul():\n"
+        "    assert torch.backends.cuda.matmul.fp32_precision == 'ieee'\n"
+        "    assert torch.backends.mkldnn.matmul.fp32_precision == 'ieee'\n"
+        "x = np.random.default_rng(0).standard_normal((64, 10)).astype(np.float32)\n"
+        "assert abs(minibatch_cka([x], [2 * x], batch_size=32)[0, 0] - 1) < 1e-6\n"
+        "assert torch.backends.cuda.matmul.fp32_precision == 'tf32'\n"
+        "assert torch.backends.mkldnn.matmul.fp32_precision == 'bf16'\n"
+    )
+    if not hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        pytest.skip("this PyTorch has only the legacy switches")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 # ----------------------------------------------------------------------------------------------------------------
