@@ -552,6 +552,8 @@ def read_rows(ds: h5py.Dataset, rows: np.ndarray, limit: int | None = None) -> n
         return np.empty((0, *ds.shape[1:]), dtype=ds.dtype)
     if len(rows) > 1 and np.all(np.diff(rows) == 1):
         return ds[int(rows[0]) : int(rows[-1]) + 1]
+    if np.all(np.diff(rows) > 0):  # increasing: HDF5 reads them as they are
+        return ds[rows]
     order = np.argsort(rows, kind="stable")
     sorted_rows = rows[order]
     unique, inverse = np.unique(sorted_rows, return_inverse=True)
