@@ -51,15 +51,17 @@ def make_app(path: Path | None, tmp_path: Path, color: ColorMode = ColorMode.TRU
     return VitseeApp(path, options=options, **kwargs)
 
 
-async def settle(pilot, until=lambda app: True, timeout: float = 30.0) -> None:
-    """Wait for the workers and the messages they post, until `until(app)` holds."""
+async def settle(pilot, until=lambda app: True, timeout: float = 30.0, idle: bool = True) -> None:
+    """Wait for the workers and the messages they post, until `until(app)` holds (and, with idle, no
+    worker runs any more)."""
     app = pilot.app
     deadline = time.monotonic() + timeout
     while True:
-        await pilot.pause()
-        await app.workers.wait_for_complete()
-        await pilot.pause()
-        if until(app) and not any(w.is_running for w in app.workers):
+        await pilot.pause(0 if idle else 0.1)
+        if idle:
+            await app.workers.wait_for_complete()
+            await pilot.pause()
+        if until(app) and not (idle and any(w.is_running for w in app.workers)):
             return
         if time.monotonic() > deadline:
             raise AssertionError(f"app did not settle within {timeout} s (screen {app.screen})")
@@ -68,7 +70,8 @@ async def settle(pilot, until=lambda app: True, timeout: float = 30.0) -> None:
 def view_shown(kind: str):
     def check(app) -> bool:
         screen = app.screen
-        return isinstance(screen, ExplorerScreen) and screen.kind == kind and screen.pane(kind).loaded is not None
+        panes = screen.query(f"#pane-{kind}") if isinstance(screen, ExplorerScreen) else []
+        return bool(panes) and screen.kind == kind and panes.first().loaded is not None
     return check
 
 
@@ -313,6 +316,22 @@ async def test_a_view_not_cached_is_computed_in_a_worker_and_cached(tiny_store, 
     assert text == f"patch_embed x patch_embed  CKA {view.matrix[0, 0]:.4f}"
 
 
+def test_a_cancelled_computation_stops_at_its_next_step_and_caches_nothing(tiny_store, tmp_path):
+    from vitsee.tui.results import Cancelled, read_view
+
+    path = tmp_path / "fresh.h5"
+    shutil.copy(tiny_store, path)
+    steps = []
+    with pytest.raises(Cancelled):
+        read_view(path, f"cka:{VIT}", AnalyzeConfig(batch_size=16), progress=steps.append,
+                  cancelled=lambda: len(steps) >= 1)
+    assert len(steps) == 1  # one batch done, then it stopped
+    with Store.open(path) as s:
+        assert s.results() == []
+    loaded = read_view(path, f"cka:{VIT}", AnalyzeConfig(batch_size=16))  # the store is still writable
+    assert loaded.computed and loaded.view.matrix.shape == (8, 8)
+
+
 # --- terminals --------------------------------------------------------------------------------------------------
 
 
@@ -348,7 +367,7 @@ async def test_color_none_draws_the_heatmap_with_ascii_and_keeps_the_status_line
         assert status(app).startswith("patch_embed x blocks.0  CKA ")
 
 
-async def test_the_app_fits_80x24(store, tmp_path):
+async def test_the_app_fits_80x24_and_q_quits(store, tmp_path):
     app = make_app(store, tmp_path)
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(pilot, view_shown("cka"))
@@ -356,6 +375,9 @@ async def test_the_app_fits_80x24(store, tmp_path):
         assert heatmap.size.width >= 40 and heatmap.size.height >= 12
         await pilot.press("end")
         assert status(app).startswith("norm x patch_embed  CKA ")
+        await pilot.press("q")
+        await pilot.pause()
+        assert not app.is_running
 
 
 # --- keys, help, palette ----------------------------------------------------------------------------------------
@@ -397,15 +419,6 @@ async def test_the_command_palette_offers_views_models_export_and_zoom(store, tm
         assert app.screen.query_one(Heatmap).zoom == "1:1"
 
 
-async def test_q_quits(store, tmp_path):
-    app = make_app(store, tmp_path)
-    async with app.run_test(size=SIZE) as pilot:
-        await settle(pilot, view_shown("cka"))
-        await pilot.press("q")
-        await pilot.pause()
-        assert not app.is_running
-
-
 # --- start screen, new run, demo -------------------------------------------------------------------------------
 
 
@@ -427,12 +440,19 @@ async def test_without_a_store_the_start_screen_lists_the_stores_here_newest_fir
         await pilot.press("enter")
         await settle(pilot, view_shown("cka"))
         assert app.screen.path == newer
+        await pilot.press("o")  # the store list again, from the explorer; the other store replaces this one
+        await settle(pilot)
+        assert isinstance(app.screen, StartScreen)
+        await pilot.press("down", "enter")
+        await settle(pilot, view_shown("cka"))
+        assert app.screen.path == older and len(app.screen_stack) == 2
 
 
 async def test_a_new_run_from_the_form_extracts_shows_progress_and_opens_the_store(tmp_path, monkeypatch):
     app = make_app(None, tmp_path)
     events = []
-    async with app.run_test(size=SIZE, message_hook=lambda m: events.append(m) if type(m).__name__ == "RunEvent" else None) as pilot:
+    kept = ("RunEvent", "ResultCached")
+    async with app.run_test(size=SIZE, message_hook=lambda m: events.append(m) if type(m).__name__ in kept else None) as pilot:
         await settle(pilot)
         await pilot.press("n")
         await pilot.pause()
@@ -454,22 +474,26 @@ async def test_a_new_run_from_the_form_extracts_shows_progress_and_opens_the_sto
         await settle(pilot, lambda a: "expected size on disk" in str(a.screen.query_one("#size-line").render()), timeout=60)
         assert "32 images x 2 model(s)" in str(form.query_one("#size-line").render()) and not target.exists()
         await pilot.press("ctrl+s")
-        await settle(pilot, view_shown("cka"), timeout=90)
-        plan = [e.text for e in events if e.stage == "plan" and "expected size on disk" in e.text]
-        extract = [(e.done, e.total) for e in events if e.stage == "extract"]
+        await settle(pilot, view_shown("cka"), timeout=90, idle=False)
+        runs = [e for e in events if type(e).__name__ == "RunEvent"]
+        plan = [e.text for e in runs if e.stage == "plan" and "expected size on disk" in e.text]
+        extract = [(e.done, e.total) for e in runs if e.stage == "extract"]
         assert plan and extract[-1] == (32, 32) and len(extract) >= 3  # the bar moved batch by batch
         assert target.exists()
         with Store.open(target) as s:
             assert s.models == [VIT, RESNET] and s.complete
-        await settle(pilot, lambda a: not a.screen.query_one("#background-task").running, timeout=90)
-        with Store.open(target) as s:  # the background pass cached every view
-            assert {r["analysis"] for r in s.results()} == {"cka", "attention", "probes", "skip", "spatial"}
+        await settle(pilot, lambda a: f"spatial:{VIT}" in [m.spec for m in events if type(m).__name__ == "ResultCached"],
+                     timeout=90, idle=False)
+        cached = list(dict.fromkeys(m.spec for m in events if type(m).__name__ == "ResultCached"))
+        assert cached[:2] == [f"cka:{VIT}", f"cka:{VIT}:{RESNET}"]  # views fill in one by one, CKA first
+        with Store.open(target) as s:  # the background pass caches every view (probes, the slowest, last)
+            assert {"cka", "attention", "skip", "spatial"} <= {r["analysis"] for r in s.results()}
 
 
 async def test_the_demo_builds_once_in_the_cache_folder_says_random_init_and_opens(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    small = {"models": ("test_vit", "test_resnet"), "dataset": "synthetic", "n_images": 32, "batch_size": 16,
+    small = {"models": ("test_vit", "test_resnet"), "dataset": "synthetic", "n_images": 16, "batch_size": 8,
              "img_size": 64}
     monkeypatch.setattr(VitseeApp, "demo_overrides", small)
     created = []
@@ -479,7 +503,7 @@ async def test_the_demo_builds_once_in_the_cache_folder_says_random_init_and_ope
         async with app.run_test(size=SIZE, message_hook=lambda m: events.append(m) if type(m).__name__ == "RunEvent" else None) as pilot:
             await settle(pilot, view_shown("cka"), timeout=90)
             stores = list((tmp_path / "cache" / "vitsee").glob("demo-*.h5"))
-            assert [p.name for p in stores] == ["demo-random-32-64px.h5"]
+            assert [p.name for p in stores] == ["demo-random-16-64px.h5"]
             notes = [m for m, _ in notifications(app) if m.startswith("demo store")]
             assert notes and "test_vit: random init" in notes[0] and "Hub cannot be reached" in notes[0]
             assert "test_vit: random init (seed 0)" in str(app.screen.query_one("#title-bar").render())

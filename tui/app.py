@@ -72,6 +72,11 @@ class VitseeApp(App):
         screen = ExplorerScreen(Path(path), self.options, analyse_all=analyse_all, note=note, analysis=analysis)
         if replace:
             self.switch_screen(screen)
+            return
+        while len(self.screen_stack) > 2:  # one explorer at a time: the start screen, a finished run ... go
+            self.pop_screen()
+        if len(self.screen_stack) == 2:
+            self.switch_screen(screen)
         else:
             self.push_screen(screen)
 

@@ -14,12 +14,16 @@ from vitsee.tui.results import LoadedView, StoreSummary
 class SummaryLoaded(Message):
     """A store was opened and read: its models, layers and what is cached."""
 
+    bubble = False  # posted by a worker straight to the screen that handles it
+
     summary: StoreSummary
 
 
 @dataclass
 class SummaryFailed(Message):
     """A store could not be opened (missing, corrupt, not a store)."""
+
+    bubble = False  # posted by a worker straight to the screen that handles it
 
     path: Path
     error: str
@@ -29,12 +33,16 @@ class SummaryFailed(Message):
 class ViewLoaded(Message):
     """A view's numbers arrived (read from the cache or just computed)."""
 
+    bubble = False  # posted by a worker straight to the screen that handles it
+
     loaded: LoadedView
 
 
 @dataclass
 class ViewFailed(Message):
     """A view could not be shown: the reason, in one line."""
+
+    bubble = False  # posted by a worker straight to the screen that handles it
 
     spec: str
     error: str
@@ -43,6 +51,8 @@ class ViewFailed(Message):
 @dataclass
 class AnalysisStep(Message):
     """An analysis moved on: `done` of `total` in its own units."""
+
+    bubble = False  # posted by a worker straight to the screen that handles it
 
     spec: str
     analysis: str
@@ -54,6 +64,8 @@ class AnalysisStep(Message):
 @dataclass
 class ResultCached(Message):
     """The background pass over every view has cached one more (views waiting on it can load)."""
+
+    bubble = False  # posted by a worker straight to the screen that handles it
 
     spec: str
 
@@ -70,6 +82,8 @@ class StatusChanged(Message):
 class ExportWritten(Message):
     """An export finished: the files written, and a note when the PNG could not be drawn."""
 
+    bubble = False  # posted by a worker straight to the screen that handles it
+
     json_path: Path
     png_path: Path | None
     note: str | None = None
@@ -78,6 +92,8 @@ class ExportWritten(Message):
 @dataclass
 class RunEvent(Message):
     """An extraction event: stage 'plan', 'load', 'extract' (done/total images) or 'done'."""
+
+    bubble = False  # posted by a worker straight to the screen that handles it
 
     stage: str
     done: int = 0
@@ -88,6 +104,8 @@ class RunEvent(Message):
 @dataclass
 class RunEnded(Message):
     """An extraction ended: finished, cancelled (resumable) or failed with an error line."""
+
+    bubble = False  # posted by a worker straight to the screen that handles it
 
     store: Path
     cancelled: bool = False

@@ -327,7 +327,12 @@ class ExplorerScreen(Screen):
         if bar_id == "#background-task":
             what = f"caching every view: {message.spec}  {what}"
         else:
-            what += "  (x cancels)"
+            kind = message.spec.partition(":")[0]
+            if self.pane(kind).loaded is None:
+                self.pane(kind).show_message(
+                    f"{message.spec} is not in the store's cache yet: computing it now, then it is cached for next "
+                    "time. x cancels."
+                )
         self.query_one(bar_id, TaskBar).advance(what, message.done, message.total)
 
     def on_view_loaded(self, message: ViewLoaded) -> None:

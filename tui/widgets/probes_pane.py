@@ -58,11 +58,11 @@ class ProbesPane(ViewPane):
             cells = []
             for c, value in enumerate(view.matrix[r]):
                 if not math.isfinite(value):
-                    cells.append(Text("\u2013 ", justify="right"))  # –
+                    cells.append(Text("  \u2013"))  # –
                 elif best[c] == r:
-                    cells.append(Text(f"{value:.3f}{BEST}", style="bold", justify="right"))
+                    cells.append(Text(f"{value:.3f}{BEST}", style="bold"))  # same width numbers: left-aligned they line up
                 else:
-                    cells.append(Text(f"{value:.3f} ", justify="right"))
+                    cells.append(Text(f"{value:.3f}"))
             table.add_row(*cells, label=layer, key=layer)
         plot = self.query_one(LinePlot)
         plot.plot([Series(name, view.matrix[:, c]) for c, name in enumerate(view.cols)],

@@ -40,6 +40,7 @@ class ViewPane(Vertical):
         self.color_mode = color_mode
         self.cmap = cmap
         self.loaded: LoadedView | None = None
+        self._early: tuple[str, object] | None = None  # what was asked before the pane's children existed
 
     def compose(self) -> ComposeResult:
         yield Label("", classes="pane--title")
@@ -54,8 +55,20 @@ class ViewPane(Vertical):
     def view(self) -> View | None:
         return self.loaded.view if self.loaded is not None else None
 
+    def on_mount(self) -> None:
+        if self._early is not None:
+            what, arg = self._early
+            self._early = None
+            self.show(arg) if what == "show" else self.show_message(arg)
+
+    def _composed(self) -> bool:
+        return bool(self.query(".pane--title"))
+
     def show(self, loaded: LoadedView) -> None:
         """Show a view's numbers."""
+        if not self._composed():
+            self._early = ("show", loaded)
+            return
         self.loaded = loaded
         view = loaded.view
         self.query_one(".pane--title", Label).update(view.title)  # the title bar names weights and images
@@ -66,6 +79,9 @@ class ViewPane(Vertical):
     def show_message(self, text: str, keep: bool = False) -> None:
         """Show a line of text instead of the view (loading, not applicable, failed)."""
         if keep and self.loaded is not None:
+            return
+        if not self._composed():
+            self._early = ("message", text)
             return
         self.loaded = None
         self.query_one(".pane--title", Label).update("")
