@@ -230,6 +230,7 @@ async def test_e_writes_a_png_and_a_json_with_the_stores_numbers_and_the_cursor_
         await settle(pilot, view_shown("cka"))
         await pilot.press("down", "right", "right", "e")
         await settle(pilot, lambda a: any("exported" in m for m, _ in notifications(a)))
+        said = [m for m, _ in notifications(app) if "exported" in m]
     files = sorted((tmp_path / "exports").iterdir())
     png = next(p for p in files if p.suffix == ".png")
     data = json.loads(next(p for p in files if p.suffix == ".json").read_text())
@@ -241,7 +242,7 @@ async def test_e_writes_a_png_and_a_json_with_the_stores_numbers_and_the_cursor_
     expected = load_view(store, f"cka:{VIT}", CACHED)
     assert np.allclose(np.array(data["values"], dtype=float), expected.matrix, equal_nan=True)
     assert data["rows"] == expected.rows and data["selection"]["row"] == 1 and data["selection"]["col"] == 2
-    assert (png.name in m for m, _ in notifications(app))
+    assert png.name in said[0] and str(tmp_path / "exports") in said[0]  # the notification names the file
 
 
 async def test_each_view_exports_its_own_numbers(store, tmp_path):

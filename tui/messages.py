@@ -71,6 +71,17 @@ class ResultCached(Message):
 
 
 @dataclass
+class CachingEnded(Message):
+    """The background pass over every view ended: how many views it cached, and whether it was stopped."""
+
+    bubble = False  # posted by a worker straight to the screen that handles it
+
+    cached: int
+    total: int
+    cancelled: bool = False
+
+
+@dataclass
 class StatusChanged(Message):
     """A pane's selection changed: the status line should read `text`."""
 

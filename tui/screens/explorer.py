@@ -22,6 +22,7 @@ from textual.worker import get_current_worker
 from vitsee.engine.errors import VitseeError, brief
 from vitsee.tui.messages import (
     AnalysisStep,
+    CachingEnded,
     ExportWritten,
     LayerPicked,
     ModelsPicked,
@@ -375,9 +376,10 @@ class ExplorerScreen(Screen):
     def _analyse_all(self, specs: list[str]) -> None:
         """Cache every view in turn, so each opens at once later (views fill in as results arrive)."""
         worker = get_current_worker()
+        cached = 0
         for index, spec in enumerate(specs, start=1):
             if worker.is_cancelled:
-                return
+                break
 
             def progress(step: Step, spec=spec) -> None:
                 self.post_message(AnalysisStep(spec, f"{step.analysis} ({index}/{len(specs)})", step.done, step.total, step.message))
@@ -385,7 +387,7 @@ class ExplorerScreen(Screen):
             try:
                 loaded = read_view(self.path, spec, self._config(), progress, cancelled=lambda: worker.is_cancelled)
             except Cancelled:
-                return
+                break
             except VitseeError as exc:
                 self.post_message(ViewFailed(spec, str(exc)))
                 continue
@@ -393,14 +395,20 @@ class ExplorerScreen(Screen):
                 log.exception("caching %s", spec)
                 self.post_message(ViewFailed(spec, f"cannot compute {spec}: {brief(exc)}"))
                 continue
+            cached += 1
             self.post_message(ViewLoaded(loaded))
             self.post_message(ResultCached(spec))
+        self.post_message(CachingEnded(cached, len(specs), cancelled=worker.is_cancelled))
 
-    def on_result_cached(self, message: ResultCached) -> None:
-        specs = self.all_specs()
-        if specs and message.spec == specs[-1]:
-            self.query_one("#background-task", TaskBar).stop()
-            self.notify("every view is cached in the store", timeout=4)
+    def on_caching_ended(self, message: CachingEnded) -> None:
+        self.query_one("#background-task", TaskBar).stop()
+        if message.cancelled:
+            return
+        if message.cached == message.total:
+            self.notify(f"all {message.total} views are cached in the store", timeout=4)
+        else:
+            self.notify(f"{message.cached} of {message.total} views cached; the others failed (see above)",
+                        severity="warning", timeout=6)
 
     # --- panes and side panel --------------------------------------------------------------------------------
 
