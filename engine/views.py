@@ -132,54 +132,86 @@ IDENTITY = {
 }
 
 
-def _result(path: Path, analysis: str, params_fn, run_fn, cfg: an.AnalyzeConfig, explicit: bool) -> dict:
-    """Returns the cached result when there is one (read-only open), else computes and caches it.
+@dataclass(frozen=True)
+class _Request:
+    """What a view string asks of the store: the analysis, resolved model keys and its arguments."""
 
-    With explicit parameters only an exact match serves; otherwise the newest cached result about the
-    same models/layers/images does, whatever estimator settings made it.
+    kind: str
+    keys: list[str]
+    layer: str | None
+
+    def params(self, store: Store, cfg: an.AnalyzeConfig) -> dict:
+        key = self.keys[0]
+        if self.kind == "cka":
+            return an.cka_params(store, cfg)
+        if self.kind == "spatial":
+            return an.spatial_params(store, key, cfg, self.layer)
+        return {"attention": an.attention_params, "probes": an.probe_params, "skip": an.skip_params}[self.kind](store, key, cfg)
+
+    def run(self, store: Store, cfg: an.AnalyzeConfig, progress) -> dict:
+        key = self.keys[0]
+        if self.kind == "cka":
+            return an.run_cka(store, cfg, progress)
+        if self.kind == "spatial":
+            return an.run_spatial(store, key, cfg, self.layer, progress)
+        runner = {"attention": an.run_attention, "probes": an.run_probes, "skip": an.run_skip}[self.kind]
+        return runner(store, key, cfg, progress)
+
+
+def _request(store: Store, text: str) -> _Request:
+    kind, args = parse_view(text)
+    if kind not in ("cka", "spatial") and len(args) > 1:
+        raise VitseeError(f"view '{text}' takes one model: use {VIEW_HELP}")
+    keys = [store.resolve_model(a) for a in (args if kind == "cka" else args[:1])]
+    return _Request(kind, keys, args[1] if kind == "spatial" and len(args) > 1 else None)
+
+
+def cached_params(store: Store, text: str, cfg: an.AnalyzeConfig | None = None) -> dict | None:
+    """Returns the parameters of the cached result that serves a view, or None when it must be computed.
+
+    With cfg given only an exact match serves; with cfg None the newest cached result about the same
+    models/layers/images does, whatever estimator settings (batch size, shuffles, seed) made it.
     """
-    with Store.open(path) as store:
-        params = params_fn(store)
-        cached = None if cfg.recompute else store.get_result(analysis, params)
-        if cached is None and not explicit and not cfg.recompute:
-            keys = IDENTITY[analysis]
-            same = [r for r in store.results(analysis) if all(r["params"].get(k) == params.get(k) for k in keys)]
-            if same:
-                newest = max(same, key=lambda r: r["provenance"].get("created", ""))
-                cached = store.get_result(analysis, newest["params"])
-    if cached is not None:
-        return cached
-    with Store.writer(path) as store:
-        return run_fn(store)
+    request = _request(store, text)
+    params = request.params(store, cfg or an.AnalyzeConfig())
+    if store.get_result(request.kind, params) is not None:
+        return params
+    if cfg is not None:
+        return None
+    same = [r for r in store.results(request.kind) if all(r["params"].get(k) == params.get(k) for k in IDENTITY[request.kind])]
+    return max(same, key=lambda r: r["provenance"].get("created", ""))["params"] if same else None
+
+
+def compute_view(store: Store, text: str, cfg: an.AnalyzeConfig, progress=None) -> None:
+    """Computes and caches the result behind a view in a store open for writing (cached: returns at once)."""
+    _request(store, text).run(store, cfg, progress)
 
 
 def load_view(path: str | Path, text: str, cfg: an.AnalyzeConfig | None = None, progress=None) -> View:
     """Returns the view named by `text` for the store at path, computing and caching what is missing.
 
-    cfg None means "no particular estimator settings": any cached result about the same thing serves,
-    and a missing one is computed with the defaults.
+    cfg None means "no particular estimator settings": any cached result about the same thing serves
+    (see cached_params), and a missing one is computed with the defaults.
     """
-    explicit = cfg is not None
-    cfg = cfg or an.AnalyzeConfig()
     path = Path(path)
-    kind, args = parse_view(text)
     with Store.open(path) as store:
-        keys = [store.resolve_model(a) for a in (args if kind == "cka" else args[:1])]
-        subtitle = _subtitle(store, list(dict.fromkeys(keys)))
-        if kind not in ("cka", "spatial") and len(args) > 1:
-            raise VitseeError(f"view '{text}' takes one model: use {VIEW_HELP}")
-        if kind == "spatial":
-            keys = keys[:1]
-    key = keys[0]
-    builder = {"cka": _cka_view, "attention": _attention_view, "probes": _probe_view, "skip": _skip_view, "spatial": _spatial_view}[kind]
-    view = builder(path, keys, args, cfg, progress, explicit)
+        request = _request(store, text)
+        subtitle = _subtitle(store, list(dict.fromkeys(request.keys)))
+        info = store.model_info(request.keys[0])
+        params = None if cfg is not None and cfg.recompute else cached_params(store, text, cfg)
+        result = store.get_result(request.kind, params) if params is not None else None
+    if result is None:
+        with Store.writer(path) as store:
+            result = request.run(store, cfg or an.AnalyzeConfig(), progress)
+    builder = {"cka": _cka_view, "attention": _attention_view, "probes": _probe_view, "skip": _skip_view, "spatial": _spatial_view}
+    view = builder[request.kind](result, request.keys, info)
     view.subtitle = subtitle
-    view.spec = f"{kind}:{':'.join(keys if kind == 'cka' else [key] + args[1:])}"
+    args = request.keys if request.kind == "cka" else request.keys + ([request.layer] if request.layer else [])
+    view.spec = f"{request.kind}:{':'.join(args)}"
     return view
 
 
-def _cka_view(path, keys, args, cfg, progress, explicit) -> View:
-    result = _result(path, "cka", lambda s: an.cka_params(s, cfg), lambda s: an.run_cka(s, cfg, progress), cfg, explicit)
+def _cka_view(result: dict, keys: list[str], info: dict) -> View:
     a, b = keys[0], keys[-1]
     matrix, rows, cols = an.cka_block(result, result["_params"]["models"], a, b)
     title = f"CKA {a}" if a == b else f"CKA {a} (rows) x {b} (cols)"
@@ -188,9 +220,8 @@ def _cka_view(path, keys, args, cfg, progress, explicit) -> View:
     return View("cka", "", title, "", matrix, rows, cols, "CKA", 0.0, 1.0, params, {}, [a, b])
 
 
-def _attention_view(path, keys, args, cfg, progress, explicit) -> View:
+def _attention_view(r: dict, keys: list[str], info: dict) -> View:
     key = keys[0]
-    r = _result(path, "attention", lambda s: an.attention_params(s, key, cfg), lambda s: an.run_attention(s, key, cfg, progress), cfg, explicit)
     heads = r["mean_px"].shape[1]
     extra = {"std_px": r["std_px"], "hist_counts": r["hist_counts"], "hist_edges": r["hist_edges"],
              "uniform_px": float(r["uniform_px"]), "head_order": r["head_order"], "mean_renorm_px": r["mean_renorm_px"]}
@@ -199,12 +230,10 @@ def _attention_view(path, keys, args, cfg, progress, explicit) -> View:
                 dict(r["_params"]), extra, [key])
 
 
-def _probe_view(path, keys, args, cfg, progress, explicit) -> View:
+def _probe_view(r: dict, keys: list[str], info: dict) -> View:
     key = keys[0]
-    r = _result(path, "probes", lambda s: an.probe_params(s, key, cfg), lambda s: an.run_probes(s, key, cfg, progress), cfg, explicit)
     layers = [str(x) for x in r["layers"]]
     token_maps = {name.split("/", 1)[1]: v for name, v in r.items() if name.startswith("tokens/")}
-    info = _model_info(path, key)
     prefix = int(info.get("num_prefix_tokens") or 0)
     # the token maps hold the prefix tokens first (CLS...): the mean is over the spatial positions only
     token_mean = np.array([np.mean(token_maps[layer][prefix:]) if layer in token_maps else np.nan for layer in layers])
@@ -218,9 +247,8 @@ def _probe_view(path, keys, args, cfg, progress, explicit) -> View:
                 "accuracy", 0.0, 1.0, params, extra, [key])
 
 
-def _skip_view(path, keys, args, cfg, progress, explicit) -> View:
+def _skip_view(r: dict, keys: list[str], info: dict) -> View:
     key = keys[0]
-    r = _result(path, "skip", lambda s: an.skip_params(s, key, cfg), lambda s: an.run_skip(s, key, cfg, progress), cfg, explicit)
     ratio = np.asarray(r["ratio"], dtype=float)
     finite = ratio[np.isfinite(ratio)]
     extra = {"cls": r["cls"], "spatial_mean": r["spatial_mean"]}
@@ -229,21 +257,13 @@ def _skip_view(path, keys, args, cfg, progress, explicit) -> View:
                 float(finite.max()) if finite.size else 1.0, dict(r["_params"]), extra, [key])
 
 
-def _spatial_view(path, keys, args, cfg, progress, explicit) -> View:
+def _spatial_view(r: dict, keys: list[str], info: dict) -> View:
     key = keys[0]
-    layer = args[1] if len(args) > 1 else None
-    r = _result(path, "spatial", lambda s: an.spatial_params(s, key, cfg, layer),
-                lambda s: an.run_spatial(s, key, cfg, layer, progress), cfg, explicit)
     gh, gw = (int(v) for v in r["grid"])
     cells = [f"r{i}c{j}" for i in range(gh) for j in range(gw)]
     params = dict(r["_params"])
     return View("spatial", "", f"Spatial localisation {key} {params['layer']}", "", r["maps"], [f"token {c}" for c in cells],
                 [f"patch {c}" for c in cells], "CKA", 0.0, 1.0, params, {"grid": [gh, gw], "patch_px": int(r["patch_px"])}, [key])
-
-
-def _model_info(path: Path, key: str) -> dict:
-    with Store.open(path) as store:
-        return store.model_info(key)
 
 
 def available_views(path: str | Path) -> list[str]:

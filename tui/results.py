@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from typing import TYPE_CHECKING
@@ -127,62 +127,6 @@ def _has_grid(store: Store, key: str, layer: str, info: dict) -> bool:
     return True
 
 
-# --- which parameters to read with ------------------------------------------------------------------
-
-
-def _params_of(store: Store, kind: str, key: str, cfg: an.AnalyzeConfig, layer: str | None) -> dict:
-    from vitsee.engine import analyze as an
-
-    if kind == "cka":
-        return an.cka_params(store, cfg)
-    if kind == "attention":
-        return an.attention_params(store, key, cfg)
-    if kind == "probes":
-        return an.probe_params(store, key, cfg)
-    if kind == "skip":
-        return an.skip_params(store, key, cfg)
-    return an.spatial_params(store, key, cfg, layer)
-
-
-def _config_from(params: dict, base: an.AnalyzeConfig) -> an.AnalyzeConfig:
-    """Returns the config that produces a cached result's parameters (what an analysis records)."""
-    fields: dict = {}
-    if "batch_size" in params:
-        fields["batch_size"] = int(params["batch_size"])
-    if "shuffles" in params:
-        fields["shuffles"] = int(params["shuffles"])
-    if params.get("seed") is not None:
-        fields["seed"] = int(params["seed"])
-    if "tokens" in params:
-        fields["probe_tokens"] = bool(params["tokens"])
-    if "max_token_dim" in params:
-        fields["probe_max_dim"] = int(params["max_token_dim"])
-    return replace(base, **fields)
-
-
-def config_for(store: Store, spec: str, base: an.AnalyzeConfig) -> tuple[an.AnalyzeConfig, bool]:
-    """Returns (config, cached): the config of a cached result for this view if there is one, else `base`."""
-    from vitsee.engine.store import Store
-    from vitsee.engine.views import parse_view
-
-    kind, args = parse_view(spec)
-    key = store.resolve_model(args[0])
-    layer = args[1] if kind == "spatial" and len(args) > 1 else None
-    wanted = _params_of(store, kind, key, base, layer)
-    if store.get_result(kind, wanted) is not None:
-        return base, True
-    candidates = sorted(store.results(kind), key=lambda r: r["provenance"].get("created", ""), reverse=True)
-    for result in candidates:
-        cfg = _config_from(result["params"], base)
-        try:
-            params = _params_of(store, kind, key, cfg, layer)
-        except VitseeError:
-            continue
-        if Store.result_id(params) == result["id"]:
-            return cfg, True
-    return base, False
-
-
 # --- views --------------------------------------------------------------------------------------------
 
 
@@ -249,25 +193,6 @@ class StoreAccess:
 ACCESS = StoreAccess()
 
 
-def _compute(store: Store, spec: str, cfg: an.AnalyzeConfig, progress: StepFn) -> None:
-    """Computes and caches the analysis behind a view (the runners return early when it is cached)."""
-    from vitsee.engine import analyze as an
-    from vitsee.engine.views import parse_view
-
-    kind, args = parse_view(spec)
-    key = store.resolve_model(args[0])
-    if kind == "cka":
-        an.run_cka(store, cfg, progress)
-    elif kind == "attention":
-        an.run_attention(store, key, cfg, progress)
-    elif kind == "probes":
-        an.run_probes(store, key, cfg, progress)
-    elif kind == "skip":
-        an.run_skip(store, key, cfg, progress)
-    else:
-        an.run_spatial(store, key, cfg, args[1] if len(args) > 1 else None, progress)
-
-
 def read_view(path: str | Path, spec: str, base: an.AnalyzeConfig, progress: StepFn | None = None,
               cancelled: Callable[[], bool] = lambda: False) -> LoadedView:
     """Returns the view named by spec, from the cache when it is there, else computed and cached first.
@@ -276,8 +201,7 @@ def read_view(path: str | Path, spec: str, base: an.AnalyzeConfig, progress: Ste
     and nothing is cached.
     """
     from vitsee.engine.store import Store
-    from vitsee.engine.views import load_view
-
+    from vitsee.engine.views import cached_params, compute_view, load_view
 
     def step(event: an.Step) -> None:
         if cancelled():
@@ -287,14 +211,14 @@ def read_view(path: str | Path, spec: str, base: an.AnalyzeConfig, progress: Ste
 
     start = time.perf_counter()
     with ACCESS.read(), Store.open(path) as store:
-        cfg, cached = config_for(store, spec, base)
+        cached = cached_params(store, spec) is not None  # any cached estimate serves the app
     if not cached:
         with ACCESS.write(path) as store:
             if cancelled():
                 raise Cancelled(spec)
-            _compute(store, spec, cfg, step)
+            compute_view(store, spec, base, step)
     with ACCESS.read():
-        view = load_view(path, spec, cfg)
+        view = load_view(path, spec)
         with Store.open(path) as store:
             shapes = {m: {layer: store.layer_shape(m, layer) for layer in store.layers(m)} for m in view.models}
     return LoadedView(spec, view, not cached, time.perf_counter() - start, shapes)
