@@ -338,7 +338,7 @@ def cached_pretrained_file(timm_name: str) -> str | None:
     return None
 
 
-def _hub_reachable(timeout_s: float = 3.0) -> bool:
+def hub_reachable(timeout_s: float = 3.0) -> bool:
     from huggingface_hub import constants
 
     if constants.HF_HUB_OFFLINE:
@@ -442,7 +442,7 @@ def load_model(spec: ModelSpec | str, img_size: int | None = None, device: str |
             raise VitseeError(f"{spec.name} has no pretrained weights in timm: use {spec.name}@random or {spec.name}@/path/to/weights.safetensors")
         spec = ModelSpec(spec.name, tag, "pretrained")
         cached = cached_pretrained_file(spec.timm_name)
-        if cached is None and not _hub_reachable():
+        if cached is None and not hub_reachable():
             raise VitseeError(
                 f"pretrained weights for {spec.timm_name} are not in the local cache and the Hugging Face Hub "
                 f"cannot be reached: use {spec.timm_name}@random[:SEED], {spec.timm_name}@/path/to/weights.safetensors, "

@@ -63,9 +63,9 @@ def cache_dir() -> Path:
 
 def hub_reachable() -> bool:
     """Returns whether the Hugging Face Hub answers (False at once when HF_HUB_OFFLINE is set)."""
-    from vitsee.engine.models import _hub_reachable
+    from vitsee.engine import models
 
-    return _hub_reachable(timeout_s=2.0)
+    return models.hub_reachable(timeout_s=2.0)
 
 
 def choose(plan: DemoPlan | None = None, device: str = "auto", folder: Path | None = None) -> DemoChoice:
