@@ -443,15 +443,14 @@ def streamed_cka_params(store: Store) -> dict:
     return cka_params(store, AnalyzeConfig(batch_size=batch_size, shuffles=0))
 
 
-def save_streamed_cka(store: Store, state: np.ndarray | None = None) -> dict:
-    """Caches the CKA of a finished streaming run (from its stored accumulator, or the given summed state)."""
+def save_streamed_cka(store: Store) -> dict:
+    """Caches the CKA of a finished streaming run, from the accumulator it stored."""
     from .analyze import _save, finish_cka
 
     saved = store.streamed_cka_state()
     if saved is None:
         raise VitseeError(f"{store.path} has no finished batch to compute CKA from: rerun the same `vitsee extract --streaming` command")
-    columns = saved[1]
-    state = saved[0] if state is None else state
+    state, columns = saved
     params = streamed_cka_params(store)
     if [tuple(c) for c in columns] != [(m, layer) for m in params["models"] for layer in params["layers"][m]]:
         raise VitseeError(f"{store.path}: the streamed CKA's layers do not match the store's models: re-extract it with --overwrite")
