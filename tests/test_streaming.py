@@ -110,3 +110,11 @@ def test_a_streaming_store_resumes_only_as_the_same_streaming_run(streamed, tiny
         run_extraction(replace(_config(streamed), models=[VIT]))
     with pytest.raises(VitseeError, match="already holds activations"):
         run_extraction(_config(tiny_store))
+
+
+def test_the_terminal_app_reads_the_streamed_cka_from_the_cache(streamed):
+    from vitsee.tui.results import read_view
+
+    loaded = read_view(streamed, f"cka:{VIT}:{RESNET}", an.AnalyzeConfig())
+    assert not loaded.computed
+    np.testing.assert_array_equal(loaded.view.matrix, _cka(streamed)["matrix"][:8, 8:])
