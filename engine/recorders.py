@@ -67,7 +67,15 @@ class ActivationRecorder(Recorder):
 
     def _keep(self, name: str, value) -> None:
         tensor = _first_tensor(value).detach()
+        if tensor.ndim == 4 and self._token_grid(tensor):
+            # timm's PatchEmbed hands out (B, H, W, C) in models that keep the grid (dynamic_img_size and
+            # friends): store it as tokens (B, H*W, C), like every other layer of a ViT
+            tensor = tensor.flatten(1, 2)
         self.values[name] = tensor.to(self.dtype, copy=True)
+
+    def _token_grid(self, tensor: torch.Tensor) -> bool:
+        grid = getattr(self.loaded, "grid_size", None)
+        return self.loaded.family == "vit" and grid is not None and tuple(tensor.shape[1:3]) == tuple(grid)
 
     def _keep_input(self, name: str):
         return lambda _m, args: self._keep(name, args)
