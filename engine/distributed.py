@@ -15,6 +15,7 @@ gloo on CPU.
 """
 from __future__ import annotations
 
+import gc
 import os
 import threading
 from dataclasses import dataclass, replace
@@ -82,8 +83,15 @@ def init(rank: Rank, device: str) -> None:
 
 
 def shutdown() -> None:
+    """Leaves the process group and frees it now, while Python is fully alive.
+
+    destroy_process_group drops the group, but the gloo worker threads live until the group object is
+    collected; left to the collection at interpreter exit, a worker still releasing a finished
+    collective's tensors finds the interpreter gone and the process aborts after its work is done.
+    """
     if dist.is_initialized():
         dist.destroy_process_group()
+        gc.collect()
 
 
 def agree(error: BaseException | None, what: str) -> None:
