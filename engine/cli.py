@@ -129,6 +129,10 @@ def info(store: Annotated[Path, typer.Argument(help="a store made by `vitsee ext
         out.print(f"[bold]{store}[/]  {human_bytes(store.stat().st_size)} on disk, {status}")
         if s.streaming:
             out.print("streaming: activations not stored (statistics and CKA from the forward pass only)", highlight=False)
+        if s.shard_files:
+            size = sum(f.stat().st_size for f in s.shard_files)
+            out.print(f"stitched from {len(s.shard_files)} torchrun shards in {s.shard_files[0].parent.name}/ "
+                      f"({human_bytes(size)} on disk): keep the folder beside the store", highlight=False)
         names = s.class_names
         labels = s.labels
         label_text = f"{len(set(labels.tolist()))} classes" if labels is not None else "no labels"

@@ -127,11 +127,11 @@ class Store:
             self.file.close()
             raise VitseeError(f"{path} is an HDF5 file but not a vitsee store: give a store made by `vitsee extract`")
         # a stitched store reads its rows from shard files; HDF5 would quietly fill a missing one's with zeros
-        for rel in json.loads(self.file.attrs.get("shards", "[]")):
-            if not (self.path.parent / rel).exists():
+        for shard in self.shard_files:
+            if not shard.exists():
                 self.file.close()
                 raise VitseeError(
-                    f"{path} reads its rows from shard {self.path.parent / rel}, which is missing: put the store's "
+                    f"{path} reads its rows from shard {shard}, which is missing: put the store's "
                     f".shards folder back beside it, or re-extract"
                 )
         self.writable = mode != "r"
@@ -239,6 +239,11 @@ class Store:
     def layers(self, model: str) -> list[str]:
         """Returns the stored layer names in forward order."""
         return json.loads(self._model(model).attrs["layers"])
+
+    @property
+    def shard_files(self) -> list[Path]:
+        """Returns the shard files a store stitched by torchrun reads its rows from (empty otherwise)."""
+        return [self.path.parent / rel for rel in json.loads(self.file.attrs.get("shards", "[]"))]
 
     @property
     def streaming(self) -> bool:

@@ -13,7 +13,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import IMG, RESNET, VIT
+from conftest import IMG, RESNET, VIT, run_cli
 from vitsee.engine import analyze as an
 from vitsee.engine import shards
 from vitsee.engine.distributed import Rank, batch_range, shard_path
@@ -69,7 +69,9 @@ def test_two_processes_write_the_values_one_process_writes(stitched, tiny_store)
         "rank-00000-of-00002.h5", "rank-00001-of-00002.h5"]
 
 
-def test_the_stitched_store_reads_its_shards_by_relative_path(stitched, tmp_path):
+def test_the_stitched_store_reads_its_shards_by_relative_path(stitched, tmp_path, capsys):
+    code, out, _ = run_cli(["info", stitched], capsys)
+    assert code == 0 and "complete" in out and "stitched from 2 torchrun shards in stitched.h5.shards/" in out
     with h5py.File(stitched, "r", locking=False) as f:
         ds = f[f"models/{VIT}/acts/blocks.0"]
         assert ds.is_virtual
