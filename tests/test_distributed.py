@@ -37,6 +37,12 @@ def torchrun(*args: str) -> None:
 
 
 @pytest.fixture(scope="module")
+def one_process(tiny_store, tmp_path_factory) -> Path:
+    """conftest's store of the same run, copied: results cached here stay out of other modules' way."""
+    return Path(shutil.copy(tiny_store, tmp_path_factory.mktemp("one") / "one.h5"))
+
+
+@pytest.fixture(scope="module")
 def stitched(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("torchrun") / "stitched.h5"
     torchrun("extract", str(path), *RUN)
@@ -60,8 +66,8 @@ def test_shards_are_contiguous_whole_batches_of_near_equal_size():
         assert max(sizes) - min(sizes) <= 1 and min(sizes) >= 1
 
 
-def test_two_processes_write_the_values_one_process_writes(stitched, tiny_store):
-    got, expected = _datasets(stitched), _datasets(tiny_store)
+def test_two_processes_write_the_values_one_process_writes(stitched, one_process):
+    got, expected = _datasets(stitched), _datasets(one_process)
     assert got.keys() == expected.keys()
     for name in expected:
         np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
@@ -91,10 +97,10 @@ def test_the_stitched_store_reads_its_shards_by_relative_path(stitched, tmp_path
         Store.open(moved / "stitched.h5")
 
 
-def test_two_processes_give_the_cka_matrix_of_one(stitched, tiny_store):
+def test_two_processes_give_the_cka_matrix_of_one(stitched, one_process):
     cfg = an.AnalyzeConfig(batch_size=16, shuffles=2, seed=5, device="cpu")
     torchrun("analyze", str(stitched), "--cka", "--batch-size", "16", "--shuffles", "2", "--seed", "5", "--device", "cpu", "--quiet")
-    with Store.writer(tiny_store) as s:
+    with Store.writer(one_process) as s:
         expected = an.run_cka(s, cfg)
     with Store.open(stitched) as s:
         got = s.get_result("cka", an.cka_params(s, cfg))
@@ -103,16 +109,16 @@ def test_two_processes_give_the_cka_matrix_of_one(stitched, tiny_store):
     np.testing.assert_allclose(got["shuffle_std"], expected["shuffle_std"], rtol=0, atol=1e-12)
 
 
-def test_streaming_under_two_processes_sums_the_shards_to_the_one_process_cka(tmp_path, tiny_store):
+def test_streaming_under_two_processes_sums_the_shards_to_the_one_process_cka(tmp_path, one_process):
     path = tmp_path / "streamed.h5"
     torchrun("extract", str(path), *RUN, "--streaming")
     cfg = an.AnalyzeConfig(batch_size=16, shuffles=0, device="cpu")
-    with Store.writer(tiny_store) as s:
+    with Store.writer(one_process) as s:
         expected = an.run_cka(s, cfg)
     with Store.open(path) as s:
         assert s.streaming and s.complete
         got = s.get_result("cka", an.cka_params(s, cfg))
-        np.testing.assert_array_equal(s.stat(VIT, "skip_ratio_attn"), Store.open(tiny_store).stat(VIT, "skip_ratio_attn"))
+        np.testing.assert_array_equal(s.stat(VIT, "skip_ratio_attn"), Store.open(one_process).stat(VIT, "skip_ratio_attn"))
     np.testing.assert_allclose(got["matrix"], expected["matrix"], rtol=0, atol=1e-12)
 
 

@@ -2,6 +2,7 @@
 the whole arrays give."""
 from __future__ import annotations
 
+import shutil
 import warnings
 
 import numpy as np
@@ -10,6 +11,12 @@ import pytest
 from conftest import RESNET, VIT
 from vitsee.engine import analyze as an
 from vitsee.engine.store import Store
+
+
+@pytest.fixture(scope="module")
+def store(tiny_store, tmp_path_factory):
+    """A copy of the shared store: results cached here stay out of other modules' way."""
+    return shutil.copy(tiny_store, tmp_path_factory.mktemp("memory") / "store.h5")
 
 
 @pytest.fixture
@@ -35,14 +42,14 @@ def _whole(store_path, model, name):
         return s._model(model)["stats"][name][:].astype(np.float64)
 
 
-def test_attention_aggregates_streamed_in_batches_equal_the_whole_array(tiny_store, small_batches):
-    with Store.writer(tiny_store) as s:
+def test_attention_aggregates_streamed_in_batches_equal_the_whole_array(store, small_batches):
+    with Store.writer(store) as s:
         r = an.run_attention(s, VIT, an.AnalyzeConfig(recompute=True))
-    dist = _whole(tiny_store, VIT, "attention_distance")  # (48, blocks, heads)
+    dist = _whole(store, VIT, "attention_distance")  # (48, blocks, heads)
     order = np.argsort(dist.mean(axis=0), axis=1)
     np.testing.assert_allclose(r["mean_px"], np.take_along_axis(dist.mean(axis=0), order, axis=1), rtol=1e-12)
     np.testing.assert_allclose(r["std_px"], np.take_along_axis(dist.std(axis=0), order, axis=1), rtol=1e-9)
-    renorm = _whole(tiny_store, VIT, "attention_distance_renorm")
+    renorm = _whole(store, VIT, "attention_distance_renorm")
     np.testing.assert_allclose(r["mean_renorm_px"], np.sort(renorm.mean(axis=0), axis=1), rtol=1e-12)
     edges = r["hist_edges"]
     expected = np.stack([np.histogram(dist[:, b].ravel().astype(np.float32), bins=edges)[0] for b in range(dist.shape[1])])
@@ -50,14 +57,14 @@ def test_attention_aggregates_streamed_in_batches_equal_the_whole_array(tiny_sto
     assert r["hist_counts"].sum() == dist.size
 
 
-def test_skip_ratios_streamed_in_batches_equal_the_whole_array_mean_ignoring_inf(tiny_store, small_batches):
-    with Store.writer(tiny_store) as s:
+def test_skip_ratios_streamed_in_batches_equal_the_whole_array_mean_ignoring_inf(store, small_batches):
+    with Store.writer(store) as s:
         vit = an.run_skip(s, VIT, an.AnalyzeConfig(recompute=True))
         resnet = an.run_skip(s, RESNET, an.AnalyzeConfig(recompute=True))
-    attn, mlp = _whole(tiny_store, VIT, "skip_ratio_attn"), _whole(tiny_store, VIT, "skip_ratio_mlp")
+    attn, mlp = _whole(store, VIT, "skip_ratio_attn"), _whole(store, VIT, "skip_ratio_mlp")
     np.testing.assert_allclose(vit["ratio"][0::2], attn.mean(axis=0), rtol=1e-12)
     np.testing.assert_allclose(vit["ratio"][1::2], mlp.mean(axis=0), rtol=1e-12)
-    block = _whole(tiny_store, RESNET, "skip_ratio_block")
+    block = _whole(store, RESNET, "skip_ratio_block")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         expected = np.nanmean(np.where(np.isfinite(block), block, np.nan), axis=0)

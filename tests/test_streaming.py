@@ -3,6 +3,7 @@ same numbers as extracting first and analysing after."""
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 from dataclasses import replace
 
@@ -26,6 +27,12 @@ def _config(path, **kw) -> ExtractConfig:
 
 
 @pytest.fixture(scope="module")
+def stored(tiny_store, tmp_path_factory):
+    """A copy of conftest's store of the same run: results cached here stay out of other modules' way."""
+    return shutil.copy(tiny_store, tmp_path_factory.mktemp("stored") / "stored.h5")
+
+
+@pytest.fixture(scope="module")
 def streamed(tmp_path_factory):
     path = tmp_path_factory.mktemp("streaming") / "streamed.h5"
     run_extraction(_config(path))
@@ -38,8 +45,8 @@ def _cka(path, **params):
         return s.get_result("cka", result["params"])
 
 
-def test_streamed_cka_equals_analyze_in_store_order_with_the_same_batch_size(streamed, tiny_store):
-    with Store.writer(tiny_store) as s:
+def test_streamed_cka_equals_analyze_in_store_order_with_the_same_batch_size(streamed, stored):
+    with Store.writer(stored) as s:
         stored = an.run_cka(s, an.AnalyzeConfig(batch_size=BATCH, shuffles=0, device="cpu"))
     result = _cka(streamed)
     assert result["_params"] == stored["_params"]  # same key: views and the app find it like any cached CKA
@@ -47,8 +54,8 @@ def test_streamed_cka_equals_analyze_in_store_order_with_the_same_batch_size(str
     assert result["matrix"].shape == (13, 13) and abs(result["matrix"][0, 0] - 1) < 1e-12
 
 
-def test_streamed_statistics_equal_the_stored_run(streamed, tiny_store):
-    with Store.open(streamed) as a, Store.open(tiny_store) as b:
+def test_streamed_statistics_equal_the_stored_run(streamed, stored):
+    with Store.open(streamed) as a, Store.open(stored) as b:
         for model in (VIT, RESNET):
             assert a.stats(model) == b.stats(model)
             for name in a.stats(model):
@@ -103,13 +110,13 @@ def test_interrupted_streaming_run_resumes_to_the_uninterrupted_result(streamed,
     np.testing.assert_array_equal(_cka(path)["matrix"], _cka(streamed)["matrix"])
 
 
-def test_a_streaming_store_resumes_only_as_the_same_streaming_run(streamed, tiny_store):
+def test_a_streaming_store_resumes_only_as_the_same_streaming_run(streamed, stored):
     with pytest.raises(VitseeError, match="add --streaming to resume"):
         run_extraction(replace(_config(streamed), streaming=False))
     with pytest.raises(VitseeError, match="cannot take other models"):
         run_extraction(replace(_config(streamed), models=[VIT]))
     with pytest.raises(VitseeError, match="already holds activations"):
-        run_extraction(_config(tiny_store))
+        run_extraction(_config(stored))
 
 
 def test_the_terminal_app_reads_the_streamed_cka_from_the_cache(streamed):
