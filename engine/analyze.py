@@ -513,6 +513,8 @@ def run_probes(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | 
         "split_train": split.train,
         "split_test": split.test,
         "chance": np.array(np.bincount(labels).max() / len(labels)),
+        # how many prefix tokens (CLS, registers) lead each layer's token axis: 0 for the patch embedding
+        "token_prefix": np.array([store.layer_prefix_tokens(key, layer) for layer in layers]),
     }
     for layer, acc in token_maps.items():
         arrays[f"tokens/{layer}"] = acc

@@ -171,7 +171,12 @@ def _probes(view: View, selection, cmap: Colormap) -> Figure:
 
     if layer:
         accuracy = np.asarray(token_maps[layer], dtype=float)
-        prefix, (gh, gw) = token_grid(len(accuracy), has_cls="CLS" in view.cols)
+        prefix = view.extra.get("token_prefix", {}).get(layer)
+        grid_size = tuple(view.extra.get("grid") or ())
+        if prefix is not None and len(grid_size) == 2 and len(accuracy) - prefix == grid_size[0] * grid_size[1]:
+            gh, gw = grid_size
+        else:  # a view without the layout: infer it from the token count
+            prefix, (gh, gw) = token_grid(len(accuracy), has_cls="CLS" in view.cols)
         tokens = fig.add_subplot(grid[1], label="token map")
         image = tokens.imshow(accuracy[prefix:].reshape(gh, gw), cmap=cmap, vmin=vmin, vmax=vmax,
                               interpolation="nearest")

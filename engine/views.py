@@ -235,14 +235,21 @@ def _probe_view(r: dict, keys: list[str], info: dict) -> View:
     layers = [str(x) for x in r["layers"]]
     token_maps = {name.split("/", 1)[1]: v for name, v in r.items() if name.startswith("tokens/")}
     prefix = int(info.get("num_prefix_tokens") or 0)
+    gh, gw = info.get("grid_size") or (0, 0)
+    if "token_prefix" in r:
+        token_prefix = {layer: int(n) for layer, n in zip(layers, r["token_prefix"])}
+    else:  # results cached before the count was recorded: a layer holds the prefix tokens or none
+        token_prefix = {layer: prefix if len(m) == prefix + gh * gw else 0 for layer, m in token_maps.items()}
     # the token maps hold the prefix tokens first (CLS...): the mean is over the spatial positions only
-    token_mean = np.array([np.mean(token_maps[layer][prefix:]) if layer in token_maps else np.nan for layer in layers])
+    token_mean = np.array([np.mean(token_maps[layer][token_prefix[layer]:]) if layer in token_maps else np.nan
+                           for layer in layers])
     matrix = np.column_stack([r["accuracy"], token_mean])
     cols = ["CLS", "GAP", "tokens (mean)"]
     keep = [i for i in range(matrix.shape[1]) if np.isfinite(matrix[:, i]).any()]
     params = dict(r["_params"], split_seed=r["_params"]["seed"], n_train=int(len(r["split_train"])), n_test=int(len(r["split_test"])))
     extra = {"token_maps": {k: np.asarray(v) for k, v in token_maps.items()}, "chance": float(r["chance"]), "l2": r["l2"],
-             "grid": list(info.get("grid_size") or []), "prefix_tokens": prefix}
+             "grid": list(info.get("grid_size") or []), "prefix_tokens": prefix,
+             "token_prefix": {layer: token_prefix[layer] for layer in token_maps}}
     return View("probes", "", f"Linear probe test accuracy {key}", "", matrix[:, keep], layers, [cols[i] for i in keep],
                 "accuracy", 0.0, 1.0, params, extra, [key])
 

@@ -197,8 +197,13 @@ def test_probe_token_map_panel_is_the_layers_per_token_accuracy_on_the_patch_gri
     assert accuracy.shape == (17,)  # CLS first, then the 4x4 grid
     np.testing.assert_array_equal(np.ma.getdata(panel.images[0].get_array()), accuracy[1:].reshape(4, 4))
     assert f"CLS token {accuracy[0]:.2f}" in panel.get_title()
-    # a layer without token probes (the patch embedding) has no panel; a CNN has none at all
-    assert not [a for a in figure_for(view, selection=(0, 1)).axes if a.get_label() == "token map"]
+    # the patch embedding has its 16 patch tokens and no CLS: the whole map is the grid, no CLS in the title
+    embed = view.extra["token_maps"]["patch_embed"]
+    assert embed.shape == (16,) and view.extra["token_prefix"]["patch_embed"] == 0
+    panel = axes(figure_for(view, selection=(0, 1)), "token map")
+    np.testing.assert_array_equal(np.ma.getdata(panel.images[0].get_array()), embed.reshape(4, 4))
+    assert "CLS" not in panel.get_title()
+    # a CNN has no token probes, so no panel
     assert not [a for a in figure_for(views["probes:resnet"]).axes if a.get_label() == "token map"]
 
 
