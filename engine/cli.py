@@ -283,6 +283,11 @@ def _view_config(batch_size, shuffles, seed, device):
 
 VIEW_ARG = "cka:MODEL_A[:MODEL_B] | attention:MODEL | probes:MODEL | skip:MODEL | spatial:MODEL[:LAYER]"
 EST_HELP = "if the result must be computed (default: use any cached one)"
+# the estimator options export and show share: unset, a view takes whatever estimate is cached
+ViewBatchSize = Annotated[Optional[int], typer.Option(help=f"CKA minibatch size {EST_HELP}")]
+ViewShuffles = Annotated[Optional[int], typer.Option(help=f"CKA shuffles {EST_HELP}")]
+ViewSeed = Annotated[Optional[int], typer.Option(help=f"seed {EST_HELP}")]
+ViewDevice = Annotated[Optional[str], typer.Option(help="auto | cpu | cuda")]
 
 
 @app.command()
@@ -291,10 +296,10 @@ def export(
     view: Annotated[str, typer.Argument(help=VIEW_ARG)],
     out_file: Annotated[Path, typer.Option("--out", "-o", help="FILE.png | FILE.json | FILE.csv")],
     cmap: Annotated[str, typer.Option(help="viridis | magma | cividis")] = "viridis",
-    batch_size: Annotated[Optional[int], typer.Option(help=f"CKA minibatch size {EST_HELP}")] = None,
-    shuffles: Annotated[Optional[int], typer.Option(help=f"CKA shuffles {EST_HELP}")] = None,
-    seed: Annotated[Optional[int], typer.Option(help=f"seed {EST_HELP}")] = None,
-    device: Annotated[Optional[str], typer.Option(help="auto | cpu | cuda")] = None,
+    batch_size: ViewBatchSize = None,
+    shuffles: ViewShuffles = None,
+    seed: ViewSeed = None,
+    device: ViewDevice = None,
 ) -> None:
     """Write one view as a figure (.png), its numbers (.json) or a table (.csv); computes it if needed."""
     from .views import load_view, write_view
@@ -310,10 +315,10 @@ def show(
     view: Annotated[str, typer.Argument(help=VIEW_ARG)],
     color: Annotated[str, typer.Option(help="auto | truecolor | 256 | 16 | none")] = "auto",
     cmap: Annotated[str, typer.Option(help="viridis | magma | cividis")] = "viridis",
-    batch_size: Annotated[Optional[int], typer.Option(help=f"CKA minibatch size {EST_HELP}")] = None,
-    shuffles: Annotated[Optional[int], typer.Option(help=f"CKA shuffles {EST_HELP}")] = None,
-    seed: Annotated[Optional[int], typer.Option(help=f"seed {EST_HELP}")] = None,
-    device: Annotated[Optional[str], typer.Option(help="auto | cpu | cuda")] = None,
+    batch_size: ViewBatchSize = None,
+    shuffles: ViewShuffles = None,
+    seed: ViewSeed = None,
+    device: ViewDevice = None,
 ) -> None:
     """Print a view in the terminal: a coloured heatmap or a table (ASCII with NO_COLOR)."""
     from .colormap import ColorMode, detect_color_mode

@@ -460,6 +460,51 @@ def save_streamed_cka(store: Store) -> dict:
     return _save(store, "cka", params, arrays)
 
 
+@dataclass
+class SizeEstimate:
+    """What a run will put on disk: in all, and still to write (less when a store is resumed)."""
+
+    n_images: int
+    n_models: int
+    total_bytes: int
+    todo_bytes: int
+    resuming: bool
+    streaming: bool
+
+    def describe(self) -> str:
+        """Returns the one-line plan message: images, models and the expected size on disk."""
+        text = f"{self.n_images} images x {self.n_models} model(s), expected size on disk {human_bytes(self.total_bytes)}"
+        if self.streaming:
+            text += " (streaming: statistics and CKA only, activations not stored)"
+        if self.resuming:
+            text += f" (to write now: {human_bytes(self.todo_bytes)})"
+        return text
+
+
+def _estimate(plans: list[ModelPlan], n: int, cfg: ExtractConfig, resuming: bool) -> SizeEstimate:
+    total = sum(mp.bytes(n, cfg.dtype, cfg.streaming) for mp in plans)
+    todo = sum(mp.bytes(n, cfg.dtype, cfg.streaming) * (1 - mp.done.mean()) for mp in plans if not mp.done.all())
+    return SizeEstimate(n, len(plans), int(total), int(todo), resuming, cfg.streaming)
+
+
+def _release(plans: list[ModelPlan], existing: Store | None) -> None:
+    for mp in plans:
+        for rec in mp.recorders:
+            rec.detach()
+    if existing is not None:
+        existing.close()
+
+
+def estimate(cfg: ExtractConfig) -> SizeEstimate:
+    """Returns the size a run would take, without writing anything (models are built and run once on
+    one image to learn the layer shapes). Raises VitseeError for a bad config, as the run would."""
+    selection, plans, existing = plan(cfg, resolve_device(cfg.device), lambda _event: None)
+    try:
+        return _estimate(plans, len(selection), cfg, existing is not None)
+    finally:
+        _release(plans, existing)
+
+
 def run_extraction(
     cfg: ExtractConfig, progress: ProgressFn | None = None, cancel: threading.Event | None = None
 ) -> ExtractResult:
@@ -480,13 +525,8 @@ def run_extraction(
     store_path = Path(cfg.store)
     messages = []
     try:
-        needed = sum(mp.bytes(n, cfg.dtype, cfg.streaming) * (1 - mp.done.mean()) for mp in plans if not mp.done.all())
-        total = sum(mp.bytes(n, cfg.dtype, cfg.streaming) for mp in plans)
-        msg = f"{store_path}: {n} images x {len(plans)} model(s), expected size on disk {human_bytes(total)}"
-        if cfg.streaming:
-            msg += " (streaming: statistics and CKA only, activations not stored)"
-        if existing is not None:
-            msg += f" (to write now: {human_bytes(needed)})"
+        size = _estimate(plans, n, cfg, existing is not None)
+        msg = f"{store_path}: {size.describe()}"
         messages.append(msg)
         emit(Progress("plan", message=msg))
         for mp in plans:
@@ -494,7 +534,7 @@ def run_extraction(
                 note = f"{mp.key}: resuming with the stored batch size {mp.batch_size}"
                 messages.append(note)
                 emit(Progress("plan", message=note, model=mp.key))
-        _check_disk(store_path, int(needed), cfg.force)
+        _check_disk(store_path, size.todo_bytes, cfg.force)
 
         if existing is None:
             with store_mod.creating(store_path, overwrite=cfg.overwrite) as h5:
@@ -517,11 +557,7 @@ def run_extraction(
         if cfg.streaming and not cancelled and existing.complete and cfg.shard is None:
             save_streamed_cka(existing)  # a shard's share is summed with the others' when they are stitched
     finally:
-        for mp in plans:
-            for rec in mp.recorders:
-                rec.detach()
-        if existing is not None:
-            existing.close()
+        _release(plans, existing)
     seconds = time.perf_counter() - t0
     emit(Progress("done", done=processed, total=n, message=f"{processed} images in {seconds:.1f} s"))
     return ExtractResult(store_path, [mp.key for mp in plans], processed, seconds, bytes_written, cancelled, messages)

@@ -258,24 +258,8 @@ def export_view(view: View, folder: str | Path, selection: tuple[int, int] | Non
 
 
 def estimate_size(cfg) -> str:
-    """Returns 'N images x M models: 1.2 GB on disk' for an extraction config, by planning it (the models
-    are built and run once on one image, nothing is written). Raises VitseeError for a bad config."""
+    """Returns 'N images x M model(s), expected size on disk 1.2 GB' for an extraction config, by planning
+    it (nothing is written). Raises VitseeError for a bad config."""
     from vitsee.engine import extract
-    from vitsee.engine.store import human_bytes
 
-    device = extract.resolve_device(cfg.device)
-    selection, plans, existing = extract.plan(cfg, device, lambda _event: None)
-    try:
-        n = len(selection)
-        total = sum(mp.bytes(n, cfg.dtype) for mp in plans)
-        todo = sum(mp.bytes(n, cfg.dtype) * (1 - mp.done.mean()) for mp in plans if not mp.done.all())
-    finally:
-        for mp in plans:
-            for rec in mp.recorders:
-                rec.detach()
-        if existing is not None:
-            existing.close()
-    text = f"{n} images x {len(plans)} model(s): expected size on disk {human_bytes(total)}"
-    if existing is not None:
-        text += f" ({human_bytes(todo)} still to write: the store exists and will be resumed or extended)"
-    return text
+    return extract.estimate(cfg).describe()
