@@ -15,7 +15,7 @@ Pure core: arrays in, arrays out; no store access, no printing.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -204,22 +204,32 @@ class RidgePath:
         """Return the intercepts (P, L, K), unpenalised: mean target minus mean feature times weights."""
         return self.mean_y - (self.mean_x[:, None, None, :] @ self.coef()).squeeze(-2)  # (P, L, K)
 
-    def predict(self, x) -> torch.Tensor:
-        """Return predicted class indices (b, P, L) for a batch x (b, P, D) or (b, D)."""
+    def _scores(self, x) -> Iterator[torch.Tensor]:
+        """Yields, penalty by penalty, the class scores (P, b, K) of a batch x (b, P, D) or (b, D)."""
         x = _as_float64(x, self.eigvecs.device)
         x = x[:, None, :] if x.ndim == 2 else x  # (b, P, D)
         z = (x - self.mean_x).transpose(0, 1) @ self.eigvecs  # (P, b, D), centred x in the eigenbasis
-        predictions = []
         for j in range(self.l2.shape[1]):  # one penalty at a time keeps memory at (P, b, D)
             shrink = 1.0 / (self.eigvals + self.l2[:, j, None])  # (P, D)
-            scores = (z * shrink[:, None, :]) @ self.projected_xy + self.mean_y  # (P, b, K)
-            predictions.append(scores.argmax(-1).T)  # (b, P)
-        return torch.stack(predictions, dim=-1)  # (b, P, L)
+            yield (z * shrink[:, None, :]) @ self.projected_xy + self.mean_y  # (P, b, K)
+
+    def predict(self, x) -> torch.Tensor:
+        """Return predicted class indices (b, P, L) for a batch x (b, P, D) or (b, D)."""
+        return torch.stack([scores.argmax(-1).T for scores in self._scores(x)], dim=-1)  # (b, P, L)
 
     def count_correct(self, x, y) -> torch.Tensor:
         """Return (P, L) int64: how many examples of the batch each probe gets right at each penalty."""
+        return self.evaluate(x, y)[0]
+
+    def evaluate(self, x, y) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return (correct (P, L) int64, squared error (P, L) fp64 against the {-1, 1} one-hot targets)."""
         y = _as_labels(y, self.eigvecs.device)  # (b,)
-        return (self.predict(x) == y[:, None, None]).sum(0)  # (P, L)
+        targets = 2.0 * _one_hot(y, self.projected_xy.shape[-1]) - 1.0  # (b, K)
+        correct, errors = [], []
+        for scores in self._scores(x):
+            correct.append((scores.argmax(-1) == y).sum(-1))  # (P,)
+            errors.append((scores - targets).square().sum((-2, -1)))  # (P,)
+        return torch.stack(correct, dim=-1), torch.stack(errors, dim=-1)  # (P, L)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -324,14 +334,17 @@ def fit_probes(
     grid = fit.solve(torch.as_tensor(ratios, device=fit.device) * fit.feature_scale()[:, None])  # (P, L)
     holdout = RidgeAccumulator(n_classes, device)
     correct = torch.zeros(grid.l2.shape, dtype=torch.int64, device=fit.device)  # (P, L)
+    squared = torch.zeros(grid.l2.shape, dtype=torch.float64, device=fit.device)  # (P, L)
     for x, y in batches(split.mask("holdout")):
-        correct += grid.count_correct(x, y)
+        right, error = grid.evaluate(x, y)
+        correct += right
+        squared += error
         holdout.update(x, y)
         read(len(y))
     _check_pass("holdout", holdout, labels[split.holdout])
     del grid  # frees the (P, D, D) eigenvectors before the refit needs its own
     holdout_accuracy = correct.cpu().numpy() / len(split.holdout)  # (P, L)
-    best = len(ratios) - 1 - holdout_accuracy[:, ::-1].argmax(1)  # (P,) last maximum: most regularised
+    best = _best_ratio(holdout_accuracy, squared.cpu().numpy())  # (P,)
 
     train = fit.merge(holdout)
     l2 = torch.as_tensor(ratios[best], device=train.device) * train.feature_scale()  # (P,)
@@ -358,6 +371,21 @@ def fit_probes(
 
 # ---------------------------------------------------------------------------------------------------------------
 # Small helpers
+
+
+def _best_ratio(accuracy: np.ndarray, squared_error: np.ndarray) -> np.ndarray:
+    """Return per probe the grid index with the best held-out accuracy (P, L) -> (P,).
+
+    On a small held-out part many penalties tie on accuracy (8 images score 0/8 .. 8/8); the tie goes to the
+    lowest squared error of the scores against the {-1, 1} targets, the loss ridge itself minimises, and
+    only then to the most regularised penalty.
+    """
+    best = np.empty(len(accuracy), dtype=np.int64)
+    for p, (acc, err) in enumerate(zip(accuracy, squared_error)):
+        tied = np.flatnonzero(acc == acc.max())
+        lowest = tied[err[tied] == err[tied].min()]
+        best[p] = lowest.max()
+    return best
 
 
 def _eigh(matrices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -187,7 +187,11 @@ def test_l2_selection_picks_the_best_holdout_accuracy_like_a_plain_loop(device):
         fit_scale = len(split.fit) * xp[split.fit].var(0).mean()  # trace of the centred X'X over D
         accuracy = [ridge_probe(xp[split.fit], y[split.fit], xp[split.holdout], y[split.holdout], r * fit_scale) for r in ratios]
         np.testing.assert_allclose(result.holdout_accuracy[p], accuracy, rtol=0, atol=1e-12)
-        best = max(range(len(ratios)), key=lambda j: (accuracy[j], j))  # ties: the larger penalty
+        # ties on accuracy go to the lowest squared error of the scores against the {-1, 1} targets
+        targets = 2.0 * np.eye(3)[y] - 1.0
+        error = [np.square(Ridge(alpha=r * fit_scale).fit(xp[split.fit], targets[split.fit]).predict(xp[split.holdout])
+                           - targets[split.holdout]).sum() for r in ratios]
+        best = max(range(len(ratios)), key=lambda j: (accuracy[j], -error[j], j))
         assert result.l2_ratio[p] == ratios[best]
 
         train_scale = len(split.train) * xp[split.train].var(0).mean()
@@ -260,3 +264,11 @@ def test_batches_that_ignore_the_mask_are_a_bug_not_a_user_error():
 
     with pytest.raises(ValueError, match="batches yielded 40 fit examples"):
         fit_probes(every_example, y)
+
+
+def test_ties_on_held_out_accuracy_go_to_the_lowest_squared_error_then_the_larger_penalty():
+    from vitsee.engine.probes import _best_ratio
+
+    accuracy = np.array([[0.5, 0.5, 0.5, 0.25], [0.0, 0.0, 0.0, 0.0], [0.1, 0.2, 0.2, 0.1]])
+    error = np.array([[3.0, 1.0, 2.0, 0.5], [4.0, 4.0, 4.0, 4.0], [1.0, 9.0, 9.0, 1.0]])
+    assert _best_ratio(accuracy, error).tolist() == [1, 3, 2]
