@@ -26,15 +26,16 @@ import torch
 from vitsee.engine.errors import VitseeError
 
 MIN_BATCH = 4  # unbiased HSIC divides by m (m - 3) and (m - 1)(m - 2): it needs m >= 4 examples
+SHIFT_ROWS = 16  # the features of a batch are shifted by the mean of its first SHIFT_ROWS examples (see _centred)
 BLOCK_GRAM_MIN = 256  # from this batch size on, gram() multiplies out only the upper block-triangle
 
 # Precision, chosen by measurement (python benchmarks/cka.py --accuracy; CPU, 1,024 synthetic images in batches of
 # 256, 12 ViT-like (197 x 192) and 14 ResNet-like maps, max |CKA - numpy fp64 reference| over the 26 x 26 matrix):
-#   Gram fp32, U-centring + pair product fp64: 2.7e-09 (2.0e-09 with +300 on every unit)
-#   Gram fp32, U-centring + pair product fp32: 2.1e-07 (2.2e-07)  -- the m*m-term sums in fp32 are what hurts
-#   Gram fp64, U-centring + pair product fp64: 6.3e-15 (1.0e-14), at 2-5x the CPU time, 1/64 rate on consumer GPUs
-# Once the features are centred over the batch, the fp32 Gram is accurate to ~1e-8 in CKA; without centring the
-# error grows with the offset (8e-8 on these features, 3e-2 with +300, on 512 of them). U-centring and the pair
+#   Gram fp32, U-centring + pair product fp64: 2.4e-09 (2.5e-09 with +300 on every unit)
+#   Gram fp32, U-centring + pair product fp32: 2.4e-07 (2.7e-07)  -- the m*m-term sums in fp32 are what hurts
+#   Gram fp64, U-centring + pair product fp64: 6.8e-15 (1.2e-14), at 2-5x the CPU time, 1/64 rate on consumer GPUs
+# Once the features are shifted to about their batch mean, the fp32 Gram is accurate to ~1e-8 in CKA; without the
+# shift the error grows with the offset (8e-8 on these features, 3e-2 with +300, on 512 of them). U-centring and the pair
 # product are O(L m^2) and O(L^2 m^2) against O(L m^2 D) for the Grams, so they run in fp64 at no visible cost.
 GRAM_DTYPE = torch.float32
 PAIR_DTYPE = torch.float64
@@ -193,7 +194,7 @@ class MinibatchCKA:
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.state = torch.zeros(num_layers * num_layers + 1, dtype=torch.float64, device=self.device)
         # Buffers kept between batches, sized by _reserve.
-        self._scratch = self._gram = self._grams = self._mean_row = torch.empty(0, device=self.device)
+        self._scratch = self._gram = self._grams = torch.empty(0, device=self.device)
 
     @property
     def hsic_sums(self) -> torch.Tensor:
@@ -253,22 +254,24 @@ class MinibatchCKA:
         if self._grams.shape != (L, m, m) or self._grams.dtype != PAIR_DTYPE:
             self._grams = torch.empty(L, m, m, dtype=PAIR_DTYPE, device=self.device)  # U-centred Grams
             self._gram = torch.empty(m, m, dtype=GRAM_DTYPE, device=self.device)  # one layer's Gram
-            self._mean_row = torch.full((1, m), 1.0 / m, dtype=GRAM_DTYPE, device=self.device)
         if self._scratch.numel() < largest_layer or self._scratch.dtype != GRAM_DTYPE:
             self._scratch = torch.empty(largest_layer, dtype=GRAM_DTYPE, device=self.device)  # centred features
 
     def _centred(self, f: Any, m: int) -> torch.Tensor:
-        """Return one layer's batch (m, ...) as (m, D) GRAM_DTYPE on the device, centred over the batch."""
+        """Return one layer's batch (m, ...) as (m, D) GRAM_DTYPE on the device, shifted to about its batch mean."""
         if not isinstance(f, torch.Tensor):  # numpy, or an array-like read only now (a store batch read lazily)
             f = torch.from_numpy(np.ascontiguousarray(np.asarray(f)))
         x = f.to(self.device).reshape(m, -1)  # (m, D), any float dtype (fp16 from the store)
         out = self._scratch[: x.numel()].view(x.shape)
-        if x.dtype != GRAM_DTYPE:  # e.g. fp16 from the store: convert once, then centre in place
+        # Centring leaves HSIC1 unchanged (U-centring removes any shift of the features exactly) and keeps a
+        # shared offset (+300 on every unit, a ViT's position embedding) from swamping the fp32 Gram with a huge
+        # rank-one term. The shift only has to be close to the mean: the mean of the first SHIFT_ROWS examples is
+        # within ~1/4 of the spread of it, costs 1/16 of a pass to compute, and the subtraction is the one pass
+        # over the batch that also writes the fp32 copy the Gram reads.
+        if x.dtype != GRAM_DTYPE:  # e.g. fp16 from the store: convert once, then shift in place
             x = out.copy_(x)
-        # Centring leaves HSIC1 unchanged and keeps a shared offset (+300 on every unit, a ViT's position
-        # embedding) from swamping the fp32 Gram with a huge rank-one term. Any shift close to the mean does, so
-        # the mean is a GEMV with a row of 1/m (one read of x, faster than a reduction over rows).
-        return torch.sub(x, self._mean_row @ x, out=out)
+            return x.sub_(x[:SHIFT_ROWS].mean(dim=0, keepdim=True))
+        return torch.sub(x, x[:SHIFT_ROWS].mean(dim=0, keepdim=True), out=out)
 
     def merge(self, other: MinibatchCKA | torch.Tensor) -> None:
         """Add another accumulator (or its `state`) for the same layers into this one, e.g. from another process."""

@@ -14,6 +14,7 @@ import torch
 
 from vitsee.engine.cka import (
     MinibatchCKA,
+    SHIFT_ROWS,
     full_fp32_matmul,
     gram,
     linear_cka,
@@ -213,6 +214,19 @@ def test_an_offset_of_300_on_every_unit_leaves_cka_unchanged_in_fp32(rng):
     offset = minibatch_cka(shifted, batch_size=32)
     assert np.abs(offset - plain).max() < 1e-6
     assert np.abs(offset - reference_minibatch_cka(shifted, shifted, 32)).max() < 1e-6
+
+
+def test_batches_whose_first_rows_are_atypical_stay_accurate_under_a_large_offset(rng):
+    # Each batch is shifted by the mean of its first SHIFT_ROWS rows, not the mean of all: when those rows form
+    # their own cluster (a store sorted by class) the shift is off by the cluster's distance, and the fp32 Gram
+    # must still hold CKA to 1e-6 of the fp64 reference.
+    feats = layers(rng, 128, [(197, 8), (16, 7, 7), (64,)])
+    for f in feats:
+        for s in range(0, 128, 64):
+            f[s : s + SHIFT_ROWS] += np.float32(3.0)
+        f += np.float32(300.0)
+    got = minibatch_cka(feats, batch_size=64)
+    assert np.abs(got - reference_minibatch_cka(feats, feats, 64)).max() < 1e-6
 
 
 def test_float16_features_work(rng):
