@@ -491,6 +491,44 @@ async def test_a_new_run_from_the_form_extracts_shows_progress_and_opens_the_sto
             assert {"cka", "attention", "skip", "spatial"} <= {r["analysis"] for r in s.results()}
 
 
+async def test_a_streaming_run_from_the_form_keeps_results_only_and_says_why_probes_and_maps_are_missing(tmp_path):
+    app = make_app(None, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("n")
+        await pilot.pause()
+        form = app.screen
+        form.query_one("#model-search").value = VIT
+        await pilot.press("enter")
+        form.query_one("#dataset").value = "synthetic"
+        form.query_one("#n-images").value = "24"
+        form.query_one("#img-size").value = "64"
+        form.query_one("#device").value = "cpu"
+        form.query_one("#keep").value = "streaming"
+        target = tmp_path / "streamed.h5"
+        form.query_one("#store-path").value = str(target)
+        assert form.fields()["streaming"] is True
+        await pilot.press("f2")
+        await settle(pilot, lambda a: "expected size on disk" in str(a.screen.query_one("#size-line").render()), timeout=60)
+        assert "activations not stored" in str(form.query_one("#size-line").render())
+        await pilot.press("ctrl+s")
+        await settle(pilot, view_shown("cka"), timeout=90, idle=False)
+        await settle(pilot, timeout=90)
+        with Store.open(target) as s:
+            assert s.streaming and s.complete and s.labels is not None  # labelled images, yet no probes
+        streamed = load_view(target, f"cka:{VIT}").matrix  # the CKA accumulated during the pass
+        await pilot.press("down", "right", "right")
+        await settle(pilot)
+        assert status(app) == f"blocks.0 x blocks.1  CKA {streamed[1, 2]:.4f}"
+        for key, kind in (("3", "probes"), ("5", "spatial")):
+            await pilot.press(key)
+            await settle(pilot)
+            assert status(app) == (f"streamed.h5 was extracted with streaming, which keeps no activations; {kind} "
+                                   "read them: extract the run again, keeping activations, into another store")
+        await pilot.press("2")
+        await settle(pilot, view_shown("attention"))  # the statistics streamed during the pass are there
+
+
 async def test_the_demo_builds_once_in_the_cache_folder_says_random_init_and_opens(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -56,6 +56,7 @@ class StoreSummary:
     dataset: str
     models: list[ModelSummary]
     cached: list[str] = field(default_factory=list)  # analyses with a cached result
+    streaming: bool = False  # extracted with --streaming: results only, no activations
 
     def model(self, key: str) -> ModelSummary:
         return next(m for m in self.models if m.key == key)
@@ -108,7 +109,7 @@ def read_summary(path: str | Path) -> StoreSummary:
                     spatial_layers=spatial, heads=int(info.get("num_heads") or 0),
                 ))
             cached = sorted({r["analysis"] for r in store.results()})
-            return StoreSummary(path, store.n_images, store.dataset_spec, models, cached)
+            return StoreSummary(path, store.n_images, store.dataset_spec, models, cached, store.streaming)
     except VitseeError:
         raise
     except (OSError, KeyError, ValueError, TypeError, json.JSONDecodeError) as exc:  # a damaged file

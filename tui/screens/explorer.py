@@ -208,6 +208,9 @@ class ExplorerScreen(Screen):
         if kind == "cka":
             return (f"cka:{a}:{b}" if b and b != a else f"cka:{a}"), ""
         if kind not in model.views:
+            if summary.streaming and kind in ("probes", "spatial"):
+                return None, (f"{summary.path.name} was extracted with streaming, which keeps no activations; "
+                              f"{kind} read them: extract the run again, keeping activations, into another store")
             return None, {
                 "attention": f"{a} is a {model.family} model: attention distances exist for ViT-like models; "
                              "press a to pick a ViT as model A",

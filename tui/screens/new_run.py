@@ -84,6 +84,11 @@ class NewRunScreen(Screen):
                 yield Select([("auto", "auto"), ("cpu", "cpu"), ("cuda", "cuda")], value="auto", allow_blank=False,
                              id="device", classes="form--field", compact=True)
                 yield Input("", id="img-size", type="integer", placeholder="e.g. 224", classes="form--field", compact=True)
+            yield Label("What to keep: activations serve every view; streaming computes CKA, attention distances and "
+                        "skip ratios during the pass and stores no activations (for runs too large to keep; no probes "
+                        "or spatial maps)", classes="form--label")
+            yield Select([("activations", "activations"), ("streaming: results only", "streaming")],
+                         value="activations", allow_blank=False, id="keep", compact=True)
             yield Label("Store file", classes="form--label")
             yield Input(str(self.options.folder / f"vitsee-{stamp}.h5"), id="store-path", compact=True)
             yield Label("size on disk: press F2 to work it out (Start shows it too, before extracting)",
@@ -118,6 +123,7 @@ class NewRunScreen(Screen):
             store=Path(store).expanduser(), models=models, dataset=self.query_one("#dataset", Input).value.strip() or "samples",
             n_images=n_images, device=str(self.query_one("#device", Select).value),
             layers=str(self.query_one("#layers", Select).value), img_size=img_size,
+            streaming=self.query_one("#keep", Select).value == "streaming",
         )
 
     @on(Button.Pressed, "#estimate")
