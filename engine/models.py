@@ -22,8 +22,13 @@ from torch import nn
 from .errors import VitseeError, brief
 
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
-VIT_MODULES = {"vision_transformer", "deit", "vision_transformer_hybrid"}
-RESNET_MODULES = {"resnet", "resnetv2"}
+# Patch-grid transformers whose `blocks` see [prefix tokens, patch grid] and whose attention hands its softmax to
+# attn_drop. CaiT has the structure but its `blocks` see patches only (the CLS joins later), so it is not listed.
+VIT_MODULES = {"vision_transformer", "deit", "vision_transformer_hybrid", "vision_transformer_relpos", "beit", "eva"}
+# Residual CNNs whose blocks vitsee finds by structure (layer1..4 or stages.N.blocks.M, NCHW outputs). Other timm
+# modules have the stages.N.blocks.M shape too but are attention hybrids (DaViT, MaxViT, CoAtNet, EfficientViT):
+# those are 'other' and take an explicit --layers list.
+RESNET_MODULES = {"resnet", "resnetv2", "convnext"}
 
 
 # --- specs ----------------------------------------------------------------------------------------
@@ -115,17 +120,21 @@ def family_of_name(name: str) -> str:
 
 
 def family_of_model(model: nn.Module) -> str:
-    """Returns 'vit' for a patch-grid transformer with blocks of attn/mlp, 'resnet' for residual stages."""
+    """Returns 'vit' for a patch-grid transformer of VIT_MODULES with blocks of attn/mlp, 'resnet' for the residual
+    stages of a model of RESNET_MODULES, else 'other': the answer family_of_name gives from the name, checked
+    against the structure vitsee's layer points and recorders rely on."""
     blocks = getattr(model, "blocks", None)
     patch_embed = getattr(model, "patch_embed", None)
+    module = type(model).__module__.rpartition(".")[2]
     if (
-        isinstance(blocks, nn.Sequential | nn.ModuleList)
+        module in VIT_MODULES
+        and isinstance(blocks, nn.Sequential | nn.ModuleList)
         and len(blocks) > 0
         and all(hasattr(b, "attn") and hasattr(b, "mlp") and hasattr(b.attn, "qkv") for b in blocks)
         and getattr(patch_embed, "grid_size", None) is not None
     ):
         return "vit"
-    if _resnet_blocks(model):
+    if module in RESNET_MODULES and _resnet_blocks(model):
         return "resnet"
     return "other"
 

@@ -200,6 +200,30 @@ def test_explicit_layers_are_stored_in_forward_order(tmp_path):
         assert s.layers(RESNET) == ["conv1", "layer1.0.resid", "layer2.0"]
 
 
+@pytest.mark.parametrize("name, family", [
+    ("test_vit", "vit"), ("test_vit_relpos", "vit"), ("test_resnet", "resnet"), ("test_convnext", "resnet"),
+    # attention hybrids with ResNet-like stages.N.blocks.M, and CaiT, whose blocks see no CLS token
+    ("test_maxvit", "other"), ("test_coatnet", "other"), ("test_efficientnet", "other"), ("cait_xxs24_224", "other"),
+])
+def test_the_family_listed_for_a_name_is_the_family_an_extraction_uses(name, family):
+    from vitsee.engine.models import family_of_model, family_of_name
+
+    assert family_of_name(name) == family
+    assert family_of_model(timm.create_model(name, pretrained=False)) == family
+
+
+def test_a_model_of_no_known_family_is_extracted_at_the_layers_named(tmp_path):
+    store = tmp_path / "cait.h5"
+    spec = "cait_xxs24_224@random:0"
+    run_extraction(ExtractConfig(store=store, models=[spec], dataset="synthetic", n_images=4, batch_size=4,
+                                 img_size=IMG, device="cpu", layers=["blocks.0", "blocks.3"], workers=0))
+    with Store.open(store) as s:
+        info = s.model_info(spec)
+        assert info["family"] == "other" and s.layers(spec) == ["blocks.0", "blocks.3"]
+        assert s.activations(spec, "blocks.0").shape == (4, (IMG // 16) ** 2, 192)  # patches only: no CLS yet
+        assert not s.stats(spec)  # no attention or skip statistics claimed for a structure vitsee does not know
+
+
 def test_adding_a_model_appends_and_keeps_the_first_models_data(tmp_path):
     store = tmp_path / "append.h5"
     common = dict(dataset="synthetic", n_images=12, batch_size=8, img_size=IMG, device="cpu", workers=0)
