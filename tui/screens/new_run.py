@@ -49,12 +49,12 @@ class NewRunScreen(Screen):
     NewRunScreen {
         & > #form { padding: 0 2; }
         & .form--title { text-style: bold; margin-top: 1; }
-        & .form--label { color: $text-muted; margin-top: 1; }
+        & .form--label { color: $text-muted; margin-top: 1; width: 1fr; }
         & Input, Select { margin-right: 1; }
         & .form--row { height: auto; }
         & .form--row > Vertical { width: 1fr; height: auto; }
         & .form--field { width: 1fr; height: auto; margin-right: 1; }
-        & #size-line { margin-top: 1; color: $text; text-style: bold; }
+        & #size-line { margin-top: 1; color: $text; text-style: bold; width: 1fr; }
         & #form-buttons { height: auto; margin: 1 0; }
         & #form-buttons > Button { margin-right: 2; }
     }
