@@ -392,12 +392,22 @@ def open_dataset(spec: str) -> ImageSet:
     raise VitseeError(f"unknown dataset '{spec}': use one of {DATASET_HELP}")
 
 
+MIN_IMAGES = 4  # the unbiased HSIC of a batch needs 4 examples, so no analysis runs on fewer images
+
+
 def select_indices(n_available: int, n_images: int | None, shuffle_seed: int | None = None) -> np.ndarray:
     """Returns which images to use: the first n in the set's order, or n from a seeded shuffle."""
+    if n_images is not None and n_images < MIN_IMAGES:
+        raise VitseeError(
+            f"--n-images {n_images} is too few: CKA needs at least {MIN_IMAGES} images (a few hundred give stable "
+            f"estimates); use --n-images {MIN_IMAGES} or more"
+        )
     if n_images is None:
         n_images = n_available
-    if n_images < 1:
-        raise VitseeError(f"--n-images must be at least 1, got {n_images}")
+    if n_available < MIN_IMAGES:
+        raise VitseeError(
+            f"the dataset holds only {n_available} image(s) and CKA needs at least {MIN_IMAGES}: add images to it"
+        )
     if n_images > n_available:
         raise VitseeError(
             f"--n-images {n_images} asks for more images than the dataset holds ({n_available}): "

@@ -107,15 +107,21 @@ def _open_h5(path: Path, mode: str) -> h5py.File:
     return h5py.File(path, mode, locking=False)
 
 
+def _check_store_path(path: Path) -> None:
+    if not path.exists():
+        raise VitseeError(f"store {path} does not exist: create it with `vitsee extract {path} --model NAME --dataset DATASET`")
+    if path.is_dir():
+        raise VitseeError(f"store {path} is a folder: give the path of a .h5 store file")
+    if path.stat().st_size == 0:  # HDF5 would turn an empty file opened for writing into an HDF5 file
+        raise VitseeError(f"store {path} is an empty file, not a vitsee store: give a store made by `vitsee extract` (which replaces this file with --overwrite)")
+
+
 class Store:
     """Read access to a store, plus the write operations extraction and analyses use."""
 
     def __init__(self, path: str | Path, mode: str = "r"):
         self.path = Path(path)
-        if not self.path.exists():
-            raise VitseeError(f"store {path} does not exist: create it with `vitsee extract {path} --model NAME --dataset DATASET`")
-        if self.path.is_dir():
-            raise VitseeError(f"store {path} is a folder: give the path of a .h5 store file")
+        _check_store_path(self.path)
         try:
             self.file = _open_h5(self.path, mode)
         except OSError as exc:
@@ -147,7 +153,11 @@ class Store:
     @classmethod
     def writer(cls, path: str | Path) -> Store:
         """Returns the store opened for writing, holding an exclusive lock so two writers never mix."""
-        fd = os.open(path, os.O_RDONLY)
+        _check_store_path(Path(path))
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as exc:
+            raise VitseeError(f"cannot open store {path} ({brief(exc)}): check its permissions") from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:

@@ -5,6 +5,7 @@ import hashlib
 import shutil
 
 import h5py
+import numpy as np
 import pytest
 
 from conftest import IMG, VIT, run_cli
@@ -62,7 +63,8 @@ def test_a_file_that_is_not_weights(tmp_path, capsys):
         (["--dataset", "imagefolder:/no/such/folder"], ["/no/such/folder does not exist"]),
         (["--dataset", "mnist"], ["unknown dataset 'mnist'", "digits, samples, synthetic"]),
         (["--n-images", "5000"], ["--n-images 5000", "1797", "--n-images 1797"]),
-        (["--n-images", "0"], ["--n-images must be at least 1"]),
+        (["--n-images", "0"], ["--n-images 0 is too few", "at least 4", "--n-images 4 or more"]),
+        (["--n-images", "3"], ["--n-images 3 is too few", "at least 4", "--n-images 4 or more"]),
         (["--layers", "blocks.1,blocks.99"], ["unknown layer 'blocks.99'", "close matches"]),
         (["--device", "cuda"], ["no CUDA GPU", "--device cpu"]),
         (["--dtype", "bfloat8"], ["unknown --dtype 'bfloat8'"]),
@@ -80,9 +82,26 @@ def test_an_empty_image_folder(tmp_path, capsys):
     _one_line_error(code, err, "no images found", "one sub-folder per class")
 
 
+def test_a_dataset_of_fewer_than_four_images(tmp_path, capsys):
+    np.savez(tmp_path / "three.npz", images=np.zeros((3, 8, 8), dtype=np.uint8))
+    code, _, err = run_cli(["extract", tmp_path / "s.h5", "--model", VIT, "--dataset", tmp_path / "three.npz",
+                            "--img-size", "64", "--device", "cpu"], capsys)
+    _one_line_error(code, err, "holds only 3 image(s)", "at least 4", "add images")
+    assert not (tmp_path / "s.h5").exists()
+
+
 def test_missing_corrupt_and_foreign_stores(tmp_path, capsys):
-    code, _, err = run_cli(["info", tmp_path / "missing.h5"], capsys)
-    _one_line_error(code, err, "missing.h5 does not exist", "vitsee extract")
+    for command in ("info", "analyze", "show"):  # readers and writers (analyze takes the store's write lock)
+        extra = ["cka:x"] if command == "show" else []
+        code, _, err = run_cli([command, tmp_path / "missing.h5", *extra], capsys)
+        _one_line_error(code, err, "missing.h5 does not exist", "vitsee extract")
+    code, _, err = run_cli(["analyze", tmp_path], capsys)
+    _one_line_error(code, err, "is a folder", ".h5 store file")
+    empty = tmp_path / "empty.h5"
+    empty.touch()
+    code, _, err = run_cli(["analyze", empty], capsys)
+    _one_line_error(code, err, "empty.h5 is an empty file", "vitsee extract", "--overwrite")
+    assert empty.stat().st_size == 0  # left as it was
 
     corrupt = tmp_path / "corrupt.h5"
     corrupt.write_bytes(b"\x89HDF\r\n\x1a\n" + b"\x00garbage" * 100)
