@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 from textual.app import ComposeResult
-from textual.widget import Widget
 
 from vitsee.tui.messages import StatusChanged
 from vitsee.tui.results import LoadedView
 from vitsee.tui.widgets.heatmap import Heatmap
-from vitsee.tui.widgets.view_pane import ViewPane
+from vitsee.tui.widgets.view_pane import HeatmapPane
 
 
-class CkaPane(ViewPane):
+class CkaPane(HeatmapPane):
     """The CKA heatmap; Enter on a cell opens the pair's detail."""
 
     kind = "cka"
@@ -19,11 +18,6 @@ class CkaPane(ViewPane):
 
     def compose_body(self) -> ComposeResult:
         yield from ()
-
-    @property
-    def heatmap(self) -> Heatmap | None:
-        found = self.query(Heatmap)
-        return found.first() if found else None
 
     def populate(self, loaded: LoadedView) -> None:
         view = loaded.view
@@ -61,23 +55,9 @@ class CkaPane(ViewPane):
         shown = "not computed" if value != value else f"{value:.4f}"
         return f"{heatmap.row_labels[row]} x {heatmap.col_labels[col]}  CKA {shown}"
 
-    def main_widget(self) -> Widget | None:
-        return self.heatmap
-
     def jump_to_layer(self, layer: str) -> bool:
         heatmap, view = self.heatmap, self.view
         if heatmap is None or view is None or layer not in view.rows:
             return False
         heatmap.cursor = (view.rows.index(layer), heatmap.cursor[1])
-        return True
-
-    def set_cmap(self, cmap: str) -> None:
-        super().set_cmap(cmap)
-        if self.heatmap is not None:
-            self.heatmap.set_cmap(cmap)
-
-    def toggle_zoom(self) -> bool:
-        if self.heatmap is None:
-            return False
-        self.heatmap.action_cycle_zoom()
         return True

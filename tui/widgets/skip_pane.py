@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 from textual.app import ComposeResult
-from textual.widget import Widget
 
 from vitsee.engine.colormap import ColorMode
 from vitsee.tui.messages import StatusChanged
 from vitsee.tui.results import LoadedView
 from vitsee.tui.widgets.heatmap import Heatmap, short_label
 from vitsee.tui.widgets.line_plot import LinePlot, Series
-from vitsee.tui.widgets.view_pane import ViewPane
+from vitsee.tui.widgets.view_pane import HeatmapPane
 
 
-class SkipPane(ViewPane):
+class SkipPane(HeatmapPane):
     """A heatmap of the ratio per sublayer (rows) and token (columns), and below it the CLS token's
     ratio against the mean over spatial tokens, row by row (the phase transition of the paper)."""
 
@@ -30,11 +29,6 @@ class SkipPane(ViewPane):
 
     def compose_body(self) -> ComposeResult:
         yield LinePlot(id="skip-plot", monochrome=self.color_mode is ColorMode.NONE)
-
-    @property
-    def heatmap(self) -> Heatmap | None:
-        found = self.query(Heatmap)
-        return found.first() if found else None
 
     def populate(self, loaded: LoadedView) -> None:
         view = loaded.view
@@ -71,9 +65,6 @@ class SkipPane(ViewPane):
         row, col = heatmap.cursor
         return f"{heatmap.row_labels[row]} x {heatmap.col_labels[col]}  ratio {heatmap.value_at(row, col):.4f}"
 
-    def main_widget(self) -> Widget | None:
-        return self.heatmap
-
     def jump_to_layer(self, layer: str) -> bool:
         heatmap, view = self.heatmap, self.view
         if heatmap is None or view is None:
@@ -90,14 +81,3 @@ class SkipPane(ViewPane):
             return []
         # rows are sublayers (blocks.3.attn, blocks.3.mlp): offer each block once
         return list(dict.fromkeys(r.rsplit(".", 1)[0] if r.endswith((".attn", ".mlp")) else r for r in view.rows))
-
-    def set_cmap(self, cmap: str) -> None:
-        super().set_cmap(cmap)
-        if self.heatmap is not None:
-            self.heatmap.set_cmap(cmap)
-
-    def toggle_zoom(self) -> bool:
-        if self.heatmap is None:
-            return False
-        self.heatmap.action_cycle_zoom()
-        return True

@@ -5,20 +5,19 @@ from __future__ import annotations
 
 import numpy as np
 from textual.app import ComposeResult
-from textual.widget import Widget
 from textual.widgets import Label
 
 from vitsee.tui.messages import StatusChanged
 from vitsee.tui.results import LoadedView
 from vitsee.tui.widgets.heatmap import Heatmap
-from vitsee.tui.widgets.view_pane import ViewPane
+from vitsee.tui.widgets.view_pane import HeatmapPane
 
 
 def cell_name(index: int, grid_w: int) -> str:
     return f"r{index // grid_w}c{index % grid_w}"
 
 
-class SpatialPane(ViewPane):
+class SpatialPane(HeatmapPane):
     """A grid-sized heatmap: the cursor is a token position, the colours its CKA with every input patch."""
 
     kind = "spatial"
@@ -38,11 +37,6 @@ class SpatialPane(ViewPane):
 
     def compose_body(self) -> ComposeResult:
         yield Label("", classes="spatial--note")
-
-    @property
-    def heatmap(self) -> Heatmap | None:
-        found = self.query(Heatmap)
-        return found.first() if found else None
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -98,19 +92,5 @@ class SpatialPane(ViewPane):
         return (f"token {cell_name(self.token, gw)} x patch {cell_name(self.token, gw)}  CKA {values[self.token]:.4f}"
                 f"  peak patch {cell_name(peak, gw)} {values[peak]:.4f}")
 
-    def main_widget(self) -> Widget | None:
-        return self.heatmap
-
     def layer_choices(self) -> list[str]:
         return list(self.grid_layers)
-
-    def set_cmap(self, cmap: str) -> None:
-        super().set_cmap(cmap)
-        if self.heatmap is not None:
-            self.heatmap.set_cmap(cmap)
-
-    def toggle_zoom(self) -> bool:
-        if self.heatmap is None:
-            return False
-        self.heatmap.action_cycle_zoom()
-        return True

@@ -13,6 +13,7 @@ from textual.widgets import Label, Static
 from vitsee.engine.colormap import ColorMode
 from vitsee.tui.messages import StatusChanged
 from vitsee.tui.results import LoadedView
+from vitsee.tui.widgets.heatmap import Heatmap
 
 if TYPE_CHECKING:
     from vitsee.engine.views import View
@@ -123,3 +124,27 @@ class ViewPane(Vertical):
     def toggle_zoom(self) -> bool:
         """Cycles the zoom of the view's heatmap; returns False when the view has none."""
         return False
+
+
+class HeatmapPane(ViewPane):
+    """A pane whose main widget is a Heatmap (CKA, skip ratios, spatial maps): it takes the keys, the colour
+    map and the zoom."""
+
+    @property
+    def heatmap(self) -> Heatmap | None:
+        found = self.query(Heatmap)
+        return found.first() if found else None
+
+    def main_widget(self) -> Widget | None:
+        return self.heatmap
+
+    def set_cmap(self, cmap: str) -> None:
+        super().set_cmap(cmap)
+        if self.heatmap is not None:
+            self.heatmap.set_cmap(cmap)
+
+    def toggle_zoom(self) -> bool:
+        if self.heatmap is None:
+            return False
+        self.heatmap.action_cycle_zoom()
+        return True
