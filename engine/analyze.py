@@ -36,7 +36,7 @@ class AnalyzeConfig:
     recompute: bool = False
     probe_tokens: bool = True
     spatial_layer: str | None = None
-    probe_max_dim: int = 1024  # per-token probes keep a (D, D) matrix per token: skip wider layers
+    probe_max_dim: int = 1024  # per-token probes keep a (D, D) fp64 matrix per token: wider layers get none
     # no estimator settings were asked for: a streaming store answers CKA with the estimate it streamed
     any_cka_estimate: bool = False
 
@@ -479,12 +479,16 @@ def run_probes(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | 
     table = np.full((len(layers), len(readout_names)), np.nan)
     l2 = np.full_like(table, np.nan)
     token_maps: dict[str, np.ndarray] = {}
+    too_wide: list[str] = []  # layers whose per-token probes were left out (wider than cfg.probe_max_dim)
     for li, layer in enumerate(layers):
         ds = store._layer(key, layer)
         readouts = _readouts(store, key, layer)
         groups = [[n for n in readouts if n in ("cls", "gap", "flat")]]
-        if cfg.probe_tokens and "tokens" in readouts and ds.shape[-1] <= cfg.probe_max_dim:
-            groups.append(["tokens"])
+        if cfg.probe_tokens and "tokens" in readouts:
+            if ds.shape[-1] <= cfg.probe_max_dim:
+                groups.append(["tokens"])
+            else:
+                too_wide.append(layer)
         for names in groups:
             fns = [readouts[n] for n in names]
 
@@ -515,6 +519,7 @@ def run_probes(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | 
         "chance": np.array(np.bincount(labels).max() / len(labels)),
         # how many prefix tokens (CLS, registers) lead each layer's token axis: 0 for the patch embedding
         "token_prefix": np.array([store.layer_prefix_tokens(key, layer) for layer in layers]),
+        "tokens_too_wide": np.array(too_wide, dtype=str),
     }
     for layer, acc in token_maps.items():
         arrays[f"tokens/{layer}"] = acc

@@ -234,6 +234,9 @@ def analyze(
     shuffles: Annotated[Optional[int], typer.Option(help="average CKA over K seeded shuffles (0: store order) [default: 1]")] = None,
     seed: Annotated[Optional[int], typer.Option(help="seed of the shuffles and the probe split [default: 0]")] = None,
     spatial_layer: Annotated[Optional[str], typer.Option(help="layer of the spatial maps (default: last block)")] = None,
+    probe_max_dim: Annotated[Optional[int], typer.Option(
+        help="per-token probes for layers up to N channels wide; each token holds an N x N fp64 matrix "
+             "(ViT-B: 197 x 768 x 768 x 8 B = 0.9 GB) [default: 1024]")] = None,
     device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")] = "auto",
     recompute: Annotated[bool, typer.Option(help="ignore cached results")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bars")] = False,
@@ -247,7 +250,7 @@ def analyze(
     cfg = AnalyzeConfig(
         batch_size=base.batch_size if batch_size is None else batch_size, shuffles=base.shuffles if shuffles is None else shuffles,
         seed=base.seed if seed is None else seed, device=device, recompute=recompute, spatial_layer=spatial_layer,
-        any_cka_estimate=batch_size is None and shuffles is None and seed is None,
+        probe_max_dim=base.probe_max_dim if probe_max_dim is None else probe_max_dim, any_cka_estimate=batch_size is None and shuffles is None and seed is None,
     )
     quiet = quiet or is_secondary()  # under torchrun rank 0 speaks for the run
     on_event, bar = _progress_bar(quiet)

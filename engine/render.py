@@ -23,7 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .colormap import ASCII_RAMP, DEFAULT_LEVELS, MISSING, ColorMode, ColorScale, Palette, detect_color_mode
-from .views import View
+from .views import View, too_wide_note
 
 UPPER_HALF = "\u2580"  # ▀
 FULL_BLOCK = "\u2588"  # █
@@ -147,6 +147,7 @@ def _probes(view: View, mode: ColorMode) -> list:
     n_train, n_test = view.params.get("n_train"), view.params.get("n_test")
     if n_train and n_test:
         caption += f"; {n_train} train / {n_test} test images"
+    caption += too_wide_note(view)
     lines = [Text(caption, style=_style(mode, "dim")), Text("accuracy vs depth (0 to 1, first layer left):")]
     pad = max(map(len, view.cols))
     for c, readout in enumerate(view.cols):

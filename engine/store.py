@@ -477,7 +477,9 @@ class Store:
                 value = value.astype(h5py.string_dtype())
             group.create_dataset(name, data=value)
         group.attrs["params"] = _json(params)
-        group.attrs["provenance"] = _json({"created": time.strftime("%Y-%m-%dT%H:%M:%S"), **versions(), **(provenance or {})})
+        now = time.time()  # created_unix orders results made within the same second
+        group.attrs["provenance"] = _json({"created": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now)),
+                                           "created_unix": now, **versions(), **(provenance or {})})
         group.attrs["complete"] = True
         if final in self.file:
             del self.file[final]

@@ -126,7 +126,7 @@ def _subtitle(store: Store, models: list[str]) -> str:
 IDENTITY = {
     "cka": ("models", "layers", "n_images"),
     "attention": ("model", "n_images", "bins"),
-    "probes": ("model", "n_images", "tokens", "max_token_dim"),
+    "probes": ("model", "n_images", "tokens"),  # a result with a larger max_token_dim only adds token maps
     "skip": ("model", "n_images"),
     "spatial": ("model", "layer", "n_images"),
 }
@@ -170,16 +170,21 @@ def cached_params(store: Store, text: str, cfg: an.AnalyzeConfig | None = None) 
     """Returns the parameters of the cached result that serves a view, or None when it must be computed.
 
     With cfg given only an exact match serves; with cfg None the newest cached result about the same
-    models/layers/images does, whatever estimator settings (batch size, shuffles, seed) made it.
+    models/layers/images does, whatever settings (batch size, shuffles, seed) made it; for probes the one with
+    per-token maps for the widest layers first.
     """
     request = _request(store, text)
     params = request.params(store, cfg or an.AnalyzeConfig())
-    if store.get_result(request.kind, params) is not None:
-        return params
     if cfg is not None:
-        return None
+        return params if store.get_result(request.kind, params) is not None else None
     same = [r for r in store.results(request.kind) if all(r["params"].get(k) == params.get(k) for k in IDENTITY[request.kind])]
-    return max(same, key=lambda r: r["provenance"].get("created", ""))["params"] if same else None
+
+    def preference(r: dict) -> tuple:
+        wider = r["params"].get("max_token_dim", 0) if request.kind == "probes" else 0  # more token maps, same rest
+        return wider, r["provenance"].get("created", ""), r["provenance"].get("created_unix", 0.0)
+
+    best = max(same, key=preference, default=None)
+    return best["params"] if best else None
 
 
 def compute_view(store: Store, text: str, cfg: an.AnalyzeConfig, progress=None) -> None:
@@ -249,9 +254,19 @@ def _probe_view(r: dict, keys: list[str], info: dict) -> View:
     params = dict(r["_params"], split_seed=r["_params"]["seed"], n_train=int(len(r["split_train"])), n_test=int(len(r["split_test"])))
     extra = {"token_maps": {k: np.asarray(v) for k, v in token_maps.items()}, "chance": float(r["chance"]), "l2": r["l2"],
              "grid": list(info.get("grid_size") or []), "prefix_tokens": prefix,
-             "token_prefix": {layer: token_prefix[layer] for layer in token_maps}}
+             "token_prefix": {layer: token_prefix[layer] for layer in token_maps},
+             "tokens_too_wide": [str(x) for x in np.atleast_1d(r.get("tokens_too_wide", []))]}
     return View("probes", "", f"Linear probe test accuracy {key}", "", matrix[:, keep], layers, [cols[i] for i in keep],
                 "accuracy", 0.0, 1.0, params, extra, [key])
+
+
+def too_wide_note(view: View) -> str:
+    """Returns, for a probes view, '; no per-token maps for ...' naming the layers left out for width, else ''."""
+    wide = view.extra.get("tokens_too_wide") or []
+    if not wide:
+        return ""
+    return (f"; no per-token maps for {len(wide)} layer(s) wider than {view.params.get('max_token_dim')} channels "
+            f"({', '.join(wide[:3])}{', ...' if len(wide) > 3 else ''}): vitsee analyze STORE --probes --probe-max-dim N")
 
 
 def _skip_view(r: dict, keys: list[str], info: dict) -> View:

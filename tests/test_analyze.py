@@ -137,6 +137,33 @@ def test_probe_table_agrees_with_a_direct_ridge_probe(store):
     assert result["tokens/blocks.3"].shape == (17,)
 
 
+def test_layers_wider_than_probe_max_dim_get_no_token_maps_and_the_table_says_so(tiny_store, tmp_path, capsys):
+    store = tmp_path / "probes.h5"  # a copy with no probes cached yet
+    shutil.copy(tiny_store, store)
+    code, _, err = run_cli(["analyze", store, "--probes", "--probe-max-dim", "32", "--quiet"], capsys)
+    assert code == 0, err
+    with Store.open(store) as s:
+        narrow = [r for r in s.results("probes") if r["params"]["max_token_dim"] == 32 and r["params"]["model"] == VIT]
+        width = s.layer_shape(VIT, "blocks.0")[-1]
+        layers = s.layers(VIT)
+    assert width > 32 and len(narrow) == 1
+    view = load_view(store, f"probes:{VIT}")  # no estimator options: any cached probes of this model serve
+    assert view.params["max_token_dim"] == 32 and not view.extra["token_maps"]
+    assert view.extra["tokens_too_wide"] == layers  # every layer has tokens, each wider than 32
+    assert view.cols == ["CLS", "GAP"]  # no token column at all
+    code, out, _ = run_cli(["show", store, f"probes:{VIT}", "--color", "none"], capsys)
+    assert code == 0
+    assert f"no per-token maps for {len(layers)} layer(s) wider than 32 channels" in " ".join(out.split())
+    code, _, err = run_cli(["analyze", store, "--probes", "--quiet"], capsys)  # the default width takes them all
+    assert code == 0, err
+    for _ in range(2):  # the widest result serves, even when a narrower one is made after it
+        view = load_view(store, f"probes:{VIT}")
+        assert view.params["max_token_dim"] == 1024 and view.extra["tokens_too_wide"] == []
+        assert sorted(view.extra["token_maps"]) == sorted(layers) and view.cols[-1] == "tokens (mean)"
+        code, _, err = run_cli(["analyze", store, "--probes", "--probe-max-dim", "16", "--quiet"], capsys)
+        assert code == 0, err
+
+
 def test_probes_without_labels_are_a_clear_error_and_nothing_else_is(tmp_path, capsys):
     from vitsee.engine.extract import ExtractConfig, run_extraction
 

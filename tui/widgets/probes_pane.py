@@ -96,6 +96,9 @@ class ProbesPane(ViewPane):
         chance = view.extra.get("chance")
         if chance is not None:
             text += f"  chance {float(chance):.3f}"
+        if view.rows[row] in view.extra.get("tokens_too_wide", []):
+            text += (f"  no token map: wider than {view.params.get('max_token_dim')} channels "
+                     "(vitsee analyze --probes --probe-max-dim N)")
         return text
 
     def main_widget(self) -> Widget | None:
