@@ -491,6 +491,14 @@ def load_model(spec: ModelSpec | str, img_size: int | None = None, device: str |
         loaded.grid_size = tuple(int(g) for g in pe.grid_size)
         ps = pe.patch_size
         loaded.patch_size = (ps, ps) if isinstance(ps, int) else tuple(int(p) for p in ps)
+        _, h, w = data_config["input_size"]
+        ph, pw = loaded.patch_size
+        if h % ph or w % pw:  # timm asserts in the forward, or quietly drops the strip no patch covers
+            fits = sorted({max(ph, h // ph * ph), (h // ph + 1) * ph})
+            raise VitseeError(
+                f"--img-size {h} is not a multiple of the {ph}-px patches of {spec.timm_name}: "
+                f"use --img-size {' or '.join(map(str, fits))}"
+            )
         loaded.num_prefix_tokens = int(getattr(model, "num_prefix_tokens", 1))
         loaded.num_blocks = len(model.blocks)
         loaded.num_heads = int(model.blocks[0].attn.num_heads)

@@ -68,6 +68,7 @@ def test_a_file_that_is_not_weights(tmp_path, capsys):
         (["--layers", "blocks.1,blocks.99"], ["unknown layer 'blocks.99'", "close matches"]),
         (["--device", "cuda"], ["no CUDA GPU", "--device cpu"]),
         (["--dtype", "bfloat8"], ["unknown --dtype 'bfloat8'"]),
+        (["--img-size", "72"], ["--img-size 72 is not a multiple of the 16-px patches of test_vit", "--img-size 64 or 80"]),
     ],
 )
 def test_bad_run_options(tmp_path, capsys, args, needles):
