@@ -15,7 +15,7 @@ from textual.screen import Screen
 from textual.suggester import SuggestFromList
 from textual.widgets import Button, Footer, Input, Label, Select
 
-from vitsee.engine.data import BUILTIN_DATASETS
+from vitsee.engine.data import BUILTIN_DATASETS, MIN_IMAGES
 from vitsee.engine.errors import VitseeError, brief
 from vitsee.tui.options import AppOptions
 from vitsee.tui.results import estimate_size
@@ -117,8 +117,8 @@ class NewRunScreen(Screen):
             img_size = int(size_text) if size_text else None
         except ValueError:
             raise VitseeError(f"'{n_text or size_text}' is not a whole number: fix the images or image size field") from None
-        if n_images is not None and n_images < 4:
-            raise VitseeError(f"{n_images} images is too few: CKA needs at least 4 (a few hundred is better)")
+        if n_images is not None and n_images < MIN_IMAGES:
+            raise VitseeError(f"{n_images} images is too few: CKA needs at least {MIN_IMAGES} (a few hundred is better)")
         return dict(
             store=Path(store).expanduser(), models=models, dataset=self.query_one("#dataset", Input).value.strip() or "samples",
             n_images=n_images, device=str(self.query_one("#device", Select).value),

@@ -41,11 +41,6 @@ class CkaPane(HeatmapPane):
 
             self.app.push_screen(PairDetailScreen(self.loaded, message.row, message.col))
 
-    @property
-    def selection(self) -> tuple[int, int] | None:
-        heatmap = self.heatmap
-        return heatmap.cursor if heatmap is not None and self.loaded is not None else None
-
     def status_text(self) -> str:
         heatmap = self.heatmap
         if heatmap is None or self.loaded is None:

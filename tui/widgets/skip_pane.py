@@ -53,11 +53,6 @@ class SkipPane(HeatmapPane):
         self.query_one(LinePlot).set_mark(message.row)
         self.post_message(StatusChanged(self.kind, message.summary))
 
-    @property
-    def selection(self) -> tuple[int, int] | None:
-        heatmap = self.heatmap
-        return heatmap.cursor if heatmap is not None and self.loaded is not None else None
-
     def status_text(self) -> str:
         heatmap = self.heatmap
         if heatmap is None or self.loaded is None:

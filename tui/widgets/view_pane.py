@@ -138,6 +138,11 @@ class HeatmapPane(ViewPane):
     def main_widget(self) -> Widget | None:
         return self.heatmap
 
+    @property
+    def selection(self) -> tuple[int, int] | None:
+        heatmap = self.heatmap
+        return heatmap.cursor if heatmap is not None and self.loaded is not None else None
+
     def set_cmap(self, cmap: str) -> None:
         super().set_cmap(cmap)
         if self.heatmap is not None:
