@@ -159,7 +159,8 @@ def extract_sharded(cfg, progress=None, cancel: threading.Event | None = None):
                 )
             todo = shards.models_to_extract(cfg)
             first, stop = batch_range(n_batches, rank)
-            shard = Shard(rank.rank, rank.world, first, stop, first * cfg.batch_size, min(stop * cfg.batch_size, n))
+            shard = Shard(rank.rank, rank.world, first, stop, first * cfg.batch_size, min(stop * cfg.batch_size, n),
+                          run_id=shards.run_id(cfg, rank.world))
         except BaseException as exc:
             error = exc
         agree(error, "planning the extraction")

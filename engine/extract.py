@@ -67,6 +67,7 @@ class Shard:
     stop_batch: int
     start: int
     stop: int
+    run_id: str = ""  # the same for every shard of one run (its images and process count); see shards.run_id
 
 
 @dataclass
@@ -196,8 +197,10 @@ def _check_same_mode(store: Store, cfg: ExtractConfig, keys: list[str]) -> None:
         )
 
 
-def plan(cfg: ExtractConfig, device: torch.device, emit: ProgressFn) -> tuple[Selection, list[ModelPlan], Store | None]:
-    """Returns the run's images, one ModelPlan per model, and the existing store if resuming/appending."""
+def plan(cfg: ExtractConfig, device: torch.device, emit: ProgressFn,
+         lock: store_mod.WriteLock | None = None) -> tuple[Selection, list[ModelPlan], Store | None]:
+    """Returns the run's images, one ModelPlan per model, and the existing store if resuming/appending
+    (opened for writing under lock, or read-only to only look, as `estimate` does)."""
     if cfg.dtype not in DTYPES:
         raise VitseeError(f"unknown --dtype '{cfg.dtype}': use float16 or float32")
     if cfg.batch_size < 1:
@@ -217,7 +220,7 @@ def plan(cfg: ExtractConfig, device: torch.device, emit: ProgressFn) -> tuple[Se
     existing: Store | None = None
     store_path = Path(cfg.store)
     if store_path.exists() and not cfg.overwrite:
-        existing = Store.writer(store_path)
+        existing = Store.writer(store_path, rows=True, lock=lock) if lock is not None else Store.open(store_path)
         try:
             _check_same_images(existing, images, indices)
             _check_same_mode(existing, cfg, keys)
@@ -520,9 +523,17 @@ def run_extraction(
     emit: ProgressFn = progress or (lambda _p: None)
     device = resolve_device(cfg.device)
     t0 = time.perf_counter()
-    selection, plans, existing = plan(cfg, device, emit)
-    n = len(selection)
     store_path = Path(cfg.store)
+    # the lock covers resuming, appending, creating and replacing alike; a new store's is taken once the
+    # run's inputs have been checked, so a refused run leaves nothing beside the path
+    lock = store_mod.WriteLock(store_path) if store_path.exists() else None
+    try:
+        selection, plans, existing = plan(cfg, device, emit, lock=lock)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    n = len(selection)
     messages = []
     try:
         size = _estimate(plans, n, cfg, existing is not None)
@@ -537,7 +548,9 @@ def run_extraction(
         _check_disk(store_path, size.todo_bytes, cfg.force)
 
         if existing is None:
-            with store_mod.creating(store_path, overwrite=cfg.overwrite) as h5:
+            if lock is None:
+                lock = store_mod.WriteLock(store_path)
+            with store_mod.creating(store_path, overwrite=cfg.overwrite, lock=lock) as h5:
                 images = selection.images
                 store_mod.write_images(h5, images.spec, selection.indices, selection.labels, images.class_names, selection.shuffle_seed)
                 if cfg.shard is not None:
@@ -547,7 +560,7 @@ def run_extraction(
                                                cfg.dtype, n, streaming=cfg.streaming)
                 if cfg.streaming:
                     store_mod.add_streaming_state(h5, _cka_columns(plans), cfg.batch_size)
-            existing = Store.writer(store_path)
+            existing = Store.writer(store_path, rows=True, lock=lock)
         else:
             for mp in plans:
                 if mp.new:
@@ -558,6 +571,8 @@ def run_extraction(
             save_streamed_cka(existing)  # a shard's share is summed with the others' when they are stitched
     finally:
         _release(plans, existing)
+        if lock is not None:
+            lock.release()
     seconds = time.perf_counter() - t0
     emit(Progress("done", done=processed, total=n, message=f"{processed} images in {seconds:.1f} s"))
     return ExtractResult(store_path, [mp.key for mp in plans], processed, seconds, bytes_written, cancelled, messages)

@@ -22,6 +22,19 @@ from .errors import VitseeError
 from .store import Store
 
 
+def run_id(cfg, world: int) -> str:
+    """Returns the identity of a torchrun extraction every shard records: a digest of its images (dataset,
+    the selected indices in order), batch size and process count, so a shard of another run is told apart."""
+    import hashlib
+
+    from .data import open_dataset, select_indices
+
+    indices = select_indices(len(open_dataset(cfg.dataset)), cfg.n_images, cfg.shuffle_seed)
+    digest = hashlib.sha1(f"{cfg.dataset}|{cfg.batch_size}|{world}|".encode())
+    digest.update(np.ascontiguousarray(indices, dtype=np.int64).tobytes())
+    return digest.hexdigest()[:16]
+
+
 def models_to_extract(cfg) -> list[str]:
     """Returns the model specs of cfg a torchrun extraction still has to do (those not finished in the store)."""
     from .data import open_dataset, select_indices
@@ -55,15 +68,17 @@ def stitch(path: str | Path, shard_paths: Sequence[Path], cfg, models: Sequence[
 
     path = Path(path)
     keys = [parse_model_spec(m).key for m in models]
-    rows = _check_shards(shard_paths, keys)
+    expected = run_id(cfg, len(shard_paths))
+    rows = _check_shards(shard_paths, keys, expected)
     rels = [os.path.relpath(p, path.parent) for p in shard_paths]
     if path.exists() and not cfg.overwrite:
         with Store.writer(path) as store:
             if int(rows[-1][1]) != store.n_images:
                 raise VitseeError(f"the shards cover {rows[-1][1]} images but {path} holds {store.n_images}: rerun with --overwrite")
-            _record_shards(store.file, rels)
+            if sorted(os.path.normpath(r) for r in json.loads(store.file.attrs.get("shards", "[]"))) != sorted(map(os.path.normpath, rels)):
+                raise VitseeError(f"{path} was stitched from other shards than {shard_paths[0].parent.name}/ holds now: rerun with --overwrite")
             for key in keys:
-                _add_virtual_model(store.file, key, shard_paths, rels)
+                store.add_virtual_model(key, lambda group, key=key: _fill_virtual_model(group, key, shard_paths))
         return
     with Store.open(shard_paths[0]) as first:
         dataset, seed, names = first.dataset_spec, first.shuffle_seed, first.class_names
@@ -75,8 +90,12 @@ def stitch(path: str | Path, shard_paths: Sequence[Path], cfg, models: Sequence[
     with store_mod.creating(path, overwrite=cfg.overwrite) as h5:
         store_mod.write_images(h5, dataset, np.concatenate(indices), np.concatenate(labels), names, seed)
         _record_shards(h5, rels)
-        for key in keys:
-            _add_virtual_model(h5, key, shard_paths, rels)
+        h5.attrs["run_id"] = expected
+        models_group = h5.require_group("models")
+        for order, key in enumerate(keys):
+            group = models_group.create_group(key)
+            _fill_virtual_model(group, key, shard_paths)
+            group.attrs["order"] = order
         if cfg.streaming:
             _sum_streamed_states(h5, shard_paths)
     if cfg.streaming:
@@ -86,8 +105,9 @@ def stitch(path: str | Path, shard_paths: Sequence[Path], cfg, models: Sequence[
             save_streamed_cka(store)
 
 
-def _check_shards(shard_paths: Sequence[Path], keys: Sequence[str]) -> list[tuple[int, int]]:
-    """Returns each shard's (start, stop) rows after checking they are there, complete and contiguous."""
+def _check_shards(shard_paths: Sequence[Path], keys: Sequence[str], expected_run: str) -> list[tuple[int, int]]:
+    """Returns each shard's (start, stop) rows after checking they are there, of this run, complete and
+    contiguous."""
     rows = []
     for p in shard_paths:
         if not p.exists():
@@ -96,6 +116,11 @@ def _check_shards(shard_paths: Sequence[Path], keys: Sequence[str]) -> list[tupl
             meta = json.loads(s.file.attrs.get("shard", "null") or "null")
             if meta is None:
                 raise VitseeError(f"{p} is not a shard of a torchrun extraction: remove it and rerun the same torchrun command")
+            if meta.get("run_id") != expected_run:
+                raise VitseeError(
+                    f"shard {p} is from another run (other images or process count): remove it and rerun the same "
+                    "torchrun command, or rerun with --overwrite"
+                )
             for key in keys:
                 if key not in s.models:
                     raise VitseeError(f"shard {p} has no {key}: rerun the same torchrun command to extract it")
@@ -115,26 +140,24 @@ def _record_shards(h5: h5py.File, rels: Sequence[str]) -> None:
     h5.attrs["shards"] = json.dumps(sorted(set(known) | set(rels)))
 
 
-def _add_virtual_model(h5: h5py.File, key: str, shard_paths: Sequence[Path], rels: Sequence[str]) -> None:
-    """Adds model `key` to the open store as virtual datasets over the shards' datasets of the model."""
-    sources = [h5py.File(p, "r", locking=False) for p in shard_paths]
+def _fill_virtual_model(group: h5py.Group, key: str, shard_paths: Sequence[Path]) -> None:
+    """Fills group with model `key` as virtual datasets over the shards' datasets of the model, each source
+    named by its path relative to the file that holds group (HDF5 resolves it from there)."""
+    here = Path(group.file.filename).resolve().parent
+    stores = [Store.open(p) for p in shard_paths]
     try:
-        template = sources[0][f"models/{key}"]
-        models = h5.require_group("models")
-        if key in models:
-            raise VitseeError(f"model {key} is already in {h5.filename}: use another spec or --overwrite")
-        group = models.create_group(key)
+        template = stores[0]._model(key)
         for name, value in template.attrs.items():
             group.attrs[name] = value
-        group.attrs["order"] = len(models) - 1
         names: list[str] = []
         template.visititems(lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset) else None)
         for name in names:
-            parts = [src[f"models/{key}/{name}"] for src in sources]
+            parts = [s._model(key)[name] for s in stores]
             first = parts[0]
             layout = h5py.VirtualLayout(shape=(sum(p.shape[0] for p in parts), *first.shape[1:]), dtype=first.dtype)
             offset = 0
-            for rel, part in zip(rels, parts):
+            for part in parts:
+                rel = os.path.relpath(Path(part.file.filename).resolve(), here)
                 layout[offset : offset + part.shape[0]] = h5py.VirtualSource(rel, part.name, shape=part.shape)
                 offset += part.shape[0]
             parent, _, leaf = name.rpartition("/")
@@ -143,8 +166,8 @@ def _add_virtual_model(h5: h5py.File, key: str, shard_paths: Sequence[Path], rel
             for attr, value in first.attrs.items():
                 ds.attrs[attr] = value
     finally:
-        for src in sources:
-            src.close()
+        for s in stores:
+            s.close()
 
 
 def _sum_streamed_states(h5: h5py.File, shard_paths: Sequence[Path]) -> None:

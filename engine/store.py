@@ -24,18 +24,34 @@ A store stitched from torchrun shards (file attr shards: json list of relative p
 per model, HDF5 virtual datasets over the shards' datasets of the same names; see shards.py. Readers use
 it like any store; opening one whose shard files are gone is an error rather than rows of fill values.
 
-Crash safety: every dataset a run will fill is allocated in full when the model is added (HDF5 early
-allocation, no fill), so extraction only overwrites raw bytes at fixed places and never touches the
-file's metadata; a batch counts only once `done` says so, after its data was flushed. A new store is
-built under a temporary name and renamed into place, so a killed start leaves nothing half-made.
-Adding a model to, or caching a result in, an existing store are short metadata updates.
+Files (format 2). The store is a file and a folder beside it, and no finished file is ever written into
+again except in place:
+    STORE                   the run's images and the models of the extraction that created it (layout above);
+                            built under a temporary name and renamed into place; attrs: store_id (random hex)
+    STORE.d/lock            the one-writer lock (see store_lock.py)
+    STORE.d/models/K.h5     a model appended later (K = its key, %-quoted): the group layout above at the file's
+                            root, attrs store_id and order; allocated in full under a temporary name, then renamed
+    STORE.d/results/A/I.h5  one cached result of analysis A (I = hash of its parameters): arrays at the root,
+                            attrs params, provenance, store_id; written under a temporary name, then renamed
+Every data array a run fills is allocated in full when its file is made (HDF5 early allocation, and the
+file's blocks reserved with posix_fallocate, so a full disk is refused up front instead of failing mid-run),
+so extraction only overwrites raw bytes at fixed places and never touches a file's metadata; a batch counts
+only once `done` says so, after its data was flushed. Caching a result or appending a model makes a new
+file and renames it, so a kill at any moment leaves either the old store or the new one, never a broken
+one, and a reader never sees a half-written result. Files under STORE.d/ whose store_id is not STORE's
+(left by a store replaced with --overwrite) are ignored and removed by the next writer.
+Format 1 stores (one file, results under /results) open as they are; results and models added to them go
+to STORE.d/ like any store's. Plain h5py reads every file.
 """
 from __future__ import annotations
 
-import fcntl
+import errno
 import json
 import os
+import shutil
 import time
+import urllib.parse
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -45,8 +61,10 @@ import h5py
 import numpy as np
 
 from .errors import VitseeError, brief
+from .store_check import check_own_file
+from .store_lock import WriteLock, sidecar_dir
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 CHUNK_BYTES = 64 << 20
 
 
@@ -116,32 +134,162 @@ def _check_store_path(path: Path) -> None:
         raise VitseeError(f"store {path} is an empty file, not a vitsee store: give a store made by `vitsee extract` (which replaces this file with --overwrite)")
 
 
+def _open_store_file(path: Path, mode: str, what: str = "vitsee store") -> h5py.File:
+    """Opens one of a store's HDF5 files, naming the real cause when it cannot be (never inviting
+    --overwrite for a file that is merely unreadable to this user)."""
+    if mode != "r" and not os.access(path, os.W_OK):
+        raise VitseeError(
+            f"{path} is read-only for this user: the store is intact; fix its permissions (chmod u+w) "
+            "or copy it somewhere writable"
+        )
+    if not os.access(path, os.R_OK):
+        raise VitseeError(f"{path} cannot be read by this user (permission denied): fix its permissions (chmod u+r)")
+    try:
+        return _open_h5(path, mode)
+    except OSError as exc:
+        if getattr(exc, "errno", None) in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise VitseeError(f"{path} cannot be opened ({brief(exc)}): fix its permissions") from exc
+        raise VitseeError(
+            f"{path} is not a readable {what} ({brief(exc)}): it is damaged or not HDF5; "
+            "restore it from a copy, or re-create it with `vitsee extract ... --overwrite`"
+        ) from exc
+
+
+def _store_id(file: h5py.File) -> str:
+    """Returns the store's identity: its store_id, or for a format-1 store (never rewritten) a digest of
+    when and by what it was made."""
+    if "store_id" in file.attrs:
+        return str(file.attrs["store_id"])
+    import hashlib
+
+    seed = f"{file.attrs.get('created', '')}|{file.attrs.get('versions', '')}"
+    if "images/index" in file:
+        seed += f"|{file['images/index'].shape[0]}"
+    return hashlib.sha1(seed.encode()).hexdigest()[:32]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _check_shard_file(store: Path, shard: Path, run_id) -> None:
+    """Raises VitseeError unless the shard is there, readable, and from the run that made the store."""
+    if not shard.exists():
+        raise VitseeError(
+            f"{store} reads its rows from shard {shard}, which is missing: put the store's "
+            f".shards folder back beside it, or re-extract"
+        )
+    try:
+        with _open_h5(shard, "r") as f:
+            meta = json.loads(f.attrs.get("shard", "null") or "null") or {}
+    except OSError as exc:
+        raise VitseeError(
+            f"shard {shard} of {store} cannot be read ({brief(exc)}): it is truncated or damaged; "
+            "restore it, or rerun the torchrun extraction with --overwrite"
+        ) from exc
+    if run_id is not None and meta.get("run_id") != str(run_id):
+        raise VitseeError(
+            f"shard {shard} is not from the run that made {store} (another run's images): put the right shard "
+            "back, or rerun the torchrun extraction with --overwrite"
+        )
+
+
+def _reserve(file: Path, size: int, store: Path) -> None:
+    """Allocates the file's blocks up to size (posix_fallocate), so later in-place writes cannot hit a
+    full disk; raises VitseeError naming the space needed when there is not enough."""
+    if not hasattr(os, "posix_fallocate") or size <= 0:
+        return
+    fd = os.open(file, os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise _no_space(store, file, size) from None
+        # file systems without fallocate (some network ones): the up-front disk check is all we have
+    finally:
+        os.close(fd)
+
+
+def _no_space(store: Path, file: Path, needed: int) -> VitseeError:
+    free = shutil.disk_usage(file.parent).free
+    return VitseeError(
+        f"not enough disk space for {store}: {file.name} needs {human_bytes(needed)} and {file.parent} has "
+        f"{human_bytes(free)} free; free some space and rerun the same command (nothing finished is lost)"
+    )
+
+
+def _write_file_atomically(final: Path, fill, store: Path) -> None:
+    """Makes the HDF5 file `final` by calling fill(h5py.File) on a temporary file, flushing it to disk and
+    renaming it into place: a kill or a full disk at any moment leaves the old file (or none), never half
+    of the new one."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    try:
+        with _open_h5(tmp, "w") as f:
+            fill(f)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, final)
+        _fsync_dir(final.parent)
+    except VitseeError:
+        tmp.unlink(missing_ok=True)
+        raise
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if getattr(exc, "errno", None) == errno.ENOSPC or shutil.disk_usage(final.parent).free < (1 << 20):
+            raise _no_space(store, final, 1 << 20) from None
+        raise VitseeError(f"cannot write {final} ({brief(exc)}): check the folder's permissions and space") from exc
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 class Store:
     """Read access to a store, plus the write operations extraction and analyses use."""
 
-    def __init__(self, path: str | Path, mode: str = "r"):
+    def __init__(self, path: str | Path, mode: str = "r", lock: WriteLock | None = None):
         self.path = Path(path)
         _check_store_path(self.path)
+        self.file = _open_store_file(self.path, mode)
+        self._lock = lock
+        self._mode = mode
+        self._model_files: dict[str, Path] = {}
+        self._open_files: dict[str, h5py.File] = {}
         try:
-            self.file = _open_h5(self.path, mode)
-        except OSError as exc:
-            raise VitseeError(
-                f"{path} is not a readable vitsee store ({brief(exc)}): it may be corrupt or "
-                "not HDF5; re-create it with `vitsee extract ... --overwrite`"
-            ) from exc
-        if "vitsee_format" not in self.file.attrs:
+            if "vitsee_format" not in self.file.attrs:
+                raise VitseeError(f"{path} is an HDF5 file but not a vitsee store: give a store made by `vitsee extract`")
+            check_own_file(self.path, self.file)
+            # a stitched store reads its rows from shard files; HDF5 would quietly fill a missing one's with zeros
+            for shard in self.shard_files:
+                _check_shard_file(self.path, shard, self.file.attrs.get("run_id"))
+            self.store_id = _store_id(self.file)
+            self._scan_models()
+        except BaseException:
             self.file.close()
-            raise VitseeError(f"{path} is an HDF5 file but not a vitsee store: give a store made by `vitsee extract`")
-        # a stitched store reads its rows from shard files; HDF5 would quietly fill a missing one's with zeros
-        for shard in self.shard_files:
-            if not shard.exists():
-                self.file.close()
-                raise VitseeError(
-                    f"{path} reads its rows from shard {shard}, which is missing: put the store's "
-                    f".shards folder back beside it, or re-extract"
-                )
-        self.writable = mode != "r"
-        self._lock_fd: int | None = None
+            raise
+        self.writable = lock is not None
 
     # --- opening --------------------------------------------------------------------------------
 
@@ -151,38 +299,107 @@ class Store:
         return cls(path, mode)
 
     @classmethod
-    def writer(cls, path: str | Path) -> Store:
-        """Returns the store opened for writing, holding an exclusive lock so two writers never mix."""
-        _check_store_path(Path(path))
+    def writer(cls, path: str | Path, rows: bool = False, lock: WriteLock | None = None) -> Store:
+        """Returns the store opened for writing, holding the store's write lock so two writers never mix.
+
+        rows: extraction writes rows into the data files, which are then opened read-write; caching results
+        and appending models write new files only, so without it the data files stay read-only.
+        lock: a lock the caller already holds (kept when the store closes); by default one is taken here.
+        """
+        path = Path(path)
+        _check_store_path(path)
+        own = lock is None
+        lock = WriteLock(path) if own else lock
         try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError as exc:
-            raise VitseeError(f"cannot open store {path} ({brief(exc)}): check its permissions") from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise VitseeError(f"{path} is being written by another vitsee process: wait for it to finish, or use another store") from None
-        try:
-            store = cls(path, "r+")
+            store = cls(path, "r+" if rows else "r", lock=lock)
         except BaseException:
-            os.close(fd)
+            if own:
+                lock.release()
             raise
-        store._lock_fd = fd
+        store._owns_lock = own
+        try:
+            store._remove_stale()
+            if rows:
+                store.reserve_space()
+        except BaseException:
+            store.close()
+            raise
         return store
 
     def close(self) -> None:
+        for f in self._open_files.values():
+            if f.id.valid:
+                f.close()
+        self._open_files.clear()
         if self.file.id.valid:
             self.file.close()
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        if self._lock is not None and getattr(self, "_owns_lock", False):
+            self._lock.release()
+        self._lock = None
 
     def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    # --- the files beside the store -------------------------------------------------------------
+
+    @property
+    def sidecar(self) -> Path:
+        """Returns the folder beside the store (STORE.d) holding appended models and cached results."""
+        return sidecar_dir(self.path)
+
+    def _own(self, f: h5py.File) -> bool:
+        return str(f.attrs.get("store_id", "")) == self.store_id
+
+    def _scan_models(self) -> None:
+        folder = self.sidecar / "models"
+        if not folder.is_dir():
+            return
+        main = set(self.file["models"]) if "models" in self.file else set()
+        found = []
+        for p in folder.glob("*.h5"):
+            key = urllib.parse.unquote(p.name[: -len(".h5")])
+            if key in main:
+                continue
+            f = _open_store_file(p, self._mode, what=f"model file of {self.path}")
+            if not self._own(f):  # left by a store this one replaced (--overwrite)
+                f.close()
+                continue
+            check_own_file(self.path, f)
+            found.append((int(f.attrs.get("order", 0)), key, p, f))
+        for _order, key, p, f in sorted(found):
+            self._model_files[key] = p
+            self._open_files[key] = f
+
+    def _remove_stale(self) -> None:
+        """Removes what a killed writer or a replaced store left (the caller holds the lock)."""
+        for tmp in self.path.parent.glob(f".{self.path.name}.creating-*"):
+            pid = tmp.name.rpartition("-")[2]
+            if not pid.isdigit() or not _pid_alive(int(pid)):
+                tmp.unlink(missing_ok=True)
+        if not self.sidecar.is_dir():
+            return
+        for p in self.sidecar.rglob("*.h5*"):
+            if ".tmp-" in p.name:
+                p.unlink(missing_ok=True)  # a write that never finished; no other writer can be busy
+                continue
+            if p.parent.name == "models" and urllib.parse.unquote(p.name[:-3]) in self._model_files:
+                continue
+            try:
+                with h5py.File(p, "r", locking=False) as f:
+                    stale = not self._own(f)
+            except OSError:
+                stale = False  # leave a file we cannot read alone; readers skip it
+            if stale:
+                p.unlink(missing_ok=True)
+
+    def reserve_space(self) -> None:
+        """Makes sure every block the run will write is allocated on disk, so a full disk is one clear
+        error now instead of a failed write mid-run."""
+        for f in [self.file, *self._open_files.values()]:
+            _reserve(Path(f.filename), os.path.getsize(f.filename), self.path)
 
     # --- images ---------------------------------------------------------------------------------
 
@@ -219,10 +436,11 @@ class Store:
     @property
     def models(self) -> list[str]:
         """Returns the model keys, in the order they were added."""
-        if "models" not in self.file:
-            return []
-        group = self.file["models"]
-        return sorted(group, key=lambda k: int(group[k].attrs.get("order", 0)))
+        main = []
+        if "models" in self.file:
+            group = self.file["models"]
+            main = sorted(group, key=lambda k: int(group[k].attrs.get("order", 0)))
+        return main + list(self._model_files)
 
     def resolve_model(self, name: str) -> str:
         """Returns the key of the model a user named: the exact key, or a unique prefix of one."""
@@ -237,7 +455,10 @@ class Store:
         raise VitseeError(f"'{name}' matches several models in {self.path} ({', '.join(matches)}): give the full key")
 
     def _model(self, model: str) -> h5py.Group:
-        return self.file["models"][self.resolve_model(model)]
+        key = self.resolve_model(model)
+        if key in self._open_files:
+            return self._open_files[key]
+        return self.file["models"][key]
 
     def model_info(self, model: str) -> dict:
         """Returns the model's metadata: spec, family, weights (kind, seed, path, sha256), grid, ..."""
@@ -417,22 +638,53 @@ class Store:
 
     # --- results --------------------------------------------------------------------------------
 
+    def _result_file(self, analysis: str, rid: str) -> Path:
+        return self.sidecar / "results" / analysis / f"{rid}.h5"
+
+    def _legacy_results(self) -> h5py.Group | None:
+        """Returns the /results group of a format-1 store (results cached inside the store file)."""
+        return self.file["results"] if "results" in self.file else None
+
+    def _result_files(self, analysis: str | None) -> list[tuple[str, str, Path]]:
+        root = self.sidecar / "results"
+        if not root.is_dir():
+            return []
+        out = []
+        for folder in sorted(root.iterdir()) if analysis is None else [root / analysis]:
+            if folder.is_dir():
+                out += [(folder.name, p.name[:-3], p) for p in sorted(folder.glob("*.h5")) if not p.name.startswith(".")]
+        return out
+
+    def _open_result(self, p: Path) -> h5py.File | None:
+        """Opens a cached result file, or None when it belongs to another store or cannot be read."""
+        try:
+            f = _open_h5(p, "r")
+        except OSError:
+            return None  # damaged (a disk error): the result is missing, it will be computed again
+        if not self._own(f) or not f.attrs.get("complete", False):
+            f.close()
+            return None
+        check_own_file(self.path, f)
+        return f
+
     def results(self, analysis: str | None = None) -> list[dict]:
         """Returns [{analysis, id, params, provenance}] for the cached results."""
-        out = []
-        if "results" not in self.file:
-            return out
-        for name, group in self.file["results"].items():
-            if analysis is not None and name != analysis:
+        out, seen = [], set()
+        for name, rid, p in self._result_files(analysis):
+            f = self._open_result(p)
+            if f is None:
                 continue
-            for rid, res in group.items():
-                if res.attrs.get("complete", False):
-                    out.append({
-                        "analysis": name,
-                        "id": rid,
-                        "params": json.loads(res.attrs["params"]),
-                        "provenance": json.loads(res.attrs.get("provenance", "{}")),
-                    })
+            with f:
+                out.append(_result_entry(name, rid, f))
+            seen.add((name, rid))
+        legacy = self._legacy_results()
+        if legacy is not None:
+            for name, group in legacy.items():
+                if analysis is not None and name != analysis:
+                    continue
+                for rid, res in group.items():
+                    if (name, rid) not in seen and res.attrs.get("complete", False):
+                        out.append(_result_entry(name, rid, res))
         return out
 
     @staticmethod
@@ -443,48 +695,43 @@ class Store:
 
     def get_result(self, analysis: str, params: dict) -> dict[str, np.ndarray] | None:
         """Returns the cached arrays of an analysis run with these params, or None."""
-        path = f"results/{analysis}/{self.result_id(params)}"
-        if path not in self.file or not self.file[path].attrs.get("complete", False):
-            return None
-        group = self.file[path]
-        out: dict = {}
-
-        def visit(name, obj):
-            if isinstance(obj, h5py.Dataset):
-                is_text = h5py.check_string_dtype(obj.dtype) is not None
-                value = obj.asstr()[()] if is_text else obj[()]
-                out[name] = value.astype(str) if is_text and isinstance(value, np.ndarray) else value
-
-        group.visititems(visit)
-        out["_params"] = json.loads(group.attrs["params"])
-        out["_provenance"] = json.loads(group.attrs.get("provenance", "{}"))
-        return out
+        rid = self.result_id(params)
+        p = self._result_file(analysis, rid)
+        if p.exists():
+            f = self._open_result(p)
+            if f is not None:
+                with f:
+                    return _read_result(f)
+        legacy = self._legacy_results()
+        if legacy is not None and f"{analysis}/{rid}" in legacy:
+            group = legacy[f"{analysis}/{rid}"]
+            if group.attrs.get("complete", False):
+                return _read_result(group)
+        return None
 
     def put_result(self, analysis: str, params: dict, arrays: dict, provenance: dict | None = None) -> str:
-        """Caches an analysis result (arrays keyed by name, '/' makes sub-groups); returns its id."""
+        """Caches an analysis result (arrays keyed by name, '/' makes sub-groups) in a file of its own,
+        written whole and renamed into place; returns its id."""
         if not self.writable:
             raise VitseeError(f"{self.path} is open read-only: reopen it for writing to cache results")
         rid = self.result_id(params)
-        final = f"results/{analysis}/{rid}"
-        tmp = f"results/{analysis}/.writing-{rid}"
-        for stale in (tmp,):
-            if stale in self.file:
-                del self.file[stale]
-        group = self.file.require_group(tmp)
-        for name, value in arrays.items():
-            value = np.asarray(value)
-            if value.dtype.kind == "U":
-                value = value.astype(h5py.string_dtype())
-            group.create_dataset(name, data=value)
-        group.attrs["params"] = _json(params)
         now = time.time()  # created_unix orders results made within the same second
-        group.attrs["provenance"] = _json({"created": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now)),
-                                           "created_unix": now, **versions(), **(provenance or {})})
-        group.attrs["complete"] = True
-        if final in self.file:
-            del self.file[final]
-        self.file.move(tmp, final)
-        self.file.flush()
+        provenance = {"created": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now)),
+                      "created_unix": now, **versions(), **(provenance or {})}
+
+        def fill(f: h5py.File) -> None:
+            for name, value in arrays.items():
+                value = np.asarray(value)
+                if value.dtype.kind == "U":
+                    value = value.astype(h5py.string_dtype())
+                f.create_dataset(name, data=value)
+            f.attrs["analysis"] = analysis
+            f.attrs["store_id"] = self.store_id
+            f.attrs["params"] = _json(params)
+            f.attrs["provenance"] = _json(provenance)
+            f.attrs["complete"] = True
+
+        _write_file_atomically(self._result_file(analysis, rid), fill, self.path)
         return rid
 
     # --- the CKA of a streaming extraction -------------------------------------------------------
@@ -514,10 +761,46 @@ class Store:
         batch_size: int,
         dtype: str,
     ) -> str:
-        """Allocates every array of a new model in full; returns its key."""
-        add_model_layout(self.file, record, layers, stats, input_shape, batch_size, dtype, self.n_images)
-        self.file.flush()
-        return record["key"]
+        """Adds a model to the store as a file of its own beside it (STORE.d/models), every array allocated
+        and its blocks reserved before it is renamed into place; returns its key."""
+        if not self.writable:
+            raise VitseeError(f"{self.path} is open read-only: reopen it for writing to add a model")
+        key = record["key"]
+        if key in self.models:
+            raise VitseeError(f"model {key} is already in {self.path}: use another spec or --overwrite")
+        order = len(self.models)
+        final = self.sidecar / "models" / f"{urllib.parse.quote(key, safe='')}.h5"
+
+        def fill(f: h5py.File) -> None:
+            f.attrs["store_id"] = self.store_id
+            f.attrs["vitsee_model_file"] = FORMAT_VERSION
+            fill_model_group(f, record, layers, stats, input_shape, batch_size, dtype, self.n_images, order=order,
+                             streaming=self.streaming)
+            f.flush()
+            _reserve(Path(f.filename), os.path.getsize(f.filename), self.path)
+
+        _write_file_atomically(final, fill, self.path)
+        self._model_files[key] = final
+        self._open_files[key] = _open_store_file(final, self._mode, what=f"model file of {self.path}")
+        return key
+
+    def add_virtual_model(self, key: str, fill) -> None:
+        """Adds a model whose datasets fill(group) makes (virtual datasets over torchrun shards) as a file
+        of its own beside the store, like add_model."""
+        if key in self.models:
+            raise VitseeError(f"model {key} is already in {self.path}: use another spec or --overwrite")
+        order = len(self.models)
+        final = self.sidecar / "models" / f"{urllib.parse.quote(key, safe='')}.h5"
+
+        def fill_file(f: h5py.File) -> None:
+            f.attrs["store_id"] = self.store_id
+            f.attrs["vitsee_model_file"] = FORMAT_VERSION
+            fill(f)
+            f.attrs["order"] = order
+
+        _write_file_atomically(final, fill_file, self.path)
+        self._model_files[key] = final
+        self._open_files[key] = _open_store_file(final, self._mode, what=f"model file of {self.path}")
 
     def write_batch(
         self,
@@ -530,9 +813,10 @@ class Store:
     ) -> None:
         """Writes one batch of a model and marks it done once the data is flushed to disk."""
         self._write_rows(model, batch, activations, stats, model_input, nonfinite)
-        self.file.flush()
-        self._model(model)["done"][batch] = 1
-        self.file.flush()
+        group = self._model(model)
+        group.file.flush()
+        group["done"][batch] = 1
+        group.file.flush()
 
     def write_streamed_batch(self, batch: int, stats: dict[str, dict[str, np.ndarray]],
                              nonfinite: dict[str, Sequence[int]], cka_state: np.ndarray) -> None:
@@ -547,7 +831,7 @@ class Store:
         self.file.flush()
 
     def _write_rows(self, model, batch, activations, stats, model_input, nonfinite) -> None:
-        group = self.file["models"][model]
+        group = self._model(model)
         bs = int(group.attrs["batch_size"])
         start = batch * bs
         stop = min(start + bs, self.n_images)
@@ -558,6 +842,31 @@ class Store:
         if model_input is not None:
             group["input"][start:stop] = model_input
         group["nonfinite"][batch] = np.asarray(nonfinite, dtype=np.int64)
+
+
+def _result_entry(analysis: str, rid: str, node) -> dict:
+    return {
+        "analysis": analysis,
+        "id": rid,
+        "params": json.loads(node.attrs["params"]),
+        "provenance": json.loads(node.attrs.get("provenance", "{}")),
+    }
+
+
+def _read_result(group) -> dict:
+    """Returns a cached result's arrays (text as str) with its _params and _provenance."""
+    out: dict = {}
+
+    def visit(name, obj):
+        if isinstance(obj, h5py.Dataset):
+            is_text = h5py.check_string_dtype(obj.dtype) is not None
+            value = obj.asstr()[()] if is_text else obj[()]
+            out[name] = value.astype(str) if is_text and isinstance(value, np.ndarray) else value
+
+    group.visititems(visit)
+    out["_params"] = json.loads(group.attrs["params"])
+    out["_provenance"] = json.loads(group.attrs.get("provenance", "{}"))
+    return out
 
 
 def read_rows(ds: h5py.Dataset, rows: np.ndarray, limit: int | None = None) -> np.ndarray:
@@ -604,17 +913,25 @@ def add_model_layout(
     n_images: int,
     streaming: bool = False,
 ) -> None:
-    """Allocates every array of a new model in full (see the module docstring for the layout)."""
+    """Allocates every array of a new model in full in a store file being created (see the module
+    docstring for the layout)."""
     key = record["key"]
     models = file.require_group("models")
     if key in models:
         raise VitseeError(f"model {key} is already in {file.filename}: use another spec or --overwrite")
     group = models.create_group(key)
+    fill_model_group(group, record, layers, stats, input_shape, batch_size, dtype, n_images, len(models) - 1, streaming)
+
+
+def fill_model_group(group: h5py.Group, record: dict, layers: Sequence[LayerSpec], stats: Sequence[ArraySpec],
+                     input_shape: tuple[int, ...], batch_size: int, dtype: str, n_images: int, order: int,
+                     streaming: bool = False) -> None:
+    """Writes a model's attrs and allocates its arrays in group (a store's /models/KEY or a model file's root)."""
     group.attrs["record"] = _json(record)
     group.attrs["layers"] = _json([layer.name for layer in layers])
     group.attrs["batch_size"] = int(batch_size)
     group.attrs["dtype"] = dtype
-    group.attrs["order"] = len(models) - 1
+    group.attrs["order"] = int(order)
     if streaming:  # no activations: the layers' shapes are all a reader needs to know about them
         group.attrs["layer_shapes"] = _json({layer.name: list(layer.shape) for layer in layers})
         group.attrs["layer_prefix_tokens"] = _json({layer.name: int(layer.prefix_tokens) for layer in layers})
@@ -637,31 +954,54 @@ def add_model_layout(
 
 
 @contextmanager
-def creating(path: str | Path, overwrite: bool = False):
+def creating(path: str | Path, overwrite: bool = False, lock: WriteLock | None = None):
     """Builds a new store under a temporary name and renames it into place when the block succeeds.
 
     Yields the open h5py.File. Without overwrite an existing file at path is an error; with it, the old
-    store is replaced only once the new one is complete.
+    store is replaced only once the new one is complete (its files beside it then belong to no store and
+    are removed by the next writer). The store's write lock is held throughout: the caller's, or one taken
+    here, so two runs can never create or replace the same store at once.
     """
     path = Path(path)
-    if path.exists() and not overwrite:
-        raise VitseeError(f"{path} already exists: pass --overwrite to replace it, or choose another path")
     if not path.parent.exists():
         raise VitseeError(f"folder {path.parent} does not exist: create it first or choose another store path")
-    tmp = path.with_name(f".{path.name}.creating-{os.getpid()}")
-    file = _open_h5(tmp, "w")
+    own = lock is None
+    lock = WriteLock(path) if own else lock
     try:
-        file.attrs["vitsee_format"] = FORMAT_VERSION
-        file.attrs["created"] = time.strftime("%Y-%m-%dT%H:%M:%S")
-        file.attrs["versions"] = _json(versions())
-        yield file
-        file.close()
-        os.replace(tmp, path)
-    except BaseException:
-        if file.id.valid:
+        if path.exists() and not overwrite:
+            raise VitseeError(f"{path} already exists: pass --overwrite to replace it, or choose another path")
+        for stale in path.parent.glob(f".{path.name}.creating-*"):  # left by a killed start
+            pid = stale.name.rpartition("-")[2]
+            if not pid.isdigit() or not _pid_alive(int(pid)):
+                stale.unlink(missing_ok=True)
+        tmp = path.with_name(f".{path.name}.creating-{os.getpid()}")
+        try:
+            file = _open_h5(tmp, "w")
+        except OSError as exc:
+            raise VitseeError(f"cannot create {tmp} ({brief(exc)}): check that {path.parent} is writable") from exc
+        try:
+            file.attrs["vitsee_format"] = FORMAT_VERSION
+            file.attrs["store_id"] = uuid.uuid4().hex
+            file.attrs["created"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+            file.attrs["versions"] = _json(versions())
+            yield file
             file.close()
-        tmp.unlink(missing_ok=True)
-        raise
+            _reserve(tmp, os.path.getsize(tmp), path)
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+            _fsync_dir(path.parent)
+        except BaseException:
+            if file.id.valid:
+                file.close()
+            tmp.unlink(missing_ok=True)
+            raise
+    finally:
+        if own:
+            lock.release()
 
 
 def add_streaming_state(file: h5py.File, columns: Sequence[tuple[str, str]], batch_size: int) -> None:
@@ -681,3 +1021,14 @@ def write_images(file: h5py.File, dataset: str, indices: np.ndarray, labels: np.
     group.attrs["dataset"] = dataset
     group.attrs["shuffle_seed"] = -1 if shuffle_seed is None else int(shuffle_seed)
     group.attrs["class_names"] = _json(class_names)
+
+
+def copy_store(src: str | Path, dst: str | Path) -> Path:
+    """Copies a store with its folder of appended models and cached results (not its lock); returns dst.
+    A plain copy of the store file alone keeps its images and first models but not what was added later."""
+    src, dst = Path(src), Path(dst)
+    shutil.copy2(src, dst)
+    folder = sidecar_dir(src)
+    if folder.is_dir():
+        shutil.copytree(folder, sidecar_dir(dst), ignore=shutil.ignore_patterns("lock", ".*"), dirs_exist_ok=True)
+    return dst

@@ -66,4 +66,6 @@ def test_killed_run_resumes_to_the_values_of_an_uninterrupted_run(tmp_path):
         np.testing.assert_array_equal(resumed[name], straight[name], err_msg=name)
     with Store.open(store) as s:
         assert s.complete
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["killed.h5", "straight.h5"]  # no temporary leftovers
+    # no temporary leftovers: beside each store only its folder with the write lock
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["killed.h5", "killed.h5.d", "straight.h5", "straight.h5.d"]
+    assert [p.name for p in (tmp_path / "killed.h5.d").iterdir()] == ["lock"]

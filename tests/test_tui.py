@@ -33,11 +33,11 @@ def analysed_copy(tiny_store: Path, base: Path) -> Path:
     """Returns a copy of the shared tiny store with every analysis cached (built once per session)."""
     path = base / "tui" / "tiny.h5"
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(".building.h5")
-        shutil.copy(tiny_store, tmp)
-        run_analyses(tmp, None, CACHED)
-        tmp.rename(path)
+        building = base / "tui-building"  # the store and its folder of results move together
+        building.mkdir(parents=True, exist_ok=True)
+        shutil.copy(tiny_store, building / "tiny.h5")
+        run_analyses(building / "tiny.h5", None, CACHED)
+        building.rename(path.parent)
     return path
 
 
