@@ -127,6 +127,11 @@ def info(store: Annotated[Path, typer.Argument(help="a store made by `vitsee ext
     with Store.open(store) as s:
         status = "complete" if s.complete else "[yellow]incomplete[/] (rerun the same `vitsee extract` to resume)"
         out.print(f"[bold]{store}[/]  {human_bytes(store.stat().st_size)} on disk, {status}")
+        side = s.files_beside()
+        if side["files"]:
+            out.print(f"beside it in {s.sidecar.name}/: {side['models']} appended model file(s), {side['results']} cached "
+                      f"result file(s), {human_bytes(side['bytes'])} (move or copy the store and this folder together)",
+                      highlight=False)
         if s.streaming:
             out.print("streaming: activations not stored (statistics and CKA from the forward pass only)", highlight=False)
         if s.shard_files:

@@ -395,6 +395,14 @@ class Store:
             if stale:
                 p.unlink(missing_ok=True)
 
+    def files_beside(self) -> dict:
+        """Returns what the folder beside the store holds: {models, results, files, bytes} of this store."""
+        models = len(self._model_files)
+        results = len(self._result_files(None))
+        sizes = [p.stat().st_size for p in self._model_files.values()]
+        sizes += [p.stat().st_size for _a, _r, p in self._result_files(None)]
+        return {"models": models, "results": results, "files": models + results, "bytes": sum(sizes)}
+
     def reserve_space(self) -> None:
         """Makes sure every block the run will write is allocated on disk, so a full disk is one clear
         error now instead of a failed write mid-run."""

@@ -2,6 +2,7 @@
 values, stitched from shards with virtual datasets, and the same CKA matrix."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -71,7 +72,7 @@ def test_two_processes_write_the_values_one_process_writes(stitched, one_process
     assert got.keys() == expected.keys()
     for name in expected:
         np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
-    assert sorted(p.name for p in stitched.with_name("stitched.h5.shards").iterdir()) == [
+    assert sorted(p.name for p in stitched.with_name("stitched.h5.shards").glob("*.h5")) == [
         "rank-00000-of-00002.h5", "rank-00001-of-00002.h5"]
 
 
@@ -151,3 +152,28 @@ def test_a_store_stitched_again_from_complete_shards_equals_the_first(stitched, 
     got, expected = _datasets(tmp_path / "again.h5"), _datasets(stitched)
     for name in expected:
         np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+
+
+def test_a_shard_of_another_run_is_refused_at_stitching_and_at_opening(stitched, tmp_path):
+    paths = _copy_shards(stitched, tmp_path)
+    with h5py.File(paths[1], "r+", locking=False) as f:  # the same-named shard of a run over other images
+        meta = json.loads(f.attrs["shard"])
+        f.attrs["shard"] = json.dumps({**meta, "run_id": "0123456789abcdef"})
+    with pytest.raises(VitseeError, match="rank-00001-of-00002.h5 is from another run"):
+        shards.stitch(tmp_path / "again.h5", paths, _cfg(tmp_path / "again.h5"), [VIT, RESNET])
+    moved = tmp_path / "moved"
+    shutil.copytree(stitched.parent, moved)
+    with h5py.File(moved / "stitched.h5.shards" / "rank-00001-of-00002.h5", "r+", locking=False) as f:
+        meta = json.loads(f.attrs["shard"])
+        f.attrs["shard"] = json.dumps({**meta, "run_id": "0123456789abcdef"})
+    with pytest.raises(VitseeError, match="is not from the run that made"):
+        Store.open(moved / "stitched.h5")
+
+
+def test_a_truncated_shard_is_one_line_not_a_traceback(stitched, tmp_path, capsys):
+    moved = tmp_path / "moved"
+    shutil.copytree(stitched.parent, moved)
+    shard = moved / "stitched.h5.shards" / "rank-00000-of-00002.h5"
+    shard.write_bytes(shard.read_bytes()[:2000])
+    code, _out, err = run_cli(["info", moved / "stitched.h5"], capsys)
+    assert code == 2 and "truncated or damaged" in err and "rank-00000-of-00002.h5" in err
