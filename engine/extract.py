@@ -12,13 +12,14 @@ at the end, the CKA result (what `vitsee analyze --cka --shuffles 0` with the sa
 """
 from __future__ import annotations
 
+import glob
 import os
 import queue
 import shutil
 import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,6 +55,40 @@ class ExtractConfig:
     workers: int | None = None
     streaming: bool = False
     shard: Shard | None = None  # set by the torchrun driver: this process extracts these rows into their own file
+
+    def __post_init__(self):
+        # checked here, where the CLI and the app's form both build the config, so both get one line
+        self.layers = parse_layers(self.layers)
+        if self.img_size is not None and self.img_size < 1:
+            raise VitseeError(f"--img-size {self.img_size} is not a size in pixels: use a positive size such as 224, "
+                              "or leave it out for the model's own")
+        if self.shuffle_seed is not None and not 0 <= self.shuffle_seed < 2**63:
+            raise VitseeError(f"--shuffle-seed {self.shuffle_seed} is out of range: use a seed from 0 to {2**63 - 1}")
+        if self.workers is not None and self.workers < 0:
+            raise VitseeError(f"--workers {self.workers} is negative: use 0 (load images in this process) or more")
+        if self.batch_size < 1:
+            raise VitseeError(f"--batch-size must be at least 1, got {self.batch_size}")
+        if self.dtype not in DTYPES:
+            raise VitseeError(f"unknown --dtype '{self.dtype}': use float16 or float32")
+
+
+LAYER_GRANULARITIES = ("blocks", "sublayers")
+
+
+def parse_layers(layers: str | Sequence[str]) -> str | list[str]:
+    """Returns 'blocks', 'sublayers' or the list of layer names that `--layers` text (NAME,NAME) gives."""
+    if isinstance(layers, str):
+        text = layers.strip()
+        if text in LAYER_GRANULARITIES:
+            return text
+        names = [name.strip() for name in text.split(",")]
+    else:
+        names = [str(name).strip() for name in layers]
+    names = [name for name in names if name]
+    if not names:
+        raise VitseeError(f"--layers {layers!r} names no layer: use blocks, sublayers or NAME,NAME,... "
+                          "(the names `vitsee layers MODEL` lists)")
+    return names
 
 
 @dataclass(frozen=True)
@@ -198,10 +233,6 @@ def _check_same_mode(store: Store, cfg: ExtractConfig, keys: list[str]) -> None:
 
 def plan(cfg: ExtractConfig, device: torch.device, emit: ProgressFn) -> tuple[Selection, list[ModelPlan], Store | None]:
     """Returns the run's images, one ModelPlan per model, and the existing store if resuming/appending."""
-    if cfg.dtype not in DTYPES:
-        raise VitseeError(f"unknown --dtype '{cfg.dtype}': use float16 or float32")
-    if cfg.batch_size < 1:
-        raise VitseeError(f"--batch-size must be at least 1, got {cfg.batch_size}")
     if not cfg.models:
         raise VitseeError("no model given: pass --model NAME[.TAG][@WEIGHTS] at least once")
     specs: list[ModelSpec] = [parse_model_spec(m) for m in cfg.models]
@@ -212,6 +243,7 @@ def plan(cfg: ExtractConfig, device: torch.device, emit: ProgressFn) -> tuple[Se
     indices = select_indices(len(images), cfg.n_images, cfg.shuffle_seed)
     if cfg.shard is not None:
         indices = indices[cfg.shard.start : cfg.shard.stop]
+    images.check_readable(indices)
     selection = Selection(images, indices, cfg.shuffle_seed)
 
     existing: Store | None = None
@@ -261,6 +293,28 @@ def plan(cfg: ExtractConfig, device: torch.device, emit: ProgressFn) -> tuple[Se
     return selection, plans, existing
 
 
+def remove_stale_starts(path: Path) -> list[Path]:
+    """Removes the `.NAME.creating-PID` files that killed starts into `path` left behind, only those whose
+    process is gone (a live one is another run still building the store); returns what was removed."""
+    removed = []
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}.creating-*"):
+        pid = tmp.name.rpartition("-")[2]
+        if pid.isdigit() and not _process_alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp)
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0 only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, as another user's process
+        return True
+    return True
+
+
 def _check_disk(path: Path, needed: int, force: bool) -> None:
     free = shutil.disk_usage(path.parent if path.parent.exists() else Path.cwd()).free
     if needed > free and not force:
@@ -283,8 +337,35 @@ class _TransformedImages(torch.utils.data.Dataset):
         return len(self.indices)
 
     def __getitem__(self, j: int):
-        img = self.images.image(int(self.indices[j]))
+        try:
+            img = self.images.image(int(self.indices[j]))
+        except VitseeError as exc:
+            return _Unreadable(str(exc))
         return tuple(t(img) for t in self.transforms)
+
+
+@dataclass(frozen=True)
+class _Unreadable:
+    """An image that could not be read, carried to the main process as a value: raised in a DataLoader
+    worker, its one-line error would arrive wrapped in the worker's traceback."""
+
+    message: str
+
+
+def _collate(items: list):
+    """Returns the batch of a loader's items, or the first unreadable image among them."""
+    for item in items:
+        if isinstance(item, _Unreadable):
+            return item
+    return torch.utils.data.default_collate(items)
+
+
+def _batches(loader) -> Iterator:
+    """Yields a loader's batches; an unreadable image ends the run with its one-line error."""
+    for inputs in loader:
+        if isinstance(inputs, _Unreadable):
+            raise VitseeError(f"{inputs.message}, then rerun the same command to resume (finished batches are kept)")
+        yield inputs
 
 
 @dataclass
@@ -535,6 +616,11 @@ def run_extraction(
                 messages.append(note)
                 emit(Progress("plan", message=note, model=mp.key))
         _check_disk(store_path, size.todo_bytes, cfg.force)
+        stale = remove_stale_starts(store_path)
+        if stale:
+            note = f"removed {len(stale)} file(s) a killed start left: {', '.join(t.name for t in stale)}"
+            messages.append(note)
+            emit(Progress("plan", message=note))
 
         if existing is None:
             with store_mod.creating(store_path, overwrite=cfg.overwrite) as h5:
@@ -575,7 +661,7 @@ def _loader(selection: Selection, group: Sequence[ModelPlan], batches: list[list
     dataset = _TransformedImages(selection.images, selection.indices, transforms)
     workers = cfg.workers if cfg.workers is not None else min(4, max(1, (os.cpu_count() or 2) - 1))
     loader = torch.utils.data.DataLoader(
-        dataset, batch_sampler=batches, num_workers=workers, pin_memory=device.type == "cuda"
+        dataset, batch_sampler=batches, num_workers=workers, pin_memory=device.type == "cuda", collate_fn=_collate
     )
     return loader, {mp.key: slot[repr(mp.transform)] for mp in group}
 
@@ -599,7 +685,7 @@ def _extract_pass(store, selection, plans, device, cfg, emit, cancel) -> tuple[i
             loader, slot = _loader(selection, group, batches, device, cfg)
             done_images = n - sum(len(rows) for rows in batches)
             emit(Progress("extract", done=done_images, total=n))
-            for b, inputs in zip(pending, loader):
+            for b, inputs in zip(pending, _batches(loader)):
                 if cancel is not None and cancel.is_set():
                     cancelled = True
                     break
@@ -645,7 +731,7 @@ def _streaming_pass(store, selection, plans, device, cfg, emit, cancel) -> tuple
         loader, slot = _loader(selection, plans, batches, device, cfg)
         done_images = n - sum(len(rows) for rows in batches)
         emit(Progress("extract", done=done_images, total=n))
-        for b, inputs in zip(pending, loader):
+        for b, inputs in zip(pending, _batches(loader)):
             if cancel is not None and cancel.is_set():
                 cancelled = True
                 break

@@ -54,6 +54,31 @@ def _json(obj) -> str:
     return json.dumps(obj, sort_keys=True, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o))
 
 
+def check_store_layout(file: h5py.File) -> None:
+    """Raises a VitseeError naming what is wrong with a file that says it is a store but that this vitsee
+    cannot read: a newer format, groups missing, or metadata whose bytes no longer decode."""
+    path = file.filename
+    try:
+        version = int(file.attrs["vitsee_format"])
+        if version > FORMAT_VERSION:
+            raise VitseeError(f"{path} was made by a newer vitsee (format {version}; this one reads format "
+                              f"{FORMAT_VERSION}): upgrade vitsee")
+        models = list(file["models"].values()) if "models" in file else []
+        missing = [name for name in ("images", "images/index", "images/label") if name not in file]
+        missing += [f"{g.name}/{name}" for g in models for name in ("done", "nonfinite") if name not in g]
+        if missing:
+            raise VitseeError(f"{path} lacks {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}, which "
+                              "every vitsee store has: it is not a whole store; re-create it with `vitsee extract`")
+        for obj in (file, file["images"], *models):  # what readers decode: damaged bytes surface here, once
+            for name in obj.attrs:
+                value = obj.attrs[name]
+                if name in ("record", "layers", "class_names", "layer_shapes", "layer_prefix_tokens"):
+                    json.loads(value)
+    except (OSError, KeyError, ValueError, TypeError) as exc:
+        raise VitseeError(f"{path}: the store's metadata cannot be read ({brief(exc)}): the file is damaged; "
+                          "restore a copy, or re-create it with `vitsee extract ... --overwrite`") from None
+
+
 def _early_dataset(group: h5py.Group, name: str, shape: tuple, dtype, rows_per_chunk: int) -> h5py.Dataset:
     """Creates a dataset whose whole extent is allocated now, so later writes change no metadata."""
     dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
@@ -132,6 +157,11 @@ class Store:
         if "vitsee_format" not in self.file.attrs:
             self.file.close()
             raise VitseeError(f"{path} is an HDF5 file but not a vitsee store: give a store made by `vitsee extract`")
+        try:
+            check_store_layout(self.file)
+        except BaseException:
+            self.file.close()
+            raise
         # a stitched store reads its rows from shard files; HDF5 would quietly fill a missing one's with zeros
         for shard in self.shard_files:
             if not shard.exists():
