@@ -172,3 +172,47 @@ def test_a_bad_input_is_one_line_and_writes_nothing(tmp_path, tiny_store, capsys
     finally:
         for undo in reversed(case.cleanups):
             undo()
+
+
+def test_an_image_damaged_past_its_header_stops_the_run_in_one_line_and_the_rerun_resumes(tmp_path, tiny_store, capsys):
+    """The header check passes it; decoding fails in a DataLoader worker, whose traceback must not reach the user."""
+    from vitsee.engine.store import Store
+
+    buf = io.BytesIO()
+    Image.effect_noise((16, 16), 60).convert("RGB").save(buf, "PNG")
+    truncated = buf.getvalue()[: len(buf.getvalue()) // 2]
+    case = Case(tmp_path, tiny_store)
+    argv = case.image_folder(truncated)
+    code, _, err = run_cli(argv, capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and "Traceback" not in err and len(lines) == 1, err
+    assert "zz.png" in lines[0] and "rerun the same command to resume" in lines[0]
+    with Store.open(tmp_path / "new.h5") as s:
+        assert s.rows_done(s.models[0]) == 8 and not s.complete  # the two batches before it are kept
+    buf = io.BytesIO()
+    Image.new("RGB", (16, 16)).save(buf, "PNG")
+    (tmp_path / "imgs/b/zz.png").write_bytes(buf.getvalue())
+    code, _, err = run_cli(argv, capsys)
+    assert code == 0, err
+    with Store.open(tmp_path / "new.h5") as s:
+        assert s.complete and s.n_images == 9
+
+
+def test_files_a_killed_start_left_are_removed_at_the_next_start_unless_their_process_lives(tmp_path, capsys):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    alive = subprocess.Popen(["sleep", "60"])
+    try:
+        left = tmp_path / f".new.h5.creating-{dead.pid}"
+        building = tmp_path / f".new.h5.creating-{alive.pid}"
+        other = tmp_path / f".other.h5.creating-{dead.pid}"
+        for path in (left, building, other):
+            path.write_bytes(b"half an HDF5 file")
+        code, _, err = run_cli(Case(tmp_path, tmp_path).extract(), capsys)
+        assert code == 0, err
+        assert not left.exists()  # its process is gone: nothing will finish it
+        assert building.exists() and other.exists()  # a live start, and another store's
+        assert (tmp_path / "new.h5").exists()
+    finally:
+        alive.kill()
+        alive.wait()
