@@ -145,3 +145,19 @@ def test_the_hub_wait_is_bounded_by_a_positive_number_of_seconds(monkeypatch):
         monkeypatch.setenv("VITSEE_HUB_TIMEOUT", bad)
         with pytest.raises(VitseeError, match=f"VITSEE_HUB_TIMEOUT='{bad}' is not a positive number of seconds"):
             hub_timeout_s()
+
+
+def test_a_weights_file_whose_pickle_would_run_code_is_refused_before_it_runs(tmp_path):
+    import os
+
+    marker = tmp_path / "ran"
+
+    class Crafted:
+        def __reduce__(self):
+            return os.system, (f"touch {marker}",)
+
+    path = tmp_path / "crafted.pth"
+    torch.save({"state_dict": Crafted()}, path)
+    with pytest.raises(VitseeError, match=r"cannot read weights file .*crafted.pth .*UnpicklingError"):
+        load_model(f"test_vit@{path}")
+    assert not marker.exists()  # torch.load(weights_only=True) refused the call instead of making it
