@@ -216,3 +216,35 @@ def test_files_a_killed_start_left_are_removed_at_the_next_start_unless_their_pr
     finally:
         alive.kill()
         alive.wait()
+
+
+@pytest.mark.parametrize("build, needle", [
+    (lambda: new_run_config(img_size=0), "--img-size 0"),
+    (lambda: new_run_config(img_size=-8), "--img-size -8"),
+    (lambda: new_run_config(layers=" , "), "--layers ' , '"),
+    (lambda: new_run_config(workers=-1), "--workers -1"),
+    (lambda: new_run_config(shuffle_seed=-3), "--shuffle-seed -3"),
+    (lambda: analyze_config(batch_size=0), "--batch-size 0"),
+    (lambda: analyze_config(seed=-1), "--seed -1"),
+    (lambda: analyze_config(probe_max_dim=-5), "--probe-max-dim -5"),
+])
+def test_the_configs_the_app_builds_refuse_the_same_values(build, needle):
+    from vitsee.engine.errors import VitseeError
+
+    with pytest.raises(VitseeError) as info:
+        build()
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def new_run_config(**fields):
+    """Returns the ExtractConfig the app's new-run form builds from its fields."""
+    from vitsee.tui.screens.new_run import extract_config
+
+    return extract_config({"store": Path("s.h5"), "models": [VIT], "dataset": "digits", "n_images": 8,
+                           "device": "cpu", "layers": "blocks", "img_size": None, "streaming": False, **fields})
+
+
+def analyze_config(**fields):
+    from vitsee.engine.analyze import AnalyzeConfig
+
+    return AnalyzeConfig(**fields)
