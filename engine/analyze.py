@@ -40,6 +40,19 @@ class AnalyzeConfig:
     # no estimator settings were asked for: a streaming store answers CKA with the estimate it streamed
     any_cka_estimate: bool = False
 
+    def __post_init__(self):
+        # checked where the CLI and the app build the config, before a store is opened
+        if self.batch_size < 1:
+            raise VitseeError(f"--batch-size {self.batch_size} is not a batch size: use at least 4 images per CKA "
+                              f"minibatch (default {AnalyzeConfig.batch_size})")
+        if self.shuffles < 0:
+            raise VitseeError(f"--shuffles {self.shuffles} is negative: use 0 (store order) or the number of seeded shuffles")
+        if self.seed < 0:
+            raise VitseeError(f"--seed {self.seed} is negative: use a seed of 0 or more")
+        if self.probe_max_dim < 0:
+            raise VitseeError(f"--probe-max-dim {self.probe_max_dim} is negative: use 0 (no per-token probes) or a "
+                              f"channel count (default {AnalyzeConfig.probe_max_dim})")
+
 
 @dataclass
 class Step:

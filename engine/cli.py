@@ -95,10 +95,9 @@ def extract(
     from .distributed import is_secondary
     from .extract import ExtractConfig, run_extraction
 
-    layer_arg: str | list[str] = layers if layers in ("blocks", "sublayers") else [s.strip() for s in layers.split(",") if s.strip()]
     cfg = ExtractConfig(
         store=store, models=model, dataset=dataset, n_images=n_images, batch_size=batch_size, device=device,
-        layers=layer_arg, img_size=img_size, dtype=dtype, shuffle_seed=shuffle_seed, overwrite=overwrite,
+        layers=layers, img_size=img_size, dtype=dtype, shuffle_seed=shuffle_seed, overwrite=overwrite,
         force=force, workers=workers, streaming=streaming,
     )
     quiet = quiet or is_secondary()  # under torchrun rank 0 speaks for the run
@@ -310,8 +309,9 @@ def export(
     device: ViewDevice = None,
 ) -> None:
     """Write one view as a figure (.png), its numbers (.json) or a table (.csv); computes it if needed."""
-    from .views import load_view, write_view
+    from .views import check_export, load_view, write_view
 
+    check_export(out_file, cmap)  # before the view is computed: a refused export changes nothing
     v = load_view(store, view, _view_config(batch_size, shuffles, seed, device))
     path = write_view(v, out_file, cmap=cmap)
     err.print(f"wrote {path}", highlight=False)
@@ -329,12 +329,13 @@ def show(
     device: ViewDevice = None,
 ) -> None:
     """Print a view in the terminal: a coloured heatmap or a table (ASCII with NO_COLOR)."""
-    from .colormap import ColorMode, detect_color_mode
+    from .colormap import ColorMode, check_colormap, detect_color_mode
     from .render import render_view
     from .views import load_view
 
-    v = load_view(store, view, _view_config(batch_size, shuffles, seed, device))
+    check_colormap(cmap)  # before the view is computed, as export checks it
     mode = detect_color_mode(override=None if color == "auto" else color)
+    v = load_view(store, view, _view_config(batch_size, shuffles, seed, device))
     systems = {ColorMode.TRUECOLOR: "truecolor", ColorMode.COLORS_256: "256", ColorMode.COLORS_16: "standard"}
     # an explicit --color keeps its colours when piped (e.g. into less -R); auto follows the terminal
     console = out

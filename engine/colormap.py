@@ -21,6 +21,16 @@ import numpy as np
 from vitsee.engine.errors import VitseeError
 
 COLORMAPS = ("viridis", "magma", "cividis")
+
+
+def check_colormap(cmap: str) -> str:
+    """Returns cmap if it is one of COLORMAPS (the terminal, the app and exported figures share them), else
+    raises the VitseeError naming the choices."""
+    if cmap not in COLORMAPS:
+        raise VitseeError(f"unknown colormap {cmap!r}: choose one of {', '.join(COLORMAPS)}")
+    return cmap
+
+
 DEFAULT_LEVELS = 24
 MIN_LEVELS, MAX_LEVELS = 2, 32
 MISSING = -1  # the level of a NaN cell (a value not computed yet)
@@ -144,8 +154,7 @@ class ColorScale:
 
     def __post_init__(self) -> None:
         _check_levels(self.levels)
-        if self.cmap not in COLORMAPS:
-            raise VitseeError(f"unknown colormap {self.cmap!r}: choose one of {', '.join(COLORMAPS)}")
+        check_colormap(self.cmap)
         if not (np.isfinite(self.vmin) and np.isfinite(self.vmax)) or self.vmax < self.vmin:
             raise VitseeError(f"bad value range [{self.vmin}, {self.vmax}]: vmin must be finite and not above vmax")
 
@@ -284,8 +293,7 @@ def palette(cmap: str = "viridis", levels: int = DEFAULT_LEVELS, mode: ColorMode
 @functools.lru_cache(maxsize=32)
 def colormap_rgb(cmap: str, levels: int) -> np.ndarray:
     """Return (levels, 3) uint8 colours of matplotlib's `cmap`, evenly spaced from its first to last colour."""
-    if cmap not in COLORMAPS:
-        raise VitseeError(f"unknown colormap {cmap!r}: choose one of {', '.join(COLORMAPS)}")
+    check_colormap(cmap)
     from matplotlib import colormaps  # imported here: 0.4 s that only a drawn heatmap should pay
 
     rgba = colormaps[cmap](np.linspace(0.0, 1.0, levels))

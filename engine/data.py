@@ -6,8 +6,11 @@ order and integer labels (-1 where a set has none).
 """
 from __future__ import annotations
 
+import builtins
+import codecs
 import os
 import pickle
+import zipfile
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,10 +18,12 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from .errors import VitseeError
+from .errors import VitseeError, brief
 
 BUILTIN_DATASETS = ("digits", "samples", "synthetic")
 PATH_DATASETS = ("imagefolder", "cifar10", "cifar100", "npz")
+# what PIL raises for a file it cannot decode (SyntaxError for some broken PNG chunks)
+UNREADABLE_IMAGE = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
 DATASET_HELP = (
     "digits, samples, synthetic, imagefolder:PATH, cifar10:PATH, cifar100:PATH, npz:PATH, "
@@ -46,6 +51,10 @@ class ImageSet(ABC):
     @property
     def has_labels(self) -> bool:
         return bool((self.labels() >= 0).any())
+
+    def check_readable(self, indices: np.ndarray) -> None:
+        """Raises a VitseeError naming an image of `indices` that cannot be read (sets held in memory
+        were checked when they were loaded)."""
 
 
 def _to_rgb(array: np.ndarray) -> Image.Image:
@@ -243,11 +252,70 @@ class ImageFolderSet(ImageSet):
         try:
             with Image.open(path) as img:
                 return img.convert("RGB")
-        except OSError as exc:
-            raise VitseeError(f"cannot read image {path}: {exc}; remove or replace the file") from exc
+        except UNREADABLE_IMAGE as exc:
+            raise VitseeError(f"cannot read image {path} ({brief(exc)}): remove or replace the file") from exc
+
+    def check_readable(self, indices: np.ndarray) -> None:
+        """Raises a VitseeError naming the first image of `indices` that is not an image file at all.
+
+        Only the headers are read (a few KB each), so a file that is not an image stops the run before
+        anything is written; a file damaged further in is found when it is decoded, mid-run."""
+        bad = []
+        for i in indices:
+            path = self.root / self._files[int(i)]
+            try:
+                with Image.open(path):
+                    pass
+            except UNREADABLE_IMAGE as exc:
+                bad.append((path, exc))
+        if bad:
+            path, exc = bad[0]
+            more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+            raise VitseeError(f"cannot read image {path}{more} ({brief(exc)}): remove or replace the file")
 
     def labels(self) -> np.ndarray:
         return self._labels
+
+
+def _numpy_rebuilders() -> dict[tuple[str, str], object]:
+    """Returns the functions numpy's pickles name to rebuild arrays, dtypes and scalars, under the module
+    paths of numpy 1 and 2 (a pickle keeps the path of the numpy that wrote it)."""
+    reconstruct = np.zeros(1).__reduce__()[0]  # protocols 2-4
+    frombuffer = np.zeros(1).__reduce_ex__(5)[0]  # protocol 5
+    scalar = np.int64(0).__reduce__()[0]
+    out = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype}
+    for core in ("numpy.core", "numpy._core"):
+        out[(f"{core}.multiarray", "_reconstruct")] = reconstruct
+        out[(f"{core}.multiarray", "scalar")] = scalar
+        out[(f"{core}.numeric", "_frombuffer")] = frombuffer
+    return out
+
+
+# Everything a CIFAR pickle may name: builtin containers and scalars, numpy's rebuilders, and the str ->
+# bytes helper Python 3 writes for bytes under protocol 2. Anything else (os.system, eval, ...) is refused
+# before it is called, so a crafted file cannot run code.
+_PICKLE_GLOBALS = {
+    **{("builtins", n): getattr(builtins, n)
+       for n in ("set", "frozenset", "bytearray", "bytes", "complex", "int", "float", "str", "list", "dict", "tuple")},
+    ("_codecs", "encode"): codecs.encode,
+    **_numpy_rebuilders(),
+}
+
+
+class _ArrayUnpickler(pickle.Unpickler):
+    """An unpickler that builds only builtin values and numpy arrays."""
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in _PICKLE_GLOBALS:
+            raise pickle.UnpicklingError(f"it asks for {module}.{name}, which a CIFAR pickle never holds; nothing was run")
+        return _PICKLE_GLOBALS[(module, name)]
+
+
+def load_cifar_pickle(path: Path):
+    """Returns the object in a CIFAR python pickle (bytes keys, as the Python 2 originals were written),
+    refusing any pickle that names something other than builtin values and numpy arrays."""
+    with open(path, "rb") as fh:
+        return _ArrayUnpickler(fh, encoding="bytes").load()
 
 
 class CifarSet(ImageSet):
@@ -288,23 +356,37 @@ class CifarSet(ImageSet):
             return
         images, labels = [], []
         for part in self._parts:
-            try:
-                with open(self.root / part, "rb") as fh:
-                    batch = pickle.load(fh, encoding="bytes")
-                images.append(np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
-                labels.append(np.asarray(batch[self._label_key], dtype=np.int64))
-            except (OSError, KeyError, pickle.UnpicklingError, EOFError, ValueError) as exc:
-                raise VitseeError(
-                    f"cannot read {self.root / part} as a {self.variant} pickle ({exc}): re-extract the archive"
-                ) from exc
+            data, part_labels = self._read_batch(self.root / part)
+            images.append(data)
+            labels.append(part_labels)
         self._images = np.concatenate(images).transpose(0, 2, 3, 1)  # (N, 32, 32, 3)
         self._labels = np.concatenate(labels)
         try:
-            with open(self.root / self._meta, "rb") as fh:
-                names = pickle.load(fh, encoding="bytes")[self._names_key]
-            self.class_names = [n.decode() for n in names]
-        except (OSError, KeyError, pickle.UnpicklingError, EOFError):
-            self.class_names = None
+            names = load_cifar_pickle(self.root / self._meta)[self._names_key]
+            self.class_names = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
+        except (OSError, KeyError, TypeError, pickle.UnpicklingError, EOFError, ValueError):
+            self.class_names = None  # the names are a nicety: the images and labels are what a run needs
+
+    def _read_batch(self, path: Path) -> tuple[np.ndarray, np.ndarray]:
+        """Returns (images (n, 3, 32, 32) uint8, labels (n,) int64) of one CIFAR batch file."""
+        way_out = f"re-extract the {self.variant} python archive (cifar-{self.variant[5:]}-python.tar.gz)"
+        try:
+            batch = load_cifar_pickle(path)
+        except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError) as exc:
+            raise VitseeError(f"cannot read {path} as a {self.variant} pickle ({brief(exc)}): {way_out}") from exc
+        what = f"a dict with keys {list(batch)[:4]}" if isinstance(batch, dict) else f"a {type(batch).__name__}"
+        if not isinstance(batch, dict) or b"data" not in batch or self._label_key not in batch:
+            raise VitseeError(
+                f"{path} holds {what}, not a {self.variant} batch (a dict of b'data' and {self._label_key!r}): {way_out}"
+            )
+        data, labels = np.asarray(batch[b"data"]), np.asarray(batch[self._label_key])
+        if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
+            raise VitseeError(
+                f"{path}: b'data' is {data.dtype} {data.shape}, not uint8 (N, 3072) rows of 32x32 RGB: {way_out}"
+            )
+        if labels.shape != (len(data),) or labels.dtype.kind not in "iu":
+            raise VitseeError(f"{path}: {labels.dtype} labels of shape {labels.shape} for {len(data)} images: {way_out}")
+        return data.reshape(-1, 3, 32, 32), labels.astype(np.int64)
 
     def __len__(self) -> int:
         self._load()
@@ -320,7 +402,11 @@ class CifarSet(ImageSet):
 
 
 class NpzSet(ImageSet):
-    """An .npz with `images` (N, H, W[, C]) uint8 and optional `labels` (N,) and `class_names`."""
+    """An .npz with `images` (N, H, W[, C]) uint8, C 1, 3 or 4, and optional `labels` (N,) and `class_names`.
+
+    Labels are class indices (-1: unlabelled). Float labels are taken when every value is a whole number
+    (as tools that go through float arrays write them) and refused otherwise, never truncated.
+    """
 
     def __init__(self, path: Path):
         self.path = path
@@ -328,21 +414,19 @@ class NpzSet(ImageSet):
         try:
             with np.load(path, allow_pickle=False) as z:
                 if "images" not in z:
-                    raise VitseeError(f"{path} has no 'images' array (found: {', '.join(z.files)}): save one with np.savez(path, images=..., labels=...)")
+                    found = f"found: {', '.join(z.files)}" if z.files else "it holds no arrays"
+                    raise VitseeError(f"{path} has no 'images' array ({found}): save one with np.savez(path, images=..., labels=...)")
                 images = z["images"]
                 labels = z["labels"] if "labels" in z else None
-                names = [str(n) for n in z["class_names"]] if "class_names" in z else None
-        except (OSError, ValueError) as exc:
-            raise VitseeError(f"cannot read {path} as .npz ({exc}): write it with np.savez") from exc
-        if images.dtype != np.uint8 or images.ndim not in (3, 4):
-            raise VitseeError(
-                f"{path}: 'images' must be uint8 (N, H, W) or (N, H, W, C), got {images.dtype} {images.shape}"
-            )
-        if labels is not None and len(labels) != len(images):
-            raise VitseeError(f"{path}: {len(labels)} labels for {len(images)} images; they must match")
+                names = z["class_names"] if "class_names" in z else None
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+            raise VitseeError(f"cannot read {path} as .npz ({brief(exc)}): write it with np.savez(path, images=..., labels=...)") from exc
+        _check_npz_images(path, images)
         self._images = images
-        self._labels = None if labels is None else np.asarray(labels, dtype=np.int64)
-        self.class_names = names
+        self._labels = None if labels is None else _npz_labels(path, labels, len(images))
+        if names is not None and names.ndim != 1:
+            raise VitseeError(f"{path}: 'class_names' has shape {names.shape}: save a 1-D list of names")
+        self.class_names = None if names is None else [str(n) for n in names]
 
     def __len__(self) -> int:
         return len(self._images)
@@ -352,6 +436,48 @@ class NpzSet(ImageSet):
 
     def labels(self) -> np.ndarray:
         return self._labels if self._labels is not None else super().labels()
+
+
+def _check_npz_images(path: Path, images: np.ndarray) -> None:
+    """Raises a VitseeError naming what is wrong with an .npz's `images` array."""
+    shape = tuple(images.shape)
+    if images.dtype != np.uint8 or images.ndim not in (3, 4):
+        raise VitseeError(f"{path}: 'images' must be uint8 (N, H, W) or (N, H, W, C), got {images.dtype} {shape}")
+    if shape[0] == 0:
+        raise VitseeError(f"{path}: 'images' {shape} holds no images: save at least {MIN_IMAGES}")
+    if 0 in shape[1:3]:
+        raise VitseeError(f"{path}: 'images' {shape} has images of zero height or width: save (N, H, W[, C]) with H, W >= 1")
+    if images.ndim == 4 and shape[3] not in (1, 3, 4):
+        hint = (" (it looks channels-first: save images.transpose(0, 2, 3, 1))" if shape[1] in (1, 3, 4) else "")
+        raise VitseeError(
+            f"{path}: 'images' {shape} has {shape[3]} channels; vitsee reads 1 (grey), 3 (RGB) or 4 (RGBA){hint}"
+        )
+
+
+def _npz_labels(path: Path, labels: np.ndarray, n_images: int) -> np.ndarray:
+    """Returns an .npz's labels as (N,) int64 class indices, or raises a VitseeError naming the bad ones."""
+    if labels.ndim != 1:
+        raise VitseeError(f"{path}: 'labels' has shape {labels.shape}; save one class index per image, shape ({n_images},)")
+    if len(labels) != n_images:
+        raise VitseeError(f"{path}: {len(labels)} labels for {n_images} images; they must match")
+    if labels.dtype.kind not in "iubf":
+        first = labels[0].item() if len(labels) else ""
+        raise VitseeError(
+            f"{path}: 'labels' are {labels.dtype} (e.g. {first!r}), not class indices: save integers 0..K-1 "
+            "and the names as class_names"
+        )
+    if labels.dtype.kind == "f":
+        whole = np.isfinite(labels) & (labels == np.round(labels))
+        if not whole.all():
+            bad = labels[~whole][0].item()
+            raise VitseeError(
+                f"{path}: float label {bad!r} (image {int(np.flatnonzero(~whole)[0])}) is not a class index: "
+                "save integer labels (np.int64), -1 for an unlabelled image"
+            )
+    out = labels.astype(np.int64)
+    if len(out) and out.min() < -1:
+        raise VitseeError(f"{path}: label {int(out.min())} is not a class index: use 0..K-1, or -1 for an unlabelled image")
+    return out
 
 
 # --- specs ----------------------------------------------------------------------------------------

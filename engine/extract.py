@@ -18,7 +18,7 @@ import shutil
 import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,6 +54,40 @@ class ExtractConfig:
     workers: int | None = None
     streaming: bool = False
     shard: Shard | None = None  # set by the torchrun driver: this process extracts these rows into their own file
+
+    def __post_init__(self):
+        # checked here, where the CLI and the app's form both build the config, so both get one line
+        self.layers = parse_layers(self.layers)
+        if self.img_size is not None and self.img_size < 1:
+            raise VitseeError(f"--img-size {self.img_size} is not a size in pixels: use a positive size such as 224, "
+                              "or leave it out for the model's own")
+        if self.shuffle_seed is not None and not 0 <= self.shuffle_seed < 2**63:
+            raise VitseeError(f"--shuffle-seed {self.shuffle_seed} is out of range: use a seed from 0 to {2**63 - 1}")
+        if self.workers is not None and self.workers < 0:
+            raise VitseeError(f"--workers {self.workers} is negative: use 0 (load images in this process) or more")
+        if self.batch_size < 1:
+            raise VitseeError(f"--batch-size must be at least 1, got {self.batch_size}")
+        if self.dtype not in DTYPES:
+            raise VitseeError(f"unknown --dtype '{self.dtype}': use float16 or float32")
+
+
+LAYER_GRANULARITIES = ("blocks", "sublayers")
+
+
+def parse_layers(layers: str | Sequence[str]) -> str | list[str]:
+    """Returns 'blocks', 'sublayers' or the list of layer names that `--layers` text (NAME,NAME) gives."""
+    if isinstance(layers, str):
+        text = layers.strip()
+        if text in LAYER_GRANULARITIES:
+            return text
+        names = [name.strip() for name in text.split(",")]
+    else:
+        names = [str(name).strip() for name in layers]
+    names = [name for name in names if name]
+    if not names:
+        raise VitseeError(f"--layers {layers!r} names no layer: use blocks, sublayers or NAME,NAME,... "
+                          "(the names `vitsee layers MODEL` lists)")
+    return names
 
 
 @dataclass(frozen=True)
@@ -201,10 +235,6 @@ def plan(cfg: ExtractConfig, device: torch.device, emit: ProgressFn,
          lock: store_mod.WriteLock | None = None) -> tuple[Selection, list[ModelPlan], Store | None]:
     """Returns the run's images, one ModelPlan per model, and the existing store if resuming/appending
     (opened for writing under lock, or read-only to only look, as `estimate` does)."""
-    if cfg.dtype not in DTYPES:
-        raise VitseeError(f"unknown --dtype '{cfg.dtype}': use float16 or float32")
-    if cfg.batch_size < 1:
-        raise VitseeError(f"--batch-size must be at least 1, got {cfg.batch_size}")
     if not cfg.models:
         raise VitseeError("no model given: pass --model NAME[.TAG][@WEIGHTS] at least once")
     specs: list[ModelSpec] = [parse_model_spec(m) for m in cfg.models]
@@ -215,6 +245,7 @@ def plan(cfg: ExtractConfig, device: torch.device, emit: ProgressFn,
     indices = select_indices(len(images), cfg.n_images, cfg.shuffle_seed)
     if cfg.shard is not None:
         indices = indices[cfg.shard.start : cfg.shard.stop]
+    images.check_readable(indices)
     selection = Selection(images, indices, cfg.shuffle_seed)
 
     existing: Store | None = None
@@ -286,8 +317,35 @@ class _TransformedImages(torch.utils.data.Dataset):
         return len(self.indices)
 
     def __getitem__(self, j: int):
-        img = self.images.image(int(self.indices[j]))
+        try:
+            img = self.images.image(int(self.indices[j]))
+        except VitseeError as exc:
+            return _Unreadable(str(exc))
         return tuple(t(img) for t in self.transforms)
+
+
+@dataclass(frozen=True)
+class _Unreadable:
+    """An image that could not be read, carried to the main process as a value: raised in a DataLoader
+    worker, its one-line error would arrive wrapped in the worker's traceback."""
+
+    message: str
+
+
+def _collate(items: list):
+    """Returns the batch of a loader's items, or the first unreadable image among them."""
+    for item in items:
+        if isinstance(item, _Unreadable):
+            return item
+    return torch.utils.data.default_collate(items)
+
+
+def _batches(loader) -> Iterator:
+    """Yields a loader's batches; an unreadable image ends the run with its one-line error."""
+    for inputs in loader:
+        if isinstance(inputs, _Unreadable):
+            raise VitseeError(f"{inputs.message}, then rerun the same command to resume (finished batches are kept)")
+        yield inputs
 
 
 @dataclass
@@ -546,6 +604,11 @@ def run_extraction(
                 messages.append(note)
                 emit(Progress("plan", message=note, model=mp.key))
         _check_disk(store_path, size.todo_bytes, cfg.force)
+        stale = store_mod.remove_stale_starts(store_path)
+        if stale:
+            note = f"removed {len(stale)} file(s) a killed start left: {', '.join(t.name for t in stale)}"
+            messages.append(note)
+            emit(Progress("plan", message=note))
 
         if existing is None:
             if lock is None:
@@ -590,7 +653,7 @@ def _loader(selection: Selection, group: Sequence[ModelPlan], batches: list[list
     dataset = _TransformedImages(selection.images, selection.indices, transforms)
     workers = cfg.workers if cfg.workers is not None else min(4, max(1, (os.cpu_count() or 2) - 1))
     loader = torch.utils.data.DataLoader(
-        dataset, batch_sampler=batches, num_workers=workers, pin_memory=device.type == "cuda"
+        dataset, batch_sampler=batches, num_workers=workers, pin_memory=device.type == "cuda", collate_fn=_collate
     )
     return loader, {mp.key: slot[repr(mp.transform)] for mp in group}
 
@@ -614,7 +677,7 @@ def _extract_pass(store, selection, plans, device, cfg, emit, cancel) -> tuple[i
             loader, slot = _loader(selection, group, batches, device, cfg)
             done_images = n - sum(len(rows) for rows in batches)
             emit(Progress("extract", done=done_images, total=n))
-            for b, inputs in zip(pending, loader):
+            for b, inputs in zip(pending, _batches(loader)):
                 if cancel is not None and cancel.is_set():
                     cancelled = True
                     break
@@ -660,7 +723,7 @@ def _streaming_pass(store, selection, plans, device, cfg, emit, cancel) -> tuple
         loader, slot = _loader(selection, plans, batches, device, cfg)
         done_images = n - sum(len(rows) for rows in batches)
         emit(Progress("extract", done=done_images, total=n))
-        for b, inputs in zip(pending, loader):
+        for b, inputs in zip(pending, _batches(loader)):
             if cancel is not None and cancel.is_set():
                 cancelled = True
                 break

@@ -35,6 +35,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import FuncFormatter
 
+from .colormap import check_colormap
 from .errors import VitseeError
 from .views import View
 
@@ -403,9 +404,7 @@ def _check_selection(view: View, selection) -> tuple[int, int] | None:
 
 def _colormap(name: str) -> Colormap:
     """Returns matplotlib's colormap `name` with NaN cells drawn light grey."""
-    if name not in colormaps:
-        raise VitseeError(f"unknown colormap '{name}': use viridis, magma, cividis or another matplotlib colormap")
-    return colormaps[name].with_extremes(bad=BAD)
+    return colormaps[check_colormap(name)].with_extremes(bad=BAD)
 
 
 def _value_range(view: View) -> tuple[float, float]:

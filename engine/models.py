@@ -22,6 +22,9 @@ from torch import nn
 from .errors import VitseeError, brief
 
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
+MAX_TORCH_SEED = 2**64 - 1  # torch.manual_seed takes an unsigned 64-bit seed
+# how long to wait for the Hub to answer before giving up on pretrained weights; VITSEE_HUB_TIMEOUT (seconds) sets it
+HUB_TIMEOUT_S = 30.0
 # Patch-grid transformers whose `blocks` see [prefix tokens, patch grid] and whose attention hands its softmax to
 # attn_drop. CaiT has the structure but its `blocks` see patches only (the CLS joins later), so it is not listed.
 VIT_MODULES = {"vision_transformer", "deit", "vision_transformer_hybrid", "vision_transformer_relpos", "beit", "eva"}
@@ -93,6 +96,8 @@ def parse_model_spec(text: str) -> ModelSpec:
             seed = int(seed_text)
         except ValueError:
             raise VitseeError(f"seed '{seed_text}' in '{text}' is not an integer: write @random:SEED, e.g. @random:0") from None
+        if not 0 <= seed <= MAX_TORCH_SEED:
+            raise VitseeError(f"seed {seed} in '{text}' is out of torch's range: use @random:SEED with SEED from 0 to {MAX_TORCH_SEED}")
         return ModelSpec(name, tag, "random", seed=seed)
     path = Path(os.path.expanduser(weights))
     if not path.exists():
@@ -348,16 +353,81 @@ def cached_pretrained_file(timm_name: str) -> str | None:
 
 
 def hub_reachable(timeout_s: float = 3.0) -> bool:
+    """Returns whether a TCP connection to the Hub's endpoint (HF_ENDPOINT) opens within timeout_s."""
     from huggingface_hub import constants
 
     if constants.HF_HUB_OFFLINE:
         return False
-    host = urlparse(constants.ENDPOINT).hostname or "huggingface.co"
+    url = urlparse(constants.ENDPOINT)
+    port = url.port or (80 if url.scheme == "http" else 443)
     try:
-        with socket.create_connection((host, 443), timeout=timeout_s):
+        with socket.create_connection((url.hostname or "huggingface.co", port), timeout=timeout_s):
             return True
     except OSError:
         return False
+
+
+def hub_timeout_s() -> float:
+    """Returns how long to wait for the Hub to answer: VITSEE_HUB_TIMEOUT seconds if set, else HUB_TIMEOUT_S."""
+    text = os.environ.get("VITSEE_HUB_TIMEOUT", "").strip()
+    try:
+        value = float(text) if text else HUB_TIMEOUT_S
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise VitseeError(f"VITSEE_HUB_TIMEOUT={text!r} is not a positive number of seconds: set it to e.g. 30, or unset it")
+    return value
+
+
+def pretrained_url(timm_name: str) -> str | None:
+    """Returns the URL timm fetches a model's pretrained weights from (on the Hub, or the cfg's own url)."""
+    from timm.models import get_pretrained_cfg
+
+    cfg = get_pretrained_cfg(timm_name)
+    if cfg is None:
+        return None
+    if cfg.hf_hub_id:
+        from huggingface_hub import hf_hub_url
+
+        repo, _, revision = cfg.hf_hub_id.partition("@")
+        return hf_hub_url(repo, cfg.hf_hub_filename or "model.safetensors", revision=revision or None)
+    return cfg.url or None
+
+
+def _check_hub_answers(timm_name: str) -> None:
+    """Raises a VitseeError naming the ways out unless the server holding a model's weights answers one
+    request within hub_timeout_s(): timm's download waits minutes on a server that accepts connections and
+    stays silent (it retries)."""
+    import urllib.error
+    import urllib.request
+
+    from huggingface_hub import constants
+
+    ways_out = (f"set HF_HUB_OFFLINE=1 to use only cached weights, or give a local weights file, "
+                f"{timm_name}@/path/to/weights.safetensors")
+    if constants.HF_HUB_OFFLINE:
+        raise VitseeError(
+            f"pretrained weights for {timm_name} are not in the local cache and HF_HUB_OFFLINE is set: use "
+            f"{timm_name}@random[:SEED], {timm_name}@/path/to/weights.safetensors, "
+            "or copy the weights into the Hub cache (HF_HOME) on a machine with network"
+        )
+    url = pretrained_url(timm_name)
+    if url is None:
+        return
+    timeout = hub_timeout_s()
+    host = urlparse(url).netloc
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout):
+            pass
+    except urllib.error.HTTPError:
+        return  # an answer (a 401 or 404 too): the server is there, and timm reports what it says
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        if isinstance(reason, TimeoutError | socket.timeout):
+            what = f"did not answer within {timeout:g} s (VITSEE_HUB_TIMEOUT sets the wait)"
+        else:
+            what = f"cannot be reached ({brief(reason) if isinstance(reason, BaseException) else reason})"
+        raise VitseeError(f"pretrained weights for {timm_name} are not cached and {host} {what}: {ways_out}") from exc
 
 
 def _default_tag(name: str) -> str | None:
@@ -451,12 +521,8 @@ def load_model(spec: ModelSpec | str, img_size: int | None = None, device: str |
             raise VitseeError(f"{spec.name} has no pretrained weights in timm: use {spec.name}@random or {spec.name}@/path/to/weights.safetensors")
         spec = ModelSpec(spec.name, tag, "pretrained")
         cached = cached_pretrained_file(spec.timm_name)
-        if cached is None and not hub_reachable():
-            raise VitseeError(
-                f"pretrained weights for {spec.timm_name} are not in the local cache and the Hugging Face Hub "
-                f"cannot be reached: use {spec.timm_name}@random[:SEED], {spec.timm_name}@/path/to/weights.safetensors, "
-                "or copy the weights into the Hub cache (HF_HOME) on a machine with network"
-            )
+        if cached is None:
+            _check_hub_answers(spec.timm_name)
         try:
             if cached is not None:
                 model = _create(spec, img_size, pretrained=True, pretrained_cfg_overlay={"file": cached})

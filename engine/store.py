@@ -72,6 +72,31 @@ def _json(obj) -> str:
     return json.dumps(obj, sort_keys=True, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o))
 
 
+def check_store_layout(file: h5py.File) -> None:
+    """Raises a VitseeError naming what is wrong with a file that says it is a store but that this vitsee
+    cannot read: a newer format, groups missing, or metadata whose bytes no longer decode."""
+    path = file.filename
+    try:
+        version = int(file.attrs["vitsee_format"])
+        if version > FORMAT_VERSION:
+            raise VitseeError(f"{path} was made by a newer vitsee (format {version}; this one reads format "
+                              f"{FORMAT_VERSION}): upgrade vitsee")
+        models = list(file["models"].values()) if "models" in file else []
+        missing = [name for name in ("images", "images/index", "images/label") if name not in file]
+        missing += [f"{g.name}/{name}" for g in models for name in ("done", "nonfinite") if name not in g]
+        if missing:
+            raise VitseeError(f"{path} lacks {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}, which "
+                              "every vitsee store has: it is not a whole store; re-create it with `vitsee extract`")
+        for obj in (file, file["images"], *models):  # what readers decode: damaged bytes surface here, once
+            for name in obj.attrs:
+                value = obj.attrs[name]
+                if name in ("record", "layers", "class_names", "layer_shapes", "layer_prefix_tokens"):
+                    json.loads(value)
+    except (OSError, KeyError, ValueError, TypeError) as exc:
+        raise VitseeError(f"{path}: the store's metadata cannot be read ({brief(exc)}): the file is damaged; "
+                          "restore a copy, or re-create it with `vitsee extract ... --overwrite`") from None
+
+
 def _early_dataset(group: h5py.Group, name: str, shape: tuple, dtype, rows_per_chunk: int) -> h5py.Dataset:
     """Creates a dataset whose whole extent is allocated now, so later writes change no metadata."""
     dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
@@ -178,6 +203,20 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def remove_stale_starts(path: Path) -> list[Path]:
+    """Removes the `.NAME.creating-PID` files that killed starts into `path` left behind, only those whose
+    process is gone (a live one is another run still building the store); returns what was removed."""
+    import glob
+
+    removed = []
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}.creating-*"):
+        pid = tmp.name.rpartition("-")[2]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp)
+    return removed
+
+
 def _check_shard_file(store: Path, shard: Path, run_id) -> None:
     """Raises VitseeError unless the shard is there, readable, and from the run that made the store."""
     if not shard.exists():
@@ -280,6 +319,7 @@ class Store:
         try:
             if "vitsee_format" not in self.file.attrs:
                 raise VitseeError(f"{path} is an HDF5 file but not a vitsee store: give a store made by `vitsee extract`")
+            check_store_layout(self.file)
             check_own_file(self.path, self.file)
             # a stitched store reads its rows from shard files; HDF5 would quietly fill a missing one's with zeros
             for shard in self.shard_files:
@@ -375,10 +415,7 @@ class Store:
 
     def _remove_stale(self) -> None:
         """Removes what a killed writer or a replaced store left (the caller holds the lock)."""
-        for tmp in self.path.parent.glob(f".{self.path.name}.creating-*"):
-            pid = tmp.name.rpartition("-")[2]
-            if not pid.isdigit() or not _pid_alive(int(pid)):
-                tmp.unlink(missing_ok=True)
+        remove_stale_starts(self.path)
         if not self.sidecar.is_dir():
             return
         for p in self.sidecar.rglob("*.h5*"):
@@ -978,10 +1015,7 @@ def creating(path: str | Path, overwrite: bool = False, lock: WriteLock | None =
     try:
         if path.exists() and not overwrite:
             raise VitseeError(f"{path} already exists: pass --overwrite to replace it, or choose another path")
-        for stale in path.parent.glob(f".{path.name}.creating-*"):  # left by a killed start
-            pid = stale.name.rpartition("-")[2]
-            if not pid.isdigit() or not _pid_alive(int(pid)):
-                stale.unlink(missing_ok=True)
+        remove_stale_starts(path)
         tmp = path.with_name(f".{path.name}.creating-{os.getpid()}")
         try:
             file = _open_h5(tmp, "w")

@@ -1,7 +1,9 @@
 """Image sets: built-in ones, user folders / CIFAR pickles / npz, and image selection."""
 from __future__ import annotations
 
+import os
 import pickle
+import shutil
 
 import numpy as np
 import pytest
@@ -72,6 +74,56 @@ def test_cifar10_pickles(tmp_path):
     assert np.array_equal(np.asarray(d.image(0)), test[0].reshape(3, 32, 32).transpose(1, 2, 0))
     assert d.class_names[3] == "c3"
     assert open_dataset(str(root)).spec == d.spec
+
+
+def _cifar_batch(data: np.ndarray, labels: list[int], protocol: int, numpy_path: str | None = None) -> bytes:
+    """Returns a CIFAR batch pickled the way the originals were written: bytes keys, `data` a uint8 array,
+    `labels` a list; numpy_path rewrites numpy's module path as an older numpy wrote it."""
+    blob = pickle.dumps({b"batch_label": b"testing batch 1 of 1", b"labels": labels, b"data": data,
+                         b"filenames": [f"{i}.png".encode() for i in range(len(labels))]}, protocol=protocol)
+    if numpy_path is not None:  # protocol 2 names globals as text lines: the path can be swapped in place
+        blob = blob.replace(b"numpy._core.multiarray", numpy_path.encode())
+    return blob
+
+
+@pytest.mark.parametrize("protocol, numpy_path", [(2, None), (2, "numpy.core.multiarray"), (4, None), (5, None)])
+def test_cifar_pickles_load_through_the_unpickler_that_builds_only_arrays(tmp_path, protocol, numpy_path):
+    data = np.random.default_rng(2).integers(0, 256, size=(4, 3072), dtype=np.uint8)
+    (tmp_path / "test_batch").write_bytes(_cifar_batch(data, [7, 0, 7, 3], protocol, numpy_path))
+    d = open_dataset(f"cifar10:{tmp_path}")
+    assert list(d.labels()) == [7, 0, 7, 3]
+    assert np.array_equal(np.asarray(d.image(2)), data[2].reshape(3, 32, 32).transpose(1, 2, 0))
+
+
+@pytest.mark.parametrize("target", [eval, os.system, shutil.rmtree, np.load])
+def test_a_cifar_pickle_naming_anything_else_is_refused_before_it_runs(tmp_path, target):
+    class Crafted:
+        def __reduce__(self):
+            return target, ("x",)
+
+    (tmp_path / "test_batch").write_bytes(pickle.dumps({b"data": Crafted(), b"labels": [0]}, protocol=2))
+    with pytest.raises(VitseeError, match=rf"test_batch as a cifar10 pickle .*asks for \S*{target.__name__}, "
+                                          "which a CIFAR pickle never holds; nothing was run"):
+        len(open_dataset(f"cifar10:{tmp_path}"))
+
+
+def test_npz_labels_float_whole_numbers_are_class_indices_fractions_are_refused(tmp_path):
+    images = np.zeros((4, 8, 8, 3), np.uint8)
+    np.savez(tmp_path / "f.npz", images=images, labels=np.array([0.0, 2.0, -1.0, 1.0], np.float32))
+    labels = open_dataset(f"npz:{tmp_path / 'f.npz'}").labels()
+    assert labels.dtype == np.int64 and list(labels) == [0, 2, -1, 1]
+    for bad, needle in ((np.array([0, 1, np.nan, 1]), "float label nan \\(image 2\\)"),
+                        (np.array([0, 1, 2, 2.25]), "float label 2.25 \\(image 3\\)"),
+                        (np.array([0, -2, 1, 1]), "label -2 is not a class index")):
+        np.savez(tmp_path / "b.npz", images=images, labels=bad)
+        with pytest.raises(VitseeError, match=needle):
+            open_dataset(f"npz:{tmp_path / 'b.npz'}")
+
+
+def test_npz_images_saved_channels_first_are_named_so(tmp_path):
+    np.savez(tmp_path / "c.npz", images=np.zeros((4, 3, 8, 8), np.uint8))
+    with pytest.raises(VitseeError, match=r"\(4, 3, 8, 8\) has 8 channels.*looks channels-first.*transpose\(0, 2, 3, 1\)"):
+        open_dataset(f"npz:{tmp_path / 'c.npz'}")
 
 
 def test_npz_with_and_without_labels(tmp_path):

@@ -81,3 +81,83 @@ def test_vit_built_small_reports_the_size_it_was_built_for():
     assert loaded.grid_size == (2, 2) and loaded.num_prefix_tokens == 1
     cnn = load_model("test_resnet@random", img_size=48)
     assert cnn.data_config["input_size"] == (3, 48, 48) and cnn.family == "resnet"
+
+
+@pytest.fixture
+def silent_hub(tmp_path, monkeypatch):
+    """A local server that accepts connections and never answers, set as the Hub endpoint the way HF_ENDPOINT
+    sets it (huggingface_hub reads the variable once, at import); yields the list of (connection, time)."""
+    import socket
+    import threading
+    import time
+
+    import huggingface_hub.constants as hub
+
+    server = socket.create_server(("127.0.0.1", 0))
+    accepted: list = []
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            accepted.append((conn, time.perf_counter()))  # held open, never answered
+
+    threading.Thread(target=accept, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{server.getsockname()[1]}"
+    monkeypatch.setattr(hub, "ENDPOINT", endpoint)
+    monkeypatch.setattr(hub, "HUGGINGFACE_CO_URL_TEMPLATE", endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(tmp_path / "empty-hub"))
+    monkeypatch.setenv("VITSEE_HUB_TIMEOUT", "1")
+    yield accepted
+    server.close()
+    for conn, _ in accepted:
+        conn.close()
+
+
+def test_a_hub_that_accepts_and_stays_silent_is_one_line_after_the_bound(silent_hub, tmp_path, capsys):
+    import time
+
+    from conftest import run_cli
+
+    code, _, err = run_cli(["extract", tmp_path / "s.h5", "--model", "test_vit", "--dataset", "digits", "--n-images", "8",
+                            "--device", "cpu", "--workers", "0", "--quiet"], capsys)
+    said = time.perf_counter()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert "127.0.0.1" in lines[0] and "did not answer within 1 s" in lines[0]
+    assert "HF_HUB_OFFLINE=1" in lines[0] and "test_vit.r160_in1k@/path/to/weights.safetensors" in lines[0]
+    assert silent_hub, "vitsee never asked the endpoint"
+    assert 0.9 < said - silent_hub[0][1] < 3  # the bound and a little: not timm's minutes of retries
+    assert not (tmp_path / "s.h5").exists()
+
+
+def test_the_hub_wait_is_bounded_by_a_positive_number_of_seconds(monkeypatch):
+    from vitsee.engine.models import HUB_TIMEOUT_S, hub_timeout_s
+
+    monkeypatch.delenv("VITSEE_HUB_TIMEOUT", raising=False)
+    assert hub_timeout_s() == HUB_TIMEOUT_S == 30
+    monkeypatch.setenv("VITSEE_HUB_TIMEOUT", "2.5")
+    assert hub_timeout_s() == 2.5
+    for bad in ("0", "-1", "soon", "nan"):
+        monkeypatch.setenv("VITSEE_HUB_TIMEOUT", bad)
+        with pytest.raises(VitseeError, match=f"VITSEE_HUB_TIMEOUT='{bad}' is not a positive number of seconds"):
+            hub_timeout_s()
+
+
+def test_a_weights_file_whose_pickle_would_run_code_is_refused_before_it_runs(tmp_path):
+    import os
+
+    marker = tmp_path / "ran"
+
+    class Crafted:
+        def __reduce__(self):
+            return os.system, (f"touch {marker}",)
+
+    path = tmp_path / "crafted.pth"
+    torch.save({"state_dict": Crafted()}, path)
+    with pytest.raises(VitseeError, match=r"cannot read weights file .*crafted.pth .*UnpicklingError"):
+        load_model(f"test_vit@{path}")
+    assert not marker.exists()  # torch.load(weights_only=True) refused the call instead of making it
