@@ -33,9 +33,9 @@ FORMAT = 1
 # Recipes that train the small models here out of the box; any key can be overridden from the command line.
 RECIPES = {
     "vit": {"epochs": 10, "batch_size": 64, "lr": 1e-3, "weight_decay": 0.05, "warmup_epochs": 1.0,
-            "label_smoothing": 0.1, "crop_scale": 0.6, "hflip": 0.0},
+            "label_smoothing": 0.1, "crop_scale": 0.8, "hflip": 0.0},
     "resnet": {"epochs": 10, "batch_size": 64, "lr": 2e-3, "weight_decay": 0.01, "warmup_epochs": 0.5,
-               "label_smoothing": 0.1, "crop_scale": 0.6, "hflip": 0.0},
+               "label_smoothing": 0.1, "crop_scale": 0.8, "hflip": 0.0},
 }
 RECIPES["other"] = RECIPES["vit"]
 
