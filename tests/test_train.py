@@ -27,17 +27,26 @@ TINY_VIT = {"model": "test_vit", "model_args": {"patch_size": 8, "depth": 3}, "i
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Trains on one thread: on the shared 2-core test machines two spinning threads ran 10x slower than one."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
 def tiny_vit(out: Path, **kwargs) -> TrainConfig:
     return TrainConfig(out=out, **{**TINY_VIT, "n_images": 120, "epochs": 1, "batch_size": 32, **kwargs})
 
 
 def test_a_small_resnet18_learns_digits_well_above_chance(tmp_path):
     cfg = TrainConfig(out=tmp_path / "r18.safetensors", model="resnet18", model_args={"channels": [16, 32, 64, 128]},
-                      img_size=32, dataset="digits", n_images=500, epochs=3, device="cpu", workers=2)
+                      img_size=32, dataset="digits", n_images=600, epochs=3, batch_size=32, device="cpu", workers=2)
     result = train(cfg)
     # chance on ten balanced digits is 0.1
     assert result.record["test_accuracy"] > 0.5
-    assert result.record["n_test"] == 100 and result.record["n_train"] == 400
+    assert result.record["n_test"] == 120 and result.record["n_train"] == 480
     assert [row["epoch"] for row in result.record["history"]] == [1, 2, 3]
     assert not checkpoint_path(cfg.out).exists() and not lock_path(cfg.out).exists()
 
@@ -127,7 +136,7 @@ def _train_command(out: Path, epochs: int) -> list[str]:
 
 
 def test_kill_9_mid_training_and_a_rerun_give_the_weights_of_an_uninterrupted_run(tmp_path):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "OMP_NUM_THREADS": "1"}
     out = tmp_path / "killed.safetensors"
     proc = subprocess.Popen(_train_command(out, 3), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
