@@ -174,12 +174,13 @@ def train(
     workers: Annotated[int, typer.Option(help="image loading processes")] = 0,
     no_skip: Annotated[Optional[str], typer.Option(help="remove residual adds: BLOCK[.attn|.mlp],... e.g. blocks.3")] = None,
     pool: Annotated[Optional[str], typer.Option(help="ViT classifier: cls (class token) | avg (GAP, no class token)")] = None,
+    held_out: Annotated[Optional[Path], typer.Option(help="also write the test split (never trained on) as FILE.npz for extract --dataset npz:FILE")] = None,
     overwrite: Annotated[bool, typer.Option(help="replace an existing OUT (and start over from any checkpoint)")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar or epoch lines")] = False,
 ) -> None:
     """Train a timm classifier with the paper's interventions; resumable, OUT written at the end."""
     from .interventions import parse_no_skip
-    from .train import TrainConfig, checkpoint_path, parse_model_args
+    from .train import TrainConfig, checkpoint_path, parse_model_args, write_held_out
     from .train import train as run_training
 
     cfg = TrainConfig(
@@ -189,6 +190,8 @@ def train(
         weight_decay=weight_decay, warmup_epochs=warmup_epochs, label_smoothing=label_smoothing, augment=augment,
         device=device, workers=workers, overwrite=overwrite,
     )
+    if held_out is not None and held_out.suffix != ".npz":
+        raise VitseeError(f"--held-out {held_out} must end in .npz: e.g. --held-out test.npz")
     on_event, stop = _train_bar(quiet)
     try:
         result = run_training(cfg, progress=on_event)
@@ -198,8 +201,11 @@ def train(
         raise typer.Exit(130) from None
     finally:
         stop()
+    if held_out is not None:
+        write_held_out(cfg, held_out)
     if not quiet:
-        err.print(f"{result.seconds:.1f} s; extract it with -m {model}@{result.out}", highlight=False)
+        err.print(f"{result.seconds:.1f} s; extract it with -m {model}@{result.out}"
+                  + (f" --dataset npz:{held_out}" if held_out else ""), highlight=False)
 
 
 @app.command()

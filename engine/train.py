@@ -538,3 +538,17 @@ def _write_weights(out: Path, model: nn.Module, record: dict) -> None:
 def config_dict(cfg: TrainConfig) -> dict:
     """Returns the config as JSON-able values (for logs and the demo's cache key)."""
     return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
+
+
+def write_held_out(cfg: TrainConfig, path: Path) -> None:
+    """Writes the images a run never trains on (its test split) as an .npz that `--dataset npz:PATH` reads."""
+    images = open_dataset(cfg.dataset)
+    _, test = train_test_split(len(images), cfg.test_fraction, cfg.seed, cfg.n_images, cfg.data_fraction)
+    arrays = np.stack([np.asarray(images.image(int(i))) for i in test])  # (n_test, H, W, 3) uint8
+    names = np.asarray(images.class_names or [str(c) for c in range(int(images.labels().max()) + 1)])
+
+    def save(p: Path) -> None:
+        with open(p, "wb") as fh:  # a file object: np.savez would add .npz to the temporary name
+            np.savez(fh, images=arrays, labels=images.labels()[test], class_names=names)
+
+    _write_atomically(Path(path), save)

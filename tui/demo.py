@@ -137,7 +137,7 @@ def _trained_choice(plan: DemoPlan, device: str, folder: Path, pretrained: dict[
 def prepare_trained(choice: DemoChoice, progress, cancel=None) -> None:
     """Trains the demo's models that are not cached yet and writes the held-out images the store extracts;
     progress gets each engine TrainEvent."""
-    from vitsee.engine.train import train
+    from vitsee.engine.train import train, write_held_out
 
     for cfg in choice.training:
         Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
@@ -146,17 +146,3 @@ def prepare_trained(choice: DemoChoice, progress, cancel=None) -> None:
     test_set = Path(choice.config.dataset.partition(":")[2])
     if not test_set.exists():
         write_held_out(choice.training[0], test_set)
-
-
-def write_held_out(cfg: TrainConfig, path: Path) -> None:
-    """Writes the images a training run never saw (its test split) as an .npz the store can extract."""
-    import numpy as np
-
-    from vitsee.engine.data import open_dataset, train_test_split
-
-    images = open_dataset(cfg.dataset)
-    _, test = train_test_split(len(images), cfg.test_fraction, cfg.seed, cfg.n_images, cfg.data_fraction)
-    arrays = np.stack([np.asarray(images.image(int(i))) for i in test])
-    tmp = path.with_name(f".{path.name}.tmp.npz")
-    np.savez(tmp, images=arrays, labels=images.labels()[test], class_names=np.asarray(images.class_names or []))
-    tmp.replace(path)  # a half-written file never passes for the held-out set
