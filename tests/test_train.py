@@ -221,3 +221,18 @@ def test_the_cli_trains_with_loader_workers_and_prints_one_line_per_epoch(tmp_pa
     assert [line.split()[1] for line in epochs] == ["1/2", "2/2"]
     assert read_record(out)["recipe"]["epochs"] == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["w.safetensors"]
+
+
+def test_the_held_out_file_holds_exactly_the_test_split_with_its_labels(tmp_path):
+    from vitsee.engine.data import open_dataset
+    from vitsee.engine.train import write_held_out
+
+    cfg = tiny_vit(tmp_path / "m.safetensors")
+    write_held_out(cfg, tmp_path / "test.npz")
+    _, test = train_test_split(1797, 0.2, 0, 120)
+    digits = open_dataset("digits")
+    held = open_dataset(f"npz:{tmp_path / 'test.npz'}")
+    assert len(held) == len(test) == 24 and np.array_equal(held.labels(), digits.labels()[test])
+    assert all(np.array_equal(np.asarray(held.image(j)), np.asarray(digits.image(int(i)))) for j, i in enumerate(test))
+    assert held.class_names == [str(d) for d in range(10)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["test.npz"]
