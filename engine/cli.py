@@ -1,4 +1,4 @@
-"""`vitsee`: the headless command line (extract, analyze, export, show, info, models, layers).
+"""`vitsee`: the headless command line (extract, train, analyze, export, show, info, models, layers).
 
 Thin on purpose: parse, call the engine, render with Rich. A VitseeError becomes one line on stderr and
 a non-zero exit; anything else is a bug and keeps its traceback.
@@ -118,6 +118,95 @@ def extract(
         )
 
 
+def _train_bar(quiet: bool):
+    """Returns (callback, stop) drawing a Rich bar per epoch on stderr and one line when each epoch ends."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    if quiet:
+        return (lambda _e: None), (lambda: None)
+    bar = Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]:.3f}  acc {task.fields[acc]:.3f}"), TimeElapsedColumn(), TextColumn("ETA"),
+        TimeRemainingColumn(), console=err, transient=True,
+    )
+    state: dict = {}
+
+    def on_event(event) -> None:
+        if event.stage in ("plan", "done"):
+            err.print(event.message, highlight=False)
+        elif event.stage == "step":
+            if state.get("epoch") != event.epoch:
+                if "task" in state:
+                    bar.remove_task(state["task"])
+                bar.start()
+                state["epoch"] = event.epoch
+                state["task"] = bar.add_task(f"epoch {event.epoch}/{event.epochs}", total=event.total, loss=0.0, acc=0.0)
+            bar.update(state["task"], completed=event.done, loss=event.loss, acc=event.accuracy)
+        elif event.stage == "epoch":
+            bar.stop()
+            r = event.row
+            err.print(f"epoch {r['epoch']}/{event.epochs}  loss {r['train_loss']:.4f}  train acc {r['train_accuracy']:.3f}  "
+                      f"test acc {r['test_accuracy']:.3f}  lr {r['lr']:.2e}  {r['seconds']:.1f} s", highlight=False)
+
+    return on_event, bar.stop
+
+
+@app.command()
+def train(
+    out_file: Annotated[Path, typer.Argument(metavar="OUT.safetensors", help="weights file to write (with its training record)")],
+    model: Annotated[str, typer.Option("--model", "-m", help="timm model name, e.g. vit_tiny_patch16_224 or resnet18")],
+    model_arg: Annotated[list[str], typer.Option("--model-arg", help="KEY=VALUE for timm.create_model, e.g. patch_size=4; repeat")] = [],  # noqa: B006
+    img_size: Annotated[Optional[int], typer.Option(help="train at N x N input")] = None,
+    dataset: Annotated[str, typer.Option(help="a labelled set: digits | synthetic | imagefolder:PATH | cifar10:PATH | cifar100:PATH | npz:PATH")] = "digits",
+    n_images: Annotated[Optional[int], typer.Option("--n-images", "-n", help="split a seeded N of the set (default: all)")] = None,
+    data_fraction: Annotated[float, typer.Option(help="train on a seeded fraction in (0, 1] of the training split")] = 1.0,
+    test_fraction: Annotated[float, typer.Option(help="part of the images held out for testing, never trained on")] = 0.2,
+    epochs: Annotated[Optional[int], typer.Option(help="epochs [default: the family's recipe, 10]")] = None,
+    batch_size: Annotated[Optional[int], typer.Option(help="images per step [default: 64]")] = None,
+    lr: Annotated[Optional[float], typer.Option(help="peak AdamW learning rate [default: 1e-3 ViT, 2e-3 ResNet]")] = None,
+    weight_decay: Annotated[Optional[float], typer.Option(help="AdamW weight decay [default: 0.05 ViT, 0.01 ResNet]")] = None,
+    warmup_epochs: Annotated[Optional[float], typer.Option(help="linear warm-up before the cosine decay [default: 1 ViT, 0.5 ResNet]")] = None,
+    label_smoothing: Annotated[Optional[float], typer.Option(help="[default: 0.1]")] = None,
+    augment: Annotated[bool, typer.Option(help="light augmentation (timm's training transform: random resized crops)")] = True,
+    seed: Annotated[int, typer.Option(help="seed of the split, the init and the data order")] = 0,
+    device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")] = "auto",
+    workers: Annotated[int, typer.Option(help="image loading processes")] = 0,
+    no_skip: Annotated[Optional[str], typer.Option(help="remove residual adds: BLOCK[.attn|.mlp],... e.g. blocks.3")] = None,
+    pool: Annotated[Optional[str], typer.Option(help="ViT classifier: cls (class token) | avg (GAP, no class token)")] = None,
+    held_out: Annotated[Optional[Path], typer.Option(help="also write the test split (never trained on) as FILE.npz for extract --dataset npz:FILE")] = None,
+    overwrite: Annotated[bool, typer.Option(help="replace an existing OUT (and start over from any checkpoint)")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar or epoch lines")] = False,
+) -> None:
+    """Train a timm classifier with the paper's interventions; resumable, OUT written at the end."""
+    from .interventions import parse_no_skip
+    from .train import TrainConfig, checkpoint_path, parse_model_args, write_held_out
+    from .train import train as run_training
+
+    cfg = TrainConfig(
+        out=out_file, model=model, model_args=parse_model_args(model_arg), img_size=img_size, dataset=dataset,
+        n_images=n_images, data_fraction=data_fraction, test_fraction=test_fraction, seed=seed,
+        no_skip=parse_no_skip(no_skip), pool=pool, epochs=epochs, batch_size=batch_size, lr=lr,
+        weight_decay=weight_decay, warmup_epochs=warmup_epochs, label_smoothing=label_smoothing, augment=augment,
+        device=device, workers=workers, overwrite=overwrite,
+    )
+    if held_out is not None and held_out.suffix != ".npz":
+        raise VitseeError(f"--held-out {held_out} must end in .npz: e.g. --held-out test.npz")
+    on_event, stop = _train_bar(quiet)
+    try:
+        result = run_training(cfg, progress=on_event)
+    except KeyboardInterrupt:
+        err.print(f"interrupted: finished epochs are kept in {checkpoint_path(out_file)}; rerun the same command to resume",
+                  highlight=False)
+        raise typer.Exit(130) from None
+    finally:
+        stop()
+    if held_out is not None:
+        write_held_out(cfg, held_out)
+    if not quiet:
+        err.print(f"{result.seconds:.1f} s; extract it with -m {model}@{result.out}"
+                  + (f" --dataset npz:{held_out}" if held_out else ""), highlight=False)
+
+
 @app.command()
 def info(store: Annotated[Path, typer.Argument(help="a store made by `vitsee extract`")]) -> None:
     """Print what a store holds: images, models, layers with shapes and sizes, statistics, results."""
@@ -154,6 +243,8 @@ def info(store: Annotated[Path, typer.Argument(help="a store made by `vitsee ext
             done = s.rows_done(key)
             out.print()
             out.print(f"[bold green]{key}[/]  {meta['family']}  {weights}", highlight=False)
+            if w.get("trained"):
+                out.print(f"  trained here on {w['trained']}", highlight=False)
             grid = f", grid {meta['grid_size'][0]}x{meta['grid_size'][1]} of {meta['patch_size'][0]} px, {meta['num_prefix_tokens']} prefix token(s), {meta['num_heads']} heads" if meta.get("grid_size") else ""
             out.print(f"  input {meta['data_config']['input_size']}{grid}; {meta['dtype']}, batch {meta['batch_size']}; "
                       f"{done}/{s.n_images} rows done; {human_bytes(s.model_bytes(key))}", highlight=False)

@@ -558,3 +558,33 @@ class Selection:
 
     def __len__(self) -> int:
         return len(self.indices)
+
+
+def train_test_split(
+    n_available: int, test_fraction: float, seed: int, n_images: int | None = None, data_fraction: float = 1.0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Returns (train, test) image indices: a seeded split of the set (or of a seeded n_images of it), then a
+    seeded data_fraction of the training part.
+
+    The test part depends only on (n_available, n_images, test_fraction, seed), so runs with different data
+    fractions share it, and the fractions nest (the 10% is inside the 30%). Test images are never in train.
+    """
+    if not 0 < data_fraction <= 1:
+        raise VitseeError(f"--data-fraction {data_fraction} is outside (0, 1]: use e.g. 0.1 for a tenth of the training split")
+    if not 0 < test_fraction < 1:
+        raise VitseeError(f"--test-fraction {test_fraction} is outside (0, 1): use e.g. 0.2")
+    if n_images is not None and n_images > n_available:
+        raise VitseeError(
+            f"--n-images {n_images} asks for more images than the dataset holds ({n_available}): use --n-images {n_available} or fewer"
+        )
+    order = np.random.default_rng([seed, 0]).permutation(n_available)[: n_images or n_available]
+    n_test = int(round(len(order) * test_fraction))
+    test, train = order[:n_test], order[n_test:]
+    n_train = int(round(len(train) * data_fraction))
+    if n_test < MIN_IMAGES or n_train < MIN_IMAGES:
+        raise VitseeError(
+            f"{len(order)} images give {n_train} to train on and {n_test} to test (--test-fraction {test_fraction}, "
+            f"--data-fraction {data_fraction}); each part needs at least {MIN_IMAGES}: use more images or larger fractions"
+        )
+    keep = np.random.default_rng([seed, 1]).permutation(len(train))[:n_train]
+    return np.sort(train[keep]).astype(np.int64), np.sort(test).astype(np.int64)

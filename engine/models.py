@@ -508,6 +508,19 @@ def _load_file_weights(model: nn.Module, path: str) -> None:
     model.load_state_dict(state, strict=True)
 
 
+def _trained_record(spec: ModelSpec) -> dict | None:
+    """Returns the `vitsee train` record of a weights file, None for other files; a record of another model
+    than the spec names is a VitseeError."""
+    from .train import read_record
+
+    record = read_record(spec.path)
+    if record is not None and record["model"] != spec.name:
+        raise VitseeError(
+            f"{spec.path} was trained as {record['model']}, not {spec.name}: use -m {record['model']}@{spec.path}"
+        )
+    return record
+
+
 def load_model(spec: ModelSpec | str, img_size: int | None = None, device: str | torch.device = "cpu") -> LoadedModel:
     """Returns the model of a spec, in eval mode on `device`, with its family, grid and weights record."""
     import timm
@@ -543,7 +556,14 @@ def load_model(spec: ModelSpec | str, img_size: int | None = None, device: str |
         model = _create(spec, img_size, pretrained=False)
         weights["source"] = f"timm {timm.__version__} init, torch.manual_seed({spec.seed})"
     else:
-        model = _create(spec, img_size, pretrained=False)
+        trained = _trained_record(spec)
+        if trained is None:
+            model = _create(spec, img_size, pretrained=False)
+        else:  # a `vitsee train` file: its record rebuilds the architecture (kwargs, classes, skips, pooling)
+            from .train import describe, rebuild
+
+            model = rebuild(trained if img_size is None else {**trained, "kwargs": {**trained["kwargs"], "img_size": img_size}})
+            weights.update(trained=describe(trained), interventions=trained["interventions"])
         _load_file_weights(model, spec.path)
         weights.update(sha256=sha256_file(spec.path), source=spec.path)
 

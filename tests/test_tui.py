@@ -529,25 +529,32 @@ async def test_a_streaming_run_from_the_form_keeps_results_only_and_says_why_pro
         await settle(pilot, view_shown("attention"))  # the statistics streamed during the pass are there
 
 
-async def test_the_demo_builds_once_in_the_cache_folder_says_random_init_and_opens(tmp_path, monkeypatch):
+async def test_the_demo_trains_its_models_once_in_the_cache_folder_says_trained_here_and_opens(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    small = {"models": ("test_vit", "test_resnet"), "dataset": "synthetic", "n_images": 16, "batch_size": 8,
-             "img_size": 64}
+    small = {"models": ("test_vit", "test_resnet"), "batch_size": 8, "train_n_images": 60, "train_epochs": 1,
+             "trained": (("test_vit", {"patch_size": 8, "depth": 2}), ("test_resnet", {}))}
     monkeypatch.setattr(VitseeApp, "demo_overrides", small)
     created = []
     for attempt in ("build", "reuse"):
         app = make_app(None, tmp_path, demo=True)
         events = []
         async with app.run_test(size=SIZE, message_hook=lambda m: events.append(m) if type(m).__name__ == "RunEvent" else None) as pilot:
-            await settle(pilot, view_shown("cka"), timeout=90)
-            stores = list((tmp_path / "cache" / "vitsee").glob("demo-*.h5"))
-            assert [p.name for p in stores] == ["demo-random-16-64px.h5"]
+            await settle(pilot, view_shown("cka"), timeout=180)
+            folder = tmp_path / "cache" / "vitsee"
+            stores = list(folder.glob("demo-*.h5"))
+            assert [p.name for p in stores] == ["demo-trained-digits32-e1-s0.h5"]
+            assert sorted(p.name for p in folder.glob("*.safetensors")) == [
+                "demo-test_resnet-digits32-e1-s0.safetensors", "demo-test_vit-digits32-e1-s0.safetensors"]
             notes = [m for m, _ in notifications(app) if m.startswith("demo store")]
-            assert notes and "test_vit: random init" in notes[0] and "Hub cannot be reached" in notes[0]
-            assert "test_vit: random init (seed 0)" in str(app.screen.query_one("#title-bar").render())
+            assert notes and "test_vit and test_resnet trained here on digits at 32 px" in notes[0]
+            assert "pretrained" not in notes[0].replace("no pretrained weights", "")
+            title = str(app.screen.query_one("#title-bar").render())
+            assert "trained here on digits (48 images, 1 epochs" in title
+            trained = [e for e in events if e.stage == "train"]
             extracted = [e for e in events if e.stage == "extract"]
-            assert bool(extracted) == (attempt == "build")  # progress shown while building, none on reuse
+            # progress shown while training and building, none on reuse
+            assert bool(trained) == bool(extracted) == (attempt == "build")
         with h5py.File(stores[0], "r") as f:
             created.append(f.attrs["created"])
     assert created[0] == created[1]

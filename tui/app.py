@@ -87,9 +87,14 @@ class VitseeApp(App):
         def prepare() -> RunPlan:
             choice = demo.choose(device=self.options.device, plan=demo.DemoPlan(**self.demo_overrides))
             note = f"demo store {choice.config.store}: {choice.weights_note}"
-            return RunPlan(choice.config, choice.analysis, note=note, reuse_complete=True)
+            before = None
+            if choice.training:
+                def before(progress, cancel):
+                    demo.prepare_trained(choice, progress, cancel)
+            return RunPlan(choice.config, choice.analysis, note=note, reuse_complete=True, before=before)
 
-        self.push_screen(RunScreen(self.options, prepare, "Demo: a ViT and a ResNet over the built-in photographs"))
+        self.push_screen(RunScreen(self.options, prepare, "Demo: a small ViT and a ResNet (trained here when no "
+                                   "pretrained weights can be had)"))
 
     demo_overrides: ClassVar[dict] = {}  # tests make the demo small
 

@@ -1,8 +1,10 @@
-"""The demo store `vitsee-tui --demo` opens: a small ViT and a ResNet over the built-in photographs.
+"""The demo store `vitsee-tui --demo` opens: a small ViT and a ResNet.
 
-Built once into the user's cache folder, then reused. Pretrained weights when they are in the local cache
-or the Hugging Face Hub answers, seeded random init otherwise; the store's file name says which, so a
-store made without weights is not mistaken for one made with them later.
+Built once into the user's cache folder, then reused. With pretrained weights (in the local cache, or the
+Hugging Face Hub answers) the two models run over the built-in photographs. Without them the demo trains its
+own two small models here (a ViT with a 8 x 8 grid of 4-px patches and a narrow ResNet-18, on the built-in
+digits at 32 px), caches the weights beside the store so later launches reuse them, and extracts the digits
+held out from training. The store's file name says which, so a store of one kind is never taken for the other.
 """
 
 from __future__ import annotations
@@ -15,9 +17,13 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from vitsee.engine.analyze import AnalyzeConfig
     from vitsee.engine.extract import ExtractConfig
+    from vitsee.engine.train import TrainConfig
 
 DEMO_VIT = "vit_tiny_patch16_224.augreg_in21k_ft_in1k"
 DEMO_RESNET = "resnet18.a1_in1k"
+# trained here when no pretrained weights can be had: timm's own architectures, made small with kwargs
+TRAINED_VIT = ("vit_tiny_patch16_224", {"patch_size": 4, "embed_dim": 96, "depth": 6, "num_heads": 3})
+TRAINED_RESNET = ("resnet18", {"channels": [32, 64, 128, 256]})
 
 
 @dataclass(frozen=True)
@@ -33,6 +39,13 @@ class DemoPlan:
     img_size: int | None = None  # the models' own 224 px: a 14 x 14 grid, as in the paper
     # per-token probes fit one probe per token and layer: minutes on a CPU, so the demo keeps CLS and GAP
     probe_tokens: bool = False
+    # without pretrained weights: what the demo trains, on what, and how long
+    trained: tuple[tuple[str, dict], ...] = (TRAINED_VIT, TRAINED_RESNET)
+    train_dataset: str = "digits"
+    train_img_size: int = 32
+    train_n_images: int | None = None  # all 1,797 digits: 1,438 to train on, 359 held out and extracted
+    train_epochs: int = 6
+    train_seed: int = 0
 
 
 @dataclass(frozen=True)
@@ -42,10 +55,18 @@ class DemoChoice:
     config: ExtractConfig
     pretrained: dict[str, bool]
     analysis: AnalyzeConfig
+    # without pretrained weights: the runs that make the demo's models (cached ones train no more)
+    training: tuple[TrainConfig, ...] = ()
 
     @property
     def weights_note(self) -> str:
-        """Returns e.g. 'vit_tiny_patch16_224: random init (no cached weights, Hub unreachable)'."""
+        """Returns e.g. 'vit_tiny_patch16_224: pretrained, resnet18: pretrained', or how the models were trained."""
+        if self.training:
+            cfg = self.training[0]
+            names = " and ".join(t.model for t in self.training)
+            return (f"{names} trained here on {cfg.dataset} at {cfg.img_size} px ({cfg.epochs} epochs; no pretrained "
+                    "weights in the local cache and the Hugging Face Hub cannot be reached); the store holds the "
+                    "images held out from training")
         parts = []
         for name, ok in self.pretrained.items():
             parts.append(f"{name.partition('.')[0]}: {'pretrained' if ok else 'random init'}")
@@ -84,12 +105,44 @@ def choose(plan: DemoPlan | None = None, device: str = "auto", folder: Path | No
         if hub is None:
             hub = hub_reachable()
         pretrained[name] = hub
-    specs = [name if pretrained[name] else f"{name}@random:0" for name in plan.models]
-    kinds = set(pretrained.values())
-    label = "pretrained" if kinds == {True} else "random" if kinds == {False} else "mixed"
     folder = folder or cache_dir()
+    analysis = AnalyzeConfig(device=device, probe_tokens=plan.probe_tokens)
+    if not all(pretrained.values()):
+        return _trained_choice(plan, device, folder, pretrained, analysis)
     size = f"-{plan.img_size}px" if plan.img_size else ""
-    store = folder / f"demo-{label}-{plan.n_images}{size}.h5"
-    config = ExtractConfig(store=store, models=specs, dataset=plan.dataset, n_images=plan.n_images,
+    store = folder / f"demo-pretrained-{plan.n_images}{size}.h5"
+    config = ExtractConfig(store=store, models=list(plan.models), dataset=plan.dataset, n_images=plan.n_images,
                            batch_size=plan.batch_size, device=device, img_size=plan.img_size)
-    return DemoChoice(config, pretrained, AnalyzeConfig(device=device, probe_tokens=plan.probe_tokens))
+    return DemoChoice(config, pretrained, analysis)
+
+
+def _trained_choice(plan: DemoPlan, device: str, folder: Path, pretrained: dict[str, bool], analysis) -> DemoChoice:
+    """Returns the demo of models trained here: their training runs, and the extraction of the held-out images."""
+    from vitsee.engine.extract import ExtractConfig
+    from vitsee.engine.train import TrainConfig
+
+    tag = f"{plan.train_dataset}{plan.train_img_size}-e{plan.train_epochs}-s{plan.train_seed}"
+    training = tuple(
+        TrainConfig(out=folder / f"demo-{name}-{tag}.safetensors", model=name, model_args=dict(args),
+                    img_size=plan.train_img_size, dataset=plan.train_dataset, n_images=plan.train_n_images,
+                    epochs=plan.train_epochs, seed=plan.train_seed, device=device)
+        for name, args in plan.trained
+    )
+    test_set = folder / f"demo-{plan.train_dataset}-test-s{plan.train_seed}.npz"
+    config = ExtractConfig(store=folder / f"demo-trained-{tag}.h5", models=[f"{t.model}@{t.out}" for t in training],
+                           dataset=f"npz:{test_set}", batch_size=plan.batch_size, device=device)
+    return DemoChoice(config, pretrained, analysis, training)
+
+
+def prepare_trained(choice: DemoChoice, progress, cancel=None) -> None:
+    """Trains the demo's models that are not cached yet and writes the held-out images the store extracts;
+    progress gets each engine TrainEvent."""
+    from vitsee.engine.train import train, write_held_out
+
+    for cfg in choice.training:
+        Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
+        if not Path(cfg.out).exists():
+            train(cfg, progress, cancel)
+    test_set = Path(choice.config.dataset.partition(":")[2])
+    if not test_set.exists():
+        write_held_out(choice.training[0], test_set)

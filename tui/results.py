@@ -84,6 +84,8 @@ def weights_text(weights: dict) -> str:
         return "pretrained"
     if kind == "random":
         return f"random init (seed {weights.get('seed')})"
+    if kind == "file" and weights.get("trained"):
+        return f"trained here on {weights['trained']}"
     if kind == "file":
         return f"weights {Path(weights.get('path') or '').name}"
     return str(kind)

@@ -41,6 +41,9 @@ class RunPlan:
     analysis: AnalyzeConfig
     note: str | None = None
     reuse_complete: bool = False  # open an existing complete store as it is (the demo)
+    # work before the extraction (the demo trains its models): called with a progress callback for engine
+    # TrainEvents and the cancel event
+    before: Callable[[Callable, threading.Event], None] | None = None
 
 
 class RunScreen(Screen):
@@ -108,6 +111,10 @@ class RunScreen(Screen):
                     return
                 self.post_message(RunEvent("plan", text=f"resuming: {summary.problem or 'models missing'}"))
             Path(cfg.store).parent.mkdir(parents=True, exist_ok=True)
+            if plan.before is not None:
+                plan.before(self._post_train_event, self.cancel_event)
+                if self.cancel_event.is_set():
+                    return
 
             def progress(event: Progress) -> None:
                 self.post_message(RunEvent(event.stage, event.done, event.total, event.message))
@@ -124,9 +131,25 @@ class RunScreen(Screen):
         if not worker.is_cancelled:
             self.post_message(RunEnded(result.store, cancelled=result.cancelled))
 
+    def _post_train_event(self, event) -> None:
+        """Posts an engine TrainEvent as a RunEvent: 'train' steps move the bar, epochs and plans are log lines."""
+        if event.stage == "step":
+            self.post_message(RunEvent("train", event.done, event.total,
+                                       f"training: epoch {event.epoch} of {event.epochs}, loss {event.loss:.3f}"))
+        elif event.stage == "epoch":
+            r = event.row
+            self.post_message(RunEvent("plan", text=f"epoch {r['epoch']}/{event.epochs}: loss {r['train_loss']:.3f}, "
+                                                    f"test accuracy {r['test_accuracy']:.3f} ({r['seconds']:.0f} s)"))
+        else:
+            self.post_message(RunEvent("plan", text=event.message))
+
     def on_run_event(self, message: RunEvent) -> None:
         stage = self.query_one("#run-stage", Label)
         bar = self.query_one("#run-bar", ProgressBar)
+        if message.stage == "train":
+            stage.update(message.text)
+            bar.update(total=max(message.total, 1), progress=message.done)
+            return
         if message.stage == "extract":
             stage.update(f"extracting: {message.done} of {message.total} images")
             bar.update(total=max(message.total, 1), progress=message.done)

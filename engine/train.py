@@ -1,0 +1,554 @@
+"""`vitsee train`: small timm classifiers with the paper's interventions, crash-safe and resumable.
+
+A run is a TrainConfig. `train()` checks everything a user can get wrong before it touches the disk, takes a
+POSIX lock on OUT.lock, then trains epoch by epoch (AdamW, warm-up then cosine decay per step, label
+smoothing, timm's training transform) and after every epoch writes a checkpoint beside OUT (model,
+optimiser, scheduler and RNG states, by temp file and rename). Running the same command again resumes from
+it and ends with the same weights as an uninterrupted run (CPU, same seed). OUT itself, timm's state dict
+with the run's record in the safetensors metadata under RECORD_KEY, appears only at the end.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import math
+import os
+import random
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from .data import ImageSet, open_dataset, train_test_split
+from .errors import VitseeError, brief
+from .interventions import pool_kwargs, remove_skips, resolve_no_skip
+
+RECORD_KEY = "vitsee_train"
+FORMAT = 1
+# Recipes that train the small models here out of the box; any key can be overridden from the command line.
+RECIPES = {
+    "vit": {"epochs": 10, "batch_size": 64, "lr": 1e-3, "weight_decay": 0.05, "warmup_epochs": 1.0,
+            "label_smoothing": 0.1, "crop_scale": 0.8, "hflip": 0.0},
+    "resnet": {"epochs": 10, "batch_size": 64, "lr": 2e-3, "weight_decay": 0.01, "warmup_epochs": 0.5,
+               "label_smoothing": 0.1, "crop_scale": 0.8, "hflip": 0.0},
+}
+RECIPES["other"] = RECIPES["vit"]
+
+
+@dataclass
+class TrainConfig:
+    """Everything `vitsee train` takes; None in a recipe field means the family's recipe value."""
+
+    out: Path
+    model: str
+    model_args: dict = field(default_factory=dict)
+    img_size: int | None = None
+    dataset: str = "digits"
+    n_images: int | None = None
+    data_fraction: float = 1.0
+    test_fraction: float = 0.2
+    seed: int = 0
+    no_skip: list[str] = field(default_factory=list)
+    pool: str | None = None
+    epochs: int | None = None
+    batch_size: int | None = None
+    lr: float | None = None
+    weight_decay: float | None = None
+    warmup_epochs: float | None = None
+    label_smoothing: float | None = None
+    augment: bool = True
+    device: str = "auto"
+    workers: int = 0
+    overwrite: bool = False
+
+
+@dataclass
+class TrainEvent:
+    """One event of a run: stage 'plan' (message), 'step' (batch done of total in epoch), 'epoch' (an epoch
+    ended: its row of the history) or 'done' (message)."""
+
+    stage: str
+    epoch: int = 0
+    epochs: int = 0
+    done: int = 0
+    total: int = 0
+    loss: float = float("nan")
+    accuracy: float = float("nan")
+    row: dict | None = None
+    message: str = ""
+
+
+@dataclass
+class TrainResult:
+    out: Path
+    record: dict
+    resumed_from: int  # epochs found in the checkpoint (0: a fresh run)
+    seconds: float
+
+
+TrainFn = Callable[[TrainEvent], None]
+
+
+def checkpoint_path(out: Path) -> Path:
+    return Path(f"{out}.ckpt")
+
+
+def lock_path(out: Path) -> Path:
+    return Path(f"{out}.lock")
+
+
+# --- building ---------------------------------------------------------------------------------------------------
+
+
+def parse_model_args(items: list[str]) -> dict:
+    """Returns the kwargs of `KEY=VALUE` strings; values are read as JSON (4, 0.1, true, [1, 2]) or kept as text."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier():
+            raise VitseeError(f"--model-arg '{item}' is not KEY=VALUE: write e.g. --model-arg patch_size=4")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value.strip()
+    return out
+
+
+def build_model(name: str, kwargs: dict, no_skip: list[str]) -> nn.Module:
+    """Returns timm's model `name` built with kwargs (num_classes, img_size, pooling ...), skips removed."""
+    import timm
+
+    from .models import family_of_name
+
+    kwargs = dict(kwargs)
+    img_size = kwargs.pop("img_size", None)
+    if family_of_name(name) == "vit" and img_size is not None:
+        kwargs["img_size"] = img_size  # CNNs take any size and have no img_size argument
+    try:
+        model = timm.create_model(name, pretrained=False, **kwargs)
+    except Exception as exc:  # timm raises TypeError, ValueError, AssertionError ... for bad kwargs
+        shown = ", ".join(f"{k}={v}" for k, v in kwargs.items())
+        raise VitseeError(f"timm cannot build {name} with {shown} ({brief(exc)}): check the --model-arg names and values") from exc
+    if img_size is not None and "img_size" not in kwargs:
+        model._vitsee_img_size = img_size  # what models.input_size reports for a CNN
+    return remove_skips(model, no_skip)
+
+
+def rebuild(record: dict) -> nn.Module:
+    """Returns the architecture a training record describes (kwargs, class count, removed skips, pooling),
+    with fresh weights."""
+    return build_model(record["model"], record["kwargs"], record["interventions"]["no_skip"])
+
+
+def read_record(path: str | Path) -> dict | None:
+    """Returns the training record in a .safetensors file's metadata, or None if it has none."""
+    if not str(path).endswith(".safetensors"):
+        return None
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            meta = fh.metadata() or {}
+    except Exception as exc:  # safetensors raises its own error types for a damaged header
+        raise VitseeError(f"cannot read {path} as safetensors ({brief(exc)}): check the file") from exc
+    text = meta.get(RECORD_KEY)
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise VitseeError(f"the training record in {path} is not JSON ({exc}): retrain with `vitsee train`") from exc
+
+
+def describe(record: dict) -> str:
+    """Returns one line saying how a model was trained here, e.g. 'digits (1437 images, 10 epochs, test accuracy
+    0.912); no skip in blocks.3.attn, blocks.3.mlp; GAP'."""
+    text = (f"{record['dataset']} ({record['n_train']} images, {len(record['history'])} epochs, "
+            f"test accuracy {record['test_accuracy']:.3f})")
+    return text + "".join(f"; {part}" for part in interventions_text(record))
+
+
+def interventions_text(record: dict) -> list[str]:
+    """Returns the record's interventions in words (empty for a plain run)."""
+    iv = record["interventions"]
+    parts = []
+    if iv["no_skip"]:
+        parts.append(f"no skip in {', '.join(iv['no_skip'])}")
+    if iv["pool"]:
+        parts.append({"avg": "GAP classifier, no class token", "cls": "class-token classifier"}[iv["pool"]])
+    if record["split"]["data_fraction"] < 1:
+        parts.append(f"data fraction {record['split']['data_fraction']:g}")
+    return parts
+
+
+# --- planning ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Plan:
+    cfg: TrainConfig
+    images: ImageSet
+    train_idx: np.ndarray
+    test_idx: np.ndarray
+    num_classes: int
+    family: str
+    kwargs: dict
+    no_skip: list[str]
+    recipe: dict
+    device: torch.device
+    data_config: dict
+    run: dict  # what identifies the run: a checkpoint resumes only the same one
+
+
+def _plan(cfg: TrainConfig) -> _Plan:
+    """Returns the checked run; every user error is raised here, before anything is written."""
+    import timm
+
+    from .extract import resolve_device
+    from .models import family_of_name, input_size
+
+    out = Path(cfg.out)
+    if out.suffix != ".safetensors":
+        raise VitseeError(f"{out} must end in .safetensors (timm's state dict with the training record in its metadata)")
+    if out.exists() and not cfg.overwrite:
+        raise VitseeError(f"{out} exists: pass --overwrite to replace it, or choose another OUT")
+    if not out.parent.is_dir():
+        raise VitseeError(f"folder {out.parent} does not exist: create it first or choose another OUT")
+    if not timm.is_model(cfg.model):
+        raise VitseeError(f"unknown model '{cfg.model}': see `vitsee models PATTERN` (a timm name without tag or @weights)")
+    for name in ("num_classes", "pretrained"):
+        if name in cfg.model_args:
+            raise VitseeError(f"--model-arg {name} is set by vitsee train (the class count of the dataset; random init): drop it")
+    device = resolve_device(cfg.device)
+    family = family_of_name(cfg.model)
+    recipe = dict(RECIPES[family])
+    for key in ("epochs", "batch_size", "lr", "weight_decay", "warmup_epochs", "label_smoothing"):
+        if getattr(cfg, key) is not None:
+            recipe[key] = getattr(cfg, key)
+    for key in ("epochs", "batch_size"):
+        if recipe[key] < 1:
+            raise VitseeError(f"--{key.replace('_', '-')} must be at least 1, got {recipe[key]}")
+    if recipe["lr"] <= 0:
+        raise VitseeError(f"--lr must be positive, got {recipe['lr']}")
+    recipe["augment"] = cfg.augment
+    if cfg.workers < 0:
+        raise VitseeError(f"--workers must be 0 or more, got {cfg.workers}")
+
+    images = open_dataset(cfg.dataset)
+    labels = images.labels()
+    if not images.has_labels or (labels < 0).any():
+        missing = int((labels < 0).sum())
+        raise VitseeError(
+            f"dataset '{images.spec}' has {missing} of {len(images)} images without a label; training needs a label for "
+            "every image: use an image folder with one sub-folder per class, or an .npz with 'labels'"
+        )
+    train_idx, test_idx = train_test_split(len(images), cfg.test_fraction, cfg.seed, cfg.n_images, cfg.data_fraction)
+    num_classes = int(max(labels.max() + 1, len(images.class_names or [])))
+
+    kwargs = {**cfg.model_args, **pool_kwargs(cfg.pool, family, cfg.model), "num_classes": num_classes}
+    if cfg.img_size is not None:
+        kwargs["img_size"] = cfg.img_size
+    model = build_model(cfg.model, kwargs, [])
+    no_skip = resolve_no_skip(model, cfg.no_skip, cfg.model)
+    _check_forward(model, cfg)
+    data_config = timm.data.resolve_model_data_config(model)
+    data_config["input_size"] = input_size(model)
+    run = {
+        "model": cfg.model, "kwargs": kwargs, "no_skip": no_skip, "pool": cfg.pool, "dataset": images.spec,
+        "seed": cfg.seed, "n_images": cfg.n_images, "test_fraction": cfg.test_fraction,
+        "data_fraction": cfg.data_fraction, "recipe": recipe, "workers": cfg.workers,
+    }
+    return _Plan(cfg, images, train_idx, test_idx, num_classes, family, kwargs, no_skip, recipe, device, data_config, run)
+
+
+def _check_forward(model: nn.Module, cfg: TrainConfig) -> None:
+    """A model built at a size its patches do not tile fails in its first forward: say so now."""
+    from .models import input_size
+
+    c, h, w = input_size(model)
+    try:
+        with torch.no_grad():
+            model.eval()(torch.zeros(1, c, h, w))
+    except Exception as exc:  # timm asserts on sizes, convolutions raise RuntimeError on too-small inputs
+        size = f"--img-size {cfg.img_size}" if cfg.img_size else f"its default size {h}"
+        raise VitseeError(f"{cfg.model} does not run at {size} ({brief(exc)}): choose an --img-size (and patch_size) that fit") from exc
+
+
+# --- data ------------------------------------------------------------------------------------------------------
+
+
+class _Images(torch.utils.data.Dataset):
+    """Images of a set by index, through a transform, with their labels (picklable for loader workers)."""
+
+    def __init__(self, images: ImageSet, indices: np.ndarray, transform):
+        self.images, self.indices, self.transform = images, indices, transform
+        self.labels = images.labels()[indices]
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, j: int):
+        return self.transform(self.images.image(int(self.indices[j]))), int(self.labels[j])
+
+
+def _transforms(plan: _Plan):
+    """Returns (train, eval) transforms: timm's training pipeline with light augmentation, and its eval one."""
+    import timm
+
+    cfg = plan.data_config
+    common = {"input_size": cfg["input_size"], "interpolation": cfg["interpolation"], "mean": cfg["mean"], "std": cfg["std"]}
+    evaluate = timm.data.create_transform(**common, crop_pct=cfg["crop_pct"], crop_mode=cfg.get("crop_mode"), is_training=False)
+    if not plan.recipe["augment"]:
+        return evaluate, evaluate
+    train = timm.data.create_transform(
+        **common, is_training=True, scale=(plan.recipe["crop_scale"], 1.0), ratio=(0.9, 1.1),
+        hflip=plan.recipe["hflip"], color_jitter=0.0,
+    )
+    return train, evaluate
+
+
+def _loader(dataset, batch_size: int, workers: int, shuffle: bool, generator: torch.Generator | None):
+    return torch.utils.data.DataLoader(
+        dataset, batch_size=batch_size, shuffle=shuffle, num_workers=workers, generator=generator,
+        # a last batch of one breaks BatchNorm in training; only for shuffled (training) loaders
+        # workers start afresh each epoch, seeded from `generator`, so a resumed epoch draws what it drew before;
+        # forked workers inherit the lock's file but not the lock: lockf locks belong to one process
+        drop_last=shuffle and len(dataset) > batch_size, persistent_workers=False,
+    )
+
+
+# --- checkpoints -------------------------------------------------------------------------------------------------
+
+
+def _rng_state(generator: torch.Generator) -> dict:
+    state = {"torch": torch.get_rng_state(), "loader": generator.get_state(), "python": random.getstate(),
+             "numpy": np.random.get_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict, generator: torch.Generator) -> None:
+    torch.set_rng_state(state["torch"])
+    generator.set_state(state["loader"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _write_atomically(path: Path, write: Callable[[Path], None]) -> None:
+    """Writes a file under a temporary name in the same folder, flushes it, then renames it into place."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        write(tmp)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _load_checkpoint(path: Path, run: dict) -> dict | None:
+    """Returns the checkpoint of this same run, None if there is none; one of another run is a VitseeError."""
+    if not path.exists():
+        return None
+    try:
+        # our own file (model, optimiser, scheduler, RNG states incl. Python's and NumPy's): not only tensors
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:  # a checkpoint cut short by a crash before its rename cannot be: still say what to do
+        raise VitseeError(f"cannot read checkpoint {path} ({brief(exc)}): delete it to start over") from exc
+    if json.dumps(ckpt.get("run"), sort_keys=True, default=str) != json.dumps(run, sort_keys=True, default=str):
+        raise VitseeError(
+            f"{path} is the checkpoint of a different run (other model, data or recipe): rerun that command to "
+            "finish it, pass --overwrite to start this one over, or choose another OUT"
+        )
+    return ckpt
+
+
+@contextmanager
+def run_lock(out: Path):
+    """Holds an exclusive POSIX lock on OUT.lock while a run trains into OUT (released if the process dies)."""
+    path = lock_path(out)
+    while True:
+        fh = open(path, "a+")
+        try:
+            fcntl.lockf(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            fh.close()
+            raise VitseeError(f"another `vitsee train` is writing {out} (it holds {path}): wait for it to end") from None
+        # the file may have been unlinked by a run that ended between our open and our lock: lock the live one
+        try:
+            same = os.fstat(fh.fileno()).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        fh.close()
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+        fh.close()
+
+
+# --- training ---------------------------------------------------------------------------------------------------
+
+
+def _versions() -> dict:
+    import importlib.metadata
+    import sys
+
+    import timm
+
+    try:
+        vitsee = importlib.metadata.version("vitsee")
+    except importlib.metadata.PackageNotFoundError:
+        vitsee = "unknown"
+    return {"vitsee": vitsee, "timm": timm.__version__, "torch": torch.__version__, "python": sys.version.split()[0]}
+
+
+def _evaluate(model: nn.Module, loader, device: torch.device) -> float:
+    model.eval()
+    right = total = 0
+    with torch.no_grad():
+        for x, y in loader:
+            pred = model(x.to(device)).argmax(1).cpu()
+            right += int((pred == y).sum())
+            total += len(y)
+    return right / max(total, 1)
+
+
+def train(cfg: TrainConfig, progress: TrainFn | None = None, cancel=None) -> TrainResult:
+    """Returns the finished run after training it (or resuming its checkpoint) and writing OUT."""
+    emit = progress or (lambda _e: None)
+    plan = _plan(cfg)
+    out = Path(cfg.out)
+    with run_lock(out):
+        return _train_locked(plan, out, emit, cancel)
+
+
+def _train_locked(plan: _Plan, out: Path, emit: TrainFn, cancel) -> TrainResult:
+    from timm.scheduler import CosineLRScheduler
+
+    cfg, recipe, device = plan.cfg, plan.recipe, plan.device
+    started = time.perf_counter()
+    ckpt_file = checkpoint_path(out)
+    ckpt = None if cfg.overwrite else _load_checkpoint(ckpt_file, plan.run)
+    if cfg.overwrite:
+        ckpt_file.unlink(missing_ok=True)
+
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    model = build_model(cfg.model, plan.kwargs, plan.no_skip).to(device)
+    train_tf, eval_tf = _transforms(plan)
+    train_set = _Images(plan.images, plan.train_idx, train_tf)
+    test_loader = _loader(_Images(plan.images, plan.test_idx, eval_tf), recipe["batch_size"], cfg.workers, False, None)
+    steps_per_epoch = len(_loader(train_set, recipe["batch_size"], 0, True, generator))
+    total_steps = recipe["epochs"] * steps_per_epoch
+    optimiser = torch.optim.AdamW(model.parameters(), lr=recipe["lr"], weight_decay=recipe["weight_decay"])
+    warmup = int(round(recipe["warmup_epochs"] * steps_per_epoch))
+    scheduler = CosineLRScheduler(
+        optimiser, t_initial=max(total_steps - warmup, 1), warmup_t=warmup, warmup_lr_init=recipe["lr"] * 0.01,
+        warmup_prefix=True, lr_min=recipe["lr"] * 0.01, t_in_epochs=False,
+    )
+    loss_fn = nn.CrossEntropyLoss(label_smoothing=recipe["label_smoothing"])
+    history: list[dict] = []
+    start_epoch = 0
+    if ckpt is not None:
+        model.load_state_dict(ckpt["model"])
+        optimiser.load_state_dict(ckpt["optimiser"])
+        scheduler.load_state_dict(ckpt["scheduler"])
+        _set_rng_state(ckpt["rng"], generator)
+        history, start_epoch = ckpt["history"], ckpt["epoch"]
+    emit(TrainEvent("plan", message=(
+        f"{cfg.model}: {sum(p.numel() for p in model.parameters()):,} parameters, {plan.num_classes} classes; "
+        f"{len(plan.train_idx)} train / {len(plan.test_idx)} test images of {plan.images.spec}; "
+        f"{recipe['epochs']} epochs of {steps_per_epoch} steps on {device}"
+        + (f"; resuming after epoch {start_epoch}" if start_epoch else "")
+    )))
+
+    for epoch in range(start_epoch, recipe["epochs"]):
+        t0 = time.perf_counter()
+        model.train()
+        loss_sum, right, seen = 0.0, 0, 0
+        loader = _loader(train_set, recipe["batch_size"], cfg.workers, True, generator)
+        for step, (x, y) in enumerate(loader):
+            if cancel is not None and cancel.is_set():
+                raise VitseeError(f"training cancelled in epoch {epoch + 1}: rerun the same command to resume after epoch {epoch}")
+            x, y = x.to(device), y.to(device)
+            logits = model(x)
+            loss = loss_fn(logits, y)
+            optimiser.zero_grad(set_to_none=True)
+            loss.backward()
+            optimiser.step()
+            scheduler.step_update(epoch * steps_per_epoch + step + 1)
+            loss_sum += float(loss.detach()) * len(y)
+            right += int((logits.argmax(1) == y).sum())
+            seen += len(y)
+            emit(TrainEvent("step", epoch + 1, recipe["epochs"], step + 1, steps_per_epoch, loss_sum / seen, right / seen))
+        if not math.isfinite(loss_sum):
+            raise VitseeError(f"the training loss became {loss_sum / seen} in epoch {epoch + 1}: lower --lr (now {recipe['lr']:g})")
+        row = {"epoch": epoch + 1, "train_loss": loss_sum / seen, "train_accuracy": right / seen,
+               "test_accuracy": _evaluate(model, test_loader, device), "lr": optimiser.param_groups[0]["lr"],
+               "seconds": time.perf_counter() - t0}
+        history.append(row)
+        state = {"run": plan.run, "epoch": epoch + 1, "history": history, "model": model.state_dict(),
+                 "optimiser": optimiser.state_dict(), "scheduler": scheduler.state_dict(), "rng": _rng_state(generator)}
+        _write_atomically(ckpt_file, lambda p: torch.save(state, p))
+        emit(TrainEvent("epoch", epoch + 1, recipe["epochs"], row=row))
+
+    record = _record(plan, history)
+    _write_weights(out, model, record)
+    ckpt_file.unlink(missing_ok=True)
+    emit(TrainEvent("done", message=f"wrote {out}: test accuracy {record['test_accuracy']:.3f}"))
+    return TrainResult(out, record, start_epoch, time.perf_counter() - started)
+
+
+def _record(plan: _Plan, history: list[dict]) -> dict:
+    cfg = plan.cfg
+    return {
+        "format": FORMAT, "model": cfg.model, "model_args": cfg.model_args, "kwargs": plan.kwargs,
+        "num_classes": plan.num_classes, "class_names": plan.images.class_names,
+        "interventions": {"no_skip": plan.no_skip, "pool": cfg.pool},
+        "dataset": plan.images.spec,
+        "split": {"seed": cfg.seed, "test_fraction": cfg.test_fraction, "n_images": cfg.n_images,
+                  "data_fraction": cfg.data_fraction},
+        "n_train": len(plan.train_idx), "n_test": len(plan.test_idx),
+        "recipe": {**plan.recipe, "optimizer": "adamw", "schedule": "linear warm-up, cosine decay per step"},
+        "history": history, "test_accuracy": history[-1]["test_accuracy"], "versions": _versions(),
+    }
+
+
+def _write_weights(out: Path, model: nn.Module, record: dict) -> None:
+    from safetensors.torch import save_file
+
+    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    _write_atomically(out, lambda p: save_file(tensors, str(p), metadata={RECORD_KEY: json.dumps(record)}))
+
+
+def config_dict(cfg: TrainConfig) -> dict:
+    """Returns the config as JSON-able values (for logs and the demo's cache key)."""
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
+
+
+def write_held_out(cfg: TrainConfig, path: Path) -> None:
+    """Writes the images a run never trains on (its test split) as an .npz that `--dataset npz:PATH` reads."""
+    images = open_dataset(cfg.dataset)
+    _, test = train_test_split(len(images), cfg.test_fraction, cfg.seed, cfg.n_images, cfg.data_fraction)
+    arrays = np.stack([np.asarray(images.image(int(i))) for i in test])  # (n_test, H, W, 3) uint8
+    names = np.asarray(images.class_names or [str(c) for c in range(int(images.labels().max()) + 1)])
+
+    def save(p: Path) -> None:
+        with open(p, "wb") as fh:  # a file object: np.savez would add .npz to the temporary name
+            np.savez(fh, images=arrays, labels=images.labels()[test], class_names=names)
+
+    _write_atomically(Path(path), save)

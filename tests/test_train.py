@@ -1,0 +1,238 @@
+"""`vitsee train`: learning, the no-skip intervention against a hand-written forward, resuming after kill -9, the
+record in the weights file and extraction from it, and every bad input as one line."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import timm
+import torch
+from safetensors.torch import load_file
+
+from conftest import run_cli
+from vitsee.engine.data import train_test_split
+from vitsee.engine.errors import VitseeError
+from vitsee.engine.interventions import remove_skips
+from vitsee.engine.models import load_model
+from vitsee.engine.train import TrainConfig, checkpoint_path, lock_path, read_record, train
+
+TINY_VIT = {"model": "test_vit", "model_args": {"patch_size": 8, "depth": 3}, "img_size": 32, "dataset": "digits",
+            "device": "cpu"}
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Trains on one thread: on the shared 2-core test machines two spinning threads ran 10x slower than one."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def tiny_vit(out: Path, **kwargs) -> TrainConfig:
+    return TrainConfig(out=out, **{**TINY_VIT, "n_images": 120, "epochs": 1, "batch_size": 32, **kwargs})
+
+
+def test_a_small_resnet18_learns_digits_well_above_chance(tmp_path):
+    cfg = TrainConfig(out=tmp_path / "r18.safetensors", model="resnet18", model_args={"channels": [16, 32, 64, 128]},
+                      img_size=32, dataset="digits", n_images=600, epochs=3, batch_size=32, device="cpu", workers=2)
+    result = train(cfg)
+    # chance on ten balanced digits is 0.1
+    assert result.record["test_accuracy"] > 0.5
+    assert result.record["n_test"] == 120 and result.record["n_train"] == 480
+    assert [row["epoch"] for row in result.record["history"]] == [1, 2, 3]
+    assert not checkpoint_path(cfg.out).exists() and not lock_path(cfg.out).exists()
+
+
+def test_the_split_is_seeded_disjoint_and_fractions_nest_inside_one_training_split():
+    train_all, test = train_test_split(1797, 0.2, seed=3)
+    assert len(test) == 359 and len(train_all) == 1438
+    assert not set(test) & set(train_all) and len(set(test) | set(train_all)) == 1797
+    tenth, test_b = train_test_split(1797, 0.2, seed=3, data_fraction=0.1)
+    third, _ = train_test_split(1797, 0.2, seed=3, data_fraction=0.3)
+    assert np.array_equal(test, test_b)
+    assert len(tenth) == 144 and set(tenth) <= set(third) <= set(train_all)
+    assert not np.array_equal(train_test_split(1797, 0.2, seed=4)[1], test)
+
+
+def _hand_forward(model, x, no_skip: dict[int, set[str]]):
+    """The ViT forward written out, with the residual adds of no_skip left out."""
+    x = model.norm_pre(model._pos_embed(model.patch_embed(x)))
+    for i, b in enumerate(model.blocks):
+        a = b.attn(b.norm1(x))
+        x = a if "attn" in no_skip.get(i, ()) else x + a
+        m = b.mlp(b.norm2(x))
+        x = m if "mlp" in no_skip.get(i, ()) else x + m
+    return model.forward_head(model.norm(x))
+
+
+def test_the_no_skip_forward_equals_a_hand_written_forward_without_those_adds():
+    torch.manual_seed(0)
+    model = timm.create_model("test_vit", patch_size=8, depth=4, img_size=32, num_classes=10).eval()
+    keys = list(model.state_dict())
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        intact = model(x)
+        assert torch.allclose(intact, _hand_forward(model, x, {}), atol=1e-6)
+        remove_skips(model, ["blocks.1.attn", "blocks.1.mlp", "blocks.3.mlp"])
+        cut = model(x)
+        expected = _hand_forward(model, x, {1: {"attn", "mlp"}, 3: {"mlp"}})
+    assert torch.allclose(cut, expected, atol=1e-6)
+    assert (cut - intact).abs().max() > 1e-2  # the intervention changes the function
+    assert list(model.state_dict()) == keys  # timm's own keys: the file loads into timm as it is
+
+
+def test_the_record_round_trips_and_name_at_file_rebuilds_the_architecture(tmp_path, capsys):
+    out = tmp_path / "cut.safetensors"
+    result = train(tiny_vit(out, no_skip=["blocks.1"], pool="avg", data_fraction=0.5))
+    record = read_record(out)
+    assert record == result.record
+    assert record["model"] == "test_vit" and record["model_args"] == {"patch_size": 8, "depth": 3}
+    assert record["kwargs"] == {"patch_size": 8, "depth": 3, "class_token": False, "global_pool": "avg",
+                                "num_classes": 10, "img_size": 32}
+    assert record["interventions"] == {"no_skip": ["blocks.1.attn", "blocks.1.mlp"], "pool": "avg"}
+    assert record["split"] == {"seed": 0, "test_fraction": 0.2, "n_images": 120, "data_fraction": 0.5}
+    assert (record["n_train"], record["n_test"]) == (48, 24)
+    assert record["dataset"] == "digits" and record["versions"]["timm"] == timm.__version__
+    assert record["test_accuracy"] == record["history"][-1]["test_accuracy"]
+    assert set(record["recipe"]) >= {"lr", "weight_decay", "warmup_epochs", "label_smoothing", "epochs", "batch_size"}
+
+    plain = timm.create_model("test_vit", **record["kwargs"])
+    plain.load_state_dict(load_file(out))  # timm's own keys, no class token
+    loaded = load_model(f"test_vit@{out}")
+    assert loaded.num_prefix_tokens == 0 and loaded.model.blocks[1]._vitsee_no_skip == {"attn", "mlp"}
+    assert not hasattr(loaded.model.blocks[0], "_vitsee_no_skip")
+    x = torch.randn(2, 3, 32, 32)
+    remove_skips(plain.eval(), record["interventions"]["no_skip"])
+    with torch.no_grad():
+        assert torch.equal(loaded.model(x), plain(x))
+
+    store = tmp_path / "s.h5"
+    code, _, err = run_cli(["extract", store, "-m", f"test_vit@{out}", "--dataset", "digits", "-n", 16, "-q",
+                            "--workers", 0], capsys)
+    assert code == 0, err
+    code, text, _ = run_cli(["info", store], capsys)
+    assert code == 0
+    assert "trained here on digits (48 images, 1 epochs" in text
+    assert "no skip in blocks.1.attn, blocks.1.mlp; GAP classifier, no class token; data fraction 0.5" in text
+
+    code, _, err = run_cli(["extract", tmp_path / "t.h5", "-m", f"test_resnet@{out}", "--dataset", "digits", "-n", 8, "-q"],
+                           capsys)
+    assert code == 2 and err.strip().splitlines() == [f"error: {out} was trained as test_vit, not test_resnet: use -m test_vit@{out}"]
+    assert not (tmp_path / "t.h5").exists()
+
+
+def _train_command(out: Path, epochs: int) -> list[str]:
+    return [sys.executable, "-m", "vitsee.engine.cli", "train", str(out), "-m", "test_vit", "--model-arg", "patch_size=8",
+            "--model-arg", "depth=3", "--img-size", "32", "--dataset", "digits", "-n", "200", "--epochs", str(epochs),
+            "--batch-size", "16", "--device", "cpu", "-q"]
+
+
+def test_kill_9_mid_training_and_a_rerun_give_the_weights_of_an_uninterrupted_run(tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "OMP_NUM_THREADS": "1"}
+    out = tmp_path / "killed.safetensors"
+    proc = subprocess.Popen(_train_command(out, 3), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 240
+        while not checkpoint_path(out).exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert checkpoint_path(out).exists(), proc.stderr.read().decode() if proc.poll() is not None else "no checkpoint"
+        # a second run into the same OUT while the first trains is refused, and leaves the first's files alone
+        with pytest.raises(VitseeError, match="another `vitsee train` is writing"):
+            train(TrainConfig(out=out, **{**TINY_VIT, "model_args": {"patch_size": 8, "depth": 3}, "n_images": 200,
+                                          "epochs": 3, "batch_size": 16}))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGKILL
+    assert not out.exists()  # OUT appears only when training ends
+    assert torch.load(checkpoint_path(out), weights_only=False)["epoch"] < 3
+
+    resumed = subprocess.run(_train_command(out, 3), env=env, capture_output=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr.decode()
+    whole = tmp_path / "whole.safetensors"
+    subprocess.run(_train_command(whole, 3), env=env, check=True, capture_output=True, timeout=300)
+    a, b = load_file(out), load_file(whole)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert read_record(out)["history"][-1]["test_accuracy"] == read_record(whole)["history"][-1]["test_accuracy"]
+    assert not checkpoint_path(out).exists() and not lock_path(out).exists()
+
+
+def _unlabelled(tmp_path: Path) -> str:
+    path = tmp_path / "data" / "nolabels.npz"
+    path.parent.mkdir()
+    np.savez(path, images=np.zeros((40, 8, 8), dtype=np.uint8))
+    return f"npz:{path}"
+
+
+VIT_ARGS = ["-m", "test_vit", "--model-arg", "patch_size=8"]
+BASE = ["--img-size", "32", "--dataset", "digits", "-n", "60", "--epochs", "1", "--device", "cpu", "-q"]
+BAD_INPUTS = {
+    "kwargs timm cannot build": (["--model-arg", "no_such_arg=3"], "timm cannot build test_vit with"),
+    "no block of that name": (["--no-skip", "blocks.9"], "--no-skip blocks.9: test_vit has no block 'blocks.9'"),
+    "a model without residual blocks": (["-m", "test_resnet", "--no-skip", "layer1.0"],
+                                        "--no-skip layer1.0: test_resnet has no transformer blocks"),
+    "--pool avg on a CNN": (["-m", "test_resnet", "--pool", "avg"], "--pool avg chooses a ViT's classifier"),
+    "fraction 0": (["--data-fraction", "0"], "--data-fraction 0.0 is outside (0, 1]"),
+    "fraction above 1": (["--data-fraction", "1.5"], "--data-fraction 1.5 is outside (0, 1]"),
+    "a dataset without labels": (["--dataset", "UNLABELLED"], "has 40 of 40 images without a label"),
+    "too few images for the split": (["-n", "12"], "12 images give 10 to train on and 2 to test"),
+    "CUDA absent": (["--device", "cuda"], "--device cuda but no CUDA GPU"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_every_bad_input_is_one_line_exit_2_and_leaves_nothing_behind(case, tmp_path, capsys):
+    if case == "CUDA absent" and torch.cuda.is_available():
+        pytest.skip("a GPU is visible here")
+    extra, message = BAD_INPUTS[case]
+    extra = [_unlabelled(tmp_path) if a == "UNLABELLED" else a for a in extra]
+    work = tmp_path / "work"
+    work.mkdir()
+    model = [] if "test_resnet" in extra else VIT_ARGS
+    code, _, err = run_cli(["train", work / "m.safetensors", *model, *BASE, *extra], capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], err
+    assert list(work.iterdir()) == []
+
+
+def test_an_existing_out_is_refused_without_overwrite_and_kept(tmp_path, capsys):
+    out = tmp_path / "m.safetensors"
+    out.write_bytes(b"keep me")
+    code, _, err = run_cli(["train", out, *VIT_ARGS, *BASE], capsys)
+    assert code == 2 and err.strip().splitlines() == [f"error: {out} exists: pass --overwrite to replace it, or choose another OUT"]
+    assert out.read_bytes() == b"keep me" and sorted(p.name for p in tmp_path.iterdir()) == ["m.safetensors"]
+
+
+def test_the_cli_trains_with_loader_workers_and_prints_one_line_per_epoch(tmp_path, capsys):
+    out = tmp_path / "w.safetensors"
+    code, _, err = run_cli(["train", out, *VIT_ARGS, *[a for a in BASE if a != "-q"], "--epochs", "2", "--workers", "2"], capsys)
+    assert code == 0, err
+    epochs = [line for line in err.splitlines() if line.startswith("epoch ") and "test acc" in line]
+    assert [line.split()[1] for line in epochs] == ["1/2", "2/2"]
+    assert read_record(out)["recipe"]["epochs"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w.safetensors"]
+
+
+def test_the_held_out_file_holds_exactly_the_test_split_with_its_labels(tmp_path):
+    from vitsee.engine.data import open_dataset
+    from vitsee.engine.train import write_held_out
+
+    cfg = tiny_vit(tmp_path / "m.safetensors")
+    write_held_out(cfg, tmp_path / "test.npz")
+    _, test = train_test_split(1797, 0.2, 0, 120)
+    digits = open_dataset("digits")
+    held = open_dataset(f"npz:{tmp_path / 'test.npz'}")
+    assert len(held) == len(test) == 24 and np.array_equal(held.labels(), digits.labels()[test])
+    assert all(np.array_equal(np.asarray(held.image(j)), np.asarray(digits.image(int(i)))) for j, i in enumerate(test))
+    assert held.class_names == [str(d) for d in range(10)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["test.npz"]
