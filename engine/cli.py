@@ -447,8 +447,8 @@ def main() -> None:
         if not _is_hdf5_error(exc):
             raise
         # damage inside a store that opened fine shows up as an HDF5 read error on first use
-        err.print(f"[bold red]error:[/] a store could not be read ({brief(exc)}): it may be damaged; "
-                  "re-create it with `vitsee extract ... --overwrite`", highlight=False, soft_wrap=True)
+        err.print(f"[bold red]error:[/] a store file could not be read ({brief(exc)}): it is damaged; restore it "
+                  "from a copy, or re-extract it (`vitsee extract ... --overwrite`)", highlight=False, soft_wrap=True)
         sys.exit(2)
 
 

@@ -856,10 +856,14 @@ class Store:
         model_input: np.ndarray,
         nonfinite: Sequence[int],
     ) -> None:
-        """Writes one batch of a model and marks it done once the data is flushed to disk."""
-        self._write_rows(model, batch, activations, stats, model_input, nonfinite)
+        """Writes one batch of a model and marks it done once the data is flushed to disk; a failed write
+        leaves the batch not done, so the rerun writes it again."""
         group = self._model(model)
-        group.file.flush()
+        try:
+            self._write_rows(model, batch, activations, stats, model_input, nonfinite)
+            group.file.flush()
+        except OSError as exc:
+            raise self._write_failed(group, batch, exc) from exc
         group["done"][batch] = 1
         group.file.flush()
 
@@ -867,13 +871,25 @@ class Store:
                              nonfinite: dict[str, Sequence[int]], cka_state: np.ndarray) -> None:
         """Writes one batch of a streaming run (every model's statistics and the CKA accumulator after
         it), then marks it done for every model once the data is flushed."""
-        for model, values in stats.items():
-            self._write_rows(model, batch, {}, values, None, nonfinite[model])
-        self.file["streaming/cka_state"][batch % 2] = cka_state
-        self.file.flush()
+        try:
+            for model, values in stats.items():
+                self._write_rows(model, batch, {}, values, None, nonfinite[model])
+            self.file["streaming/cka_state"][batch % 2] = cka_state
+            self.file.flush()
+        except OSError as exc:
+            raise self._write_failed(self.file, batch, exc) from exc
         for model in stats:
             self._model(model)["done"][batch] = 1
         self.file.flush()
+
+    def _write_failed(self, group: h5py.Group, batch: int, exc: OSError) -> VitseeError:
+        where = Path(group.file.filename)
+        if getattr(exc, "errno", None) == errno.ENOSPC or shutil.disk_usage(where.parent).free < (1 << 20):
+            return _no_space(self.path, where, 1 << 20)
+        return VitseeError(
+            f"writing batch {batch} into {where} failed ({brief(exc)}): the batch is not marked done; check the disk "
+            "and rerun the same command to resume"
+        )
 
     def _write_rows(self, model, batch, activations, stats, model_input, nonfinite) -> None:
         group = self._model(model)

@@ -400,3 +400,22 @@ def test_readers_never_see_a_half_written_result(base):
     finally:
         writer.wait()
     assert writer.returncode == 0
+
+
+def test_a_failed_write_never_marks_its_batch_done(base, monkeypatch):
+    import errno as errno_mod
+
+    with Store.writer(base, rows=True) as s:
+        key = s.models[0]
+        s._model(key)["done"][0] = 0
+        shapes = {layer: s.layer_shape(key, layer) for layer in s.layers(key)}
+
+        def failing(*args, **kwargs):
+            raise OSError(errno_mod.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(s, "_write_rows", failing)
+        acts = {layer: np.zeros((16, *shape), np.float16) for layer, shape in shapes.items()}
+        with pytest.raises(VitseeError, match="not enough disk space"):
+            s.write_batch(key, 0, acts, {}, None, [0] * len(shapes))
+    with Store.open(base) as s:
+        assert not s.done_batches(s.models[0])[0] and s.rows_done(s.models[0]) == 0
