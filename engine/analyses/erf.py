@@ -26,7 +26,7 @@ from ..store import Store
 from ..analyze import _device, _emit, _save  # noqa: E402  (lifted by the analyses refactor)
 
 ANALYSIS = "erf"
-IDENTITY = ("model", "layers", "n_images", "erf_images")
+IDENTITY = ("model", "layers", "n_images")  # any number of averaged images serves a view that asked for none
 BATCH = 16  # images per backward pass: the graph of every layer is kept until each layer's gradient is taken
 DEFAULT_IMAGES = 32
 
