@@ -176,3 +176,21 @@ def test_streaming_stores_keep_no_head_outputs_and_refuse_heads(tmp_path, capsys
                                  img_size=IMG, device="cpu", workers=0, streaming=True))
     code, _, err = run_cli(["analyze", path, "--heads", "-q"], capsys)
     assert code == 2 and "--streaming" in err and "head" in err
+
+
+def test_a_store_extracted_before_head_outputs_resumes_without_them(tmp_path):
+    import h5py
+
+    from vitsee.engine.extract import ExtractConfig, run_extraction
+    from vitsee.engine.store import Store
+
+    path = tmp_path / "old.h5"
+    cfg = ExtractConfig(store=path, models=[VIT], dataset="synthetic", n_images=8, batch_size=4, img_size=IMG,
+                        device="cpu", workers=0)
+    run_extraction(cfg)
+    with h5py.File(path, "r+") as f:  # what an older vitsee left: no heads/, the last batch not done
+        del f[f"models/{VIT}/heads"]
+        f[f"models/{VIT}/done"][1] = 0
+    run_extraction(cfg)
+    with Store.open(path) as store:
+        assert store.is_complete() and store.head_blocks(VIT) == []
