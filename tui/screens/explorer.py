@@ -197,8 +197,8 @@ class ExplorerScreen(Screen):
         specs += [f"cka:{k}" for k in keys[1:]]
         for order in ("attention", "skip", "spatial", "probes"):
             specs += [f"{order}:{m.key}" for m in summary.models if order in m.views]
+        # not ERFs: they reload every model (from the Hub for pretrained weights); the ERF view computes its own
         specs += [f"heads:{v.key}:{o}" for v in summary.models if v.head_outputs for o in keys if o != v.key]
-        specs += [f"erf:{m.key}" for m in summary.models if m.erf_layers]  # last: it reloads the models
         return specs
 
     # --- which view --------------------------------------------------------------------------------------
