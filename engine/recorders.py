@@ -13,7 +13,7 @@ from torch import nn
 
 from .attention import mean_attention_distance, patch_distance_px
 from .models import LoadedModel, Point, _resnet_blocks
-from .store import ArraySpec, LayerSpec
+from .store import HEADS, ArraySpec, LayerSpec
 
 
 def _first_tensor(value) -> torch.Tensor:
@@ -298,7 +298,7 @@ class HeadOutputRecorder(Recorder):
     scale_norm) and then `proj`; the input of the first of them is read, so a scale norm or gate is not applied.
     """
 
-    PREFIX = "heads/"
+    PREFIX = HEADS  # heads/blocks.B: beside acts/ in the model group
 
     def __init__(self, dtype: torch.dtype, blocks: Sequence[int] | None = None):
         super().__init__()

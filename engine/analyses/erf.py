@@ -23,7 +23,7 @@ from ..models import LoadedModel, load_model, parse_model_spec
 from ..store import Store
 
 # the shared plumbing of the store-facing runners (device, progress, caching with provenance)
-from ..analyze import _device, _emit, _save  # noqa: E402  (lifted by the analyses refactor)
+from ..analyze import _device, _emit, _save  # lifted into the analyses plumbing module by the refactor
 
 ANALYSIS = "erf"
 IDENTITY = ("model", "layers", "n_images")  # any number of averaged images serves a view that asked for none

@@ -22,7 +22,7 @@ from ..errors import VitseeError
 from ..store import Store, read_rows
 
 # the shared plumbing of the store-facing runners (batches by global index, device, caching with provenance)
-from ..analyze import _check_ready, _device, _emit, _save, batch_plan  # noqa: E402  (lifted by the analyses refactor)
+from ..analyze import _check_ready, _device, _emit, _save, batch_plan  # lifted into the analyses plumbing module by the refactor
 
 ANALYSIS = "heads"
 IDENTITY = ("vit", "other", "blocks", "layers", "n_images")  # what a result is about (views take any estimate of it)

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import ClassVar
 
 import numpy as np
-from rich.style import Style
 from rich.text import Text
 from textual.binding import Binding, BindingType
 from textual.message import Message
@@ -140,6 +139,3 @@ class HeadScatter(Widget, can_focus=True):
         line = "0" + middle.center(max(plot_w - 1 - len(right), 0)) + right
         text.append(" " * GUTTER + line[:plot_w], axis)
         return text
-
-    def style_for(self, component: str) -> Style:
-        return self.get_component_rich_style(component)
