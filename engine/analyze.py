@@ -37,6 +37,7 @@ class AnalyzeConfig:
     probe_tokens: bool = True
     spatial_layer: str | None = None
     probe_max_dim: int = 1024  # per-token probes keep a (D, D) fp64 matrix per token: wider layers get none
+    erf_images: int = 32  # effective receptive fields: the first N images of the store (analyses/erf.py)
     # no estimator settings were asked for: a streaming store answers CKA with the estimate it streamed
     any_cka_estimate: bool = False
 

@@ -325,6 +325,9 @@ def analyze(
     probes: Annotated[bool, typer.Option("--probes", help="linear probes per layer and readout (needs labels)")] = False,
     skip: Annotated[bool, typer.Option("--skip", help="skip-connection norm ratios")] = False,
     spatial: Annotated[bool, typer.Option("--spatial", help="spatial localisation maps")] = False,
+    heads: Annotated[bool, typer.Option("--heads", help="head-level CKA: each ViT head against the other models' layers (paper Fig. 5)")] = False,
+    erf: Annotated[bool, typer.Option("--erf", help="effective receptive fields of every stored layer (paper Fig. 6); reloads the models")] = False,
+    erf_images: Annotated[Optional[int], typer.Option(help="images the ERF averages over (the store's first N) [default: 32]")] = None,
     batch_size: Annotated[Optional[int], typer.Option(help="images per CKA minibatch [default: 256]")] = None,
     shuffles: Annotated[Optional[int], typer.Option(help="average CKA over K seeded shuffles (0: store order) [default: 1]")] = None,
     seed: Annotated[Optional[int], typer.Option(help="seed of the shuffles and the probe split [default: 0]")] = None,
@@ -346,7 +349,9 @@ def analyze(
         batch_size=base.batch_size if batch_size is None else batch_size, shuffles=base.shuffles if shuffles is None else shuffles,
         seed=base.seed if seed is None else seed, device=device, recompute=recompute, spatial_layer=spatial_layer,
         probe_max_dim=base.probe_max_dim if probe_max_dim is None else probe_max_dim, any_cka_estimate=batch_size is None and shuffles is None and seed is None,
+        erf_images=base.erf_images if erf_images is None else erf_images,
     )
+    paper = [name for name, flag in (("heads", heads), ("erf", erf)) if flag]  # engine/analyses/
     quiet = quiet or is_secondary()  # under torchrun rank 0 speaks for the run
     on_event, bar = _progress_bar(quiet)
 
@@ -356,7 +361,11 @@ def analyze(
         on_event(Progress("analyze", done=step.done, total=step.total, message=step.analysis))
 
     try:
-        done = run_analyses(store, chosen or None, cfg, progress=on_step)
+        done = run_analyses(store, chosen or None, cfg, progress=on_step) if chosen or not paper else []
+        if paper and not is_secondary():  # head CKA and ERFs run in one process, after any distributed CKA
+            from .analyses import run as run_paper_analyses
+
+            done += run_paper_analyses(store, paper, cfg, progress=on_step)
     finally:
         if isinstance(bar, _NoBar) or bar.live.is_started:
             bar.stop()
@@ -379,7 +388,8 @@ def _view_config(batch_size, shuffles, seed, device):
     )
 
 
-VIEW_ARG = "cka:MODEL_A[:MODEL_B] | attention:MODEL | probes:MODEL | skip:MODEL | spatial:MODEL[:LAYER]"
+VIEW_ARG = ("cka:MODEL_A[:MODEL_B] | attention:MODEL | probes:MODEL | skip:MODEL | spatial:MODEL[:LAYER] | "
+            "heads:VIT:OTHER | erf:MODEL[:LAYER]")
 EST_HELP = "if the result must be computed (default: use any cached one)"
 # the estimator options export and show share: unset, a view takes whatever estimate is cached
 ViewBatchSize = Annotated[Optional[int], typer.Option(help=f"CKA minibatch size {EST_HELP}")]

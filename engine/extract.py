@@ -29,7 +29,7 @@ from . import store as store_mod
 from .data import ImageSet, Selection, open_dataset, select_indices
 from .errors import VitseeError
 from .models import LoadedModel, ModelSpec, layer_points, load_model, make_transform, parse_model_spec
-from .recorders import ActivationRecorder, Recorder, default_recorders
+from .recorders import ActivationRecorder, HeadOutputRecorder, Recorder, default_recorders
 from .store import ArraySpec, LayerSpec, Store, estimate_bytes, human_bytes
 
 DTYPES = {"float16": torch.float16, "float32": torch.float32}
@@ -270,6 +270,8 @@ def plan(cfg: ExtractConfig, device: torch.device, emit: ProgressFn,
             points = layer_points(loaded.model, loaded.family, layers_arg)
             transform = make_transform(loaded)
             recorders = default_recorders(loaded, points, torch_dtype)
+            if not cfg.streaming and HeadOutputRecorder.applies(loaded):  # head-level CKA (analyses/heads.py)
+                recorders.append(HeadOutputRecorder(torch_dtype))
             for rec in recorders:
                 rec.attach(loaded)
             example = transform(images.image(int(indices[0]))).unsqueeze(0).to(device)
@@ -283,6 +285,8 @@ def plan(cfg: ExtractConfig, device: torch.device, emit: ProgressFn,
                 batch_size = existing.batch_size(loaded.key)
                 done = existing.done_batches(loaded.key)
                 new = False
+                if not existing.head_blocks(loaded.key):  # stored before head outputs were recorded: resume without
+                    recorders, stats = _without_heads(recorders, stats)
             else:
                 batch_size, done, new = cfg.batch_size, np.zeros(n_batches_default, dtype=bool), True
             plans.append(
@@ -293,6 +297,15 @@ def plan(cfg: ExtractConfig, device: torch.device, emit: ProgressFn,
             existing.close()
         raise
     return selection, plans, existing
+
+
+def _without_heads(recorders: list[Recorder], stats: list[ArraySpec]) -> tuple[list[Recorder], list[ArraySpec]]:
+    """Returns the recorders and statistics without the head outputs (detaching their recorder)."""
+    for rec in recorders:
+        if isinstance(rec, HeadOutputRecorder):
+            rec.detach()
+    return ([r for r in recorders if not isinstance(r, HeadOutputRecorder)],
+            [s for s in stats if not s.name.startswith(HeadOutputRecorder.PREFIX)])
 
 
 def _check_disk(path: Path, needed: int, force: bool) -> None:
@@ -476,7 +489,8 @@ def _forward(mp: ModelPlan, x: torch.Tensor) -> tuple[dict[str, torch.Tensor], d
     stats: dict[str, torch.Tensor] = {}
     for rec in mp.recorders:
         (acts if isinstance(rec, ActivationRecorder) else stats).update(rec.collect())
-    return acts, {k: v.float() for k, v in stats.items()}
+    # head outputs stay in the store's dtype, like activations; statistics are fp32
+    return acts, {k: v if k.startswith(HeadOutputRecorder.PREFIX) else v.float() for k, v in stats.items()}
 
 
 def _forward_batch(mp: ModelPlan, x: torch.Tensor, batch: int, torch_dtype: torch.dtype, copies: _HostCopies) -> _Batch:

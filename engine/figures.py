@@ -48,7 +48,8 @@ LINE_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd")  # readouts: categori
 def figure_for(view: View, selection: tuple[int, int] | None = None, cmap: str = "viridis") -> Figure:
     """Returns the figure of `view` (an Agg-backed Figure), with `selection` (row, col) marked if given."""
     selection = _check_selection(view, selection)
-    draw = {"cka": _cka, "attention": _attention, "probes": _probes, "skip": _skip, "spatial": _spatial}[view.kind]
+    draw = {"cka": _cka, "attention": _attention, "probes": _probes, "skip": _skip, "spatial": _spatial,
+            "heads": _heads, "erf": _erf}[view.kind]
     return draw(view, selection, _colormap(cmap))
 
 
@@ -330,6 +331,82 @@ def _probe_map_layer(view: View, selection) -> str | None:
         return layer if layer in token_maps else None
     with_maps = [layer for layer in view.rows if layer in token_maps]
     return with_maps[-1] if with_maps else None
+
+
+# --- head-level CKA and effective receptive fields (engine/analyses/heads.py, erf.py) ------------------
+
+
+def heads_scatter_col(view: View, selection) -> int:
+    """Returns the other model's layer the heads scatter plots: the selection's column, else the most similar."""
+    return selection[1] if selection else int(view.extra["scatter_col"])
+
+
+def _heads(view: View, selection, cmap: Colormap) -> Figure:
+    """Returns the paper's Fig. 5 scatter (x: head's mean attention distance, y: CKA with one layer of the other
+    model, colour: block) and beside it the heads x layers heatmap."""
+    col = heads_scatter_col(view, selection)
+    distance = np.asarray(view.extra["distance_px"], dtype=float)
+    block = np.asarray(view.extra["block"], dtype=int)
+    values = view.matrix[:, col]
+    fig = _new_figure(view, (11.0, 5.2))
+    grid = fig.add_gridspec(1, 2, width_ratios=[1.2, 1.0])
+    ax = fig.add_subplot(grid[0], label="scatter")
+    blocks = sorted(set(block.tolist()))
+    colours = cmap(np.linspace(0.0, 0.9, max(len(blocks), 1)))
+    for i, b in enumerate(blocks):
+        mine = block == b
+        ax.scatter(distance[mine], values[mine], s=26, color=colours[i], edgecolors="0.15", linewidths=0.5,
+                   label=f"block {b}", gid=f"block-{b}")
+    if selection:
+        r = selection[0]
+        ax.scatter([distance[r]], [values[r]], s=120, facecolors="none", edgecolors=MARK, linewidths=1.6, zorder=3,
+                   gid="selection")
+    ax.set_xlabel("mean attention distance (px)")
+    ax.set_ylabel(f"CKA with {view.models[-1]} {view.cols[col]}")
+    ax.legend(fontsize=TICK_PT, ncol=2 if len(blocks) > 6 else 1)
+    if not np.isfinite(distance).any():
+        ax.text(0.5, 0.5, "no attention distances recorded", ha="center", va="center", transform=ax.transAxes)
+
+    heat = fig.add_subplot(grid[1], label="heatmap")
+    vmin, vmax = _value_range(view)
+    image = heat.imshow(view.matrix, origin="lower", cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest", aspect="auto")
+    _layer_ticks(heat.yaxis, view.rows, room_in=3.8)
+    _layer_ticks(heat.xaxis, view.cols, room_in=3.6, rotate=True)
+    heat.set_ylabel(f"{view.models[0]} head")
+    heat.set_xlabel(f"{view.models[-1]} layer")
+    heat.axvspan(col - 0.5, col + 0.5, fill=False, edgecolor="0.2", lw=1, ls="--", gid="scatter-layer")
+    fig.colorbar(image, ax=heat, label=view.value_name, shrink=0.85)
+    if selection:
+        r, c = selection
+        n_rows, n_cols = view.matrix.shape
+        _mark_cell(heat, r, c, f"{view.rows[r]} x {view.cols[c]}\nCKA {_fmt(view.value(r, c))}",
+                   toward=(n_cols / 2 - c, n_rows / 2 - r), cell_pt=280 / max(n_rows, n_cols))
+    return fig
+
+
+def _erf(view: View, selection, cmap: Colormap) -> Figure:
+    """Returns the ERFs of a few depths side by side (paper Fig. 6) on one log colour scale."""
+    layers = list(view.extra["depth_layers"])
+    maps = [np.asarray(view.extra["depth_maps"][layer], dtype=float) for layer in layers]
+    positive = np.concatenate([m[np.isfinite(m) & (m > 0)] for m in maps] or [np.zeros(0)])
+    vmax = float(positive.max()) if positive.size else 1.0
+    vmin = max(float(positive.min()) if positive.size else vmax * 1e-6, vmax * 1e-6)  # six decades at most
+    fig = _new_figure(view, (3.0 * len(layers) + 1.2, 3.9))
+    grid = fig.add_gridspec(1, len(layers))
+    image = None
+    for i, (layer, m) in enumerate(zip(layers, maps)):
+        ax = fig.add_subplot(grid[i], label=f"erf-{layer}")
+        shown = np.where(m > 0, m, vmin)  # a zero share sits at the bottom of the log scale
+        image = ax.imshow(shown, cmap=cmap, norm=LogNorm(vmin, vmax) if vmax > vmin else Normalize(0, vmax),
+                          interpolation="nearest")
+        ax.set_title(layer, fontsize=9)
+        ax.tick_params(labelsize=TICK_PT)
+        if selection and layer == view.params.get("layer"):
+            r, c = selection
+            ax.add_patch(Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, edgecolor=MARK, lw=1.5, gid="selection"))
+    if image is not None:
+        fig.colorbar(image, ax=fig.axes, label="share of |d centre / d input| (log scale)", shrink=0.85)
+    return fig
 
 
 def _new_figure(view: View, size: tuple[float, float]) -> Figure:

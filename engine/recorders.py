@@ -13,7 +13,7 @@ from torch import nn
 
 from .attention import mean_attention_distance, patch_distance_px
 from .models import LoadedModel, Point, _resnet_blocks
-from .store import ArraySpec, LayerSpec
+from .store import HEADS, ArraySpec, LayerSpec
 
 
 def _first_tensor(value) -> torch.Tensor:
@@ -285,3 +285,64 @@ def default_recorders(loaded: LoadedModel, points: Sequence[Point], dtype: torch
         if cls.applies(loaded):
             recorders.append(cls())
     return recorders
+
+
+# --- head outputs (head-level CKA, paper Fig. 5; engine/analyses/heads.py) ------------------------------------
+
+
+class HeadOutputRecorder(Recorder):
+    """Per image and block: every head's attention output before the projection, softmax(q k^T * scale) v as
+    timm computes it (q/k norms included), on the spatial tokens only, (B, heads, tokens, head_dim).
+
+    timm's Attention reshapes attn @ v to (B, N, heads * head_dim) and hands it to `norm` (an Identity unless
+    scale_norm) and then `proj`; the input of the first of them is read, so a scale norm or gate is not applied.
+    """
+
+    PREFIX = HEADS  # heads/blocks.B: beside acts/ in the model group
+
+    def __init__(self, dtype: torch.dtype, blocks: Sequence[int] | None = None):
+        super().__init__()
+        self.dtype = dtype
+        self.blocks = None if blocks is None else list(blocks)
+        self.values: dict[str, torch.Tensor] = {}
+
+    @staticmethod
+    def applies(loaded: LoadedModel) -> bool:
+        return loaded.family == "vit" and loaded.grid_size is not None and all(
+            hasattr(b, "attn") and hasattr(b.attn, "num_heads") and isinstance(getattr(b.attn, "proj", None), nn.Module)
+            for b in loaded.model.blocks)
+
+    @staticmethod
+    def name(block: int) -> str:
+        return f"{HeadOutputRecorder.PREFIX}blocks.{block}"
+
+    def _chosen(self) -> list[int]:
+        return list(range(self.loaded.num_blocks)) if self.blocks is None else self.blocks
+
+    def specs(self) -> list[ArraySpec]:
+        heads = self.loaded.num_heads
+        head_dim = int(self.loaded.model.blocks[0].attn.head_dim)
+        shape = (heads, _cells(self.loaded), head_dim)
+        return [ArraySpec(self.name(b), shape, str(self.dtype).removeprefix("torch.")) for b in self._chosen()]
+
+    def attach(self, loaded: LoadedModel) -> None:
+        super().attach(loaded)
+        for b in self._chosen():
+            attn = loaded.model.blocks[b].attn
+            entry = attn.norm if isinstance(getattr(attn, "norm", None), nn.Module) else attn.proj
+            self._handles.append(entry.register_forward_pre_hook(self._keep(b, attn.num_heads)))
+
+    def _keep(self, block: int, heads: int):
+        prefix = self.loaded.num_prefix_tokens
+
+        def hook(_m, args):
+            x = args[0].detach()  # (B, N, heads * head_dim), heads major
+            b, n, _ = x.shape
+            per_head = x.view(b, n, heads, -1)[:, prefix:].permute(0, 2, 1, 3)  # (B, heads, P, head_dim)
+            self.values[self.name(block)] = per_head.to(self.dtype, copy=True).contiguous()
+
+        return hook
+
+    def collect(self) -> dict[str, torch.Tensor]:
+        values, self.values = self.values, {}
+        return values

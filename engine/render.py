@@ -54,7 +54,32 @@ def render_view(view: View, color: str | ColorMode = "auto", cmap: str = "viridi
         out += _attention(view, mode)
     elif view.kind == "probes":
         out += _probes(view, mode)
+    elif view.kind == "heads":  # engine/analyses/heads.py, erf.py
+        out += _heads(view, mode, cmap, width)
+    elif view.kind == "erf":
+        out += _erf(view, mode, cmap, width)
     return out
+
+
+def _heads(view: View, mode: ColorMode, cmap: str, width: int) -> list:
+    """Returns the heads x layers heatmap, each head labelled with its mean attention distance."""
+    distance = np.asarray(view.extra["distance_px"], dtype=float)
+    rows = [f"{r} {d:.0f}px" if np.isfinite(d) else r for r, d in zip(view.rows, distance)]
+    scale = ColorScale.for_matrix(view.matrix, vmin=view.vmin, vmax=view.vmax, levels=_levels(mode), cmap=cmap)
+    plot = Heatmap(view.matrix, rows, view.cols, scale, mode, width)
+    where = f"rows: {view.models[0]} heads with their mean attention distance; columns: {view.models[-1]} layers"
+    return [*plot.lines(), plot.legend(view.value_name), *plot.column_key(), Text(where, style=_style(mode, "dim"))]
+
+
+def _erf(view: View, mode: ColorMode, cmap: str, width: int) -> list:
+    """Returns the ERF map on a log colour scale (ERFs span decades), row 0 at the top like the image."""
+    vmax = float(view.vmax or 1.0)
+    vmin = max(float(view.extra.get("min_positive") or 0.0), vmax * 1e-6)
+    values = np.log10(np.where(view.matrix > 0, view.matrix, vmin))
+    scale = ColorScale(math.log10(vmin), math.log10(vmax) if vmax > vmin else math.log10(vmin) + 1, _levels(mode), cmap)
+    plot = Heatmap(values, view.rows, view.cols, scale, mode, width)
+    return [*plot.lines(), plot.legend("ERF", transform=lambda v: 10**v, note="log colour scale"),
+            Text("rows and columns: input pixels", style=_style(mode, "dim"))]
 
 
 # --- the views --------------------------------------------------------------------------------------

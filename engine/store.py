@@ -10,6 +10,8 @@ Layout
         acts/<layer>       (N, ...) activations, ViT (N, tokens, dim) with prefix tokens, CNN (N, C, H, W)
         input              (N, 3, H, W) the preprocessed model input (for spatial maps)
         stats/<name>       (N, ...) per-image statistics (attention distances, skip ratios)
+        heads/blocks.B     (N, heads, spatial tokens, head_dim) a ViT block's per-head attention outputs
+                           before the projection (head-level CKA), in the activations' dtype
         nonfinite          (batches, layers) count of non-finite values written per batch and layer
         done               (batches,) uint8, 1 once every array of the batch is on disk
     /results/<analysis>/<id>   cached analysis results, attrs: params (json), provenance (json)
@@ -65,6 +67,7 @@ from .store_check import check_own_file
 from .store_lock import WriteLock, sidecar_dir
 
 FORMAT_VERSION = 2
+HEADS = "heads/"  # per-head attention outputs of a ViT's blocks, (N, heads, tokens, head_dim), see head_outputs
 CHUNK_BYTES = 64 << 20
 
 
@@ -632,6 +635,31 @@ class Store:
             return ds[rows][: max(0, done - (rows.start or 0))].astype(np.float32)
         return read_rows(ds, np.asarray(rows), limit=done).astype(np.float32)
 
+    # --- head outputs (head-level CKA, engine/analyses/heads.py) ------------------------------------
+
+    def head_blocks(self, model: str) -> list[str]:
+        """Returns the blocks (blocks.B, forward order) whose per-head attention outputs are stored."""
+        group = self._model(model)
+        if "heads" not in group:
+            return []
+        return sorted(group["heads"], key=lambda name: int(name.rsplit(".", 1)[1]))
+
+    def head_outputs(self, model: str, block: str, rows: slice | np.ndarray | None = None) -> np.ndarray:
+        """Returns a block's per-head attention outputs (N, heads, spatial tokens, head_dim) as float32."""
+        group = self._model(model)
+        if block not in self.head_blocks(model):
+            raise VitseeError(
+                f"no head outputs of '{block}' stored for {self.resolve_model(model)} (stored: "
+                f"{', '.join(self.head_blocks(model)) or 'none'}): re-extract the ViT with this vitsee, without --streaming"
+            )
+        ds = group["heads"][block]
+        done = self.rows_done(model)
+        if rows is None:
+            return ds[:done].astype(np.float32)
+        if isinstance(rows, slice):
+            return ds[rows][: max(0, done - (rows.start or 0))].astype(np.float32)
+        return read_rows(ds, np.asarray(rows), limit=done).astype(np.float32)
+
     def stats(self, model: str) -> list[str]:
         """Returns the names of the per-image statistics stored for a model."""
         group = self._model(model)
@@ -899,7 +927,7 @@ class Store:
         for name, value in activations.items():
             group["acts"][name][start:stop] = value
         for name, value in stats.items():
-            group["stats"][name][start:stop] = value
+            group[name if name.startswith(HEADS) else f"stats/{name}"][start:stop] = value
         if model_input is not None:
             group["input"][start:stop] = model_input
         group["nonfinite"][batch] = np.asarray(nonfinite, dtype=np.int64)
@@ -1004,8 +1032,9 @@ def fill_model_group(group: h5py.Group, record: dict, layers: Sequence[LayerSpec
             ds.attrs["module"] = layer.module
             ds.attrs["kind"] = layer.kind
     stat_group = group.create_group("stats")
-    for spec in stats:
-        _early_dataset(stat_group, spec.name, (n_images, *spec.shape), spec.dtype, batch_size)
+    for spec in stats:  # head outputs (heads/blocks.B) sit beside acts/, the statistics in stats/
+        parent = group if spec.name.startswith(HEADS) else stat_group
+        _early_dataset(parent, spec.name, (n_images, *spec.shape), spec.dtype, batch_size)
     if not streaming:
         _early_dataset(group, "input", (n_images, *input_shape), dtype, batch_size)
     n_batches = -(-n_images // batch_size)

@@ -1,7 +1,7 @@
 """Views: one analysis result shaped for looking at — a labelled matrix plus what its kind needs.
 
 A view is named by a string: `cka:MODEL_A[:MODEL_B]`, `attention:MODEL`, `probes:MODEL`, `skip:MODEL`,
-`spatial:MODEL[:LAYER]` (MODEL is a store key or a unique prefix of one). The CLI's export and show,
+`spatial:MODEL[:LAYER]`, `heads:VIT:OTHER`, `erf:MODEL[:LAYER]` (MODEL is a store key or a unique prefix of one). The CLI's export and show,
 and the terminal app, all go through `load_view`, so they show the same numbers.
 """
 from __future__ import annotations
@@ -18,12 +18,14 @@ from typing import Any
 import numpy as np
 
 from . import analyze as an
+from .analyses import erf as erf_mod, heads as heads_mod
 from .colormap import check_colormap
 from .errors import VitseeError, brief
 from .store import Store
 
-VIEW_KINDS = ("cka", "attention", "probes", "skip", "spatial")
-VIEW_HELP = "cka:MODEL_A[:MODEL_B], attention:MODEL, probes:MODEL, skip:MODEL or spatial:MODEL[:LAYER]"
+VIEW_KINDS = ("cka", "attention", "probes", "skip", "spatial", "heads", "erf")
+VIEW_HELP = ("cka:MODEL_A[:MODEL_B], attention:MODEL, probes:MODEL, skip:MODEL, spatial:MODEL[:LAYER], "
+             "heads:VIT:OTHER or erf:MODEL[:LAYER]")
 
 
 @dataclass
@@ -52,6 +54,8 @@ class View:
         out: dict[str, Any] = {"view": self.kind}
         if self.kind == "cka":
             out["model_a"], out["model_b"] = self.models[0], self.models[-1]
+        elif self.kind == "heads":  # analyses/heads.py
+            out["model"], out["other"] = self.models[0], self.models[-1]
         else:
             out["model"] = self.models[0]
         out.update(
@@ -132,6 +136,8 @@ IDENTITY = {
     "probes": ("model", "n_images", "tokens"),  # a result with a larger max_token_dim only adds token maps
     "skip": ("model", "n_images"),
     "spatial": ("model", "layer", "n_images"),
+    "heads": heads_mod.IDENTITY,
+    "erf": erf_mod.IDENTITY,
 }
 
 
@@ -149,6 +155,10 @@ class _Request:
             return an.cka_params(store, cfg)
         if self.kind == "spatial":
             return an.spatial_params(store, key, cfg, self.layer)
+        if self.kind == "heads":  # analyses/heads.py, analyses/erf.py
+            return heads_mod.heads_params(store, key, self.keys[1], cfg)
+        if self.kind == "erf":
+            return erf_mod.erf_params(store, key, cfg)
         return {"attention": an.attention_params, "probes": an.probe_params, "skip": an.skip_params}[self.kind](store, key, cfg)
 
     def run(self, store: Store, cfg: an.AnalyzeConfig, progress) -> dict:
@@ -157,16 +167,22 @@ class _Request:
             return an.run_cka(store, cfg, progress)
         if self.kind == "spatial":
             return an.run_spatial(store, key, cfg, self.layer, progress)
+        if self.kind == "heads":  # analyses/heads.py, analyses/erf.py
+            return heads_mod.run_heads(store, key, self.keys[1], cfg, progress)
+        if self.kind == "erf":
+            return erf_mod.run_erf(store, key, cfg, progress)
         runner = {"attention": an.run_attention, "probes": an.run_probes, "skip": an.run_skip}[self.kind]
         return runner(store, key, cfg, progress)
 
 
 def _request(store: Store, text: str) -> _Request:
     kind, args = parse_view(text)
-    if kind not in ("cka", "spatial") and len(args) > 1:
+    if kind not in ("cka", "spatial", "heads", "erf") and len(args) > 1:
         raise VitseeError(f"view '{text}' takes one model: use {VIEW_HELP}")
-    keys = [store.resolve_model(a) for a in (args if kind == "cka" else args[:1])]
-    return _Request(kind, keys, args[1] if kind == "spatial" and len(args) > 1 else None)
+    if kind == "heads" and len(args) != 2:
+        raise VitseeError(f"view '{text}' names one model; heads:VIT:OTHER compares a ViT's heads with another model's layers")
+    keys = [store.resolve_model(a) for a in (args if kind in ("cka", "heads") else args[:1])]
+    return _Request(kind, keys, args[1] if kind in ("spatial", "erf") and len(args) > 1 else None)
 
 
 def cached_params(store: Store, text: str, cfg: an.AnalyzeConfig | None = None) -> dict | None:
@@ -211,10 +227,12 @@ def load_view(path: str | Path, text: str, cfg: an.AnalyzeConfig | None = None, 
     if result is None:
         with Store.writer(path) as store:
             result = request.run(store, cfg or an.AnalyzeConfig(), progress)
-    builder = {"cka": _cka_view, "attention": _attention_view, "probes": _probe_view, "skip": _skip_view, "spatial": _spatial_view}
+    builder = {"cka": _cka_view, "attention": _attention_view, "probes": _probe_view, "skip": _skip_view, "spatial": _spatial_view,
+               "heads": lambda r, keys, _info: View(**heads_mod.view_fields(r, keys)),  # analyses/heads.py, erf.py
+               "erf": lambda r, keys, _info: View(**erf_mod.view_fields(r, keys, request.layer))}
     view = builder[request.kind](result, request.keys, info)
     view.subtitle = subtitle
-    args = request.keys if request.kind == "cka" else request.keys + ([request.layer] if request.layer else [])
+    args = request.keys if request.kind in ("cka", "heads") else request.keys + ([request.layer] if request.layer else [])
     view.spec = f"{request.kind}:{':'.join(args)}"
     return view
 
@@ -299,6 +317,9 @@ def available_views(path: str | Path) -> list[str]:
         out += [f"cka:{a}:{b}" for i, a in enumerate(models) for b in models[i + 1 :]]
         for m in models:
             out += [f"{kind}:{m}" for kind in an.applicable(store, m)]
+        if not store.streaming:  # analyses/heads.py, analyses/erf.py: head outputs and inputs are stored
+            out += [f"heads:{v}:{o}" for v in models if store.head_blocks(v) for o in models if o != v]
+            out += [f"erf:{m}" for m in models]
     return out
 
 

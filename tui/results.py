@@ -45,6 +45,8 @@ class ModelSummary:
     views: list[str]  # per-model analyses that apply: attention, probes, skip, spatial
     spatial_layers: list[str]  # layers with a token grid or feature map
     heads: int = 0
+    head_outputs: bool = False  # per-head attention outputs stored (the Heads view, engine/analyses/heads.py)
+    erf_layers: list[str] = field(default_factory=list)  # layers with a centre position (the ERF view)
 
 
 @dataclass
@@ -94,6 +96,7 @@ def weights_text(weights: dict) -> str:
 def read_summary(path: str | Path) -> StoreSummary:
     """Returns the summary of the store at path; a missing, corrupt or foreign file is a VitseeError."""
     from vitsee.engine import analyze as an
+    from vitsee.engine.analyses.erf import _taps as erf_taps
     from vitsee.engine.store import Store
 
     path = Path(path)
@@ -109,6 +112,8 @@ def read_summary(path: str | Path) -> StoreSummary:
                     key=key, family=str(info.get("family", "other")), weights=weights_text(info.get("weights", {})),
                     layers=layers, shapes=shapes, rows_done=store.rows_done(key), views=an.applicable(store, key),
                     spatial_layers=spatial, heads=int(info.get("num_heads") or 0),
+                    head_outputs=bool(store.head_blocks(key)),
+                    erf_layers=[] if store.streaming else list(erf_taps(store, key, info)),
                 ))
             cached = sorted({r["analysis"] for r in store.results()})
             return StoreSummary(path, store.n_images, store.dataset_spec, models, cached, store.streaming)
@@ -233,7 +238,7 @@ def read_view(path: str | Path, spec: str, base: an.AnalyzeConfig, progress: Ste
 def export_name(view: View, when: float | None = None) -> str:
     """Returns a file stem naming the view and the time: cka-vit_tiny-x-resnet18-20240102-150405."""
     models = [re.sub(r"[^A-Za-z0-9_.-]+", "_", m) for m in dict.fromkeys(view.models)]
-    layer = view.params.get("layer") if view.kind == "spatial" else None
+    layer = view.params.get("layer") if view.kind in ("spatial", "erf") else None
     parts = [view.kind, "-x-".join(models)] + ([layer] if layer else [])
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(when))
     return "-".join(parts + [stamp])

@@ -37,6 +37,8 @@ from vitsee.tui.options import COLORMAPS, AppOptions
 from vitsee.tui.results import Cancelled, StoreSummary, export_view, read_summary, read_view
 from vitsee.tui.widgets.attention_pane import AttentionPane
 from vitsee.tui.widgets.cka_pane import CkaPane
+from vitsee.tui.widgets.erf_pane import ErfPane
+from vitsee.tui.widgets.heads_pane import HeadsPane
 from vitsee.tui.widgets.probes_pane import ProbesPane
 from vitsee.tui.widgets.side_panel import SidePanel, model_label
 from vitsee.tui.widgets.skip_pane import SkipPane
@@ -55,6 +57,7 @@ log = logging.getLogger(__name__)
 KINDS = tuple(VIEW_LABELS)
 PANES: dict[str, type[ViewPane]] = {
     "cka": CkaPane, "attention": AttentionPane, "probes": ProbesPane, "skip": SkipPane, "spatial": SpatialPane,
+    "heads": HeadsPane, "erf": ErfPane,
 }
 
 
@@ -73,6 +76,10 @@ class ExplorerScreen(Screen):
                 tooltip="Show the skip-connection norm ratios"),
         Binding("5", "show_view('spatial')", "Spatial", show=False, id="explorer.view_spatial",
                 tooltip="Show the spatial localisation maps"),
+        Binding("6", "show_view('heads')", "Heads", show=False, id="explorer.view_heads",
+                tooltip="Show each ViT head's CKA with another model against its attention distance"),
+        Binding("7", "show_view('erf')", "ERF", show=False, id="explorer.view_erf",
+                tooltip="Show the effective receptive fields"),
         Binding("a", "cycle_model('a')", "Model A", id="explorer.model_a", tooltip="Show the next model as model A (rows)"),
         Binding("b", "cycle_model('b')", "Model B", id="explorer.model_b",
                 tooltip="Compare model A with the next model in the CKA view (columns)"),
@@ -112,6 +119,7 @@ class ExplorerScreen(Screen):
         self.model_a: str | None = None
         self.model_b: str | None = None
         self.spatial_layer: dict[str, str] = {}
+        self.erf_layer: dict[str, str] = {}
         self._views: dict[str, object] = {}  # spec -> LoadedView, kept so switching back costs nothing
         self._status: dict[str, str] = {}
         self._loading: str | None = None
@@ -189,6 +197,8 @@ class ExplorerScreen(Screen):
         specs += [f"cka:{k}" for k in keys[1:]]
         for order in ("attention", "skip", "spatial", "probes"):
             specs += [f"{order}:{m.key}" for m in summary.models if order in m.views]
+        # not ERFs: they reload every model (from the Hub for pretrained weights); the ERF view computes its own
+        specs += [f"heads:{v.key}:{o}" for v in summary.models if v.head_outputs for o in keys if o != v.key]
         return specs
 
     # --- which view --------------------------------------------------------------------------------------
@@ -198,7 +208,9 @@ class ExplorerScreen(Screen):
         summary, a, b = self.summary, self.model_a, self.model_b
         if summary is None or a is None:
             return None, "no models in this store: add one with `vitsee extract STORE --model NAME`"
-        involved = [a] + ([b] if kind == "cka" and b else [])
+        if kind == "heads":
+            b = self._heads_other()
+        involved = [a] + ([b] if kind in ("cka", "heads") and b else [])
         for key in involved:
             m = summary.model(key)
             if m.rows_done < summary.n_images:
@@ -207,6 +219,8 @@ class ExplorerScreen(Screen):
         model = summary.model(a)
         if kind == "cka":
             return (f"cka:{a}:{b}" if b and b != a else f"cka:{a}"), ""
+        if kind in ("heads", "erf"):  # engine/analyses/heads.py, erf.py
+            return self._paper_spec(kind, model, b)
         if kind not in model.views:
             if summary.streaming and kind in ("probes", "spatial"):
                 return None, (f"{summary.path.name} was extracted with streaming, which keeps no activations; "
@@ -222,6 +236,31 @@ class ExplorerScreen(Screen):
         if kind == "spatial" and self.spatial_layer.get(a):
             return f"spatial:{a}:{self.spatial_layer[a]}", ""
         return f"{kind}:{a}", ""
+
+    def _heads_other(self) -> str | None:
+        """Returns the model the Heads view compares model A's heads with: model B, else the first other one."""
+        keys = self.summary.keys if self.summary is not None else []
+        if self.model_b and self.model_b != self.model_a:
+            return self.model_b
+        return next((k for k in keys if k != self.model_a), None)
+
+    def _paper_spec(self, kind: str, model, other: str | None) -> tuple[str | None, str]:
+        summary = self.summary
+        if summary.streaming:
+            return None, (f"{summary.path.name} was extracted with streaming, which keeps no activations; "
+                          f"{'head outputs' if kind == 'heads' else 'the model input'} are needed: extract the run "
+                          "again, keeping activations, into another store")
+        if kind == "erf":
+            if not model.erf_layers:
+                return None, f"{model.key} has no layer with a token grid or feature map for a receptive field"
+            layer = self.erf_layer.get(model.key)
+            return (f"erf:{model.key}:{layer}" if layer else f"erf:{model.key}"), ""
+        if not model.head_outputs:
+            return None, (f"{model.key} has no stored head outputs: they are recorded for ViT-like models; "
+                          "press a to pick a ViT as model A (or re-extract an older store)")
+        if other is None:
+            return None, "head-level CKA compares a ViT with another model: extract one into this store"
+        return f"heads:{model.key}:{other}", ""
 
     def action_show_view(self, kind: str) -> None:
         self.show_view(kind)
@@ -292,6 +331,12 @@ class ExplorerScreen(Screen):
             view = pane.view
             current = view.params.get("layer") if view is not None else self.spatial_layer.get(self.model_a)
             panel.set_layers("Map of layer (Enter)", model.spatial_layers, current, show_b=False)
+        elif self.kind == "erf":
+            view = pane.view
+            current = view.params.get("layer") if view is not None else self.erf_layer.get(self.model_a)
+            panel.set_layers("ERF of layer (Enter)", model.erf_layers, current, show_b=False)
+        elif self.kind == "heads":
+            panel.set_layers("Other model's layer (Enter)", pane.layer_choices(), show_b=True)
         elif self.kind == "cka":
             panel.set_layers("Layers (Enter: go)", pane.layer_choices() or model.layers, show_b=True)
         else:
@@ -431,6 +476,9 @@ class ExplorerScreen(Screen):
         if self.kind == "spatial" and self.model_a is not None:
             self.spatial_layer[self.model_a] = message.layer
             self.request("spatial")
+        elif self.kind == "erf" and self.model_a is not None:
+            self.erf_layer[self.model_a] = message.layer
+            self.request("erf")
         elif not self.pane().jump_to_layer(message.layer):
             self.notify(f"{message.layer} is not in this view", severity="warning", timeout=3)
         widget = self.pane().main_widget()
@@ -451,7 +499,7 @@ class ExplorerScreen(Screen):
             current = choices.index(self.model_b) if self.model_b in choices else 0
             nxt = choices[(current + 1) % len(choices)]
             panel.pick(model_b=nxt, same=nxt is None)
-            if self.kind != "cka":
+            if self.kind not in ("cka", "heads"):  # both compare model A with model B
                 self.show_view("cka")
 
     def action_toggle_panel(self) -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from textual.widgets import Tab, Tabs
 
-VIEW_LABELS = {"cka": "CKA", "attention": "Attention", "probes": "Probes", "skip": "Skip", "spatial": "Spatial"}
+VIEW_LABELS = {"cka": "CKA", "attention": "Attention", "probes": "Probes", "skip": "Skip", "spatial": "Spatial",
+               "heads": "Heads", "erf": "ERF"}
 
 
 class ViewTabs(Tabs, can_focus=False):

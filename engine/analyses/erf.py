@@ -1,0 +1,256 @@
+"""Effective receptive fields (Raghu et al. 2021, Fig. 6; Luo et al. 2017): how much each input pixel moves the
+centre position of a layer.
+
+For a layer, the scalar is the sum over channels of the centre position's output (ViT: the spatial token at
+grid (gh // 2, gw // 2); CNN: map position (H // 2, W // 2)). The ERF is the mean over images of
+|d scalar / d input|, summed over colour channels, normalised to sum 1; the input is the preprocessed input
+the store holds. The model is reloaded exactly as recorded (spec, weights and their sha256, input size).
+
+The pure core is `input_gradients` (a model, hooks and a batch in, per-layer |gradient| maps out) and
+`normalised`; `run_erf` is the store-facing runner, `erf_params` its cache key, `view_fields` its view.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..errors import VitseeError
+from ..models import LoadedModel, load_model, parse_model_spec
+from ..store import Store
+
+# the shared plumbing of the store-facing runners (device, progress, caching with provenance)
+from ..analyze import _device, _emit, _save  # lifted into the analyses plumbing module by the refactor
+
+ANALYSIS = "erf"
+IDENTITY = ("model", "layers", "n_images")  # any number of averaged images serves a view that asked for none
+BATCH = 16  # images per backward pass: the graph of every layer is kept until each layer's gradient is taken
+DEFAULT_IMAGES = 32
+
+
+# --- the pure core ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tap:
+    """Where a layer's output is read (its module, and whether it is that module's input or output) and how
+    to reduce it to one scalar per image (`centre`: (B, ...) -> (B,))."""
+
+    module: str
+    kind: str
+    centre: Callable[[torch.Tensor], torch.Tensor]
+
+
+def centre_of_tokens(prefix: int, grid: tuple[int, int]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Returns (B, tokens, C) -> (B,) the sum over channels of the spatial token at grid (gh // 2, gw // 2)."""
+    gh, gw = grid
+    index = prefix + (gh // 2) * gw + gw // 2
+
+    def centre(out: torch.Tensor) -> torch.Tensor:
+        if out.ndim == 4:  # timm's PatchEmbed can hand out an NHWC grid: tokens as the store keeps them
+            out = out.flatten(1, 2)
+        return out[:, index, :].sum(dim=-1)
+
+    return centre
+
+
+def centre_of_map(out: torch.Tensor) -> torch.Tensor:
+    """Returns (B, C, H, W) -> (B,) the sum over channels of map position (H // 2, W // 2)."""
+    return out[:, :, out.shape[2] // 2, out.shape[3] // 2].sum(dim=1)
+
+
+def input_gradients(model: nn.Module, x: torch.Tensor, taps: dict[str, Tap]) -> dict[str, torch.Tensor]:
+    """Returns per layer (B, H, W): |d centre scalar / d x| summed over colour channels, for each image of x.
+
+    One forward with a hook per layer, then one gradient per layer through the kept graph. The images of a
+    batch are independent in eval mode, so the gradient of the batch's summed scalars is each image's own.
+    """
+    outputs: dict[str, torch.Tensor] = {}
+    handles = []
+    for name, tap in taps.items():
+        module = model.get_submodule(tap.module)
+        if tap.kind == "input":
+            handles.append(module.register_forward_pre_hook(lambda _m, args, n=name: outputs.__setitem__(n, _first(args))))
+        else:
+            handles.append(module.register_forward_hook(lambda _m, _a, out, n=name: outputs.__setitem__(n, _first(out))))
+    x = x.detach().clone().requires_grad_(True)
+    try:
+        with torch.enable_grad():
+            model(x)
+            names = list(taps)
+            grads = {}
+            for i, name in enumerate(names):
+                scalar = taps[name].centre(outputs[name]).sum()
+                (grad,) = torch.autograd.grad(scalar, x, retain_graph=i < len(names) - 1, allow_unused=True)
+                grads[name] = torch.zeros_like(x[:, 0]) if grad is None else grad.abs().sum(dim=1)  # (B, H, W)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return grads
+
+
+def _first(value) -> torch.Tensor:
+    return value[0] if isinstance(value, (tuple, list)) else value
+
+
+def normalised(total: np.ndarray) -> np.ndarray:
+    """Returns maps (..., H, W) each divided by its sum (nan where a map is all zero)."""
+    sums = total.sum(axis=(-2, -1), keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(sums > 0, total / np.where(sums > 0, sums, 1.0), np.nan)
+
+
+# --- the store-facing runner ----------------------------------------------------------------------------------
+
+
+def check_reloadable_store(store: Store) -> None:
+    """Refuses a streaming store: it keeps no model input to take gradients against."""
+    if store.streaming:
+        raise VitseeError(
+            f"{store.path} was extracted with --streaming, which keeps no model input, so effective receptive "
+            "fields cannot be computed: re-extract without --streaming into another store"
+        )
+
+
+def _taps(store: Store, key: str, info: dict) -> dict[str, Tap]:
+    """Returns the layers that have a centre position (tokens on the grid, feature maps) and their taps."""
+    taps = {}
+    for layer in store.layers(key):
+        shape = store.layer_shape(key, layer)
+        attrs = store._layer(key, layer).attrs
+        module, kind = str(attrs.get("module") or layer), str(attrs.get("kind") or "output")
+        if len(shape) == 2 and info.get("grid_size"):
+            prefix = store.layer_prefix_tokens(key, layer)
+            gh, gw = info["grid_size"]
+            if shape[0] == prefix + gh * gw:
+                taps[layer] = Tap(module, kind, centre_of_tokens(prefix, (gh, gw)))
+        elif len(shape) == 3:
+            taps[layer] = Tap(module, kind, centre_of_map)
+    return taps
+
+
+def erf_params(store: Store, model: str, cfg) -> dict:
+    """Returns the cache key of erf:MODEL: the model, its layers with a centre, and how many images."""
+    check_reloadable_store(store)
+    key = store.resolve_model(model)
+    info = store.model_info(key)
+    layers = list(_taps(store, key, info))
+    if not layers:
+        raise VitseeError(f"{key} has no layer with a token grid or feature map: effective receptive fields need one")
+    images = int(getattr(cfg, "erf_images", DEFAULT_IMAGES))
+    if images < 1:
+        raise VitseeError(f"--erf-images must be at least 1, got {images}")
+    return {"model": key, "layers": layers, "n_images": store.n_images, "erf_images": min(images, store.n_images),
+            "weights_sha256": info["weights"].get("sha256")}
+
+
+def reload_model(store: Store, key: str, device: torch.device) -> LoadedModel:
+    """Returns the model rebuilt exactly as recorded (spec, weights, input size), refusing changed weights."""
+    info = store.model_info(key)
+    recorded = info["weights"]
+    _, h, w = info["data_config"]["input_size"]
+    loaded = load_model(parse_model_spec(info["spec"]), img_size=int(h) if h == w else None, device=device)
+    if recorded.get("sha256") != loaded.weights.get("sha256"):
+        raise VitseeError(
+            f"the weights of {key} changed since extraction (sha256 {str(recorded.get('sha256'))[:12]} recorded, "
+            f"{str(loaded.weights.get('sha256'))[:12]} now in {loaded.weights.get('path')}): put the original file "
+            "back, or re-extract the model with these weights"
+        )
+    if list(loaded.data_config["input_size"]) != list(info["data_config"]["input_size"]):
+        raise VitseeError(f"{key} rebuilds with input {loaded.data_config['input_size']}, not the recorded "
+                          f"{info['data_config']['input_size']}: re-extract it with this timm")
+    for p in loaded.model.parameters():
+        p.requires_grad_(False)  # gradients are taken against the input only
+    return loaded
+
+
+def _check_reproduces(store: Store, key: str, model: nn.Module, x: torch.Tensor, taps: dict[str, Tap], rows: np.ndarray) -> None:
+    """Refuses a reloaded model whose forward does not give the stored activations of the first images
+    (another timm's random init, say): its ERF would not be the recorded model's."""
+    layer = list(taps)[-1]
+    seen: dict[str, torch.Tensor] = {}
+    tap = taps[layer]
+    module = model.get_submodule(tap.module)
+    if tap.kind == "input":
+        handle = module.register_forward_pre_hook(lambda _m, args: seen.__setitem__("v", _first(args)))
+    else:
+        handle = module.register_forward_hook(lambda _m, _a, out: seen.__setitem__("v", _first(out)))
+    try:
+        with torch.inference_mode():
+            model(x)
+    finally:
+        handle.remove()
+    got = seen["v"].float().cpu().reshape(len(rows), -1).numpy()
+    stored = store.activations(key, layer, rows).reshape(len(rows), -1)
+    scale = float(np.abs(stored).max()) or 1.0
+    if float(np.abs(got - stored).max()) > 2e-2 * scale + 1e-3:
+        raise VitseeError(
+            f"{key} rebuilt from its record does not reproduce the stored {layer} activations (timm or weights "
+            "differ from extraction): re-extract the model, then compute its ERF"
+        )
+
+
+def run_erf(store: Store, model: str, cfg, progress=None) -> dict:
+    """Returns the ERF result (cached or computed): `maps` (layers, H, W), each summing to 1, over the first
+    erf_images images of the store."""
+    params = erf_params(store, model, cfg)
+    key = params["model"]
+    store.require_complete(key)
+    cached = None if cfg.recompute else store.get_result(ANALYSIS, params)
+    if cached is not None:
+        return cached
+    device = _device(cfg.device)
+    loaded = reload_model(store, key, device)
+    taps = {layer: tap for layer, tap in _taps(store, key, store.model_info(key)).items() if layer in params["layers"]}
+    n = params["erf_images"]
+    total: dict[str, np.ndarray] = {}
+    starts = list(range(0, n, BATCH))
+    for b, start in enumerate(starts):
+        rows = np.arange(start, min(start + BATCH, n))
+        x = torch.from_numpy(store.model_input(key, slice(int(rows[0]), int(rows[-1]) + 1))).to(device)
+        if b == 0:
+            _check_reproduces(store, key, loaded.model, x, taps, rows)
+        grads = input_gradients(loaded.model, x, taps)
+        for layer, g in grads.items():
+            total[layer] = total.get(layer, 0.0) + g.double().sum(dim=0).cpu().numpy()
+        _emit(progress, f"erf {key}", b + 1, len(starts))
+    maps = normalised(np.stack([total[layer] / n for layer in params["layers"]]))  # mean over images, then sum 1
+    _, h, w = store.model_info(key)["data_config"]["input_size"]
+    return _save(store, ANALYSIS, params, {"maps": maps, "layers": np.array(params["layers"]),
+                                           "input_hw": np.array([h, w])})
+
+
+# --- the view ---------------------------------------------------------------------------------------------------
+
+
+def depths(layers: Sequence[str], count: int = 4) -> list[int]:
+    """Returns up to `count` layer indices spread from the first to the last (the PNG's panels)."""
+    if len(layers) <= count:
+        return list(range(len(layers)))
+    return sorted({round(i * (len(layers) - 1) / (count - 1)) for i in range(count)})
+
+
+def view_fields(result: dict, keys: list[str], layer: str | None) -> dict:
+    """Returns the fields of the View of erf:MODEL[:LAYER] (views.View(**fields)): the H x W map of one layer
+    (default: the first), rows / cols pixel indices, and a few depths' maps for the PNG."""
+    key = keys[0]
+    layers = [str(x) for x in result["layers"]]
+    layer = layer or layers[0]
+    if layer not in layers:
+        raise VitseeError(f"no ERF of layer '{layer}' for {key}: it has {', '.join(layers)}")
+    maps = np.asarray(result["maps"], dtype=float)
+    matrix = maps[layers.index(layer)]
+    finite = matrix[np.isfinite(matrix) & (matrix > 0)]
+    shown = depths(layers)
+    extra = {"layers": layers, "depth_layers": [layers[i] for i in shown],
+             "depth_maps": {layers[i]: maps[i] for i in shown}, "min_positive": float(finite.min()) if finite.size else 0.0}
+    params = dict(result["_params"], layer=layer)
+    params.pop("layers", None)
+    h, w = matrix.shape
+    return dict(kind=ANALYSIS, spec="", title=f"Effective receptive field {key} {layer}", subtitle="", matrix=matrix,
+                rows=[str(i) for i in range(h)], cols=[str(j) for j in range(w)], value_name="ERF (share of |grad|)",
+                vmin=0.0, vmax=float(np.nanmax(matrix)) if np.isfinite(matrix).any() else 1.0, params=params,
+                extra=extra, models=[key])

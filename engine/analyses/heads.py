@@ -1,0 +1,203 @@
+"""Head-level CKA against another model (Raghu et al. 2021, Fig. 5): each attention head of a ViT against every
+layer of another model (usually a ResNet), beside the head's mean attention distance.
+
+A head's representation is its attention output before the output projection, softmax(q k^T * scale) v on the
+spatial tokens, flattened per image (recorded at extraction, see recorders.HeadOutputRecorder). The CKA is the
+project's minibatch unbiased CKA (cka.MinibatchCKA) with the batches of the CKA view (--batch-size, --shuffles),
+accumulated only between the heads and the other model's layers.
+
+The pure core is `HeadCKA` (per-batch head outputs and layer activations in, a heads x layers matrix out);
+`run_heads` is the store-facing runner, `heads_params` its cache key, `heads_view` its view.
+"""
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from .. import cka as cka_mod
+from ..errors import VitseeError
+from ..store import Store, read_rows
+
+# the shared plumbing of the store-facing runners (batches by global index, device, caching with provenance)
+from ..analyze import _check_ready, _device, _emit, _save, batch_plan  # lifted into the analyses plumbing module by the refactor
+
+ANALYSIS = "heads"
+IDENTITY = ("vit", "other", "blocks", "layers", "n_images")  # what a result is about (views take any estimate of it)
+
+
+# --- the pure core ------------------------------------------------------------------------------------------
+
+
+def split_heads(outputs) -> list:
+    """Returns one (b, tokens * head_dim) array per head of a block's outputs (b, heads, tokens, head_dim)."""
+    b, n_heads = outputs.shape[:2]
+    return [outputs[:, h].reshape(b, -1) for h in range(n_heads)]
+
+
+class HeadCKA:
+    """Accumulates minibatch CKA between R head representations and L layers; `result()` is (R, L).
+
+    One MinibatchCKA over [heads..., layers...] split at R, so only the head x layer block (and each one's own
+    HSIC) is accumulated: the same estimator, numbers and numerics as the CKA view.
+    """
+
+    def __init__(self, n_heads: int, n_layers: int, device: str | torch.device | None = None):
+        self.n_heads = n_heads
+        self.acc = cka_mod.MinibatchCKA(n_heads + n_layers, device, cross_at=n_heads)
+
+    def update(self, heads: Sequence, layers: Sequence) -> None:
+        """Adds one batch: R head arrays (m, ...) and L layer arrays (m, ...) of the same m images."""
+        self.acc.update([*heads, *layers])
+
+    def result(self) -> np.ndarray:
+        return self.acc.result()[: self.n_heads, self.n_heads :]
+
+
+class _BlockHeads:
+    """The heads of one block's batch, read from the store when the first is asked for and dropped after the
+    last, so the accumulator holds one block's outputs at a time."""
+
+    def __init__(self, ds, rows: np.ndarray, n_heads: int):
+        self.ds, self.rows, self.n_heads = ds, rows, n_heads
+        self._data: np.ndarray | None = None
+        self._given = 0
+
+    def head(self, h: int) -> _LazyHead:
+        return _LazyHead(self, h)
+
+    def take(self, h: int) -> np.ndarray:
+        if self._data is None:
+            self._data = read_rows(self.ds, self.rows)
+        out = self._data[:, h].reshape(len(self.rows), -1)
+        self._given += 1
+        if self._given == self.n_heads:
+            self._data = None
+        return out
+
+
+class _LazyHead:
+    def __init__(self, block: _BlockHeads, h: int):
+        self.block, self.h = block, h
+        tokens, dim = block.ds.shape[2:]
+        self.shape = (len(block.rows), tokens * dim)
+
+    def __array__(self, dtype=None, copy=None):
+        array = self.block.take(self.h)
+        return array if dtype is None else array.astype(dtype)
+
+
+# --- the store-facing runner ----------------------------------------------------------------------------------
+
+
+def pairs(store: Store) -> list[tuple[str, str]]:
+    """Returns every (ViT with stored head outputs, other model) pair of the store."""
+    vits = [m for m in store.models if store.head_blocks(m)]
+    out = [(v, o) for v in vits for o in store.models if o != v]
+    if not out:
+        _refuse_streaming(store)
+        why = ("no model has stored head outputs (they are recorded for ViT-like models by this vitsee's extract)"
+               if not vits else "head-level CKA compares a ViT with another model and the store holds one")
+        raise VitseeError(f"{store.path}: {why}: extract a ViT and e.g. a ResNet into the store (`vitsee extract STORE --model NAME`)")
+    return out
+
+
+def _refuse_streaming(store: Store) -> None:
+    if store.streaming:
+        raise VitseeError(
+            f"{store.path} was extracted with --streaming, which keeps no head outputs, so head-level CKA cannot be "
+            "computed: re-extract without --streaming into another store"
+        )
+
+
+def heads_params(store: Store, vit: str, other: str, cfg) -> dict:
+    """Returns the cache key of heads:VIT:OTHER: what it is about, and the CKA estimator's settings."""
+    _refuse_streaming(store)
+    vit, other = store.resolve_model(vit), store.resolve_model(other)
+    blocks = store.head_blocks(vit)
+    if not blocks:
+        raise VitseeError(
+            f"{vit} has no stored head outputs: they are recorded for ViT-like models at extraction; "
+            "re-extract it with this vitsee (`vitsee extract STORE --model NAME --overwrite`)"
+        )
+    batch_size = min(cfg.batch_size, store.n_images)
+    return {"vit": vit, "other": other, "blocks": blocks, "layers": store.layers(other), "batch_size": batch_size,
+            "shuffles": cfg.shuffles, "seed": cfg.seed if cfg.shuffles else None, "n_images": store.n_images}
+
+
+def mean_distances(store: Store, vit: str, blocks: Sequence[str]) -> np.ndarray:
+    """Returns (blocks * heads,) each head's mean attention distance in px over the images (nan when the
+    statistic was not recorded), rows in the order blocks.B.head.H."""
+    n_heads = int(store.model_info(vit)["num_heads"])
+    if "attention_distance" not in store.stats(vit):
+        return np.full(len(blocks) * n_heads, np.nan)
+    total, count = 0.0, 0
+    for batch in store.stat_batches(vit, ["attention_distance"]):
+        total = total + batch["attention_distance"].sum(axis=0, dtype=np.float64)  # (all blocks, heads)
+        count += len(batch["attention_distance"])
+    mean = np.asarray(total) / max(count, 1)
+    return np.concatenate([mean[int(b.rsplit(".", 1)[1])] for b in blocks])
+
+
+def run_heads(store: Store, vit: str, other: str, cfg, progress=None) -> dict:
+    """Returns the head-level CKA result (cached or computed): `cka` (heads, layers) with rows blocks.B.head.H,
+    the other model's layers as columns, and each head's mean attention distance `distance_px`."""
+    params = heads_params(store, vit, other, cfg)
+    vit, other = params["vit"], params["other"]
+    _check_ready(store, [vit, other])
+    cached = None if cfg.recompute else store.get_result(ANALYSIS, params)
+    if cached is not None:
+        return cached
+    device = _device(cfg.device)
+    blocks, layers = params["blocks"], params["layers"]
+    head_ds = [store._model(vit)["heads"][b] for b in blocks]
+    n_heads = int(head_ds[0].shape[1])
+    layer_ds = [store._layer(other, layer) for layer in layers]
+    plan = batch_plan(params["n_images"], params["batch_size"], params["shuffles"], params["seed"] or 0)
+    accumulators = [HeadCKA(len(blocks) * n_heads, len(layers), device) for _ in range(max(1, params["shuffles"]))]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a short last batch is skipped, as the CKA view does
+        for b, (k, rows) in enumerate(plan):
+            blocks_read = [_BlockHeads(ds, rows, n_heads) for ds in head_ds]
+            heads = [block.head(h) for block in blocks_read for h in range(n_heads)]
+            accumulators[k].update(heads, [read_rows(ds, rows) for ds in layer_ds])
+            _emit(progress, f"heads {vit} x {other}", b + 1, len(plan))
+        matrices = [acc.result() for acc in accumulators]
+    rows = [f"{block}.head.{h}" for block in blocks for h in range(n_heads)]
+    arrays = {
+        "cka": np.mean(matrices, axis=0),
+        "shuffle_std": np.std(matrices, axis=0) if len(matrices) > 1 else np.zeros_like(matrices[0]),
+        "rows": np.array(rows),
+        "cols": np.array(layers),
+        "block": np.repeat([int(b.rsplit(".", 1)[1]) for b in blocks], n_heads),
+        "head": np.tile(np.arange(n_heads), len(blocks)),
+        "distance_px": mean_distances(store, vit, blocks),
+    }
+    return _save(store, ANALYSIS, params, arrays)
+
+
+# --- the view ---------------------------------------------------------------------------------------------------
+
+
+def most_similar_layer(matrix: np.ndarray) -> int:
+    """Returns the column (layer of the other model) with the highest mean CKA over the heads."""
+    finite = np.where(np.isfinite(matrix), matrix, 0.0)
+    counts = np.isfinite(matrix).sum(axis=0)
+    means = np.where(counts > 0, finite.sum(axis=0) / np.maximum(counts, 1), -np.inf)
+    return int(np.argmax(means))
+
+
+def view_fields(result: dict, keys: list[str]) -> dict:
+    """Returns the fields of the View of heads:VIT:OTHER (views.View(**fields)): heads x layers CKA, with
+    distance_px, block and head per row, and the layer the paper's scatter plots by default (`scatter_col`,
+    the most similar on average)."""
+    vit, other = keys[0], keys[1]
+    matrix = np.asarray(result["cka"], dtype=float)
+    extra = {"distance_px": np.asarray(result["distance_px"], dtype=float), "block": result["block"],
+             "head": result["head"], "scatter_col": most_similar_layer(matrix)}
+    params = {k: v for k, v in result["_params"].items() if k != "layers"}
+    return dict(kind=ANALYSIS, spec="", title=f"Head-level CKA {vit} heads (rows) x {other} (cols)", subtitle="",
+                matrix=matrix, rows=[str(r) for r in result["rows"]], cols=[str(c) for c in result["cols"]],
+                value_name="CKA", vmin=0.0, vmax=1.0, params=params, extra=extra, models=[vit, other])

@@ -1,0 +1,93 @@
+"""Effective receptive fields (paper Fig. 6): the share of |d centre / d input| of each input pixel for one layer,
+picked in the side panel; g switches to a log colour scale, since ERFs span decades."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.widgets import Label
+
+from vitsee.tui.messages import StatusChanged
+from vitsee.tui.results import LoadedView
+from vitsee.tui.widgets.heatmap import Heatmap
+from vitsee.tui.widgets.view_pane import HeatmapPane
+
+DECADES = 6  # the log scale's range below the peak
+
+
+class ErfPane(HeatmapPane):
+    """An input-sized heatmap of one layer's ERF; the cursor is a pixel."""
+
+    kind = "erf"
+    label = "ERF"
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("g", "toggle_log", "Log scale", id="erf.log", tooltip="Colour the ERF by log10 (it spans decades) or linearly"),
+    ]
+
+    DEFAULT_CSS = """
+    ErfPane {
+        & Heatmap { height: 1fr; }
+        & .erf--note { height: 1; color: $text-muted; padding: 0 1; }
+    }
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.log_scale = True
+
+    def compose_body(self) -> ComposeResult:
+        yield Label("", classes="erf--note")
+
+    def shown(self) -> tuple[np.ndarray, float, float]:
+        """Returns the matrix as coloured (log10 of the shares, or the shares) and its colour range."""
+        view = self.view
+        matrix = np.asarray(view.matrix, dtype=float)
+        peak = float(np.nanmax(matrix)) if np.isfinite(matrix).any() and np.nanmax(matrix) > 0 else 1.0
+        if not self.log_scale:
+            return matrix, 0.0, peak
+        floor = peak * 10.0**-DECADES
+        return np.log10(np.maximum(np.nan_to_num(matrix, nan=floor), floor)), float(np.log10(floor)), float(np.log10(peak))
+
+    def populate(self, loaded: LoadedView) -> None:
+        view = loaded.view
+        matrix, vmin, vmax = self.shown()
+        name = "log10 ERF" if self.log_scale else "ERF"
+        heatmap = self.heatmap
+        if heatmap is None:
+            heatmap = Heatmap(matrix, view.rows, view.cols, vmin=vmin, vmax=vmax, cmap=self.cmap,
+                              color_mode=self.color_mode, value_name=name, id="erf-heatmap")
+            self.query_one(".pane--body").mount(heatmap)
+        else:
+            heatmap.set_cmap(self.cmap)
+            heatmap.set_data(matrix, view.rows, view.cols, vmin=vmin, vmax=vmax)
+            heatmap.value_name = name
+        self.query_one(".erf--note", Label).update(
+            f"{view.params.get('layer')}: share of |d centre / d input| per pixel over {view.params.get('erf_images')} "
+            f"images; {'log' if self.log_scale else 'linear'} colours (g switches)"
+        )
+        self.post_status()
+
+    def action_toggle_log(self) -> None:
+        self.log_scale = not self.log_scale
+        if self.loaded is not None:
+            self.populate(self.loaded)
+
+    def on_heatmap_cursor_moved(self, message: Heatmap.CursorMoved) -> None:
+        message.stop()
+        self.post_message(StatusChanged(self.kind, self.status_text()))
+
+    def status_text(self) -> str:
+        view, heatmap = self.view, self.heatmap
+        if view is None or heatmap is None:
+            return ""
+        r, c = heatmap.cursor
+        value = float(view.matrix[r, c])
+        return f"{view.params.get('layer')}  pixel row {r} col {c}  ERF {value:.3g} ({value * 100:.3f}% of the total)"
+
+    def layer_choices(self) -> list[str]:
+        view = self.view
+        return list(view.extra["layers"]) if view is not None else []

@@ -1,0 +1,80 @@
+"""Head-level CKA (paper Fig. 5): each ViT head's CKA with one layer of another model against its mean attention
+distance; local heads resemble a ResNet's lower layers, global ones do not."""
+
+from __future__ import annotations
+
+import numpy as np
+from textual.app import ComposeResult
+from textual.widget import Widget
+from textual.widgets import Label
+
+from vitsee.tui.results import LoadedView
+from vitsee.tui.widgets.head_scatter import HeadScatter
+from vitsee.tui.widgets.view_pane import ViewPane
+
+
+class HeadsPane(ViewPane):
+    """The heads scatter; ] and [ (or the side panel) pick the other model's layer it plots."""
+
+    kind = "heads"
+    label = "Heads"
+
+    DEFAULT_CSS = """
+    HeadsPane {
+        & .heads--note { height: 1; color: $text-muted; padding: 0 1; }
+    }
+    """
+
+    def compose_body(self) -> ComposeResult:
+        yield Label("", classes="heads--note")
+        yield HeadScatter(id="heads-scatter")
+
+    def populate(self, loaded: LoadedView) -> None:
+        view = loaded.view
+        plot = self.query_one(HeadScatter)
+        column = plot.column if plot.matrix.shape == view.matrix.shape else int(view.extra["scatter_col"])
+        plot.show(view.matrix, view.extra["distance_px"], view.extra["block"], column)
+        self._note()
+
+    def _note(self) -> None:
+        view = self.view
+        if view is None:
+            return
+        layer = view.cols[self.query_one(HeadScatter).column]
+        self.query_one(".heads--note", Label).update(
+            f"y: CKA of each {view.models[0]} head with {view.models[-1]} {layer} (] [ pick the layer)"
+        )
+
+    def on_head_scatter_cursor_moved(self, message: HeadScatter.CursorMoved) -> None:
+        message.stop()
+        self._note()
+        self.post_status()
+
+    @property
+    def selection(self) -> tuple[int, int] | None:
+        plot = self.query_one(HeadScatter)
+        return (plot.cursor, plot.column) if self.view is not None else None
+
+    def status_text(self) -> str:
+        view = self.view
+        if view is None:
+            return ""
+        plot = self.query_one(HeadScatter)
+        row, col = plot.cursor, plot.column
+        distance = float(np.asarray(view.extra["distance_px"], dtype=float)[row])
+        where = f"distance {distance:.1f} px" if np.isfinite(distance) else "distance not recorded"
+        return f"{view.rows[row]}  {where}  CKA vs {view.cols[col]} {view.matrix[row, col]:.2f}"
+
+    def main_widget(self) -> Widget | None:
+        return self.query_one(HeadScatter)
+
+    def layer_choices(self) -> list[str]:
+        view = self.view
+        return list(view.cols) if view is not None else []
+
+    def jump_to_layer(self, layer: str) -> bool:
+        view = self.view
+        if view is None or layer not in view.cols:
+            return False
+        self.query_one(HeadScatter).column = view.cols.index(layer)
+        return True
