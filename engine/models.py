@@ -376,7 +376,7 @@ def input_size(model: nn.Module) -> tuple[int, int, int]:
     img_size=N: it still reports the pretrained size)."""
     cfg = getattr(model, "pretrained_cfg", {}) or {}
     c, h, w = cfg.get("input_size", (3, 224, 224))
-    patch_embed = getattr(model, "patch_embed", None)
+    patch_embed = getattr(model, "patch_embed", None) or getattr(model, "stem", None)  # MLP-Mixer calls it stem
     img_size = getattr(patch_embed, "img_size", None)
     if img_size is not None:
         h, w = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
