@@ -264,3 +264,142 @@ def test_mixer_skip_ratios_against_its_own_sublayers(store_dir):
         assert "attention" not in an.applicable(s, key)
         with pytest.raises(Exception, match="MLP-Mixer: it mixes tokens with MLPs, not attention"):
             an.run_attention(s, key, an.AnalyzeConfig(device="cpu"))
+
+
+# --- class tokens, head order, fp16 storage, info ---------------------------------------------------
+
+
+def test_register_only_vit_has_no_cls_column_or_series_and_says_so(store_dir):
+    """vit_*_reg4_gap_*: four prefix tokens, none of them a class token (register 0 was taken for CLS)."""
+    from vitsee.engine.views import load_view
+
+    path = _store("reg_gap_vit", store_dir)
+    key = "vitsee_tiny_vit_reg4_gap@random:0"
+    skip = load_view(path, f"skip:{key}")
+    assert np.isnan(np.asarray(skip.extra["cls"], dtype=float)).all()
+    assert skip.cols[:5] == ["reg 0", "reg 1", "reg 2", "reg 3", "token 0"]
+    assert "no class token" in skip.title
+    probes = load_view(path, f"probes:{key}")
+    assert "CLS" not in probes.cols and "GAP" in probes.cols
+    assert "no class token" in probes.title
+    # a ViT with a class token keeps both, and says nothing of the kind
+    dino = load_view(_store("dinov2_reg", store_dir), "skip:vitsee_tiny_dinov2_reg4@random:0")
+    assert dino.cols[:6] == ["CLS", "reg 0", "reg 1", "reg 2", "reg 3", "token 0"]
+    assert np.isfinite(np.asarray(dino.extra["cls"], dtype=float)).all() and "no class token" not in dino.title
+
+
+def test_renormalised_distances_are_in_the_plain_head_order(tiny_store, tmp_path):
+    import shutil
+
+    path = tmp_path / "s.h5"
+    shutil.copy(tiny_store, path)
+    with Store.writer(path) as s:
+        key = s.resolve_model("test_vit")
+        r = an.run_attention(s, key, an.AnalyzeConfig(device="cpu", recompute=True))
+        plain = s.stat(key, "attention_distance").astype(np.float64).mean(axis=0)  # (blocks, heads)
+        renorm = s.stat(key, "attention_distance_renorm").astype(np.float64).mean(axis=0)
+    order = r["head_order"]
+    np.testing.assert_allclose(r["mean_px"], np.take_along_axis(plain, order, axis=1), rtol=1e-6)
+    np.testing.assert_allclose(r["mean_renorm_px"], np.take_along_axis(renorm, order, axis=1), rtol=1e-6)
+    assert not np.array_equal(np.argsort(plain, axis=1), np.argsort(renorm, axis=1))  # the two orders differ here
+
+
+def _unbiased_cka(x: np.ndarray, y: np.ndarray) -> float:
+    """Unbiased linear CKA of one batch, fp64, straight from the formula (Song et al. 2012)."""
+    def hsic(k, l):
+        n = len(k)
+        k, l = k.copy(), l.copy()
+        np.fill_diagonal(k, 0)
+        np.fill_diagonal(l, 0)
+        ones = np.ones(n)
+        return (np.trace(k @ l) + ones @ k @ ones * (ones @ l @ ones) / ((n - 1) * (n - 2))
+                - 2 / (n - 2) * ones @ k @ l @ ones) / (n * (n - 3))
+    k, l = x @ x.T, y @ y.T
+    return hsic(k, l) / np.sqrt(hsic(k, k) * hsic(l, l))
+
+
+@pytest.mark.parametrize("offset,spread,lossy", [(0, 1.0, False), (100, 0.3, False), (2000, 1.0, True), (2000, 3.0, True)])
+def test_fp16_rounding_loss_bounds_what_cka_loses(offset, spread, lossy):
+    """The measured ratio ||x - fp16(x)||^2 / ||x - mean||^2 tracks |1 - CKA(x, fp16(x))| (fp64, the formula); a few channels near
+    +-2000 (as in pretrained ViTs) go over the limit, ordinary activations stay far below it."""
+    from vitsee.engine.models import Point
+    from vitsee.engine.recorders import FP16_LOSS_LIMIT, ActivationRecorder, fp16_lossy_layers
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((128, 16, 48))
+    x[..., :4] = offset * np.sign(rng.standard_normal(4)) + spread * rng.standard_normal((128, 16, 4))
+    rec = ActivationRecorder([Point("blocks.0", "blocks.0")], torch.float16)
+    rec.loaded = None
+    rec.measure_rounding = True
+    rec._add_rounding("blocks.0", torch.from_numpy(x).float())
+    ratio = rec.rounding_loss()["blocks.0"]
+    x32 = x.astype(np.float32).astype(np.float64).reshape(128, -1)
+    x16 = x.astype(np.float32).astype(np.float16).astype(np.float64).reshape(128, -1)
+    want = ((x32 - x16) ** 2).sum() / ((x32 - x32.mean(axis=0)) ** 2).sum()
+    assert ratio == pytest.approx(want, rel=1e-9)
+    moved = abs(1 - _unbiased_cka(x32, x16))  # the unbiased estimate can move either way
+    if lossy:  # the ratio predicts what CKA loses to within a small factor
+        assert ratio / 4 <= moved <= 4 * ratio
+    assert (fp16_lossy_layers({"blocks.0": ratio}) == ["blocks.0"]) is lossy
+    assert bool(moved > FP16_LOSS_LIMIT / 2) is lossy  # the limit separates the CKA changes that show from those that do not
+
+
+def test_extraction_names_fp16_lossy_layers_records_them_and_info_shows_them(tmp_path, capsys):
+    """A ViT whose patch embedding adds +-2000 to four channels: the residual stream carries the offset."""
+    import timm
+
+    from conftest import run_cli
+    from vitsee.engine.extract import run_extraction as extract
+
+    torch.manual_seed(0)
+    model = timm.create_model("test_vit", img_size=64)
+    state = model.state_dict()
+    state["patch_embed.proj.bias"][:4] += torch.tensor([2000.0, -2000.0, 2000.0, -2000.0])
+    weights = tmp_path / "offset.pth"
+    torch.save(state, weights)
+    events = []
+    cfg = dict(models=[f"test_vit@{weights}"], dataset="synthetic", n_images=8, batch_size=8, img_size=64,
+               device="cpu", workers=0)
+    result = extract(ExtractConfig(store=tmp_path / "a.h5", **cfg), progress=events.append)
+    notes = [e.message for e in events if e.stage == "plan" and "float16" in e.message]
+    assert len(notes) == 1 and "patch_embed" in notes[0] and "--dtype float32" in notes[0]
+    assert notes[0] in result.messages
+    with Store.open(tmp_path / "a.h5") as s:
+        info = s.model_info(s.models[0])
+        assert "patch_embed" in info["fp16_lossy_layers"]
+        assert info["fp16_loss"]["patch_embed"] > 1e-4
+    code, out, _ = run_cli(["info", tmp_path / "a.h5"], capsys)
+    assert code == 0 and "float16 storage lost" in out and "--dtype float32" in out
+    # float32 storage loses nothing and says nothing; an ordinary model neither
+    events.clear()
+    extract(ExtractConfig(store=tmp_path / "b.h5", dtype="float32", **cfg), progress=events.append)
+    plain = dict(cfg, models=["test_vit@random:0"])
+    extract(ExtractConfig(store=tmp_path / "c.h5", **plain), progress=events.append)
+    assert not [e for e in events if "float16" in e.message]
+    with Store.open(tmp_path / "c.h5") as s:
+        assert s.model_info(s.models[0])["fp16_lossy_layers"] == []
+
+
+def test_info_prints_a_hybrids_grid_in_image_pixels(store_dir, capsys):
+    from conftest import run_cli
+
+    code, out, _ = run_cli(["info", _store("hybrid", store_dir)], capsys)
+    assert code == 0 and "grid 2x2 of 32 px" in out
+
+
+def test_stores_without_layouts_read_as_before(tmp_path, tiny_store):
+    """Layouts absent (stores written before they were recorded): 2 axes are tokens, 3 are nchw."""
+    import shutil
+
+    import h5py
+
+    path = tmp_path / "old.h5"
+    shutil.copy(tiny_store, path)
+    with h5py.File(path, "r+") as f:
+        for model in f["models"].values():
+            for ds in model["acts"].values():
+                del ds.attrs["layout"]
+    with Store.open(path) as s:
+        vit, resnet = s.resolve_model("test_vit"), s.resolve_model("test_resnet")
+        assert {s.layer_layout(vit, layer) for layer in s.layers(vit)} == {"tokens"}
+        assert {s.layer_layout(resnet, layer) for layer in s.layers(resnet)} == {"nchw"}
