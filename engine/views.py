@@ -242,6 +242,15 @@ def _attention_view(r: dict, keys: list[str], info: dict) -> View:
                 dict(r["_params"]), extra, [key])
 
 
+def uniform_text(view: View) -> str:
+    """Returns 'uniform attention: 116.5 px', or for Swin the value inside a window of each stage."""
+    per_block = np.asarray(view.extra.get("uniform_px_per_block", [view.extra["uniform_px"]]), dtype=float)
+    if np.allclose(per_block, per_block[0]):
+        return f"uniform attention: {float(view.extra['uniform_px']):.1f} px"
+    stages = list(dict.fromkeys(round(float(v), 1) for v in per_block))
+    return "uniform attention inside a window: " + ", ".join(f"{v:.1f}" for v in stages) + " px by stage"
+
+
 NO_CLS = "no class token"
 
 

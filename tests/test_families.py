@@ -403,3 +403,22 @@ def test_stores_without_layouts_read_as_before(tmp_path, tiny_store):
         vit, resnet = s.resolve_model("test_vit"), s.resolve_model("test_resnet")
         assert {s.layer_layout(vit, layer) for layer in s.layers(vit)} == {"tokens"}
         assert {s.layer_layout(resnet, layer) for layer in s.layers(resnet)} == {"nchw"}
+
+
+def test_models_lists_mixer_and_swin_as_families(capsys):
+    from conftest import run_cli
+
+    for name, family in (("mixer_s16_224", "mixer"), ("swin_tiny_patch4_window7_224", "swin"), ("resmlp_12_224", "other")):
+        code, out, _ = run_cli(["models", name], capsys)
+        rows = {line.split()[0].partition(".")[0]: line.split()[1] for line in out.splitlines()[1:-1] if line.split()}
+        assert code == 0 and rows[name] == family
+
+
+def test_show_swin_attention_leaves_missing_heads_blank_and_gives_the_stage_references(store_dir, capsys):
+    from conftest import run_cli
+
+    path = _store("swin", store_dir)
+    code, out, _ = run_cli(["show", path, "attention:vitsee_tiny_swin@random:0", "--color", "none"], capsys)
+    assert code == 0 and "nan" not in out
+    ref = f"{uniform_attention_distance_px(4, 4):.1f}, {uniform_attention_distance_px(4, 8):.1f} px by stage"
+    assert ref in " ".join(out.split())
