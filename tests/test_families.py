@@ -7,6 +7,7 @@ in the timm module of its family, so extraction builds it by name like any model
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from dataclasses import dataclass
 
 import numpy as np
@@ -422,3 +423,18 @@ def test_show_swin_attention_leaves_missing_heads_blank_and_gives_the_stage_refe
     assert code == 0 and "nan" not in out
     ref = f"{uniform_attention_distance_px(4, 4):.1f}, {uniform_attention_distance_px(4, 8):.1f} px by stage"
     assert ref in " ".join(out.split())
+
+
+async def test_the_app_draws_swin_attention_with_its_missing_heads(store_dir, tmp_path):
+    """A Swin's first stage has fewer heads than its last: the NaN beyond them must not reach the dot plot's x."""
+    from test_tui import SIZE, make_app, settle, status, view_shown
+
+    path = _store("swin", store_dir)
+    app = make_app(Path(path), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, view_shown("cka"))
+        await pilot.press("2")
+        await settle(pilot, view_shown("attention"))
+        line = status(app)
+        assert line.startswith("layers.0.blocks.0 head") and f"uniform {uniform_attention_distance_px(4, 4):.1f} px" in line
+        assert app.is_running
