@@ -33,8 +33,9 @@ from .recorders import ActivationRecorder, Recorder, default_recorders, fp16_los
 from .store import ArraySpec, LayerSpec, Store, estimate_bytes, human_bytes
 
 DTYPES = {"float16": torch.float16, "float32": torch.float32}
-# images of the dry run that learns the layer shapes and what fp16 storage loses (its centring needs several)
-DRY_RUN_IMAGES = 8
+# images of the dry run that learns the layer shapes and what fp16 storage loses (its centring over images needs
+# several; the loss is an order of magnitude, so data.MIN_IMAGES do)
+DRY_RUN_IMAGES = 4
 
 
 @dataclass

@@ -109,6 +109,8 @@ class ActivationRecorder(Recorder):
         self.values[name] = tensor.to(self.dtype, copy=True)
 
     def _add_rounding(self, name: str, tensor: torch.Tensor) -> None:
+        if len(tensor) < 2:  # one image has no spread over images to lose
+            return
         x = tensor.flatten(1).double()  # (B, F)
         error = x - x.to(torch.float16).double()  # inf where fp16 overflows: that layer is lost for sure
         centred = x - x.mean(dim=0)  # CKA centres over images, so a shared offset is no signal
