@@ -7,6 +7,7 @@ ahead) in memory, and returns the cached result when one with the same parameter
 from __future__ import annotations
 
 import queue
+import re
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -18,7 +19,7 @@ import torch
 
 from . import cka as cka_mod
 from . import probes as probes_mod
-from .attention import sort_heads, uniform_attention_distance_px
+from .attention import uniform_attention_distance_px
 from .errors import VitseeError
 from .store import Store, read_rows
 
@@ -317,16 +318,13 @@ def run_attention(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn
     store.require_complete(key)
     info = store.model_info(key)
     if "attention_distance" not in store.stats(key):
-        raise VitseeError(f"{key} has no attention distances ({info['family']} model): they exist for ViT-like models only")
+        raise VitseeError(no_attention_reason(key, info))
     params = attention_params(store, key, cfg)
     bins = params["bins"]
     cached = None if cfg.recompute else store.get_result("attention", params)
     if cached is not None:
         return cached
-    uniform = uniform_attention_distance_px(tuple(info["grid_size"]), tuple(info["patch_size"]))
-    gh, gw = info["grid_size"]
-    ph, pw = info["patch_size"]
-    max_px = float(np.hypot((gh - 1) * ph, (gw - 1) * pw))
+    uniform, max_px = _attention_reference(info)
     edges = np.linspace(0.0, max_px, bins + 1)
     plain, renorm = RunningMoments(), RunningMoments()
     hist = 0
@@ -334,21 +332,64 @@ def run_attention(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn
         dist = batch["attention_distance"]  # (b, blocks, heads)
         plain.update(dist)
         renorm.update(batch["attention_distance_renorm"])
-        hist = hist + np.stack([np.histogram(dist[:, b, :].ravel(), bins=edges)[0] for b in range(dist.shape[1])])
+        # a Swin block's missing heads (fewer than the widest stage's) are NaN: not counted
+        hist = hist + np.stack([np.histogram(_present(dist[:, b, :]), bins=edges)[0] for b in range(dist.shape[1])])
     mean = plain.mean  # (blocks, heads)
-    order = np.argsort(mean, axis=1)
+    order = np.argsort(mean, axis=1)  # missing heads sort last
     arrays = {
         "mean_px": np.take_along_axis(mean, order, axis=1),  # sorted ascending per block
         "std_px": np.take_along_axis(plain.std, order, axis=1),
         "head_order": order,
-        "mean_renorm_px": sort_heads(renorm.mean),
+        "mean_renorm_px": np.take_along_axis(renorm.mean, order, axis=1),  # the same head in the same column
         "hist_counts": hist,
         "hist_edges": edges,
-        "uniform_px": np.array(uniform),
-        "blocks": np.array([f"blocks.{b}" for b in range(mean.shape[0])]),
+        "uniform_px": np.array(uniform[-1]),
+        "uniform_px_per_block": np.array(uniform),
+        "heads_per_block": _heads_per_block(info, mean.shape),
+        "blocks": np.array(_attention_block_names(info, mean.shape[0])),
     }
     _emit(progress, f"attention {key}", 1, 1)
     return _save(store, "attention", params, arrays)
+
+
+def no_attention_reason(key: str, info: dict) -> str:
+    """Returns the one line that says why a model has no attention distances."""
+    if info.get("family") == "mixer":
+        return f"{key} is an MLP-Mixer: it mixes tokens with MLPs, not attention, so it has no attention distances"
+    return f"{key} has no attention distances ({info['family']} model): they exist for ViT- and Swin-like models only"
+
+
+def _attention_reference(info: dict) -> tuple[list[float], float]:
+    """Returns per block the mean distance of uniform attention (over the grid; for Swin over a window of its
+    stage) and the largest distance any head can have (the histogram's range), in px."""
+    if info.get("family") == "swin":
+        uniform, largest = [], 0.0
+        for stage in info["extra"]["stages"]:
+            (wh, ww), (ph, pw) = stage["window"], stage["token_px"]
+            uniform += [uniform_attention_distance_px((wh, ww), (ph, pw))] * stage["blocks"]
+            largest = max(largest, float(np.hypot((wh - 1) * ph, (ww - 1) * pw)))  # a window's diagonal
+        return uniform, largest
+    gh, gw = info["grid_size"]
+    ph, pw = info["patch_size"]  # px per token: input size / grid (a hybrid's stem patch is smaller)
+    uniform = uniform_attention_distance_px((gh, gw), (ph, pw))
+    return [uniform] * int(info["num_blocks"]), float(np.hypot((gh - 1) * ph, (gw - 1) * pw))
+
+
+def _present(values: np.ndarray) -> np.ndarray:
+    values = values.ravel()
+    return values[~np.isnan(values)]
+
+
+def _heads_per_block(info: dict, shape: tuple[int, int]) -> np.ndarray:
+    if info.get("family") == "swin":
+        return np.array([st["heads"] for st in info["extra"]["stages"] for _ in range(st["blocks"])])
+    return np.full(shape[0], shape[1])
+
+
+def _attention_block_names(info: dict, n: int) -> list[str]:
+    if info.get("family") == "swin":
+        return [f"layers.{s}.blocks.{b}" for s, st in enumerate(info["extra"]["stages"]) for b in range(st["blocks"])]
+    return [f"blocks.{b}" for b in range(n)]
 
 
 # --- skip ratios ------------------------------------------------------------------------------------
@@ -369,20 +410,25 @@ def run_skip(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | No
     if cached is not None:
         return cached
     stats = store.stats(key)
-    if "skip_ratio_attn" in stats:
-        attn, mlp = _finite_means(store, key, ["skip_ratio_attn", "skip_ratio_mlp"])  # (blocks, T) each
-        blocks = attn.shape[0]
-        per_token = np.empty((2 * blocks, attn.shape[1]))
-        per_token[0::2] = attn
-        per_token[1::2] = mlp
-        prefix = int(info["num_prefix_tokens"])
-        rows = [f"blocks.{b}.{part}" for b in range(blocks) for part in ("attn", "mlp")]
-        cols = [("CLS" if t == 0 else f"prefix {t}") if t < prefix else f"token {t - prefix}" for t in range(attn.shape[1])]
+    pairs = [(names, parts) for names, parts in SKIP_SUBLAYERS if names[0] in stats]
+    if pairs:
+        (names, parts), = pairs
+        first, second = _finite_means(store, key, list(names))  # (blocks, T) each
+        blocks = first.shape[0]
+        per_token = np.empty((2 * blocks, first.shape[1]))
+        per_token[0::2] = first
+        per_token[1::2] = second
+        prefix = int(info.get("num_prefix_tokens") or 0)
+        has_cls = has_cls_token(info)
+        prefix_names = info.get("prefix_names") or (["CLS"] if has_cls else []) + [f"prefix {t}" for t in range(1, prefix)]
+        rows = [f"blocks.{b}.{part}" for b in range(blocks) for part in parts]
+        cols = [prefix_names[t] if t < prefix else f"token {t - prefix}" for t in range(first.shape[1])]
         arrays = {
             "ratio": per_token,
             "rows": np.array(rows),
             "cols": np.array(cols),
-            "cls": per_token[:, 0] if prefix else np.full(2 * blocks, np.nan),
+            # a register-only ViT has prefix tokens but no class token: it gets no CLS series
+            "cls": per_token[:, 0] if has_cls else np.full(2 * blocks, np.nan),
             "spatial_mean": per_token[:, prefix:].mean(axis=1),
         }
     elif "skip_ratio_block" in stats:
@@ -396,9 +442,24 @@ def run_skip(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | No
             "spatial_mean": ratio,
         }
     else:
-        raise VitseeError(f"{key} has no skip-connection statistics: they are recorded for ViT- and ResNet-like models")
+        raise VitseeError(f"{key} has no skip-connection statistics: they are recorded for ViT-, Mixer- and ResNet-like models")
     _emit(progress, f"skip {key}", 1, 1)
     return _save(store, "skip", params, arrays)
+
+
+# per-token statistics of a block's two residual sublayers and the row labels they get
+SKIP_SUBLAYERS = (
+    (("skip_ratio_attn", "skip_ratio_mlp"), ("attn", "mlp")),
+    (("skip_ratio_token_mixing", "skip_ratio_channel_mixing"), ("token_mixing", "channel_mixing")),
+)
+
+
+def has_cls_token(info: dict) -> bool:
+    """Returns whether a model has a class token: recorded from timm's cls_token; stores written before that was
+    recorded say so by having prefix tokens (register-only ViTs were taken for CLS ViTs then)."""
+    if "cls_token" in info:
+        return bool(info["cls_token"])
+    return info.get("family") == "vit" and int(info.get("num_prefix_tokens") or 0) > 0
 
 
 def _finite_means(store: Store, key: str, names: Sequence[str]) -> list[np.ndarray]:
@@ -452,17 +513,19 @@ class RunningMoments:
 
 def _readouts(store: Store, key: str, layer: str) -> dict[str, Callable[[np.ndarray], np.ndarray]]:
     """Returns readout name -> function (b, ...) activations -> (b, P, D) features for the probes."""
-    shape = store.layer_shape(key, layer)
+    layout = store.layer_layout(key, layer)
     prefix = store.layer_prefix_tokens(key, layer)
-    if len(shape) == 2:  # tokens x dim
+    if layout == "tokens":  # tokens x dim
         out = {}
-        if prefix:
+        if prefix and has_cls_token(store.model_info(key)):  # registers lead the tokens too, but are no CLS
             out["cls"] = lambda a: a[:, None, 0, :]
         out["gap"] = lambda a, p=prefix: a[:, None, p:, :].mean(axis=2)
         out["tokens"] = lambda a: a
         return out
-    if len(shape) == 3:  # C x H x W
-        return {"gap": lambda a: a.reshape(a.shape[0], 1, a.shape[1], -1).mean(axis=3)}
+    if layout == "nchw":  # C x H x W
+        return {"gap": lambda a: a.mean(axis=(2, 3))[:, None, :]}
+    if layout == "nhwc":  # H x W x C (Swin)
+        return {"gap": lambda a: a.mean(axis=(1, 2))[:, None, :]}
     return {"flat": lambda a: a.reshape(a.shape[0], 1, -1)}
 
 
@@ -546,9 +609,10 @@ def run_probes(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | 
 def _spatial_layout(store: Store, key: str, layer: str) -> tuple[tuple[int, int], int, Callable[[np.ndarray], list[np.ndarray]]]:
     """Returns (grid, patch px, function activations (b, ...) -> per-cell (b, D) features)."""
     shape = store.layer_shape(key, layer)
+    layout = store.layer_layout(key, layer)
     info = store.model_info(key)
     _, h, w = info["data_config"]["input_size"]
-    if len(shape) == 2:  # ViT tokens
+    if layout == "tokens":  # ViT / Mixer tokens
         if not info.get("grid_size"):
             raise VitseeError(f"{key} has no patch grid: spatial maps need a ViT-like or CNN model")
         gh, gw = info["grid_size"]
@@ -556,10 +620,12 @@ def _spatial_layout(store: Store, key: str, layer: str) -> tuple[tuple[int, int]
         if shape[0] != prefix + gh * gw:
             raise VitseeError(f"layer {layer} of {key} has {shape[0]} tokens, not a {gh}x{gw} grid: pick a block output")
         return (gh, gw), h // gh, lambda a: [a[:, prefix + t, :] for t in range(gh * gw)]
-    if len(shape) == 3:  # C x H x W
-        _, gh, gw = shape
+    if layout in ("nchw", "nhwc"):
+        gh, gw = shape[1:] if layout == "nchw" else shape[:2]
         if h % gh or w % gw:
             raise VitseeError(f"layer {layer} of {key} has a {gh}x{gw} map that does not tile the {h}x{w} input: pick another layer")
+        if layout == "nhwc":  # channels-last (Swin): a cell is a[:, i, j, :]
+            return (gh, gw), h // gh, lambda a: [a[:, i, j, :] for i in range(gh) for j in range(gw)]
         return (gh, gw), h // gh, lambda a: [a[:, :, i, j] for i in range(gh) for j in range(gw)]
     raise VitseeError(f"layer {layer} of {key} has shape {shape}: spatial maps need tokens or feature maps")
 
@@ -568,9 +634,10 @@ def default_spatial_layer(store: Store, key: str) -> str:
     """Returns the last block output (the paper's choice), or the last stored layer."""
     layers = store.layers(key)
     blocks = [layer for layer in layers if layer.startswith("blocks.") and layer.count(".") == 1]
+    blocks = blocks or [layer for layer in layers if re.fullmatch(r"layers\.\d+\.blocks\.\d+", layer)]  # Swin
     if blocks:
         return blocks[-1]
-    cnn = [layer for layer in layers if len(store.layer_shape(key, layer)) == 3]
+    cnn = [layer for layer in layers if store.layer_layout(key, layer) in ("nchw", "nhwc")]
     return (cnn or layers)[-1]
 
 

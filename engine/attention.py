@@ -62,6 +62,26 @@ def uniform_attention_distance_px(grid_size, patch_size) -> float:
     return float(_patch_distance_px_cpu(_pair(grid_size), _pair(patch_size)).mean())
 
 
+def mean_window_attention_distance(attn: torch.Tensor, batch: int, map_size, window, token_px) -> torch.Tensor:
+    """Returns (B, H): per image and head, the attention-weighted query-key distance in px inside Swin's windows.
+
+    attn is (B * windows, H, A, A) as timm's WindowAttention computes it: the (shifted, then padded) map cut into
+    windows of A = wh * ww tokens, image-major, windows row by row. Distances are between token centres inside
+    a window (token_px apart), so they never exceed the window's diagonal; in a shifted window the tokens that
+    the cyclic shift brings together from opposite borders are masked from each other, so their pairs weigh
+    nothing. Queries on the padding (a map the windows do not tile) are left out of the mean.
+    """
+    wh, ww = _pair(window)
+    h, w = _pair(map_size)
+    hp, wp = -(-h // wh) * wh, -(-w // ww) * ww
+    dist = patch_distance_px((wh, ww), token_px, device=attn.device)  # (A, A)
+    per_query = (attn.float() * dist).sum(-1)  # (B * windows, H, A)
+    heads = per_query.shape[1]
+    per_query = per_query.view(batch, hp // wh, wp // ww, heads, wh, ww)
+    per_query = per_query.permute(0, 3, 1, 4, 2, 5).reshape(batch, heads, hp, wp)  # the (shifted) map again
+    return per_query[:, :, :h, :w].mean(dim=(-2, -1))
+
+
 def sort_heads(distances: np.ndarray) -> np.ndarray:
     """Returns per-block head distances sorted ascending along the last axis, as the paper plots them."""
     return np.sort(np.asarray(distances), axis=-1)
@@ -69,6 +89,7 @@ def sort_heads(distances: np.ndarray) -> np.ndarray:
 
 __all__ = [
     "mean_attention_distance",
+    "mean_window_attention_distance",
     "patch_distance_px",
     "uniform_attention_distance_px",
     "sort_heads",

@@ -245,12 +245,18 @@ def info(store: Annotated[Path, typer.Argument(help="a store made by `vitsee ext
             out.print(f"[bold green]{key}[/]  {meta['family']}  {weights}", highlight=False)
             if w.get("trained"):
                 out.print(f"  trained here on {w['trained']}", highlight=False)
-            grid = f", grid {meta['grid_size'][0]}x{meta['grid_size'][1]} of {meta['patch_size'][0]} px, {meta['num_prefix_tokens']} prefix token(s), {meta['num_heads']} heads" if meta.get("grid_size") else ""
-            out.print(f"  input {meta['data_config']['input_size']}{grid}; {meta['dtype']}, batch {meta['batch_size']}; "
+            out.print(f"  input {meta['data_config']['input_size']}{_grid_text(meta)}; {meta['dtype']}, batch {meta['batch_size']}; "
                       f"{done}/{s.n_images} rows done; {human_bytes(s.model_bytes(key))}", highlight=False)
+            lossy = meta.get("fp16_lossy_layers") or []
+            if lossy:
+                worst = max(meta["fp16_loss"][layer] for layer in lossy)
+                out.print(f"  [yellow]float16 storage lost up to {worst:.1e} of the signal[/] of {len(lossy)} layer(s) "
+                          f"({', '.join(lossy[:4])}{' ...' if len(lossy) > 4 else ''}): CKA on them may be off; "
+                          "re-extract with --dtype float32", highlight=False)
             table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
             table.add_column("layer")
             table.add_column("shape / image")
+            table.add_column("layout")
             table.add_column("size", justify="right")
             table.add_column("non-finite", justify="right")
             nonfinite = s.nonfinite_counts(key)
@@ -261,7 +267,8 @@ def info(store: Annotated[Path, typer.Argument(help="a store made by `vitsee ext
                 for d in shape:
                     n_el *= d
                 size = "not stored" if s.streaming else human_bytes(n_el * itemsize * s.n_images)
-                table.add_row(layer, "x".join(map(str, shape)), size, str(nonfinite[layer]) if nonfinite[layer] else "")
+                table.add_row(layer, "x".join(map(str, shape)), s.layer_layout(key, layer), size,
+                              str(nonfinite[layer]) if nonfinite[layer] else "")
             out.print(table)
             if s.stats(key):
                 out.print("  statistics: " + ", ".join(f"{n} {'x'.join(map(str, s._model(key)['stats'][n].shape[1:]))}" for n in s.stats(key)), highlight=False)
@@ -271,6 +278,26 @@ def info(store: Annotated[Path, typer.Argument(help="a store made by `vitsee ext
             out.print("[bold]cached results[/]")
             for r in results:
                 out.print(f"  {r['analysis']} {r['id']}  {r['params']}", highlight=False)
+
+
+def _grid_text(meta: dict) -> str:
+    """Returns ', grid GxG of P px, ...' for a model with a token grid: P is the input px a token covers (input
+    size / grid; a hybrid's stem patch on its feature map is smaller), then its prefix and class tokens and heads."""
+    if not meta.get("grid_size"):
+        return ""
+    (gh, gw), (_, h, w) = meta["grid_size"], meta["data_config"]["input_size"]
+    px = f"{h // gh}" if h // gh == w // gw else f"{h // gh}x{w // gw}"
+    text = f", grid {gh}x{gw} of {px} px"
+    if meta.get("family") == "swin":
+        stages = meta["extra"]["stages"]
+        return text + ", windows " + ", ".join(f"{st['window'][0]}x{st['window'][1]} of {st['token_px'][0]} px" for st in stages) \
+            + f", {'/'.join(str(st['heads']) for st in stages)} heads per stage"
+    prefix = int(meta.get("num_prefix_tokens") or 0)
+    names = meta.get("prefix_names") or []
+    text += f", {prefix} prefix token(s)" + (f" ({', '.join(names)})" if names else "")
+    if meta.get("family") == "vit" and "cls_token" in meta and not meta["cls_token"]:
+        text += ", no class token"
+    return text + (f", {meta['num_heads']} heads" if meta.get("num_heads") else "")
 
 
 @app.command()

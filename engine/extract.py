@@ -29,10 +29,13 @@ from . import store as store_mod
 from .data import ImageSet, Selection, open_dataset, select_indices
 from .errors import VitseeError
 from .models import LoadedModel, ModelSpec, layer_points, load_model, make_transform, parse_model_spec
-from .recorders import ActivationRecorder, HeadOutputRecorder, Recorder, default_recorders
+from .recorders import ActivationRecorder, HeadOutputRecorder, Recorder, default_recorders, fp16_lossy_layers, fp16_note
 from .store import ArraySpec, LayerSpec, Store, estimate_bytes, human_bytes
 
 DTYPES = {"float16": torch.float16, "float32": torch.float32}
+# images of the dry run that learns the layer shapes and what fp16 storage loses (its centring over images needs
+# several; the loss is an order of magnitude, so data.MIN_IMAGES do)
+DRY_RUN_IMAGES = 4
 
 
 @dataclass
@@ -274,12 +277,17 @@ def plan(cfg: ExtractConfig, device: torch.device, emit: ProgressFn,
                 recorders.append(HeadOutputRecorder(torch_dtype))
             for rec in recorders:
                 rec.attach(loaded)
-            example = transform(images.image(int(indices[0]))).unsqueeze(0).to(device)
-            shapes = _dry_run(loaded, recorders, example)
+            example = torch.stack([transform(images.image(int(i))) for i in indices[:DRY_RUN_IMAGES]]).to(device)
             act = next(r for r in recorders if isinstance(r, ActivationRecorder))
+            act.measure_rounding = True
+            shapes = _dry_run(loaded, recorders, example)
+            act.measure_rounding = False
             layer_specs = act.layer_specs(shapes)
             stats = [s for r in recorders for s in r.specs()]
             record = _model_record(loaded, transform, layers_arg, cfg.dtype)
+            if cfg.dtype == "float16":
+                loss = act.rounding_loss()
+                record.update(fp16_loss=loss, fp16_lossy_layers=fp16_lossy_layers(loss))
             if existing is not None and loaded.key in existing.models:
                 _check_same_model(existing, loaded.key, record, layer_specs)
                 batch_size = existing.batch_size(loaded.key)
@@ -613,6 +621,10 @@ def run_extraction(
         messages.append(msg)
         emit(Progress("plan", message=msg))
         for mp in plans:
+            note = fp16_note(mp.key, mp.record.get("fp16_loss", {}))
+            if note:
+                messages.append(note)
+                emit(Progress("plan", message=note, model=mp.key))
             if not mp.new and mp.batch_size != cfg.batch_size:
                 note = f"{mp.key}: resuming with the stored batch size {mp.batch_size}"
                 messages.append(note)

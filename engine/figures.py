@@ -106,7 +106,13 @@ def _attention(view: View, selection, cmap: Colormap) -> Figure:
     spread_bars.lines[2][0].set_gid("spread")
     ax.scatter(x.ravel(), mean.ravel(), c=mean.ravel(), cmap=cmap, vmin=vmin, vmax=vmax, s=22, edgecolors="0.15",
                linewidths=0.5, zorder=2, label="head (mean over images)", gid="heads")
-    ax.axhline(uniform, ls="--", color="0.25", lw=1, label=f"uniform attention ({uniform:.1f} px)")
+    per_block = np.asarray(view.extra.get("uniform_px_per_block", np.full(n_blocks, uniform)), dtype=float)
+    if np.allclose(per_block, uniform):
+        ax.axhline(uniform, ls="--", color="0.25", lw=1, label=f"uniform attention ({uniform:.1f} px)")
+    else:  # Swin: uniform attention inside a window of each block's stage
+        ax.hlines(per_block, np.arange(n_blocks) - 0.45, np.arange(n_blocks) + 0.45, ls="--", color="0.25", lw=1,
+                  label="uniform attention in a window")
+        uniform = float(per_block[selection[0] if selection else 0])
     ax.set_xticks(np.arange(n_blocks), labels=view.rows, rotation=45 if n_blocks > 8 else 0,
                   ha="right" if n_blocks > 8 else "center", fontsize=TICK_PT)
     ax.set_xlim(-0.6, n_blocks - 0.4)

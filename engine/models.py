@@ -32,6 +32,11 @@ VIT_MODULES = {"vision_transformer", "deit", "vision_transformer_hybrid", "visio
 # modules have the stages.N.blocks.M shape too but are attention hybrids (DaViT, MaxViT, CoAtNet, EfficientViT):
 # those are 'other' and take an explicit --layers list.
 RESNET_MODULES = {"resnet", "resnetv2", "convnext"}
+# MLP-Mixer (token- and channel-mixing MLPs on the patch grid, no attention) and Swin (attention inside shifted
+# windows, channels-last stages). Other models of these modules (ResMLP, gMLP, Swin V2) have other blocks.
+MIXER_MODULES = {"mlp_mixer"}
+SWIN_MODULES = {"swin_transformer"}
+FAMILIES = ("vit", "resnet", "mixer", "swin", "other")
 
 
 # --- specs ----------------------------------------------------------------------------------------
@@ -113,14 +118,19 @@ def parse_model_spec(text: str) -> ModelSpec:
 
 
 def family_of_name(name: str) -> str:
-    """Returns 'vit', 'resnet' or 'other' for a timm model name, from the module that defines it."""
+    """Returns 'vit', 'resnet', 'mixer', 'swin' or 'other' for a timm model name, from the module that defines it."""
     from timm.models import _registry
 
-    module = _registry._model_to_module.get(name.partition(".")[0], "")
+    base = name.partition(".")[0]
+    module = _registry._model_to_module.get(base, "")
     if module in VIT_MODULES:
         return "vit"
     if module in RESNET_MODULES:
         return "resnet"
+    if module in MIXER_MODULES and not base.startswith(("resmlp", "gmlp")):
+        return "mixer"
+    if module in SWIN_MODULES:
+        return "swin"
     return "other"
 
 
@@ -141,7 +151,34 @@ def family_of_model(model: nn.Module) -> str:
         return "vit"
     if module in RESNET_MODULES and _resnet_blocks(model):
         return "resnet"
+    if (
+        module in MIXER_MODULES
+        and isinstance(blocks, nn.Sequential)
+        and len(blocks) > 0
+        and all(all(hasattr(b, n) for n in ("norm1", "mlp_tokens", "norm2", "mlp_channels")) for b in blocks)
+        and getattr(getattr(model, "stem", None), "grid_size", None) is not None
+    ):
+        return "mixer"
+    if module in SWIN_MODULES and _swin_blocks(model) and getattr(patch_embed, "grid_size", None) is not None:
+        return "swin"
     return "other"
+
+
+def _swin_blocks(model: nn.Module) -> list[str]:
+    """Returns the module paths of a timm Swin's blocks (layers.S.blocks.B), in forward order; [] if not one."""
+    stages = getattr(model, "layers", None)
+    if not isinstance(stages, nn.Sequential):
+        return []
+    names = []
+    for s, stage in enumerate(stages):
+        blocks = getattr(stage, "blocks", None)
+        if not isinstance(blocks, nn.Sequential):
+            return []
+        for i, block in enumerate(blocks):
+            if not all(hasattr(block, n) for n in ("norm1", "attn", "norm2", "mlp", "window_size", "shift_size")):
+                return []
+            names.append(f"layers.{s}.blocks.{i}")
+    return names
 
 
 def _resnet_blocks(model: nn.Module) -> list[str]:
@@ -208,22 +245,56 @@ def _resnet_points(model: nn.Module, granularity: str) -> list[Point]:
     return points
 
 
+def _mixer_points(model: nn.Module, granularity: str) -> list[Point]:
+    points = [Point("stem", "stem")]
+    for i in range(len(model.blocks)):
+        b = f"blocks.{i}"
+        if granularity == "sublayers":
+            # mlp_tokens works on the transposed (B, C, T) stream: its output is not kept, the stream after it is
+            points += [
+                Point(f"{b}.norm1", f"{b}.norm1"),
+                Point(f"{b}.resid1", f"{b}.norm2", "input"),  # the stream after token mixing
+                Point(f"{b}.norm2", f"{b}.norm2"),
+                Point(f"{b}.mlp_channels.act", f"{b}.mlp_channels.act"),
+            ]
+        points.append(Point(b, b))
+    if isinstance(getattr(model, "norm", None), nn.Module):
+        points.append(Point("norm", "norm"))
+    return points
+
+
+def _swin_points(model: nn.Module, granularity: str) -> list[Point]:
+    points = [Point("patch_embed", "patch_embed")]
+    for b in _swin_blocks(model):
+        if granularity == "sublayers":
+            # the window attention's own output is in window order, so the stream after it is kept instead
+            points += [
+                Point(f"{b}.norm1", f"{b}.norm1"),
+                Point(f"{b}.resid1", f"{b}.norm2", "input"),
+                Point(f"{b}.norm2", f"{b}.norm2"),
+                Point(f"{b}.mlp.act", f"{b}.mlp.act"),
+            ]
+        points.append(Point(b, b))
+    if isinstance(getattr(model, "norm", None), nn.Module):
+        points.append(Point("norm", "norm"))
+    return points
+
+
+POINTS = {"vit": _vit_points, "resnet": _resnet_points, "mixer": _mixer_points, "swin": _swin_points}
+
+
 def layer_points(model: nn.Module, family: str, layers: str | list[str]) -> list[Point]:
     """Returns the points to record: `blocks`, `sublayers`, or explicit names (module paths, documented
     points such as `blocks.3.resid1` / `layer2.1.resid`, or `MODULE:in` for a module's input)."""
     if layers in ("blocks", "sublayers"):
-        if family == "vit":
-            return _vit_points(model, layers)
-        if family == "resnet":
-            return _resnet_points(model, layers)
+        if family in POINTS:
+            return POINTS[family](model, layers)
         raise VitseeError(
-            f"{type(model).__name__} is not a ViT-like or ResNet-like model, so '{layers}' is not defined for it: "
+            f"{type(model).__name__} is not a ViT-, ResNet-, Mixer- or Swin-like model, so '{layers}' is not defined for it: "
             "name the layers with --layers NAME,NAME (module paths from `vitsee layers MODEL`)"
         )
     modules = dict(model.named_modules())
-    known = {p.name: p for gran in ("sublayers",) for p in (
-        _vit_points(model, gran) if family == "vit" else _resnet_points(model, gran) if family == "resnet" else []
-    )}
+    known = {p.name: p for p in (POINTS[family](model, "sublayers") if family in POINTS else [])}
     points = []
     for name in layers:
         if name in known:
@@ -286,8 +357,10 @@ class LoadedModel:
     data_config: dict
     weights: dict  # kind, seed, path, sha256, source
     grid_size: tuple[int, int] | None = None
-    patch_size: tuple[int, int] | None = None
+    patch_size: tuple[int, int] | None = None  # input px one token covers (input size / grid), not a hybrid stem's patch
     num_prefix_tokens: int = 0
+    cls_token: bool = False  # timm's cls_token is a parameter (not None): a register-only ViT has prefix tokens but none
+    prefix_names: list[str] = field(default_factory=list)  # "CLS", "dist", "reg 0" ... in token order
     num_blocks: int = 0
     num_heads: int = 0
     extra: dict = field(default_factory=dict)
@@ -308,7 +381,7 @@ def input_size(model: nn.Module) -> tuple[int, int, int]:
     img_size=N: it still reports the pretrained size)."""
     cfg = getattr(model, "pretrained_cfg", {}) or {}
     c, h, w = cfg.get("input_size", (3, 224, 224))
-    patch_embed = getattr(model, "patch_embed", None)
+    patch_embed = getattr(model, "patch_embed", None) or getattr(model, "stem", None)  # MLP-Mixer calls it stem
     img_size = getattr(patch_embed, "img_size", None)
     if img_size is not None:
         h, w = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
@@ -572,25 +645,86 @@ def load_model(spec: ModelSpec | str, img_size: int | None = None, device: str |
     data_config = timm.data.resolve_model_data_config(model)
     data_config["input_size"] = input_size(model)  # the size the model was built for, not the cfg's
     loaded = LoadedModel(spec=spec, model=model, family=family, data_config=data_config, weights=weights)
-    if family == "vit":
-        pe = model.patch_embed
-        loaded.grid_size = tuple(int(g) for g in pe.grid_size)
-        ps = pe.patch_size
-        loaded.patch_size = (ps, ps) if isinstance(ps, int) else tuple(int(p) for p in ps)
-        _, h, w = data_config["input_size"]
-        ph, pw = loaded.patch_size
-        if h % ph or w % pw:  # timm asserts in the forward, or quietly drops the strip no patch covers
-            fits = sorted({max(ph, h // ph * ph), (h // ph + 1) * ph})
-            raise VitseeError(
-                f"--img-size {h} is not a multiple of the {ph}-px patches of {spec.timm_name}: "
-                f"use --img-size {' or '.join(map(str, fits))}"
-            )
-        loaded.num_prefix_tokens = int(getattr(model, "num_prefix_tokens", 1))
-        loaded.num_blocks = len(model.blocks)
-        loaded.num_heads = int(model.blocks[0].attn.num_heads)
-    elif family == "resnet":
-        loaded.num_blocks = len(_resnet_blocks(model))
+    describe = {"vit": _describe_vit, "resnet": _describe_resnet, "mixer": _describe_mixer, "swin": _describe_swin}
+    if family in describe:
+        describe[family](loaded)
     return loaded
+
+
+def _token_px(loaded: LoadedModel, grid: tuple[int, int]) -> tuple[int, int]:
+    """Returns the input pixels one token of a grid covers: input size / grid, refusing a grid that does not tile
+    the input. A hybrid's stem makes this larger than patch_embed.patch_size (the patch on the stem's map)."""
+    _, h, w = loaded.data_config["input_size"]
+    gh, gw = grid
+    if h % gh or w % gw:
+        step = h // gh
+        fits = sorted({max(step, 1) * gh, (step + 1) * gh})
+        raise VitseeError(
+            f"--img-size {h} is not covered by the {gh}x{gw} token grid of {loaded.spec.timm_name}: "
+            f"use --img-size {' or '.join(map(str, fits))}"
+        )
+    return h // gh, w // gw
+
+
+def _describe_vit(loaded: LoadedModel) -> None:
+    model, pe = loaded.model, loaded.model.patch_embed
+    ps = pe.patch_size
+    stem_patch = (ps, ps) if isinstance(ps, int) else tuple(int(p) for p in ps)
+    _, h, w = loaded.data_config["input_size"]
+    ph, pw = stem_patch
+    hybrid = getattr(pe, "backbone", None) is not None
+    if not hybrid and (h % ph or w % pw):  # timm asserts in the forward, or quietly drops the strip no patch covers
+        fits = sorted({max(ph, h // ph * ph), (h // ph + 1) * ph})
+        raise VitseeError(
+            f"--img-size {h} is not a multiple of the {ph}-px patches of {loaded.spec.timm_name}: "
+            f"use --img-size {' or '.join(map(str, fits))}"
+        )
+    loaded.grid_size = tuple(int(g) for g in pe.grid_size)
+    loaded.patch_size = _token_px(loaded, loaded.grid_size)
+    if hybrid:
+        loaded.extra["stem_patch_size"] = list(stem_patch)
+    loaded.num_prefix_tokens = int(getattr(model, "num_prefix_tokens", 1))
+    loaded.cls_token = getattr(model, "cls_token", None) is not None
+    loaded.prefix_names = _prefix_names(model, loaded.num_prefix_tokens, loaded.cls_token)
+    loaded.num_blocks = len(model.blocks)
+    loaded.num_heads = int(model.blocks[0].attn.num_heads)
+
+
+def _prefix_names(model: nn.Module, n: int, cls: bool) -> list[str]:
+    """Returns the names of the prefix tokens in timm's order: CLS, then distillation, then registers."""
+    names = ["CLS"] if cls else []
+    if getattr(model, "dist_token", None) is not None:
+        names.append("dist")
+    names += [f"reg {i}" for i in range(n - len(names))]
+    return names[:n]
+
+
+def _describe_resnet(loaded: LoadedModel) -> None:
+    loaded.num_blocks = len(_resnet_blocks(loaded.model))
+
+
+def _describe_mixer(loaded: LoadedModel) -> None:
+    stem = loaded.model.stem
+    loaded.grid_size = tuple(int(g) for g in stem.grid_size)
+    loaded.patch_size = _token_px(loaded, loaded.grid_size)
+    loaded.num_blocks = len(loaded.model.blocks)
+
+
+def _describe_swin(loaded: LoadedModel) -> None:
+    """Grid and token px of the patch embedding, and per stage its blocks, heads, window and token px."""
+    model = loaded.model
+    loaded.grid_size = tuple(int(g) for g in model.patch_embed.grid_size)
+    loaded.patch_size = _token_px(loaded, loaded.grid_size)
+    stages = []
+    for stage in model.layers:
+        first = stage.blocks[0]
+        grid = tuple(int(g) for g in first.input_resolution)
+        stages.append({"blocks": len(stage.blocks), "heads": int(first.attn.num_heads),
+                       "window": [int(v) for v in first.window_size], "grid": list(grid),
+                       "token_px": list(_token_px(loaded, grid))})
+    loaded.extra["stages"] = stages
+    loaded.num_blocks = sum(st["blocks"] for st in stages)
+    loaded.num_heads = max(st["heads"] for st in stages)
 
 
 def make_transform(loaded: LoadedModel):

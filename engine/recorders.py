@@ -11,8 +11,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .attention import mean_attention_distance, patch_distance_px
-from .models import LoadedModel, Point, _resnet_blocks
+from .attention import mean_attention_distance, mean_window_attention_distance, patch_distance_px
+from .models import LoadedModel, Point, _resnet_blocks, _swin_blocks
 from .store import HEADS, ArraySpec, LayerSpec
 
 
@@ -45,15 +45,48 @@ class Recorder:
         return {}
 
 
+# fp16 rounding loss (error energy over centred signal energy) above which a layer is named at extraction.
+# 1 - CKA(x, fp16(x)) comes out within a factor of about 2 of this ratio (measured: 5.2e-3 -> 5.2e-3,
+# 6.6e-4 -> 6.4e-4, 4.2e-3 -> 9.5e-3), so 1e-4 keeps a stored layer's CKA within a few 1e-4 of float32. Plain fp16 rounding costs ~1e-7; activations near
+# +-2000 in a few channels (pretrained ViTs have them) cost 1e-3 to 1e-2.
+FP16_LOSS_LIMIT = 1e-4
+
+
+def fp16_lossy_layers(loss: dict[str, float]) -> list[str]:
+    """Returns the layers whose fp16 rounding loss exceeds FP16_LOSS_LIMIT (inf: values beyond fp16's range)."""
+    return [name for name, r in loss.items() if not r <= FP16_LOSS_LIMIT]
+
+
+def fp16_note(key: str, loss: dict[str, float]) -> str:
+    """Returns the one-line warning naming the layers fp16 storage damages, with the way out; '' if none."""
+    lossy = fp16_lossy_layers(loss)
+    if not lossy:
+        return ""
+    worst = max(loss[name] for name in lossy)
+    names = ", ".join(lossy[:4]) + (f" and {len(lossy) - 4} more" if len(lossy) > 4 else "")
+    return (f"{key}: float16 storage rounds away up to {worst:.1e} of the signal of {len(lossy)} layer(s) ({names}), "
+            f"more than CKA tolerates ({FP16_LOSS_LIMIT:.0e}): extract with --dtype float32")
+
+
+# Layouts of a stored layer's per-image axes: tokens (T, C), feature maps (C, H, W) or channels-last (H, W, C)
+LAYOUTS = ("tokens", "nchw", "nhwc", "flat")
+
+
 class ActivationRecorder(Recorder):
     """Keeps the activation at each point, cast to the store's dtype on the device (a copy, so in-place
-    ops later in the forward cannot change it)."""
+    ops later in the forward cannot change it).
+
+    While `measure_rounding` is set (extraction's dry run), it also sums per layer what storing in fp16 loses:
+    the energy of the rounding error ||x - fp16(x)||^2 and the signal energy ||x - mean over images||^2.
+    """
 
     def __init__(self, points: Sequence[Point], dtype: torch.dtype):
         super().__init__()
         self.points = list(points)
         self.dtype = dtype
         self.values: dict[str, torch.Tensor] = {}
+        self.measure_rounding = False
+        self.rounding: dict[str, torch.Tensor] = {}  # name -> (error energy, centred signal energy), fp64
 
     def attach(self, loaded: LoadedModel) -> None:
         super().attach(loaded)
@@ -71,7 +104,25 @@ class ActivationRecorder(Recorder):
             # timm's PatchEmbed hands out (B, H, W, C) in models that keep the grid (dynamic_img_size and
             # friends): store it as tokens (B, H*W, C), like every other layer of a ViT
             tensor = tensor.flatten(1, 2)
+        if self.measure_rounding and self.dtype == torch.float16 and tensor.is_floating_point():
+            self._add_rounding(name, tensor)
         self.values[name] = tensor.to(self.dtype, copy=True)
+
+    def _add_rounding(self, name: str, tensor: torch.Tensor) -> None:
+        if len(tensor) < 2:  # one image has no spread over images to lose
+            return
+        x = tensor.flatten(1).double()  # (B, F)
+        error = x - x.to(torch.float16).double()  # inf where fp16 overflows: that layer is lost for sure
+        centred = x - x.mean(dim=0)  # CKA centres over images, so a shared offset is no signal
+        sums = torch.stack([error.square().sum(), centred.square().sum()])
+        self.rounding[name] = self.rounding.get(name, 0) + sums
+
+    def rounding_loss(self) -> dict[str, float]:
+        """Returns per layer the fp16 rounding error energy over the centred signal energy (0 for a float32 store)."""
+        out = {}
+        for name, (error, signal) in ((n, v.tolist()) for n, v in self.rounding.items()):
+            out[name] = float("inf") if error and not signal else (error / signal if signal else 0.0)
+        return out
 
     def _token_grid(self, tensor: torch.Tensor) -> bool:
         grid = getattr(self.loaded, "grid_size", None)
@@ -91,12 +142,34 @@ class ActivationRecorder(Recorder):
             shape = shapes[p.name]
             # token-major layers carry the prefix tokens in front, patch_embed does not
             has_prefix = len(shape) == 2 and self.loaded.grid_size is not None and shape[0] == prefix + _cells(self.loaded)
-            out.append(LayerSpec(p.name, shape, prefix if has_prefix else 0, p.module, p.kind))
+            layout = layer_layout(self.loaded, p, shape)
+            out.append(LayerSpec(p.name, shape, prefix if has_prefix else 0, p.module, p.kind, layout))
         return out
 
     def collect(self) -> dict[str, torch.Tensor]:
         values, self.values = self.values, {}
         return values
+
+
+def layer_layout(loaded: LoadedModel, point: Point, shape: tuple[int, ...]) -> str:
+    """Returns how a layer's per-image axes are laid out: 'tokens' (T, C), 'nchw' (C, H, W), 'nhwc' (H, W, C) or
+    'flat', from timm's output_fmt where the module has one, else from the shape against the model's known grids."""
+    if len(shape) == 2:
+        return "tokens"
+    if len(shape) != 3:
+        return "flat"
+    fmt = getattr(loaded.model.get_submodule(point.module), "output_fmt", None) if point.kind == "output" else None
+    fmt = str(getattr(fmt, "value", fmt or "")).upper()
+    if fmt in ("NHWC", "NCHW"):
+        return fmt.lower()
+    grids = {tuple(loaded.grid_size)} if loaded.grid_size else set()
+    grids |= {tuple(st["grid"]) for st in loaded.extra.get("stages", [])}
+    first, last = tuple(shape[:2]) in grids, tuple(shape[1:]) in grids
+    if first != last:
+        return "nhwc" if first else "nchw"
+    if not grids and (shape[0] == shape[1]) != (shape[1] == shape[2]):  # a square map beside a channel count
+        return "nhwc" if shape[0] == shape[1] else "nchw"
+    return "nhwc" if loaded.family == "swin" else "nchw"
 
 
 def _cells(loaded: LoadedModel) -> int:
@@ -119,7 +192,8 @@ class AttentionDistanceRecorder(Recorder):
 
     @staticmethod
     def applies(loaded: LoadedModel) -> bool:
-        return loaded.family == "vit" and all(hasattr(b.attn, "attn_drop") and hasattr(b.attn, "fused_attn") for b in loaded.model.blocks)
+        blocks = _attention_blocks(loaded)
+        return bool(blocks) and all(hasattr(b.attn, "attn_drop") and hasattr(b.attn, "fused_attn") for b in blocks)
 
     def specs(self) -> list[ArraySpec]:
         shape = (self.loaded.num_blocks, self.loaded.num_heads)
@@ -129,9 +203,12 @@ class AttentionDistanceRecorder(Recorder):
         super().attach(loaded)
         self.plain = [None] * loaded.num_blocks
         self.renorm = [None] * loaded.num_blocks
-        for i, block in enumerate(loaded.model.blocks):
+        for i, block in enumerate(_attention_blocks(loaded)):
             block.attn.fused_attn = False
-            self._handles.append(block.attn.attn_drop.register_forward_pre_hook(self._reduce(i)))
+            if loaded.family == "swin":
+                self._handles += self._window_hooks(i, block)
+            else:
+                self._handles.append(block.attn.attn_drop.register_forward_pre_hook(self._reduce(i)))
 
     def _reduce(self, i: int):
         loaded = self.loaded
@@ -142,16 +219,58 @@ class AttentionDistanceRecorder(Recorder):
 
         return hook
 
+    def _window_hooks(self, i: int, block: nn.Module) -> list:
+        """Hooks of a Swin block: its input tells the batch and map size, its window attention the weights."""
+        stage = _stage_of(self.loaded, i)
+        seen: dict[str, tuple[int, ...]] = {}
+
+        def keep_shape(_m, args):
+            seen["shape"] = tuple(args[0].shape)  # (B, H, W, C)
+
+        def reduce(_m, args):
+            b, h, w, _ = seen["shape"]
+            dist = mean_window_attention_distance(args[0].detach(), b, (h, w), block.window_size, stage["token_px"])
+            # no prefix tokens, and every query's weights sum to one: renormalising changes nothing
+            self.plain[i] = self.renorm[i] = dist  # (B, H)
+
+        return [block.register_forward_pre_hook(keep_shape), block.attn.attn_drop.register_forward_pre_hook(reduce)]
+
     def detach(self) -> None:
         super().detach()
-        for block in self.loaded.model.blocks:
+        for block in _attention_blocks(self.loaded):
             block.attn.fused_attn = True
 
     def collect(self) -> dict[str, torch.Tensor]:
         return {
-            "attention_distance": torch.stack(self.plain, dim=1),  # (B, blocks, H)
-            "attention_distance_renorm": torch.stack(self.renorm, dim=1),
+            "attention_distance": _stack_heads(self.plain, self.loaded.num_heads),  # (B, blocks, H)
+            "attention_distance_renorm": _stack_heads(self.renorm, self.loaded.num_heads),
         }
+
+
+def _attention_blocks(loaded: LoadedModel) -> list[nn.Module]:
+    """Returns the attention blocks in forward order: a ViT's blocks, every Swin stage's blocks; else none."""
+    if loaded.family == "vit":
+        return list(loaded.model.blocks)
+    if loaded.family == "swin":
+        return [loaded.model.get_submodule(name) for name in _swin_blocks(loaded.model)]
+    return []
+
+
+def _stage_of(loaded: LoadedModel, block: int) -> dict:
+    """Returns the Swin stage record (blocks, heads, window, grid, token_px) that holds the block-th block."""
+    for stage in loaded.extra["stages"]:
+        if block < stage["blocks"]:
+            return stage
+        block -= stage["blocks"]
+    raise IndexError(block)
+
+
+def _stack_heads(per_block: list[torch.Tensor], heads: int) -> torch.Tensor:
+    """Returns (B, blocks, heads) from per-block (B, H_b): Swin's later stages have more heads, and a block's
+    missing heads are NaN (no such head, not a value)."""
+    if all(t.shape[1] == heads for t in per_block):
+        return torch.stack(per_block, dim=1)
+    return torch.stack([torch.nn.functional.pad(t, (0, heads - t.shape[1]), value=float("nan")) for t in per_block], dim=1)
 
 
 def _both_distances(attn: torch.Tensor, loaded: LoadedModel) -> tuple[torch.Tensor, torch.Tensor]:
@@ -186,16 +305,18 @@ class SkipRatioRecorder(Recorder):
     def applies(loaded: LoadedModel) -> bool:
         if loaded.family == "vit":
             return all(all(hasattr(b, n) for n in ("norm1", "norm2", "ls1", "ls2")) for b in loaded.model.blocks)
+        if loaded.family == "mixer":
+            return all(not hasattr(b, "ls1") for b in loaded.model.blocks)  # x + mlp(norm(x)), nothing scaled between
         if loaded.family == "resnet":
             blocks = [loaded.model.get_submodule(b) for b in _resnet_blocks(loaded.model)]
             return all(_last_act(b) is not None or isinstance(getattr(b, "drop_path", None), nn.Module) for b in blocks)
         return False
 
     def specs(self) -> list[ArraySpec]:
-        if self.loaded.family == "vit":
+        if self.loaded.family in ("vit", "mixer"):
             tokens = self.loaded.num_prefix_tokens + _cells(self.loaded)
             shape = (self.loaded.num_blocks, tokens)
-            return [ArraySpec("skip_ratio_attn", shape), ArraySpec("skip_ratio_mlp", shape)]
+            return [ArraySpec(name, shape) for name in SKIP_STATS[self.loaded.family]]
         return [ArraySpec("skip_ratio_block", (self.loaded.num_blocks,))]
 
     def attach(self, loaded: LoadedModel) -> None:
@@ -205,6 +326,9 @@ class SkipRatioRecorder(Recorder):
         if loaded.family == "vit":
             for i, block in enumerate(loaded.model.blocks):
                 self._vit_block(i, block)
+        elif loaded.family == "mixer":
+            for i, block in enumerate(loaded.model.blocks):
+                self._mixer_block(i, block)
         else:
             for i, name in enumerate(_resnet_blocks(loaded.model)):
                 self._resnet_block(i, loaded.model.get_submodule(name))
@@ -226,6 +350,26 @@ class SkipRatioRecorder(Recorder):
             block.norm2.register_forward_pre_hook(keep("mlp")),
             block.ls1.register_forward_hook(ratio("attn", self.attn)),
             block.ls2.register_forward_hook(ratio("mlp", self.mlp)),
+        ]
+
+    def _mixer_block(self, i: int, block: nn.Module) -> None:
+        """x + mlp_tokens(norm1(x)^T)^T, then x + mlp_channels(norm2(x)): per token, the stream against what each adds."""
+        stream: dict[str, torch.Tensor] = {}
+
+        def keep(key):
+            return lambda _m, args: stream.__setitem__(key, args[0].detach())
+
+        def ratio(key, out_list, channel_dim):
+            def hook(_m, _args, out):
+                out_list[i] = stream.pop(key).norm(dim=-1) / out.detach().norm(dim=channel_dim)  # (B, T)
+
+            return hook
+
+        self._handles += [
+            block.norm1.register_forward_pre_hook(keep("tokens")),
+            block.norm2.register_forward_pre_hook(keep("channels")),
+            block.mlp_tokens.register_forward_hook(ratio("tokens", self.attn, 1)),  # its output is (B, C, T)
+            block.mlp_channels.register_forward_hook(ratio("channels", self.mlp, -1)),
         ]
 
     def _resnet_block(self, i: int, block: nn.Module) -> None:
@@ -267,9 +411,14 @@ class SkipRatioRecorder(Recorder):
         self._handles += [block.drop_path.register_forward_hook(keep_branch), block.register_forward_hook(ratio)]
 
     def collect(self) -> dict[str, torch.Tensor]:
-        if self.loaded.family == "vit":
-            return {"skip_ratio_attn": torch.stack(self.attn, dim=1), "skip_ratio_mlp": torch.stack(self.mlp, dim=1)}
+        if self.loaded.family in SKIP_STATS:
+            first, second = SKIP_STATS[self.loaded.family]
+            return {first: torch.stack(self.attn, dim=1), second: torch.stack(self.mlp, dim=1)}
         return {"skip_ratio_block": torch.stack(self.block, dim=1)}
+
+
+# the two residual sublayers of a block, per family: (B, blocks, tokens) statistics
+SKIP_STATS = {"vit": ("skip_ratio_attn", "skip_ratio_mlp"), "mixer": ("skip_ratio_token_mixing", "skip_ratio_channel_mixing")}
 
 
 def _last_act(block: nn.Module) -> nn.Module | None:

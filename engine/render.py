@@ -23,7 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .colormap import ASCII_RAMP, DEFAULT_LEVELS, MISSING, ColorMode, ColorScale, Palette, detect_color_mode
-from .views import View, too_wide_note
+from .views import View, too_wide_note, uniform_text
 
 UPPER_HALF = "\u2580"  # ▀
 FULL_BLOCK = "\u2588"  # █
@@ -136,7 +136,6 @@ def _spatial(view: View, mode: ColorMode, cmap: str, width: int, selection) -> l
 def _attention(view: View, mode: ColorMode) -> list:
     """Returns the block x head table of mean distances (sorted per block) and what they are measured against."""
     std = np.asarray(view.extra["std_px"], dtype=float)
-    uniform = float(view.extra["uniform_px"])
     n_heads = view.matrix.shape[1]
     plus = "+-" if mode is ColorMode.NONE else "\u00b1"
     with_std = n_heads <= 6  # wider tables wrap on an 80-column terminal
@@ -144,11 +143,12 @@ def _attention(view: View, mode: ColorMode) -> list:
     table.add_column("block")
     for h in range(n_heads):
         table.add_column(f"#{h + 1}", justify="right")
+    heads = np.asarray(view.extra.get("heads_per_block", np.full(len(view.rows), n_heads)))
     for b, block in enumerate(view.rows):
         cells = [f"{m:.1f}{f' {plus}{s:.1f}' if with_std else ''}" for m, s in zip(view.matrix[b], std[b])]
-        table.add_row(block, *cells)
+        table.add_row(block, *cells[: heads[b]], *[""] * (n_heads - heads[b]))  # Swin: fewer heads in early stages
     caption = (f"mean attention distance (px) of each head, sorted nearest first (#1)"
-               f"{f', {plus} std over images' if with_std else ''}; uniform attention: {uniform:.1f} px")
+               f"{f', {plus} std over images' if with_std else ''}; {uniform_text(view)}")
     return [table, Text(caption, style=_style(mode, "dim"))]
 
 

@@ -119,6 +119,7 @@ class LayerSpec:
     prefix_tokens: int = 0
     module: str = ""
     kind: str = "output"
+    layout: str = ""  # "tokens" (T, C), "nchw" (C, H, W), "nhwc" (H, W, C), "flat"; "" = unknown (read by shape)
 
 
 @dataclass(frozen=True)
@@ -564,6 +565,19 @@ class Store:
 
     def layer_prefix_tokens(self, model: str, layer: str) -> int:
         return self._layer_attrs(model, layer)["prefix_tokens"]
+
+    def layer_layout(self, model: str, layer: str) -> str:
+        """Returns how a layer's per-image axes are laid out: 'tokens' (T, C), 'nchw' (C, H, W), 'nhwc' (H, W, C)
+        or 'flat'. Stores written before layouts were recorded read as tokens (2 axes) or nchw (3 axes)."""
+        group = self._model(model)
+        if "layer_shapes" in group.attrs:
+            layout = json.loads(group.attrs.get("layer_layouts", "{}")).get(layer)
+        else:
+            layout = self._layer(model, layer).attrs.get("layout")
+        if layout:
+            return str(layout)
+        shape = self.layer_shape(model, layer)
+        return {2: "tokens", 3: "nchw"}.get(len(shape), "flat")
 
     def batch_size(self, model: str) -> int:
         return int(self._model(model).attrs["batch_size"])
@@ -1024,6 +1038,7 @@ def fill_model_group(group: h5py.Group, record: dict, layers: Sequence[LayerSpec
     if streaming:  # no activations: the layers' shapes are all a reader needs to know about them
         group.attrs["layer_shapes"] = _json({layer.name: list(layer.shape) for layer in layers})
         group.attrs["layer_prefix_tokens"] = _json({layer.name: int(layer.prefix_tokens) for layer in layers})
+        group.attrs["layer_layouts"] = _json({layer.name: layer.layout for layer in layers if layer.layout})
     else:
         acts = group.create_group("acts")
         for layer in layers:
@@ -1031,6 +1046,8 @@ def fill_model_group(group: h5py.Group, record: dict, layers: Sequence[LayerSpec
             ds.attrs["prefix_tokens"] = int(layer.prefix_tokens)
             ds.attrs["module"] = layer.module
             ds.attrs["kind"] = layer.kind
+            if layer.layout:
+                ds.attrs["layout"] = layer.layout
     stat_group = group.create_group("stats")
     for spec in stats:  # head outputs (heads/blocks.B) sit beside acts/, the statistics in stats/
         parent = group if spec.name.startswith(HEADS) else stat_group

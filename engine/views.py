@@ -249,11 +249,35 @@ def _cka_view(result: dict, keys: list[str], info: dict) -> View:
 def _attention_view(r: dict, keys: list[str], info: dict) -> View:
     key = keys[0]
     heads = r["mean_px"].shape[1]
+    blocks = len(r["mean_px"])
     extra = {"std_px": r["std_px"], "hist_counts": r["hist_counts"], "hist_edges": r["hist_edges"],
-             "uniform_px": float(r["uniform_px"]), "head_order": r["head_order"], "mean_renorm_px": r["mean_renorm_px"]}
-    return View("attention", "", f"Mean attention distance {key}", "", r["mean_px"], [str(b) for b in r["blocks"]],
+             "uniform_px": float(r["uniform_px"]), "head_order": r["head_order"], "mean_renorm_px": r["mean_renorm_px"],
+             # Swin: uniform attention inside a window of each stage; its earlier stages have fewer heads (NaN beyond)
+             "uniform_px_per_block": r.get("uniform_px_per_block", np.full(blocks, float(r["uniform_px"]))),
+             "heads_per_block": r.get("heads_per_block", np.full(blocks, heads))}
+    title = f"Mean attention distance {key}"
+    if info.get("family") == "swin":
+        title += " (inside shifted windows; uniform reference per stage)"
+    return View("attention", "", title, "", r["mean_px"], [str(b) for b in r["blocks"]],
                 [f"head {h + 1}" for h in range(heads)], "distance (px)", 0.0, float(r["hist_edges"][-1]),
                 dict(r["_params"]), extra, [key])
+
+
+def uniform_text(view: View) -> str:
+    """Returns 'uniform attention: 116.5 px', or for Swin the value inside a window of each stage."""
+    per_block = np.asarray(view.extra.get("uniform_px_per_block", [view.extra["uniform_px"]]), dtype=float)
+    if np.allclose(per_block, per_block[0]):
+        return f"uniform attention: {float(view.extra['uniform_px']):.1f} px"
+    stages = list(dict.fromkeys(round(float(v), 1) for v in per_block))
+    return "uniform attention inside a window: " + ", ".join(f"{v:.1f}" for v in stages) + " px by stage"
+
+
+NO_CLS = "no class token"
+
+
+def _no_cls(info: dict) -> bool:
+    """Returns whether a token model has no class token (register-only ViTs, Mixer), which a user would look for."""
+    return info.get("family") in ("vit", "mixer") and not an.has_cls_token(info)
 
 
 def _probe_view(r: dict, keys: list[str], info: dict) -> View:
@@ -277,7 +301,9 @@ def _probe_view(r: dict, keys: list[str], info: dict) -> View:
              "grid": list(info.get("grid_size") or []), "prefix_tokens": prefix,
              "token_prefix": {layer: token_prefix[layer] for layer in token_maps},
              "tokens_too_wide": [str(x) for x in np.atleast_1d(r.get("tokens_too_wide", []))]}
-    return View("probes", "", f"Linear probe test accuracy {key}", "", matrix[:, keep], layers, [cols[i] for i in keep],
+    extra["cls_token"] = an.has_cls_token(info)
+    title = f"Linear probe test accuracy {key}" + (f" ({NO_CLS}: GAP and per-token readouts)" if _no_cls(info) else "")
+    return View("probes", "", title, "", matrix[:, keep], layers, [cols[i] for i in keep],
                 "accuracy", 0.0, 1.0, params, extra, [key])
 
 
@@ -294,8 +320,9 @@ def _skip_view(r: dict, keys: list[str], info: dict) -> View:
     key = keys[0]
     ratio = np.asarray(r["ratio"], dtype=float)
     finite = ratio[np.isfinite(ratio)]
-    extra = {"cls": r["cls"], "spatial_mean": r["spatial_mean"]}
-    return View("skip", "", f"Skip-connection norm ratio ||z||/||f(z)|| {key}", "", ratio, [str(x) for x in r["rows"]],
+    extra = {"cls": r["cls"], "spatial_mean": r["spatial_mean"], "cls_token": an.has_cls_token(info)}
+    title = f"Skip-connection norm ratio ||z||/||f(z)|| {key}" + (f" ({NO_CLS}: spatial tokens only)" if _no_cls(info) else "")
+    return View("skip", "", title, "", ratio, [str(x) for x in r["rows"]],
                 [str(x) for x in r["cols"]], "ratio", float(finite.min()) if finite.size else 0.0,
                 float(finite.max()) if finite.size else 1.0, dict(r["_params"]), extra, [key])
 

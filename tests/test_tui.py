@@ -205,7 +205,7 @@ async def test_a_view_that_does_not_apply_says_why(store, tmp_path):
         await settle(pilot, lambda a: a.screen.pane("cka").loaded.spec == f"cka:{RESNET}")
         await pilot.press("2")
         await settle(pilot)
-        assert "attention distances exist for ViT-like models" in status(app)
+        assert "attention distances exist for ViT- and Swin-like models" in status(app)
 
 
 async def test_picking_a_layer_in_the_side_panel_moves_the_cursor_there(store, tmp_path):

@@ -226,11 +226,12 @@ class ExplorerScreen(Screen):
                 return None, (f"{summary.path.name} was extracted with streaming, which keeps no activations; "
                               f"{kind} read them: extract the run again, keeping activations, into another store")
             return None, {
-                "attention": f"{a} is a {model.family} model: attention distances exist for ViT-like models; "
-                             "press a to pick a ViT as model A",
+                "attention": (f"{a} is an MLP-Mixer: it mixes tokens with MLPs, not attention; " if model.family == "mixer"
+                              else f"{a} is a {model.family} model: attention distances exist for ViT- and Swin-like models; ")
+                             + "press a to pick a ViT as model A",
                 "probes": f"this store's images ({summary.dataset}) have no labels, which probes need; "
                           "CKA and the rest still work",
-                "skip": f"{a} has no skip-connection statistics: they are recorded for ViT- and ResNet-like models",
+                "skip": f"{a} has no skip-connection statistics: they are recorded for ViT-, Mixer- and ResNet-like models",
                 "spatial": f"{a} has no layer with a token grid or feature map",
             }[kind]
         if kind == "spatial" and self.spatial_layer.get(a):

@@ -59,8 +59,10 @@ class AttentionPane(ViewPane):
         heads = view.matrix.shape[1]
         original = int(np.asarray(view.extra["head_order"])[block, head]) + 1
         std = float(np.asarray(view.extra["std_px"])[block, head])
+        # Swin: uniform attention inside a window of this block's stage
+        uniform = float(np.asarray(view.extra.get("uniform_px_per_block", [view.extra["uniform_px"]] * (block + 1)))[block])
         return (f"{view.rows[block]} head {original} ({head + 1}/{heads} by distance)  "
-                f"distance {view.matrix[block, head]:.1f} px \u00b1 {std:.1f}  uniform {view.extra['uniform_px']:.1f} px")
+                f"distance {view.matrix[block, head]:.1f} px \u00b1 {std:.1f}  uniform {uniform:.1f} px")
 
     def main_widget(self) -> Widget | None:
         return self.query_one(DistancePlot)

@@ -130,11 +130,13 @@ class DistancePlot(Widget, can_focus=True):
             on_row = block == self.cursor[0]
             base = row_cursor if on_row else Style()
             text.append(f"{labels[block]:>{gutter - 1}} ", (label_style + cursor_style) if on_row else label_style)
-            xs = [x_of(px) for px in self.distances[block]]
+            # a Swin block of an early stage has fewer heads than the widest: its missing ones are NaN, not dots
+            xs = [x_of(px) if np.isfinite(px) else None for px in self.distances[block]]
             cursor_x = xs[self.cursor[1]] if on_row else None
             counts: dict[int, int] = {}
             for x in xs:
-                counts[x] = counts.get(x, 0) + 1
+                if x is not None:
+                    counts[x] = counts.get(x, 0) + 1
             for x in range(plot_w):
                 if x in counts:
                     char = DOT if counts[x] == 1 else str(min(counts[x], 9))
