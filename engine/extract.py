@@ -19,6 +19,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -361,12 +362,26 @@ def _collate(items: list):
     return torch.utils.data.default_collate(items)
 
 
-def _batches(loader) -> Iterator:
-    """Yields a loader's batches; an unreadable image ends the run with its one-line error."""
-    for inputs in loader:
-        if isinstance(inputs, _Unreadable):
-            raise VitseeError(f"{inputs.message}, then rerun the same command to resume (finished batches are kept)")
-        yield inputs
+@contextmanager
+def _batches(loader) -> Iterator[Iterator]:
+    """Yields an iterator over a loader's batches (an unreadable image ends the run with its one-line error)
+    and shuts the loader's worker processes down when the block ends, however it ends: left to the garbage
+    collector after an error, a dead worker stays registered with torch's SIGCHLD handler, which then
+    raises inside whatever runs next in this process (the terminal app's event loop)."""
+    it = iter(loader)
+
+    def checked():
+        for inputs in it:
+            if isinstance(inputs, _Unreadable):
+                raise VitseeError(f"{inputs.message}, then rerun the same command to resume (finished batches are kept)")
+            yield inputs
+
+    try:
+        yield checked()
+    finally:
+        shutdown = getattr(it, "_shutdown_workers", None)  # present on multi-process iterators only
+        if shutdown is not None:
+            shutdown()
 
 
 @dataclass
@@ -703,19 +718,20 @@ def _extract_pass(store, selection, plans, device, cfg, emit, cancel) -> tuple[i
             loader, slot = _loader(selection, group, batches, device, cfg)
             done_images = n - sum(len(rows) for rows in batches)
             emit(Progress("extract", done=done_images, total=n))
-            for b, inputs in zip(pending, _batches(loader)):
-                if cancel is not None and cancel.is_set():
-                    cancelled = True
-                    break
-                for mp in group:
-                    if mp.done[b]:
-                        continue
-                    x = inputs[slot[mp.key]].to(device, non_blocking=True)
-                    writer.put(_forward_batch(mp, x, b, torch_dtype, copies))
-                rows = min(bs, n - b * bs)
-                processed += rows
-                done_images += rows
-                emit(Progress("extract", done=done_images, total=n))
+            with _batches(loader) as loaded:
+                for b, inputs in zip(pending, loaded):
+                    if cancel is not None and cancel.is_set():
+                        cancelled = True
+                        break
+                    for mp in group:
+                        if mp.done[b]:
+                            continue
+                        x = inputs[slot[mp.key]].to(device, non_blocking=True)
+                        writer.put(_forward_batch(mp, x, b, torch_dtype, copies))
+                    rows = min(bs, n - b * bs)
+                    processed += rows
+                    done_images += rows
+                    emit(Progress("extract", done=done_images, total=n))
             if cancelled:
                 break
     finally:
@@ -749,30 +765,31 @@ def _streaming_pass(store, selection, plans, device, cfg, emit, cancel) -> tuple
         loader, slot = _loader(selection, plans, batches, device, cfg)
         done_images = n - sum(len(rows) for rows in batches)
         emit(Progress("extract", done=done_images, total=n))
-        for b, inputs in zip(pending, _batches(loader)):
-            if cancel is not None and cancel.is_set():
-                cancelled = True
-                break
-            feats, stats, nonfinite = [], {}, {}
-            for mp in plans:
-                acts, stats[mp.key] = _forward(mp, inputs[slot[mp.key]].to(device, non_blocking=True))
-                nonfinite[mp.key] = _nonfinite_counts(acts, mp.layers)
-                feats += [acts[layer.name] for layer in mp.layers]
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # a last batch under 4 images is skipped, as analyze does
-                acc.update(feats)
-            del feats
-            state = acc.state.clone()  # the next batch adds to the accumulator in place while this one is written
-            copies.begin()
-            host = _StreamedBatch(b, {m: copies.to_host(v) for m, v in stats.items()},
-                                  {m: copies.to_host({"c": c})["c"] for m, c in nonfinite.items()},
-                                  copies.to_host({"state": state})["state"])
-            host.ready = copies.ready()
-            writer.put(host)
-            rows = min(bs, n - b * bs)
-            processed += rows
-            done_images += rows
-            emit(Progress("extract", done=done_images, total=n))
+        with _batches(loader) as loaded:
+            for b, inputs in zip(pending, loaded):
+                if cancel is not None and cancel.is_set():
+                    cancelled = True
+                    break
+                feats, stats, nonfinite = [], {}, {}
+                for mp in plans:
+                    acts, stats[mp.key] = _forward(mp, inputs[slot[mp.key]].to(device, non_blocking=True))
+                    nonfinite[mp.key] = _nonfinite_counts(acts, mp.layers)
+                    feats += [acts[layer.name] for layer in mp.layers]
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # a last batch under 4 images is skipped, as analyze does
+                    acc.update(feats)
+                del feats
+                state = acc.state.clone()  # the next batch adds to the accumulator in place while this one is written
+                copies.begin()
+                host = _StreamedBatch(b, {m: copies.to_host(v) for m, v in stats.items()},
+                                      {m: copies.to_host({"c": c})["c"] for m, c in nonfinite.items()},
+                                      copies.to_host({"state": state})["state"])
+                host.ready = copies.ready()
+                writer.put(host)
+                rows = min(bs, n - b * bs)
+                processed += rows
+                done_images += rows
+                emit(Progress("extract", done=done_images, total=n))
     finally:
         writer.close()
     return processed, writer.bytes_written, cancelled

@@ -187,6 +187,11 @@ def test_an_image_damaged_past_its_header_stops_the_run_in_one_line_and_the_reru
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2 and "Traceback" not in err and len(lines) == 1, err
     assert "zz.png" in lines[0] and "rerun the same command to resume" in lines[0]
+    # the failed run shut its loader workers down: torch's SIGCHLD check finds none of them dead and
+    # registered (it would raise inside whatever this process runs next, the terminal app's event loop)
+    from torch.utils.data._utils.signal_handling import _error_if_any_worker_fails
+
+    _error_if_any_worker_fails()
     with Store.open(tmp_path / "new.h5") as s:
         assert s.rows_done(s.models[0]) == 8 and not s.complete  # the two batches before it are kept
     buf = io.BytesIO()
@@ -248,3 +253,4 @@ def analyze_config(**fields):
     from vitsee.engine.analyze import AnalyzeConfig
 
     return AnalyzeConfig(**fields)
+
