@@ -41,9 +41,11 @@ class AttentionPane(ViewPane):
             return
         counts = np.asarray(view.extra["hist_counts"])[message.block]
         edges = np.asarray(view.extra["hist_edges"])
+        left_out = view.n_images * view.matrix.shape[1] - int(counts.sum()) if view.n_images else 0
         self.query_one(Histogram).show(
             counts, edges, marker=view.extra["uniform_px"], marker_name=f"uniform {view.extra['uniform_px']:.1f} px",
-            unit="px", caption=f"{view.rows[message.block]}: every head and image",
+            unit="px", caption=f"{view.rows[message.block]}: every head and image"
+            + (f" ({left_out} non-finite left out)" if left_out > 0 else ""),
         )
         self.post_status()
 
@@ -59,8 +61,10 @@ class AttentionPane(ViewPane):
         heads = view.matrix.shape[1]
         original = int(np.asarray(view.extra["head_order"])[block, head]) + 1
         std = float(np.asarray(view.extra["std_px"])[block, head])
+        distance = view.matrix[block, head]
+        shown = f"{distance:.1f} px \u00b1 {std:.1f}" if np.isfinite(distance) else view.cell_text(block, head)
         return (f"{view.rows[block]} head {original} ({head + 1}/{heads} by distance)  "
-                f"distance {view.matrix[block, head]:.1f} px \u00b1 {std:.1f}  uniform {view.extra['uniform_px']:.1f} px")
+                f"distance {shown}  uniform {view.extra['uniform_px']:.1f} px")
 
     def main_widget(self) -> Widget | None:
         return self.query_one(DistancePlot)

@@ -20,6 +20,7 @@ from textual.widget import Widget
 from vitsee.tui.widgets.heatmap import fit_labels
 
 DOT = "\u25cf"  # ●
+NONFINITE = "\u00d7"  # × a head whose distance is NaN/Inf: at the right end, where no distance reaches
 UNIFORM = "\u250a"  # ┊
 MAX_LABEL = 10
 
@@ -43,6 +44,7 @@ class DistancePlot(Widget, can_focus=True):
         "distance-plot--label",
         "distance-plot--uniform",
         "distance-plot--axis",
+        "distance-plot--nonfinite",
     }
 
     DEFAULT_CSS = """
@@ -56,6 +58,7 @@ class DistancePlot(Widget, can_focus=True):
         & > .distance-plot--label { color: $text-muted; }
         & > .distance-plot--uniform { color: $warning; }
         & > .distance-plot--axis { color: $text-muted; }
+        & > .distance-plot--nonfinite { color: $error; text-style: bold; }
     }
     DistancePlot:focus > .distance-plot--row-cursor { background: $accent 20%; }
     """
@@ -116,6 +119,8 @@ class DistancePlot(Widget, can_focus=True):
         top = min(max(self.cursor[0] - rows // 2, 0), max(n_blocks - rows, 0))
 
         def x_of(px: float) -> int:
+            if not np.isfinite(px):
+                return plot_w - 1
             return min(max(round(px / self.max_px * (plot_w - 1)), 0), plot_w - 1)
 
         dot = self.get_component_rich_style("distance-plot--dot")
@@ -124,6 +129,7 @@ class DistancePlot(Widget, can_focus=True):
         label_style = self.get_component_rich_style("distance-plot--label")
         uniform_style = self.get_component_rich_style("distance-plot--uniform")
         axis = self.get_component_rich_style("distance-plot--axis")
+        nonfinite = self.get_component_rich_style("distance-plot--nonfinite")
         uniform_x = x_of(self.uniform_px) if self.uniform_px is not None else None
         text = Text(no_wrap=True, overflow="crop")
         for block in range(top, min(top + rows, n_blocks)):
@@ -133,10 +139,15 @@ class DistancePlot(Widget, can_focus=True):
             xs = [x_of(px) for px in self.distances[block]]
             cursor_x = xs[self.cursor[1]] if on_row else None
             counts: dict[int, int] = {}
-            for x in xs:
-                counts[x] = counts.get(x, 0) + 1
+            for x, px in zip(xs, self.distances[block]):
+                if np.isfinite(px):
+                    counts[x] = counts.get(x, 0) + 1
+            bad = not np.isfinite(self.distances[block]).all()
             for x in range(plot_w):
-                if x in counts:
+                if bad and x == plot_w - 1:
+                    style = base + nonfinite + (cursor_style if x == cursor_x else Style())
+                    char = NONFINITE
+                elif x in counts:
                     char = DOT if counts[x] == 1 else str(min(counts[x], 9))
                     style = base + dot + (cursor_style if x == cursor_x else Style())
                 elif x == uniform_x:
