@@ -513,15 +513,21 @@ class ExplorerScreen(Screen):
         if not self.pane().toggle_zoom():
             self.notify("this view has no heatmap to zoom", severity="warning", timeout=3)
 
+    def _app_exiting(self) -> bool:
+        # a key typed right after q still arrives: a screen pushed while the app closes never composes
+        return bool(getattr(self.app, "_exit", False))
+
     def action_open_store(self) -> None:
         from vitsee.tui.screens.start import StartScreen
 
-        self.app.push_screen(StartScreen(self.options))
+        if not self._app_exiting():
+            self.app.push_screen(StartScreen(self.options))
 
     def action_new_run(self) -> None:
         from vitsee.tui.screens.new_run import NewRunScreen
 
-        self.app.push_screen(NewRunScreen(self.options))
+        if not self._app_exiting():
+            self.app.push_screen(NewRunScreen(self.options))
 
     # --- export -------------------------------------------------------------------------------------------------
 
