@@ -256,7 +256,7 @@ async def test_a_store_being_extracted_refreshes_as_rows_finish(bad_store, tmp_p
 async def test_q_then_o_quits_without_a_traceback(tiny_store, tmp_path, delay):
     from textual import events
 
-    app = make_app(tiny_store, tmp_path)
+    app = make_app(_clean(tiny_store, tmp_path), tmp_path)  # a copy: the app caches what it computes
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause(delay)  # at start-up (panes still filling) and once the view is up
         app.post_message(events.Key("q", "q"))  # both queued before the first is handled, as a fast typist's are
