@@ -229,7 +229,7 @@ def finish_cka(states: torch.Tensor, columns: list[tuple[str, str]], params: dic
         acc.state = state.cpu().to(torch.float64)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            matrices.append(acc.result())
+            matrices.append(acc.result(nonfinite="nan"))  # a layer with NaN/Inf activations: NaN cells
     matrix = np.mean(matrices, axis=0)
     last = params["n_images"] % params["batch_size"]
     dropped = last if 0 < last < cka_mod.MIN_BATCH else 0
@@ -529,6 +529,17 @@ def _readouts(store: Store, key: str, layer: str) -> dict[str, Callable[[np.ndar
     return {"flat": lambda a: a.reshape(a.shape[0], 1, -1)}
 
 
+def _nonfinite_readouts(ds, readouts: dict[str, Callable[[np.ndarray], np.ndarray]], batch_size: int) -> dict[str, int]:
+    """Returns readout name -> number of images whose features hold NaN/Inf, for the readouts that have any."""
+    counts = dict.fromkeys(readouts, 0)
+    for s in range(0, ds.shape[0], batch_size):
+        a = ds[s : s + batch_size].astype(np.float32)
+        for name, fn in readouts.items():
+            f = fn(a)
+            counts[name] += int((~np.isfinite(f.reshape(len(f), -1)).all(axis=1)).sum())
+    return {name: n for name, n in counts.items() if n}
+
+
 def probe_params(store: Store, key: str, cfg: AnalyzeConfig) -> dict:
     return {"model": key, "n_images": store.n_images, "seed": cfg.seed, "tokens": cfg.probe_tokens,
             "max_token_dim": cfg.probe_max_dim, "l2_ratios": [float(r) for r in probes_mod.L2_RATIOS]}
@@ -557,6 +568,9 @@ def run_probes(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | 
     l2 = np.full_like(table, np.nan)
     token_maps: dict[str, np.ndarray] = {}
     too_wide: list[str] = []  # layers whose per-token probes were left out (wider than cfg.probe_max_dim)
+    skipped: list[tuple[str, str, int]] = []  # (layer, readout, images): readouts with non-finite features
+    nonfinite = store.nonfinite_counts(key)
+    split = probes_mod.split_examples(len(labels), cfg.seed)  # what fit_probes draws with the same seed
     for li, layer in enumerate(layers):
         ds = store._layer(key, layer)
         readouts = _readouts(store, key, layer)
@@ -566,7 +580,11 @@ def run_probes(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | 
                 groups.append(["tokens"])
             else:
                 too_wide.append(layer)
-        for names in groups:
+        if nonfinite.get(layer):  # a ridge fit on NaN/Inf features has no answer: leave those readouts out
+            bad = _nonfinite_readouts(ds, {n: readouts[n] for group in groups for n in group}, cfg.batch_size)
+            skipped += [(layer, name, count) for name, count in bad.items()]
+            groups = [[n for n in names if n not in bad] for names in groups]
+        for names in filter(None, groups):
             fns = [readouts[n] for n in names]
 
             def batches(mask, fns=fns, ds=ds):
@@ -597,6 +615,10 @@ def run_probes(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | 
         # how many prefix tokens (CLS, registers) lead each layer's token axis: 0 for the patch embedding
         "token_prefix": np.array([store.layer_prefix_tokens(key, layer) for layer in layers]),
         "tokens_too_wide": np.array(too_wide, dtype=str),
+        # readouts not fitted because their features hold NaN/Inf, and in how many images
+        "skipped_layer": np.array([x[0] for x in skipped], dtype=str),
+        "skipped_readout": np.array(["gap" if x[1] == "flat" else x[1] for x in skipped], dtype=str),
+        "skipped_images": np.array([x[2] for x in skipped], dtype=np.int64),
     }
     for layer, acc in token_maps.items():
         arrays[f"tokens/{layer}"] = acc
@@ -678,7 +700,7 @@ def run_spatial(store: Store, model: str, cfg: AnalyzeConfig, layer: str | None 
             _emit(progress, f"spatial {key}", b + 1, len(plan))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        maps = np.mean([acc.result()[:n_cells, n_cells:] for acc in accumulators], axis=0)
+        maps = np.mean([acc.result(nonfinite="nan")[:n_cells, n_cells:] for acc in accumulators], axis=0)
     arrays = {"maps": maps, "grid": np.array([gh, gw]), "patch_px": np.array(patch)}
     return _save(store, "spatial", params, arrays)
 

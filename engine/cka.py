@@ -283,16 +283,22 @@ class MinibatchCKA:
             )
         self.state += other_state.to(self.device, torch.float64)
 
-    def result(self) -> np.ndarray:
-        """Return the (L, L) CKA matrix; not clamped, since the unbiased estimate can be slightly negative."""
+    def result(self, nonfinite: str = "raise") -> np.ndarray:
+        """Return the (L, L) CKA matrix; not clamped, since the unbiased estimate can be slightly negative.
+
+        A layer whose activations held NaN/Inf is refused (nonfinite="raise"), or its row and column are NaN
+        (nonfinite="nan": what the store's views show as non-finite, the other pairs unaffected).
+        """
         if self.batches == 0:
             raise VitseeError(
                 f"no batch of at least {MIN_BATCH} examples was accumulated: give CKA more images or a larger batch"
             )
         sums = self.hsic_sums.cpu().numpy().copy()  # a copy: on CPU .numpy() would share the state
-        self_hsic = np.diag(sums)  # a squared Frobenius norm per layer, so >= 0 up to rounding
+        self_hsic = np.diag(sums).copy()  # a squared Frobenius norm per layer, so >= 0 up to rounding
         bad = np.flatnonzero(~np.isfinite(self_hsic))
-        if bad.size:
+        if bad.size and nonfinite == "nan":
+            sums[bad, :] = sums[:, bad] = self_hsic[bad] = np.nan
+        elif bad.size:
             raise VitseeError(
                 f"layers {bad.tolist()} have nan/inf activations (fp16 overflow?): "
                 "re-extract them in fp32 or leave those layers out"

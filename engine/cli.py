@@ -55,6 +55,8 @@ def _progress_bar(quiet: bool):
 
         if event.stage in ("plan", "load"):
             bar.console.print(event.message, style="dim" if event.stage == "load" else None, highlight=False)
+        elif event.stage == "warning":
+            bar.console.print(f"warning: {event.message}", style="yellow", highlight=False, soft_wrap=True)
         elif event.stage == "extract":
             if "task" not in state:
                 bar.start()

@@ -110,8 +110,8 @@ class Shard:
 
 @dataclass
 class Progress:
-    """One event of a run: stage is 'plan' (message), 'load' (message), 'extract' (done/total images)
-    or 'done'."""
+    """One event of a run: stage is 'plan' (message), 'load' (message), 'extract' (done/total images),
+    'warning' (message: something the user should look at, e.g. non-finite values) or 'done'."""
 
     stage: str
     done: int = 0
@@ -393,14 +393,14 @@ class _Batch:
     activations: dict[str, torch.Tensor]
     stats: dict[str, torch.Tensor]
     model_input: torch.Tensor
-    nonfinite: torch.Tensor
+    nonfinite: torch.Tensor  # (layers, b) per image
     ready: object = None  # a CUDA event the writer waits on before reading host memory
 
     def write(self, store: Store) -> int:
         acts = {k: v.numpy() for k, v in self.activations.items()}
         stats = {k: v.numpy() for k, v in self.stats.items()}
         inp = self.model_input.numpy()
-        store.write_batch(self.model, self.batch, acts, stats, inp, self.nonfinite.numpy().tolist())
+        store.write_batch(self.model, self.batch, acts, stats, inp, self.nonfinite.numpy().sum(axis=1).tolist())
         return sum(a.nbytes for a in acts.values()) + inp.nbytes + sum(v.nbytes for v in stats.values())
 
 
@@ -410,22 +410,24 @@ class _StreamedBatch:
 
     batch: int
     stats: dict[str, dict[str, torch.Tensor]]  # model -> name -> (b, ...)
-    nonfinite: dict[str, torch.Tensor]
+    nonfinite: dict[str, torch.Tensor]  # model -> (layers, b) per image
     cka_state: torch.Tensor
     ready: object = None
 
     def write(self, store: Store) -> int:
         stats = {m: {k: v.numpy() for k, v in values.items()} for m, values in self.stats.items()}
         state = self.cka_state.numpy()
-        store.write_streamed_batch(self.batch, stats, {m: c.numpy().tolist() for m, c in self.nonfinite.items()}, state)
+        counts = {m: c.numpy().sum(axis=1).tolist() for m, c in self.nonfinite.items()}
+        store.write_streamed_batch(self.batch, stats, counts, state)
         return state.nbytes + sum(v.nbytes for values in stats.values() for v in values.values())
 
 
 class BatchWriter:
     """A thread that writes finished batches into the store; a bounded queue applies back-pressure."""
 
-    def __init__(self, store: Store, max_pending: int = 3):
+    def __init__(self, store: Store, max_pending: int = 3, nonfinite: NonfiniteLog | None = None):
         self.store = store
+        self.nonfinite = nonfinite  # told which images of each written batch hold non-finite values
         self.queue: queue.Queue = queue.Queue(maxsize=max_pending)
         self.error: BaseException | None = None
         self.bytes_written = 0
@@ -443,8 +445,16 @@ class BatchWriter:
                 if item.ready is not None:
                     item.ready.synchronize()
                 self.bytes_written += item.write(self.store)
+                self._log_nonfinite(item)
             except BaseException as exc:  # reported to the producer on its next put/close
                 self.error = exc
+
+    def _log_nonfinite(self, item: _Batch | _StreamedBatch) -> None:
+        if self.nonfinite is None:
+            return
+        per_model = {item.model: item.nonfinite} if isinstance(item, _Batch) else item.nonfinite
+        for model, per_row in per_model.items():
+            self.nonfinite.add(model, item.batch, per_row.numpy())
 
     def put(self, item: _Batch | _StreamedBatch) -> None:
         if self.error is not None:
@@ -494,14 +504,72 @@ class _HostCopies:
         return event
 
 
-def _nonfinite_counts(acts: dict[str, torch.Tensor], layers: Sequence[LayerSpec]) -> torch.Tensor:
-    """Returns (layers,) counts of inf/nan values (fp16 overflow shows up here)."""
-    values = [acts[layer.name] for layer in layers]
-    if values and values[0].device.type == "cpu":
+def _nonfinite_rows(acts: dict[str, torch.Tensor], layers: Sequence[LayerSpec]) -> torch.Tensor:
+    """Returns (layers, b) counts of inf/nan values per layer and image (fp16 overflow shows up here)."""
+    values = [acts[layer.name].flatten(1) for layer in layers]
+    if not values:
+        return torch.zeros((0, 0), dtype=torch.int64)
+    if values[0].device.type == "cpu":
         # a sum in fp32 is finite exactly when every value is (fp16 values cannot overflow it), and reads
         # the data once at memory speed; only a layer that fails it is counted value by value
-        return torch.tensor([0 if torch.isfinite(v.sum(dtype=torch.float32)) else int((~torch.isfinite(v)).sum()) for v in values])
-    return torch.stack([(~torch.isfinite(v)).sum() for v in values])  # no host sync on the device
+        b = values[0].shape[0]
+        return torch.stack([torch.zeros(b, dtype=torch.int64) if torch.isfinite(v.sum(dtype=torch.float32))
+                            else (~torch.isfinite(v)).sum(dim=1) for v in values])
+    return torch.stack([(~torch.isfinite(v)).sum(dim=1) for v in values])  # no host sync on the device
+
+
+class NonfiniteLog:
+    """Which images (store rows) held non-finite values in which layer, gathered batch by batch as the
+    writer stores them; `message()` is the run's one closing line about them."""
+
+    MAX_LAYERS = 4
+    MAX_RANGES = 10
+
+    def __init__(self, store: Path, plans: Sequence[ModelPlan], row_offset: int = 0):
+        self.store = store
+        self.layers = {mp.key: [layer.name for layer in mp.layers] for mp in plans}
+        self.batch_size = {mp.key: mp.batch_size for mp in plans}
+        self.row_offset = row_offset
+        self.rows: dict[str, dict[str, set[int]]] = {mp.key: {} for mp in plans}  # model -> layer -> rows
+        self._lock = threading.Lock()
+
+    def add(self, model: str, batch: int, per_row: np.ndarray) -> None:
+        """Records the (layers, b) non-finite counts of one of a model's batches."""
+        if not per_row.any():
+            return
+        first = self.row_offset + batch * self.batch_size[model]
+        with self._lock:
+            for li, j in zip(*np.nonzero(per_row)):
+                self.rows[model].setdefault(self.layers[model][li], set()).add(first + int(j))
+
+    def message(self) -> str | None:
+        """Returns one line naming the layers and images with non-finite values and how to look, or None."""
+        parts = []
+        for model, layers in self.rows.items():
+            if not layers:
+                continue
+            names = [name for name in self.layers[model] if name in layers]  # forward order
+            shown = ", ".join(names[: self.MAX_LAYERS]) + (f" and {len(names) - self.MAX_LAYERS} more" if len(names) > self.MAX_LAYERS else "")
+            rows = sorted(set().union(*layers.values()))
+            parts.append(f"{model} layer(s) {shown} in {len(rows)} image(s) (store rows {row_ranges(rows, self.MAX_RANGES)})")
+        if not parts:
+            return None
+        return (f"non-finite values (NaN/Inf) in {'; '.join(parts)}: see `vitsee info {self.store}`; views mark "
+                "what they touch as non-finite and probes skip them (fp16 overflow? extract with --dtype float32)")
+
+
+def row_ranges(rows: Sequence[int], limit: int = 10) -> str:
+    """Returns sorted rows as ranges, '5-9, 17', at most `limit` of them and then 'and N more' (rows)."""
+    spans: list[list[int]] = []
+    for r in rows:
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    text = ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in spans[:limit])
+    if len(spans) > limit:
+        text += f" and {sum(b - a + 1 for a, b in spans[limit:])} more"
+    return text
 
 
 def _forward(mp: ModelPlan, x: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
@@ -518,7 +586,7 @@ def _forward(mp: ModelPlan, x: torch.Tensor) -> tuple[dict[str, torch.Tensor], d
 
 def _forward_batch(mp: ModelPlan, x: torch.Tensor, batch: int, torch_dtype: torch.dtype, copies: _HostCopies) -> _Batch:
     acts, stats = _forward(mp, x)
-    nonfinite = _nonfinite_counts(acts, mp.layers)
+    nonfinite = _nonfinite_rows(acts, mp.layers)
     model_input = x.to(torch_dtype)
     copies.begin()
     host_acts = copies.to_host(acts)
@@ -670,7 +738,8 @@ def run_extraction(
                 if mp.new:
                     existing.add_model(mp.record, mp.layers, mp.stats, mp.input_shape, mp.batch_size, cfg.dtype)
         run_pass = _streaming_pass if cfg.streaming else _extract_pass
-        processed, bytes_written, cancelled = run_pass(existing, selection, plans, device, cfg, emit, cancel)
+        nonfinite = NonfiniteLog(store_path, plans, cfg.shard.start if cfg.shard is not None else 0)
+        processed, bytes_written, cancelled = run_pass(existing, selection, plans, device, cfg, emit, cancel, nonfinite)
         if cfg.streaming and not cancelled and existing.complete and cfg.shard is None:
             save_streamed_cka(existing)  # a shard's share is summed with the others' when they are stitched
     finally:
@@ -678,6 +747,10 @@ def run_extraction(
         if lock is not None:
             lock.release()
     seconds = time.perf_counter() - t0
+    warning = nonfinite.message()
+    if warning is not None:  # after the bar, so it is the line a user reads last
+        messages.append(warning)
+        emit(Progress("warning", message=warning))
     emit(Progress("done", done=processed, total=n, message=f"{processed} images in {seconds:.1f} s"))
     return ExtractResult(store_path, [mp.key for mp in plans], processed, seconds, bytes_written, cancelled, messages)
 
@@ -699,13 +772,13 @@ def _loader(selection: Selection, group: Sequence[ModelPlan], batches: list[list
     return loader, {mp.key: slot[repr(mp.transform)] for mp in group}
 
 
-def _extract_pass(store, selection, plans, device, cfg, emit, cancel) -> tuple[int, int, bool]:
+def _extract_pass(store, selection, plans, device, cfg, emit, cancel, nonfinite=None) -> tuple[int, int, bool]:
     """Runs the pending batches of every model, grouped by batch size (one pass per group)."""
     n = len(selection)
     torch_dtype = DTYPES[cfg.dtype]
     processed = 0
     cancelled = False
-    writer = BatchWriter(store)
+    writer = BatchWriter(store, nonfinite=nonfinite)
     copies = _HostCopies(device)
     try:
         for bs in sorted({mp.batch_size for mp in plans}):
@@ -739,7 +812,7 @@ def _extract_pass(store, selection, plans, device, cfg, emit, cancel) -> tuple[i
     return processed, writer.bytes_written, cancelled
 
 
-def _streaming_pass(store, selection, plans, device, cfg, emit, cancel) -> tuple[int, int, bool]:
+def _streaming_pass(store, selection, plans, device, cfg, emit, cancel, nonfinite=None) -> tuple[int, int, bool]:
     """Runs the pending batches of all models together: statistics to the store, activations into one
     all-pairs CKA accumulator on the device (resumed from the store's copy of it)."""
     from .cka import MinibatchCKA
@@ -757,7 +830,7 @@ def _streaming_pass(store, selection, plans, device, cfg, emit, cancel) -> tuple
     pending = list(range(first, n_batches))
     batches = [list(range(b * bs, min((b + 1) * bs, n))) for b in pending]
     processed, cancelled = 0, False
-    writer = BatchWriter(store)
+    writer = BatchWriter(store, nonfinite=nonfinite)
     copies = _HostCopies(device)
     try:
         if not pending:
@@ -770,10 +843,10 @@ def _streaming_pass(store, selection, plans, device, cfg, emit, cancel) -> tuple
                 if cancel is not None and cancel.is_set():
                     cancelled = True
                     break
-                feats, stats, nonfinite = [], {}, {}
+                feats, stats, bad = [], {}, {}
                 for mp in plans:
                     acts, stats[mp.key] = _forward(mp, inputs[slot[mp.key]].to(device, non_blocking=True))
-                    nonfinite[mp.key] = _nonfinite_counts(acts, mp.layers)
+                    bad[mp.key] = _nonfinite_rows(acts, mp.layers)
                     feats += [acts[layer.name] for layer in mp.layers]
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")  # a last batch under 4 images is skipped, as analyze does
@@ -782,7 +855,7 @@ def _streaming_pass(store, selection, plans, device, cfg, emit, cancel) -> tuple
                 state = acc.state.clone()  # the next batch adds to the accumulator in place while this one is written
                 copies.begin()
                 host = _StreamedBatch(b, {m: copies.to_host(v) for m, v in stats.items()},
-                                      {m: copies.to_host({"c": c})["c"] for m, c in nonfinite.items()},
+                                      {m: copies.to_host({"c": c})["c"] for m, c in bad.items()},
                                       copies.to_host({"state": state})["state"])
                 host.ready = copies.ready()
                 writer.put(host)

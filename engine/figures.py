@@ -42,6 +42,7 @@ from .views import View
 TITLE_PT, SUBTITLE_PT, TICK_PT = 11, 8, 7
 MARK = "#e8112d"  # the selection: a red that stands out on viridis, magma and cividis alike
 BAD = "0.85"  # cells not computed (NaN)
+NONFINITE = "#b2182b"  # cells computed from NaN/Inf inputs (View.nonfinite): drawn over the grey
 LINE_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd")  # readouts: categorical, unlike the heatmaps
 
 
@@ -50,7 +51,17 @@ def figure_for(view: View, selection: tuple[int, int] | None = None, cmap: str =
     selection = _check_selection(view, selection)
     draw = {"cka": _cka, "attention": _attention, "probes": _probes, "skip": _skip, "spatial": _spatial,
             "heads": _heads, "erf": _erf}[view.kind]
-    return draw(view, selection, _colormap(cmap))
+    fig = draw(view, selection, _colormap(cmap))
+    note = view.nonfinite_note() if view.kind != "probes" else ""
+    if note:  # under the axes: which cells are non-finite, in the figure itself
+        lines = textwrap.wrap(note, int(fig.get_figwidth() * 72 / (0.55 * TICK_PT)))
+        fig.text(0.01, 0.005, "\n".join(lines), fontsize=TICK_PT, color=NONFINITE, ha="left", va="bottom",
+                 gid="nonfinite-note")
+        engine = fig.get_layout_engine()
+        left, bottom, width, height = engine.get()["rect"]
+        room = (len(lines) * TICK_PT * 1.3 + 4) / (fig.get_figheight() * 72)
+        engine.set(rect=(left, bottom + room, width, height - room))
+    return fig
 
 
 def save_png(view: View, path: str | Path, selection: tuple[int, int] | None = None, cmap: str = "viridis",
@@ -79,9 +90,10 @@ def _cka(view: View, selection, cmap: Colormap) -> Figure:
     ax.set_ylabel(f"{model_a} layer")
     ax.set_xlabel(f"{model_b} layer")
     fig.colorbar(image, ax=ax, label=view.value_name, shrink=0.85)
+    _overlay_nonfinite(ax, view.nonfinite, origin="lower", aspect="equal" if n_rows == n_cols else "auto")
     if selection:
         r, c = selection
-        _mark_cell(ax, r, c, f"{view.rows[r]} x {view.cols[c]}\n{view.value_name} {_fmt(view.value(r, c))}",
+        _mark_cell(ax, r, c, f"{view.rows[r]} x {view.cols[c]}\n{view.value_name} {view.cell_text(r, c, 3)}",
                    toward=(n_cols / 2 - c, n_rows / 2 - r), cell_pt=330 / max(n_rows, n_cols))
     return fig
 
@@ -113,6 +125,10 @@ def _attention(view: View, selection, cmap: Colormap) -> Figure:
         ax.hlines(per_block, np.arange(n_blocks) - 0.45, np.arange(n_blocks) + 0.45, ls="--", color="0.25", lw=1,
                   label="uniform attention in a window")
         uniform = float(per_block[selection[0] if selection else 0])
+    if view.nonfinite is not None and view.nonfinite.any():  # no distance to plot: a cross at the top instead
+        rows, cols = np.nonzero(view.nonfinite)
+        ax.scatter(x[rows, cols], np.full(len(rows), vmax), marker="x", color=NONFINITE, s=30, clip_on=False,
+                   zorder=3, label="head with a NaN/Inf distance", gid="nonfinite")
     ax.set_xticks(np.arange(n_blocks), labels=view.rows, rotation=45 if n_blocks > 8 else 0,
                   ha="right" if n_blocks > 8 else "center", fontsize=TICK_PT)
     ax.set_xlim(-0.6, n_blocks - 0.4)
@@ -127,15 +143,18 @@ def _attention(view: View, selection, cmap: Colormap) -> Figure:
         r, c = selection
         ax.scatter([x[r, c]], [mean[r, c]], s=110, facecolors="none", edgecolors=MARK, linewidths=1.6, zorder=3,
                    gid="selection")
-        ax.annotate(f"{view.rows[r]}, head {c + 1} of {n_heads} (sorted)\n{_fmt(mean[r, c], 1)} ± {_fmt(std[r, c], 1)} px",
-                    xy=(x[r, c], mean[r, c]), xytext=(14 if r < n_blocks / 2 else -14, 14), textcoords="offset points",
+        value = f"{_fmt(mean[r, c], 1)} ± {_fmt(std[r, c], 1)} px" if np.isfinite(mean[r, c]) else view.cell_text(r, c)
+        ax.annotate(f"{view.rows[r]}, head {c + 1} of {n_heads} (sorted)\n{value}",
+                    xy=(x[r, c], mean[r, c] if np.isfinite(mean[r, c]) else vmax), xytext=(14 if r < n_blocks / 2 else -14, 14), textcoords="offset points",
                     ha="left" if r < n_blocks / 2 else "right", fontsize=TICK_PT, bbox=_BOX,
                     arrowprops={"arrowstyle": "-", "color": MARK})
 
     hist.stairs(counts[block], edges, fill=True, color=cmap(0.35), alpha=0.85)
     hist.axvline(uniform, ls="--", color="0.25", lw=1)
     hist.set_xlim(edges[0], edges[-1])
-    hist.set_title(f"{view.rows[block]}: heads x images", fontsize=9)
+    left_out = view.n_images * n_heads - int(counts[block].sum()) if view.n_images else 0
+    hist.set_title(f"{view.rows[block]}: heads x images" + (f"\n({left_out} NaN/Inf left out)" if left_out > 0 else ""),
+                   fontsize=9)
     hist.set_xlabel("mean attention distance (px)")
     hist.set_ylabel("count")
     return fig
@@ -170,6 +189,11 @@ def _probes(view: View, selection, cmap: Colormap) -> Figure:
     ax.set_ylim(vmin, vmax + 0.05 * (vmax - vmin))  # room for the best values' labels
     ax.set_xlabel("layer")
     ax.set_ylabel("test accuracy")
+    for j, readout in enumerate(view.cols):  # readouts not fitted: their features hold NaN/Inf
+        skipped = np.flatnonzero(view.nonfinite[:, j]) if view.nonfinite is not None else []
+        if len(skipped):
+            ax.scatter(skipped, np.full(len(skipped), vmin), marker="x", color=NONFINITE, s=30, clip_on=False,
+                       zorder=4, label=f"{readout}: not fitted (NaN/Inf)", gid=f"skipped:{readout}")
     ax.legend(fontsize=TICK_PT, loc="best")
     if selection:
         r, c = selection
@@ -217,9 +241,10 @@ def _skip(view: View, selection, cmap: Colormap) -> Figure:
     bar = fig.colorbar(image, ax=ax, label="||z|| / ||f(z)||" + (" (log scale)" if log else ""), shrink=0.85)
     if log:
         _plain_log_labels(bar.ax.yaxis)
+    _overlay_nonfinite(ax, view.nonfinite, origin="lower", aspect="auto")
     if selection:
         r, c = selection
-        _mark_cell(ax, r, c, f"{view.rows[r]}, {view.cols[c]}\nratio {_fmt(view.value(r, c), 2)}",
+        _mark_cell(ax, r, c, f"{view.rows[r]}, {view.cols[c]}\nratio {view.cell_text(r, c, 2, 'no finite ratio')}",
                    toward=(n_cols / 2 - c, n_rows / 2 - r), cell_pt=280 / max(n_rows, n_cols))
 
     curves = fig.add_subplot(grid[1], label="curves")
@@ -270,7 +295,7 @@ def _spatial(view: View, selection, cmap: Colormap) -> Figure:
         r, c = selection
         pi, pj = divmod(c, gw)
         ax.add_patch(Rectangle((pj - 0.5, pi - 0.5), 1, 1, fill=False, edgecolor=MARK, lw=1.6, ls="--", gid="selection"))
-        ax.annotate(f"{view.cols[c]}: {view.value_name} {_fmt(view.value(r, c))}", (pj, pi),
+        ax.annotate(f"{view.cols[c]}: {view.value_name} {view.cell_text(r, c, 3)}", (pj, pi),
                     xytext=(12 if pj < gw / 2 else -12, -14 if pi < gh / 2 else 14), textcoords="offset points",
                     ha="left" if pj < gw / 2 else "right", fontsize=TICK_PT, bbox=_BOX,
                     arrowprops={"arrowstyle": "-", "color": MARK})
@@ -315,10 +340,23 @@ def token_grid(n_tokens: int, has_cls: bool) -> tuple[int, tuple[int, int]]:
 def _token_map(ax, view: View, token: int, gh: int, gw: int, cmap, vmin, vmax, lw: float):
     """Draws token's map on ax with its own cell outlined (gid "token"); returns the AxesImage."""
     image = ax.imshow(view.matrix[token].reshape(gh, gw), cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")
+    if view.nonfinite is not None:
+        _overlay_nonfinite(ax, view.nonfinite[token].reshape(gh, gw), origin="upper", aspect="equal")
     ti, tj = divmod(token, gw)
     ax.add_patch(Rectangle((tj - 0.5, ti - 0.5), 1, 1, fill=False, edgecolor="white", lw=lw, gid="token"))
     ax.add_patch(Rectangle((tj - 0.5, ti - 0.5), 1, 1, fill=False, edgecolor="black", lw=lw / 3))
     return image
+
+
+def _overlay_nonfinite(ax, mask: np.ndarray | None, origin: str, aspect: str) -> None:
+    """Paints the non-finite cells of an imshow grid in NONFINITE (gid "nonfinite"), the others untouched."""
+    if mask is None or not np.asarray(mask).any():
+        return
+    from matplotlib.colors import ListedColormap
+
+    cells = np.ma.masked_where(~np.asarray(mask, dtype=bool), np.ones(np.shape(mask)))
+    ax.imshow(cells, cmap=ListedColormap([NONFINITE]), vmin=0, vmax=1, origin=origin, aspect=aspect,
+              interpolation="nearest", gid="nonfinite")
 
 
 def _spread_tokens(gh: int, gw: int) -> tuple[list[int], list[int]]:

@@ -23,12 +23,15 @@ from rich.table import Table
 from rich.text import Text
 
 from .colormap import ASCII_RAMP, DEFAULT_LEVELS, MISSING, ColorMode, ColorScale, Palette, detect_color_mode
-from .views import View, too_wide_note, uniform_text
+from .views import View, skipped_note, too_wide_note, uniform_text
 
 UPPER_HALF = "\u2580"  # ▀
 FULL_BLOCK = "\u2588"  # █
 SPARKS = "\u2581\u2582\u2583\u2584\u2585\u2586\u2587\u2588"  # ▁▂▃▄▅▆▇█
 MISSING_COLOR = "grey42"  # a cell not computed yet (NaN)
+NONFINITE_COLOR = "red3"  # a cell computed from NaN/Inf inputs (View.nonfinite)
+NONFINITE_CHAR = "!"
+NONFINITE = MISSING - 1  # its level
 MAX_LABEL = 14
 MAX_MAGNIFY = 4
 TOKEN_MARK = "<>"  # the token's own cell in a spatial map
@@ -96,9 +99,10 @@ def _title(view: View, mode: ColorMode) -> Text:
 def _cka(view: View, mode: ColorMode, cmap: str, width: int) -> list:
     scale = ColorScale.for_matrix(view.matrix, vmin=view.vmin, vmax=view.vmax, levels=_levels(mode), cmap=cmap)
     model_a, model_b = (view.models + view.models)[:2] if view.models else ("rows", "cols")
-    plot = Heatmap(view.matrix, view.rows, view.cols, scale, mode, width)
+    plot = Heatmap(view.matrix, view.rows, view.cols, scale, mode, width, nonfinite=view.nonfinite)
     where = f"rows: {model_a} layers, first at the top; columns: {model_b} layers, first at the left"
-    return [*plot.lines(), plot.legend(view.value_name), *plot.column_key(), Text(where, style=_style(mode, "dim"))]
+    return [*plot.lines(), plot.legend(view.value_name), *plot.column_key(), Text(where, style=_style(mode, "dim")),
+            *_nonfinite_lines(view, mode)]
 
 
 def _skip(view: View, mode: ColorMode, cmap: str, width: int) -> list:
@@ -112,10 +116,10 @@ def _skip(view: View, mode: ColorMode, cmap: str, width: int) -> list:
         scale = ColorScale.for_matrix(values, vmin=vmin, vmax=vmax, levels=_levels(mode), cmap=cmap)
     # many tokens get pooled to fit, but the CLS column is the point of the figure: it keeps its own
     plot = Heatmap(values, view.rows, view.cols, scale, mode, width, keep_first_col=view.cols[:1] == ["CLS"],
-                   pool_rows=False, missing="no finite ratio")
+                   pool_rows=False, missing="no finite ratio", nonfinite=view.nonfinite)
     legend = plot.legend("||z||/||f(z)||", transform=(lambda v: 10**v) if log else None,
                          note="log colour scale" if log else "")
-    return [*plot.lines(), legend, *plot.column_key(), *_skip_curves(view, mode)]
+    return [*plot.lines(), legend, *plot.column_key(), *_skip_curves(view, mode), *_nonfinite_lines(view, mode)]
 
 
 def _spatial(view: View, mode: ColorMode, cmap: str, width: int, selection) -> list:
@@ -125,12 +129,13 @@ def _spatial(view: View, mode: ColorMode, cmap: str, width: int, selection) -> l
     token = selection[0] if selection else spatial_centre_token(gh, gw)
     token_map = view.matrix[token].reshape(gh, gw)
     scale = ColorScale.for_matrix(view.matrix, vmin=view.vmin, vmax=view.vmax, levels=_levels(mode), cmap=cmap)
+    marks = view.nonfinite[token].reshape(gh, gw) if view.nonfinite is not None else None
     plot = Heatmap(token_map, [f"r{i}" for i in range(gh)], [f"c{j}" for j in range(gw)], scale, mode, width,
-                   magnify="even", mark=divmod(token, gw))
+                   magnify="even", mark=divmod(token, gw), nonfinite=marks)
     caption = (f"{view.rows[token]}: CKA of its representation with the pixels of every input patch; "
-               f"{TOKEN_MARK} marks the token's own cell ({_fmt(view.value(token, token))})")
+               f"{TOKEN_MARK} marks the token's own cell ({view.cell_text(token, token, 3)})")
     return [Text(caption, style=_style(mode, "dim")), *plot.lines(), *plot.column_key(names=False),
-            plot.legend(view.value_name)]
+            plot.legend(view.value_name), *_nonfinite_lines(view, mode)]
 
 
 def _attention(view: View, mode: ColorMode) -> list:
@@ -145,11 +150,14 @@ def _attention(view: View, mode: ColorMode) -> list:
         table.add_column(f"#{h + 1}", justify="right")
     heads = np.asarray(view.extra.get("heads_per_block", np.full(len(view.rows), n_heads)))
     for b, block in enumerate(view.rows):
-        cells = [f"{m:.1f}{f' {plus}{s:.1f}' if with_std else ''}" for m, s in zip(view.matrix[b], std[b])]
+        cells = [f"{m:.1f}{f' {plus}{s:.1f}' if with_std else ''}" if np.isfinite(m) else _short_nonfinite(view, b, h)
+                 for h, (m, s) in enumerate(zip(view.matrix[b], std[b]))]
         table.add_row(block, *cells[: heads[b]], *[""] * (n_heads - heads[b]))  # Swin: fewer heads in early stages
     caption = (f"mean attention distance (px) of each head, sorted nearest first (#1)"
                f"{f', {plus} std over images' if with_std else ''}; {uniform_text(view)}")
-    return [table, Text(caption, style=_style(mode, "dim"))]
+    if view.nonfinite is not None and view.nonfinite.any():
+        caption += "; non-finite (k/N): k of the N images give that head a NaN/Inf distance (sorted last)"
+    return [table, Text(caption, style=_style(mode, "dim")), *_nonfinite_lines(view, mode)]
 
 
 def _probes(view: View, mode: ColorMode) -> list:
@@ -163,7 +171,9 @@ def _probes(view: View, mode: ColorMode) -> list:
         cells = []
         for c in range(len(view.cols)):
             value = view.matrix[r, c]
-            if r in best[c]:
+            if view.is_nonfinite(r, c):
+                cells.append(Text("skipped  "))
+            elif r in best[c]:
                 cells.append(Text(f"{_fmt(value)} *", style=_style(mode, "bold")))
             else:
                 cells.append(Text(f"{_fmt(value)}  "))
@@ -172,7 +182,7 @@ def _probes(view: View, mode: ColorMode) -> list:
     n_train, n_test = view.params.get("n_train"), view.params.get("n_test")
     if n_train and n_test:
         caption += f"; {n_train} train / {n_test} test images"
-    caption += too_wide_note(view)
+    caption += too_wide_note(view) + skipped_note(view)
     lines = [Text(caption, style=_style(mode, "dim")), Text("accuracy vs depth (0 to 1, first layer left):")]
     pad = max(map(len, view.cols))
     for c, readout in enumerate(view.cols):
@@ -190,9 +200,10 @@ def _skip_curves(view: View, mode: ColorMode) -> list:
     if has_cls:
         table.add_column("CLS", justify="right")
     table.add_column("spatial (mean)" if len(view.cols) > 1 else "ratio", justify="right")
+    flagged = view.nonfinite is not None and view.nonfinite.any()
     for r, row in enumerate(view.rows):
-        cells = [_fmt(cls[r], 2)] if has_cls else []
-        table.add_row(row, *cells, _fmt(spatial[r], 2) if r < spatial.size else "-")
+        cells = [_fmt(cls[r], 2, flagged)] if has_cls else []
+        table.add_row(row, *cells, _fmt(spatial[r], 2, flagged) if r < spatial.size else "-")
     caption = "ratio > 1: the skip connection carries more than the sublayer adds"
     return [table, Text(caption, style=_style(mode, "dim"))]
 
@@ -210,7 +221,7 @@ class Heatmap:
 
     def __init__(self, matrix: np.ndarray, rows: list[str], cols: list[str], scale: ColorScale, mode: ColorMode,
                  width: int, magnify: str | None = None, keep_first_col: bool = False, pool_rows: bool = True,
-                 mark: tuple[int, int] | None = None, missing: str = "not computed"):
+                 mark: tuple[int, int] | None = None, missing: str = "not computed", nonfinite: np.ndarray | None = None):
         self.mode, self.scale, self.mark, self.missing = mode, scale, mark, missing
         self.palette: Palette = scale.palette(mode)
         self.ascii = mode is ColorMode.NONE
@@ -237,6 +248,9 @@ class Heatmap:
         self.k = k
         self.cell_w = k * chars_per_cell
         self.levels = scale.quantize(self.matrix)
+        if nonfinite is not None and nonfinite.any():  # a shown cell with nothing finite, and NaN/Inf behind it
+            flagged = _pool(np.asarray(nonfinite, dtype=float), pool if pool_rows else 1, pool, self.keep_first) > 0
+            self.levels[flagged & np.isnan(self.matrix)] = NONFINITE
 
     # the grid
 
@@ -274,7 +288,8 @@ class Heatmap:
                 if self.mark == (r, c):
                     cells.append(TOKEN_MARK.center(self.cell_w)[: self.cell_w])
                 else:
-                    cells.append((self.palette.missing_char if level == MISSING else self.palette.chars[level]) * self.cell_w)
+                    char = {MISSING: self.palette.missing_char, NONFINITE: NONFINITE_CHAR}.get(level)
+                    cells.append((char or self.palette.chars[level]) * self.cell_w)
             out.append(Text(self._label(self.row_labels[r]) + "".join(cells)))
         return out
 
@@ -282,7 +297,7 @@ class Heatmap:
         return label.rjust(self.gutter - 1) + " "
 
     def _color(self, level) -> str:
-        return MISSING_COLOR if int(level) == MISSING else self.palette.colors[int(level)]
+        return {MISSING: MISSING_COLOR, NONFINITE: NONFINITE_COLOR}.get(int(level)) or self.palette.colors[int(level)]
 
     # what the grid means
 
@@ -308,9 +323,12 @@ class Heatmap:
         return ""
 
     def _missing(self) -> str:
-        if not (self.levels == MISSING).any():
-            return ""
-        return f"{self.palette.missing_char} = {self.missing}" if self.ascii else f"grey = {self.missing}"
+        notes = []
+        if (self.levels == MISSING).any():
+            notes.append(f"{self.palette.missing_char} = {self.missing}" if self.ascii else f"grey = {self.missing}")
+        if (self.levels == NONFINITE).any():
+            notes.append(f"{NONFINITE_CHAR if self.ascii else 'red'} = non-finite (NaN/Inf inputs)")
+        return "; ".join(notes)
 
     def column_key(self, names: bool = True) -> list[Text]:
         """Returns a ruler of column numbers under the grid and (with `names`) which column each number is."""
@@ -413,5 +431,20 @@ def _levels(mode: ColorMode) -> int:
     return len(ASCII_RAMP) if mode is ColorMode.NONE else DEFAULT_LEVELS
 
 
-def _fmt(value, digits: int = 3) -> str:
-    return f"{value:.{digits}f}" if value is not None and np.isfinite(value) else "-"
+def _fmt(value, digits: int = 3, nonfinite: bool = False) -> str:
+    """Returns the value with `digits` decimals; '-' for none, 'non-finite' for NaN/Inf where inputs were."""
+    if value is not None and np.isfinite(value):
+        return f"{value:.{digits}f}"
+    return "non-finite" if nonfinite and value is not None else "-"
+
+
+def _short_nonfinite(view: View, row: int, col: int) -> str:
+    """Returns a table cell for a non-finite value: 'non-finite (3/48)', or 'non-finite'."""
+    count = int(view.nonfinite_images[row, col]) if view.nonfinite_images is not None else -1
+    return f"non-finite ({count}/{view.n_images})" if count > 0 else "non-finite"
+
+
+def _nonfinite_lines(view: View, mode: ColorMode) -> list:
+    """Returns the line that says which cells are non-finite, or nothing."""
+    note = view.nonfinite_note()
+    return [Text(note, style=_style(mode, "yellow"))] if note else []

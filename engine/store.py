@@ -711,6 +711,10 @@ class Store:
         counts = self._model(model)["nonfinite"][:].sum(axis=0)
         return {layer: int(c) for layer, c in zip(self.layers(model), counts)}
 
+    def nonfinite_batches(self, model: str) -> np.ndarray:
+        """Returns the (batches, layers) counts of non-finite values written per batch and layer."""
+        return self._model(model)["nonfinite"][:]
+
     def model_bytes(self, model: str) -> int:
         group = self._model(model)
         total = 0

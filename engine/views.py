@@ -45,9 +45,41 @@ class View:
     params: dict = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
     models: list[str] = field(default_factory=list)
+    # cells that were computed but are NaN/Inf (non-finite inputs, or a readout skipped for them), beside the
+    # values so that "non-finite" and "not computed" (NaN without a mark) stay two things
+    nonfinite: np.ndarray | None = None  # (rows, cols) bool
+    nonfinite_images: np.ndarray | None = None  # (rows, cols) images with non-finite inputs per cell, -1 unknown
+    n_images: int = 0
 
     def value(self, row: int, col: int) -> float:
         return float(self.matrix[row, col])
+
+    def is_nonfinite(self, row: int, col: int) -> bool:
+        """Returns whether a cell was computed and came out non-finite (NaN/Inf)."""
+        return self.nonfinite is not None and bool(self.nonfinite[row, col])
+
+    def nonfinite_text(self, row: int, col: int) -> str:
+        """Returns 'non-finite (3 of 48 images)' for a non-finite cell ('non-finite' when the images are unknown)."""
+        count = int(self.nonfinite_images[row, col]) if self.nonfinite_images is not None else -1
+        return f"non-finite ({count} of {self.n_images} images)" if count > 0 else "non-finite"
+
+    def cell_text(self, row: int, col: int, digits: int = 4, missing: str = "not computed") -> str:
+        """Returns a cell as text: its value, 'non-finite (k of N images)', or `missing` (not computed)."""
+        value = self.matrix[row, col]
+        if np.isfinite(value):
+            return f"{value:.{digits}f}"
+        return self.nonfinite_text(row, col) if self.is_nonfinite(row, col) else missing
+
+    def nonfinite_note(self) -> str:
+        """Returns one line on the non-finite cells ('' when there are none): how many and which rows."""
+        if self.nonfinite is None or not self.nonfinite.any():
+            return ""
+        whole = np.flatnonzero(self.nonfinite.all(axis=1))  # a layer with non-finite activations fills its row
+        rows = whole if whole.size else np.flatnonzero(self.nonfinite.any(axis=1))
+        names = ", ".join(self.rows[r] for r in rows[:4]) + (f" and {len(rows) - 4} more" if len(rows) > 4 else "")
+        where = "activations" if self.kind in ("cka", "spatial", "probes") else "per-image statistics"
+        return (f"{int(self.nonfinite.sum())} non-finite cell(s), from NaN/Inf in the stored {where}, in {names}"
+                + (": see `vitsee info`" if where == "activations" else ""))
 
     def to_json(self) -> dict:
         """Returns the numbers with their labels and parameters (JSON-able; NaN becomes null)."""
@@ -64,6 +96,12 @@ class View:
         )
         for key, value in self.extra.items():
             out[key] = _nested(value)
+        out["nonfinite"] = [  # the cells whose value is null because it is NaN/Inf (other nulls: not computed)
+            {"row": int(r), "col": int(c), "row_label": self.rows[r], "col_label": self.cols[c],
+             "images": (int(self.nonfinite_images[r, c]) if self.nonfinite_images is not None
+                        and self.nonfinite_images[r, c] >= 0 else None)}
+            for r, c in zip(*np.nonzero(self.nonfinite))] if self.nonfinite is not None else []
+        out["n_images"] = self.n_images
         out["params"] = self.params
         return out
 
@@ -222,6 +260,7 @@ def load_view(path: str | Path, text: str, cfg: an.AnalyzeConfig | None = None, 
         request = _request(store, text)
         subtitle = _subtitle(store, list(dict.fromkeys(request.keys)))
         info = store.model_info(request.keys[0])
+        n_images = store.n_images
         params = None if cfg is not None and cfg.recompute else cached_params(store, text, cfg)
         result = store.get_result(request.kind, params) if params is not None else None
     if result is None:
@@ -232,9 +271,82 @@ def load_view(path: str | Path, text: str, cfg: an.AnalyzeConfig | None = None, 
                "erf": lambda r, keys, _info: View(**erf_mod.view_fields(r, keys, request.layer))}
     view = builder[request.kind](result, request.keys, info)
     view.subtitle = subtitle
+    view.n_images = n_images
+    if not np.isfinite(view.matrix).all() and request.kind != "probes":  # probes mark their own (see _probe_view)
+        with Store.open(path) as store:
+            mark_nonfinite(view, store)
     args = request.keys if request.kind in ("cka", "heads") else request.keys + ([request.layer] if request.layer else [])
     view.spec = f"{request.kind}:{':'.join(args)}"
     return view
+
+
+# --- non-finite cells ---------------------------------------------------------------------------------
+
+
+def nonfinite_rows(store: Store, key: str, layer: str, cells=None) -> np.ndarray | None:
+    """Returns the (N,) mask of images whose stored activations in a layer hold NaN/Inf (with `cells`, a
+    function activations -> per-cell (b, D) features: the (N, cells) mask), or None when the store cannot
+    tell (no activations stored). Reads only the batches the extraction counted non-finite values in."""
+    if store.streaming:
+        return None
+    per_batch = store.nonfinite_batches(key)[:, store.layers(key).index(layer)]
+    bs, n = store.batch_size(key), store.n_images
+    mask = None
+    for b in np.flatnonzero(per_batch):
+        rows = slice(int(b) * bs, min((int(b) + 1) * bs, n))
+        a = store.activations(key, layer, rows)
+        bad = np.stack([~np.isfinite(c).all(axis=1) for c in cells(a)], axis=1) if cells else ~np.isfinite(a.reshape(len(a), -1)).all(axis=1)
+        if mask is None:
+            mask = np.zeros((n, *bad.shape[1:]), dtype=bool)
+        mask[rows] = bad
+    if mask is None:
+        n_cells = len(cells(np.zeros((0, *store.layer_shape(key, layer)), dtype=np.float32))) if cells else None
+        mask = np.zeros((n, n_cells) if cells else (n,), dtype=bool)
+    return mask
+
+
+def mark_nonfinite(view: View, store: Store) -> None:
+    """Marks the view's non-finite cells as computed-but-non-finite, with the images behind each one.
+
+    CKA and spatial cells count the images whose activations (of either layer; of the token) hold NaN/Inf,
+    attention cells the images whose distance of that head is, skip cells those whose ratio is.
+    """
+    bad = ~np.isfinite(view.matrix)
+    if view.kind == "attention" and "heads_per_block" in view.extra:  # a Swin stage's missing heads are no values
+        heads = np.asarray(view.extra["heads_per_block"])
+        bad &= np.arange(view.matrix.shape[1])[None, :] < heads[:, None]
+    view.nonfinite = bad
+    counts = np.full(view.matrix.shape, -1, dtype=np.int64)
+    if view.kind == "cka":
+        a, b = view.models[0], view.models[-1]
+        rows = {layer: nonfinite_rows(store, a, layer) for layer in set(view.rows[i] for i in np.flatnonzero(bad.any(axis=1)))}
+        cols = {layer: nonfinite_rows(store, b, layer) for layer in set(view.cols[j] for j in np.flatnonzero(bad.any(axis=0)))}
+        for i, j in zip(*np.nonzero(bad)):
+            r, c = rows[view.rows[i]], cols[view.cols[j]]
+            if r is not None and c is not None and (r.any() or c.any()):
+                counts[i, j] = int((r | c).sum())
+    elif view.kind == "spatial":
+        _, _, cells = an._spatial_layout(store, view.models[0], view.params["layer"])
+        tokens = nonfinite_rows(store, view.models[0], view.params["layer"], cells)  # (N, cells)
+        if tokens is not None:
+            per_token = tokens.sum(axis=0)
+            counts = np.where(bad & (per_token[:, None] > 0), per_token[:, None], -1)
+    elif view.kind == "attention":
+        per_head = (~np.isfinite(store.attention_distance(view.models[0]))).sum(axis=0)  # (blocks, heads)
+        sorted_counts = np.take_along_axis(per_head, np.asarray(view.extra["head_order"]), axis=1)
+        counts = np.where(bad, sorted_counts, -1)
+    elif view.kind == "skip":
+        names = [n for n in ("skip_ratio_attn", "skip_ratio_mlp") if n in store.stats(view.models[0])] or ["skip_ratio_block"]
+        per_cell = [0] * len(names)
+        for batch in store.stat_batches(view.models[0], names):
+            per_cell = [c + (~np.isfinite(batch[n])).sum(axis=0) for c, n in zip(per_cell, names)]
+        if len(names) == 2:  # rows interleave attn and mlp sublayers, as in run_skip
+            cells = np.empty((2 * per_cell[0].shape[0], per_cell[0].shape[1]), dtype=np.int64)
+            cells[0::2], cells[1::2] = per_cell
+        else:
+            cells = np.asarray(per_cell[0]).reshape(-1, 1)
+        counts = np.where(bad, cells[: bad.shape[0], : bad.shape[1]], -1)
+    view.nonfinite_images = counts
 
 
 def _cka_view(result: dict, keys: list[str], info: dict) -> View:
@@ -295,16 +407,33 @@ def _probe_view(r: dict, keys: list[str], info: dict) -> View:
                            for layer in layers])
     matrix = np.column_stack([r["accuracy"], token_mean])
     cols = ["CLS", "GAP", "tokens (mean)"]
-    keep = [i for i in range(matrix.shape[1]) if np.isfinite(matrix[:, i]).any()]
+    skipped = np.zeros(matrix.shape, dtype=np.int64)  # images with non-finite features, per readout not fitted
+    for layer, readout, count in zip(*(np.atleast_1d(r.get(k, [])) for k in ("skipped_layer", "skipped_readout", "skipped_images"))):
+        skipped[layers.index(str(layer)), {"cls": 0, "gap": 1, "tokens": 2}[str(readout)]] = int(count)
+    keep = [i for i in range(matrix.shape[1]) if np.isfinite(matrix[:, i]).any() or skipped[:, i].any()]
     params = dict(r["_params"], split_seed=r["_params"]["seed"], n_train=int(len(r["split_train"])), n_test=int(len(r["split_test"])))
     extra = {"token_maps": {k: np.asarray(v) for k, v in token_maps.items()}, "chance": float(r["chance"]), "l2": r["l2"],
              "grid": list(info.get("grid_size") or []), "prefix_tokens": prefix,
              "token_prefix": {layer: token_prefix[layer] for layer in token_maps},
-             "tokens_too_wide": [str(x) for x in np.atleast_1d(r.get("tokens_too_wide", []))]}
+             "tokens_too_wide": [str(x) for x in np.atleast_1d(r.get("tokens_too_wide", []))],
+             "skipped": [{"layer": layers[i], "readout": cols[c], "images": int(skipped[i, c])} for i, c in zip(*np.nonzero(skipped))]}
     extra["cls_token"] = an.has_cls_token(info)
     title = f"Linear probe test accuracy {key}" + (f" ({NO_CLS}: GAP and per-token readouts)" if _no_cls(info) else "")
-    return View("probes", "", title, "", matrix[:, keep], layers, [cols[i] for i in keep],
+    view = View("probes", "", title, "", matrix[:, keep], layers, [cols[i] for i in keep],
                 "accuracy", 0.0, 1.0, params, extra, [key])
+    view.nonfinite = skipped[:, keep] > 0
+    view.nonfinite_images = np.where(view.nonfinite, skipped[:, keep], -1)
+    return view
+
+
+def skipped_note(view: View) -> str:
+    """Returns, for a probes view, '; not fitted (non-finite features): ...' naming the skipped readouts, else ''."""
+    skipped = view.extra.get("skipped") or []
+    if not skipped:
+        return ""
+    named = ", ".join(f"{s['layer']} {s['readout']} ({s['images']} of {view.n_images} images)" for s in skipped[:4])
+    more = f" and {len(skipped) - 4} more" if len(skipped) > 4 else ""
+    return f"; not fitted, their features hold NaN/Inf: {named}{more} (see `vitsee info`)"
 
 
 def too_wide_note(view: View) -> str:

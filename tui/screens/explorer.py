@@ -123,6 +123,9 @@ class ExplorerScreen(Screen):
         self._views: dict[str, object] = {}  # spec -> LoadedView, kept so switching back costs nothing
         self._status: dict[str, str] = {}
         self._loading: str | None = None
+        self._failure: str | None = None  # why the store could not be opened: what every pane says
+        self._poll = None  # the timer that watches an extraction in progress
+        self._polling = False
 
     # --- layout -------------------------------------------------------------------------------------------
 
@@ -162,6 +165,7 @@ class ExplorerScreen(Screen):
             self.post_message(SummaryFailed(self.path, f"cannot read {self.path}: {brief(exc)}"))
 
     def on_summary_failed(self, message: SummaryFailed) -> None:
+        self._failure = message.error
         self.query_one("#view-task", TaskBar).stop()
         for kind in KINDS:
             self.pane(kind).show_message(message.error)
@@ -169,22 +173,59 @@ class ExplorerScreen(Screen):
         self.notify(message.error, severity="error", timeout=10)
 
     def on_summary_loaded(self, message: SummaryLoaded) -> None:
+        first = self.summary is None
         summary = self.summary = message.summary
+        self._failure = None
         self.query_one("#view-task", TaskBar).stop()
         models = "; ".join(f"{model_label(m.key, width=0)}: {m.weights}" for m in summary.models)
         self.query_one("#title-bar", Label).update(
             f" {self.path.name} \u00b7 {summary.n_images} images of {summary.dataset} \u00b7 {models}"
         )
         self.query_one(SidePanel).set_models(summary)
-        if summary.models:
+        if summary.models and (self.model_a is None or self.model_a not in summary.keys):
             self.model_a = summary.models[0].key
-        if summary.problem:
+        if summary.problem and first:
             self.notify(summary.problem, severity="error", timeout=10)
-        if self.note:
+        if self.note and first:
             self.notify(self.note, title="demo", timeout=8)
+        self._watch_extraction(summary)
         self.show_view(self.kind)
         if self.analyse_all and summary.problem is None:
             self._analyse_all(self.all_specs())
+
+    # --- an extraction in progress ---------------------------------------------------------------------------
+
+    POLL_SECONDS: ClassVar[float] = 1.5
+
+    def _watch_extraction(self, summary: StoreSummary) -> None:
+        """While a model's rows are unfinished, poll the store's done rows; stop once all are done."""
+        unfinished = bool(summary.models) and any(m.rows_done < summary.n_images for m in summary.models)
+        if unfinished and self._poll is None:
+            self._poll = self.set_interval(self.POLL_SECONDS, self._poll_rows)
+        elif not unfinished and self._poll is not None:
+            self._poll.stop()
+            self._poll = None
+
+    def _poll_rows(self) -> None:
+        if not self._polling:  # a slow disk: one read at a time
+            self._polling = True
+            self._read_rows_done()
+
+    @work(thread=True, group="poll", exit_on_error=False)
+    def _read_rows_done(self) -> None:
+        """Reads only each model's done rows (cheap); a change brings the whole summary again."""
+        try:
+            from vitsee.engine.store import Store
+
+            with Store.open(self.path) as store:
+                done = {key: store.rows_done(key) for key in store.models}
+        except Exception:  # a writer mid-flush, or a replaced file: try again at the next tick
+            done = None
+        finally:
+            self._polling = False
+        summary = self.summary
+        if done is not None and summary is not None and done != {m.key: m.rows_done for m in summary.models}:
+            self._read_summary()
 
     def all_specs(self) -> list[str]:
         """Returns every view of the store, cheapest first (probes last: they take longest)."""
@@ -206,7 +247,11 @@ class ExplorerScreen(Screen):
     def spec_for(self, kind: str) -> tuple[str | None, str]:
         """Returns (view spec, '') for the pane of `kind` with the picked models, or (None, why not)."""
         summary, a, b = self.summary, self.model_a, self.model_b
-        if summary is None or a is None:
+        if summary is None and self._failure is not None:
+            return None, self._failure
+        if summary is None:
+            return None, f"opening {self.path} \u2026"
+        if a is None:
             return None, "no models in this store: add one with `vitsee extract STORE --model NAME`"
         if kind == "heads":
             b = self._heads_other()
@@ -517,15 +562,21 @@ class ExplorerScreen(Screen):
         if not self.pane().toggle_zoom():
             self.notify("this view has no heatmap to zoom", severity="warning", timeout=3)
 
+    def _app_exiting(self) -> bool:
+        # a key typed right after q still arrives: a screen pushed while the app closes never composes
+        return bool(getattr(self.app, "_exit", False))
+
     def action_open_store(self) -> None:
         from vitsee.tui.screens.start import StartScreen
 
-        self.app.push_screen(StartScreen(self.options))
+        if not self._app_exiting():
+            self.app.push_screen(StartScreen(self.options))
 
     def action_new_run(self) -> None:
         from vitsee.tui.screens.new_run import NewRunScreen
 
-        self.app.push_screen(NewRunScreen(self.options))
+        if not self._app_exiting():
+            self.app.push_screen(NewRunScreen(self.options))
 
     # --- export -------------------------------------------------------------------------------------------------
 

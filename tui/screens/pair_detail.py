@@ -61,7 +61,7 @@ class PairDetailScreen(ModalScreen[None]):
         value = float(view.matrix[self.row, self.col])
         shape_a = self.loaded.shapes.get(model_a, {}).get(row_layer)
         shape_b = self.loaded.shapes.get(model_b, {}).get(col_layer)
-        shown = "not computed" if np.isnan(value) else f"{value:.4f}"
+        shown = view.cell_text(self.row, self.col)
         with Vertical(id="detail"):
             yield Label(f"{row_layer} x {col_layer}  CKA {shown}", classes="detail--title")
             yield Static(

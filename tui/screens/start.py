@@ -78,7 +78,10 @@ class StartScreen(Screen):
 
     def action_rescan(self) -> None:
         stores = find_stores(self.options.folder)
-        option_list = self.query_one("#stores", OptionList)
+        found = self.query("#stores")
+        if not found:  # pushed while the app quits: nothing was composed
+            return
+        option_list = found.first(OptionList)
         option_list.clear_options()
         if stores:
             option_list.add_options([Option(store_line(p), id=str(p)) for p in stores])

@@ -32,7 +32,8 @@ class AttentionPane(ViewPane):
     def populate(self, loaded: LoadedView) -> None:
         view = loaded.view
         plot = self.query_one(DistancePlot)
-        plot.show(view.matrix, list(view.rows), float(np.asarray(view.extra["hist_edges"])[-1]), view.extra["uniform_px"])
+        plot.show(view.matrix, list(view.rows), float(np.asarray(view.extra["hist_edges"])[-1]), view.extra["uniform_px"],
+                  view.nonfinite)
 
     def on_distance_plot_cursor_moved(self, message: DistancePlot.CursorMoved) -> None:
         message.stop()
@@ -41,9 +42,11 @@ class AttentionPane(ViewPane):
             return
         counts = np.asarray(view.extra["hist_counts"])[message.block]
         edges = np.asarray(view.extra["hist_edges"])
+        left_out = view.n_images * view.matrix.shape[1] - int(counts.sum()) if view.n_images else 0
         self.query_one(Histogram).show(
             counts, edges, marker=view.extra["uniform_px"], marker_name=f"uniform {view.extra['uniform_px']:.1f} px",
-            unit="px", caption=f"{view.rows[message.block]}: every head and image",
+            unit="px", caption=f"{view.rows[message.block]}: every head and image"
+            + (f" ({left_out} non-finite left out)" if left_out > 0 else ""),
         )
         self.post_status()
 
@@ -61,8 +64,10 @@ class AttentionPane(ViewPane):
         std = float(np.asarray(view.extra["std_px"])[block, head])
         # Swin: uniform attention inside a window of this block's stage
         uniform = float(np.asarray(view.extra.get("uniform_px_per_block", [view.extra["uniform_px"]] * (block + 1)))[block])
+        distance = view.matrix[block, head]
+        shown = f"{distance:.1f} px \u00b1 {std:.1f}" if np.isfinite(distance) else view.cell_text(block, head)
         return (f"{view.rows[block]} head {original} ({head + 1}/{heads} by distance)  "
-                f"distance {view.matrix[block, head]:.1f} px \u00b1 {std:.1f}  uniform {uniform:.1f} px")
+                f"distance {shown}  uniform {uniform:.1f} px")
 
     def main_widget(self) -> Widget | None:
         return self.query_one(DistancePlot)

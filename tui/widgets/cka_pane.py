@@ -24,11 +24,13 @@ class CkaPane(HeatmapPane):
         heatmap = self.heatmap
         if heatmap is None:
             heatmap = Heatmap(view.matrix, view.rows, view.cols, vmin=view.vmin, vmax=view.vmax, cmap=self.cmap,
-                              color_mode=self.color_mode, value_name=view.value_name, id="cka-heatmap")
+                              color_mode=self.color_mode, value_name=view.value_name, id="cka-heatmap",
+                              nonfinite=view.nonfinite, nonfinite_text=view.nonfinite_text)
             self.query_one(".pane--body").mount(heatmap)
         else:
             heatmap.set_cmap(self.cmap)
-            heatmap.set_data(view.matrix, view.rows, view.cols, vmin=view.vmin, vmax=view.vmax)
+            heatmap.set_data(view.matrix, view.rows, view.cols, vmin=view.vmin, vmax=view.vmax,
+                             nonfinite=view.nonfinite, nonfinite_text=view.nonfinite_text)
 
     def on_heatmap_cursor_moved(self, message: Heatmap.CursorMoved) -> None:
         message.stop()
@@ -46,9 +48,7 @@ class CkaPane(HeatmapPane):
         if heatmap is None or self.loaded is None:
             return ""
         row, col = heatmap.cursor
-        value = heatmap.value_at(row, col)
-        shown = "not computed" if value != value else f"{value:.4f}"
-        return f"{heatmap.row_labels[row]} x {heatmap.col_labels[col]}  CKA {shown}"
+        return f"{heatmap.row_labels[row]} x {heatmap.col_labels[col]}  CKA {heatmap.describe(row, col)}"
 
     def jump_to_layer(self, layer: str) -> bool:
         heatmap, view = self.heatmap, self.view

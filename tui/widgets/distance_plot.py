@@ -20,6 +20,7 @@ from textual.widget import Widget
 from vitsee.tui.widgets.heatmap import fit_labels
 
 DOT = "\u25cf"  # ●
+NONFINITE = "\u00d7"  # × a head whose distance is NaN/Inf: at the right end, where no distance reaches
 UNIFORM = "\u250a"  # ┊
 MAX_LABEL = 10
 
@@ -43,6 +44,7 @@ class DistancePlot(Widget, can_focus=True):
         "distance-plot--label",
         "distance-plot--uniform",
         "distance-plot--axis",
+        "distance-plot--nonfinite",
     }
 
     DEFAULT_CSS = """
@@ -56,6 +58,7 @@ class DistancePlot(Widget, can_focus=True):
         & > .distance-plot--label { color: $text-muted; }
         & > .distance-plot--uniform { color: $warning; }
         & > .distance-plot--axis { color: $text-muted; }
+        & > .distance-plot--nonfinite { color: $error; text-style: bold; }
     }
     DistancePlot:focus > .distance-plot--row-cursor { background: $accent 20%; }
     """
@@ -76,13 +79,17 @@ class DistancePlot(Widget, can_focus=True):
     def __init__(self, *, name: str | None = None, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(name=name, id=id, classes=classes)
         self.distances = np.zeros((0, 0))
+        self.nonfinite: np.ndarray | None = None
         self.blocks: list[str] = []
         self.max_px = 1.0
         self.uniform_px: float | None = None
 
-    def show(self, distances: np.ndarray, blocks: list[str], max_px: float, uniform_px: float | None) -> None:
-        """Show (blocks, heads) distances in px, each row sorted ascending."""
+    def show(self, distances: np.ndarray, blocks: list[str], max_px: float, uniform_px: float | None,
+             nonfinite: np.ndarray | None = None) -> None:
+        """Show (blocks, heads) distances in px, each row sorted ascending; `nonfinite` marks the heads whose
+        distance is NaN/Inf (a Swin stage's missing heads are NaN too, but no values, so not marked)."""
         self.distances = np.asarray(distances, dtype=float)
+        self.nonfinite = None if nonfinite is None else np.asarray(nonfinite, dtype=bool)
         self.blocks, self.max_px, self.uniform_px = list(blocks), float(max_px) or 1.0, uniform_px
         self.styles.height = len(self.blocks) + 2  # as tall as the blocks need; max-height keeps room below
         self.set_reactive(DistancePlot.cursor, self.validate_cursor(self.cursor))
@@ -116,6 +123,8 @@ class DistancePlot(Widget, can_focus=True):
         top = min(max(self.cursor[0] - rows // 2, 0), max(n_blocks - rows, 0))
 
         def x_of(px: float) -> int:
+            if not np.isfinite(px):
+                return plot_w - 1
             return min(max(round(px / self.max_px * (plot_w - 1)), 0), plot_w - 1)
 
         dot = self.get_component_rich_style("distance-plot--dot")
@@ -124,6 +133,7 @@ class DistancePlot(Widget, can_focus=True):
         label_style = self.get_component_rich_style("distance-plot--label")
         uniform_style = self.get_component_rich_style("distance-plot--uniform")
         axis = self.get_component_rich_style("distance-plot--axis")
+        nonfinite = self.get_component_rich_style("distance-plot--nonfinite")
         uniform_x = x_of(self.uniform_px) if self.uniform_px is not None else None
         text = Text(no_wrap=True, overflow="crop")
         for block in range(top, min(top + rows, n_blocks)):
@@ -137,8 +147,12 @@ class DistancePlot(Widget, can_focus=True):
             for x in xs:
                 if x is not None:
                     counts[x] = counts.get(x, 0) + 1
+            bad = self.nonfinite is not None and bool(self.nonfinite[block].any())
             for x in range(plot_w):
-                if x in counts:
+                if bad and x == plot_w - 1:
+                    style = base + nonfinite + (cursor_style if x == cursor_x else Style())
+                    char = NONFINITE
+                elif x in counts:
                     char = DOT if counts[x] == 1 else str(min(counts[x], 9))
                     style = base + dot + (cursor_style if x == cursor_x else Style())
                 elif x == uniform_x:

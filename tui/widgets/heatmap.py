@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from typing import ClassVar, Sequence
+from typing import Callable, ClassVar, Sequence
 
 import numpy as np
 from rich.segment import Segment
@@ -43,6 +43,9 @@ ZOOMS = ("fit", "1:1", "detail")
 UPPER_HALF = "\u2580"  # ▀
 FULL_BLOCK = "\u2588"  # █
 MISSING_GLYPH = "\u00b7"  # · a cell not computed yet
+NONFINITE_GLYPH = "\u00d7"  # × a cell computed from NaN/Inf inputs
+NONFINITE_ASCII = "!"
+NONFINITE = MISSING - 2  # its level (MISSING - 1 is "below the last row")
 FOOTER_LINES = 2  # column labels, legend
 MAX_ROW_LABEL = 12
 MAX_COL_LABEL = 8
@@ -134,7 +137,9 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
     """A matrix as a heatmap with labelled rows and columns, a legend and a cell cursor.
 
     Args:
-        matrix: 2-D values; NaN marks cells not computed yet.
+        matrix: 2-D values; NaN marks cells not computed yet, unless `nonfinite` marks them.
+        nonfinite: 2-D bool, the cells that were computed and are NaN/Inf (drawn apart, with their own legend).
+        nonfinite_text: (row, col) -> what the status line says of such a cell ('non-finite (3 of 48 images)').
         row_labels / col_labels: one name per row / column (layer names); default: indices.
         vmin / vmax: the value range of the colour scale; default: the matrix's finite min / max.
         cmap: 'viridis', 'magma' or 'cividis'.
@@ -164,6 +169,7 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
         "heatmap--label-cursor",
         "heatmap--legend",
         "heatmap--missing",
+        "heatmap--nonfinite",
         "heatmap--cursor",
         "heatmap--ink-on-dark",
         "heatmap--ink-on-light",
@@ -175,6 +181,7 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
     | `heatmap--label-cursor` | The labels of the cursor's row and column. |
     | `heatmap--legend` | The legend text. |
     | `heatmap--missing` | Cells not computed yet (colour = glyph, background = the hole). |
+    | `heatmap--nonfinite` | Cells computed from NaN/Inf inputs (colour = glyph and half block). |
     | `heatmap--cursor` | The cursor where it is drawn with text attributes (values, ASCII). |
     | `heatmap--ink-on-dark` / `heatmap--ink-on-light` | Text and the half-block cursor drawn on a dark / light level. |
     """
@@ -190,6 +197,7 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
         & > .heatmap--label-cursor { color: $foreground; text-style: bold reverse; }
         & > .heatmap--legend { color: $text-muted; }
         & > .heatmap--missing { color: $text-muted; background: $panel; }
+        & > .heatmap--nonfinite { color: $error; background: $panel; }
         & > .heatmap--cursor { text-style: bold reverse; }
         & > .heatmap--ink-on-dark { color: #ffffff; }
         & > .heatmap--ink-on-light { color: #000000; }
@@ -219,7 +227,7 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
         @property
         def summary(self) -> str:
             """Return the status line text, e.g. 'blocks.3 x blocks.7  CKA 0.8123'."""
-            value = "not computed" if math.isnan(self.value) else f"{self.value:.4f}"
+            value = self.heatmap.describe(self.row, self.col)
             return f"{self.row_label} x {self.col_label}  {self.heatmap.value_name} {value}"
 
     class CellSelected(Message):
@@ -248,11 +256,14 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
         title: str | None = None,
         levels: int = DEFAULT_LEVELS,
         zoom: str = "fit",
+        nonfinite: np.ndarray | None = None,
+        nonfinite_text: Callable[[int, int], str] | None = None,
         name: str | None = None,
         id: str | None = None,
         classes: str | None = None,
     ) -> None:
         super().__init__(name=name, id=id, classes=classes)
+        self._nonfinite, self._nonfinite_text = nonfinite, nonfinite_text
         self.value_name = value_name
         self.title = title
         self._cmap, self._levels_count = cmap, levels
@@ -298,8 +309,11 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
         *,
         vmin: float | None = None,
         vmax: float | None = None,
+        nonfinite: np.ndarray | None = None,
+        nonfinite_text: Callable[[int, int], str] | None = None,
     ) -> None:
-        """Show a new matrix (e.g. more cells computed); labels and value range are kept unless given.
+        """Show a new matrix (e.g. more cells computed); labels and value range are kept unless given
+        (the non-finite marks belong to the matrix: none unless given).
 
         Call it on the app's thread: from a thread worker, through `app.call_from_thread`.
         """
@@ -310,6 +324,7 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
             col_labels = self.col_labels
         self._vmin = self._vmin if vmin is None else vmin
         self._vmax = self._vmax if vmax is None else vmax
+        self._nonfinite, self._nonfinite_text = nonfinite, nonfinite_text
         self._load(matrix, row_labels, col_labels)
         self._invalidate()
         self.set_reactive(Heatmap.cursor, self.validate_cursor(self.cursor))
@@ -333,8 +348,21 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
             self._invalidate()
 
     def value_at(self, row: int, col: int) -> float:
-        """Return the value of a matrix cell (NaN when not computed)."""
+        """Return the value of a matrix cell (NaN when not computed or non-finite)."""
         return float(self._matrix[row, col])
+
+    def is_nonfinite(self, row: int, col: int) -> bool:
+        """Return whether a cell was computed and is NaN/Inf."""
+        return self._nonfinite is not None and bool(self._nonfinite[row, col]) and not math.isfinite(self._matrix[row, col])
+
+    def describe(self, row: int, col: int) -> str:
+        """Return a cell's value as the status line says it: '0.8123', 'non-finite (...)' or 'not computed'."""
+        value = self.value_at(row, col)
+        if math.isfinite(value):
+            return f"{value:.4f}"
+        if self.is_nonfinite(row, col):
+            return self._nonfinite_text(row, col) if self._nonfinite_text else "non-finite"
+        return "not computed"
 
     # --- Reactives ------------------------------------------------------------------------------------
 
@@ -464,7 +492,13 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
             with warnings.catch_warnings():  # a block with no computed cell stays NaN
                 warnings.simplefilter("ignore", category=RuntimeWarning)
                 values = np.nanmean(blocks, axis=(1, 3))
-        return self.scale.quantize(values), values
+        levels = self.scale.quantize(values)
+        if self._nonfinite is not None and self._nonfinite.any():  # nothing finite to show, NaN/Inf behind it
+            flagged = np.zeros((layout.shown_rows * pr, layout.shown_cols * pc), dtype=bool)
+            flagged[: self._matrix.shape[0], : self._matrix.shape[1]] = self._nonfinite
+            flagged = flagged.reshape(layout.shown_rows, pr, layout.shown_cols, pc).any(axis=(1, 3))
+            levels[flagged & np.isnan(values)] = NONFINITE
+        return levels, values
 
     def _place_col_labels(self, layout: _Layout) -> list[tuple[int, str]]:
         """Return (x, text) of every k-th column label, k as small as lets them stand apart."""
@@ -580,7 +614,8 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
             if row is None:
                 return " " * layout.cell_w, self._base_style
             value = self._shown_values[row, shown_col]
-            text = (MISSING_GLYPH if np.isnan(value) else self._value_format.format(value)).rjust(layout.cell_w)
+            glyph = NONFINITE_GLYPH if levels[0] == NONFINITE else MISSING_GLYPH
+            text = (glyph if np.isnan(value) else self._value_format.format(value)).rjust(layout.cell_w)
             key = ("detail", levels[0], cursor_here[0])
             return text, self._look(key, lambda: self._detail_look(levels[0], cursor_here[0]))[1]
         key = (levels, cursor_here, layout.cell_w, ink if any(cursor_here) else "")
@@ -611,18 +646,23 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
             level = levels[0]
             if level == beyond:
                 return " " * width, Style()
-            char = palette.missing_char if level == MISSING else palette.chars[level]
+            char = {MISSING: palette.missing_char, NONFINITE: NONFINITE_ASCII}.get(level) or palette.chars[level]
             return char * width, self._style("heatmap--cursor") if cursor[0] else Style()
 
         missing = self._style("heatmap--missing")
+        nonfinite = self._style("heatmap--nonfinite")
         if all(level == MISSING for level in levels) and not any(cursor):
             return MISSING_GLYPH * width, Style(color=missing.color, bgcolor=missing.bgcolor)
+        if all(level == NONFINITE for level in levels) and not any(cursor):
+            return NONFINITE_GLYPH * width, Style(color=nonfinite.color, bgcolor=nonfinite.bgcolor)
 
         def color(level: int, is_cursor: bool):
             if is_cursor:
                 return self._style(ink).color
             if level == MISSING:
                 return missing.bgcolor
+            if level == NONFINITE:
+                return nonfinite.color
             if level == beyond:
                 return self.rich_style.bgcolor
             return palette.colors[level]
@@ -635,8 +675,8 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
         palette = self.palette
         if self.color_mode is ColorMode.NONE:
             return "", self._style("heatmap--cursor") if is_cursor else Style()
-        if level == MISSING:
-            style = self._style("heatmap--missing")
+        if level in (MISSING, NONFINITE):
+            style = self._style("heatmap--missing" if level == MISSING else "heatmap--nonfinite")
         else:
             ink = self._style("heatmap--ink-on-light" if palette.is_light(level) else "heatmap--ink-on-dark")
             style = Style(color=ink.color, bgcolor=palette.colors[level])
@@ -679,9 +719,14 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
         segments.append(Segment(f" {fmt.format(scale.vmax)}  {self.value_name}", legend))
         if layout.grid_lines > layout.view_lines or layout.grid_width > layout.view_width:
             segments.append(Segment(f"  {self._view_extent(layout)}", legend))  # no scrollbars: say where we are
-        if np.isnan(self._matrix).any():
+        flagged = self._nonfinite if self._nonfinite is not None else np.zeros(self._matrix.shape, dtype=bool)
+        nan = np.isnan(self._matrix)
+        if (nan & ~flagged).any():
             glyph = palette.missing_char if self.color_mode is ColorMode.NONE else MISSING_GLYPH
             segments.append(Segment(f"  {glyph} not computed", legend))
+        if (nan & flagged).any():
+            glyph = NONFINITE_ASCII if self.color_mode is ColorMode.NONE else NONFINITE_GLYPH
+            segments.append(Segment(f"  {glyph} non-finite ({int((nan & flagged).sum())} cells)", legend))
         if self.title:
             segments.append(Segment(f"  {self.title}", legend))
         return Strip(segments).crop(0, self.size.width)

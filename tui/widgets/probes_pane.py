@@ -57,7 +57,9 @@ class ProbesPane(ViewPane):
         for r, layer in enumerate(view.rows):
             cells = []
             for c, value in enumerate(view.matrix[r]):
-                if not math.isfinite(value):
+                if view.is_nonfinite(r, c):
+                    cells.append(Text("skipped", style="red"))  # not fitted: its features hold NaN/Inf
+                elif not math.isfinite(value):
                     cells.append(Text("  \u2013"))  # –
                 elif best[c] == r:
                     cells.append(Text(f"{value:.3f}{BEST}", style="bold"))  # same width numbers: left-aligned they line up
@@ -90,6 +92,8 @@ class ProbesPane(ViewPane):
         value = float(view.matrix[row, col])
         best = best_rows(view.matrix)[col]
         shown = f"{value:.4f}" if math.isfinite(value) else "n/a (no such readout here)"
+        if view.is_nonfinite(row, col):
+            shown = f"not fitted: features {view.nonfinite_text(row, col)}"
         text = f"{view.rows[row]} {view.cols[col]}  accuracy {shown}"
         if best is not None:
             text += f"  best {view.rows[best]} {view.matrix[best, col]:.4f}"

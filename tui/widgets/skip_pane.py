@@ -35,12 +35,14 @@ class SkipPane(HeatmapPane):
         heatmap = self.heatmap
         if heatmap is None:
             heatmap = Heatmap(view.matrix, view.rows, view.cols, vmin=view.vmin, vmax=view.vmax, cmap=self.cmap,
-                              color_mode=self.color_mode, value_name="ratio", id="skip-heatmap")
+                              color_mode=self.color_mode, value_name="ratio", id="skip-heatmap",
+                              nonfinite=view.nonfinite, nonfinite_text=view.nonfinite_text)
             body = self.query_one(".pane--body")
             body.mount(heatmap, before=0)
         else:
             heatmap.set_cmap(self.cmap)
-            heatmap.set_data(view.matrix, view.rows, view.cols, vmin=view.vmin, vmax=view.vmax)
+            heatmap.set_data(view.matrix, view.rows, view.cols, vmin=view.vmin, vmax=view.vmax,
+                             nonfinite=view.nonfinite, nonfinite_text=view.nonfinite_text)
         cls = np.asarray(view.extra["cls"], dtype=float)
         spatial = np.asarray(view.extra["spatial_mean"], dtype=float)
         series = [Series("CLS token", cls)] if np.isfinite(cls).any() else []
@@ -58,7 +60,7 @@ class SkipPane(HeatmapPane):
         if heatmap is None or self.loaded is None:
             return ""
         row, col = heatmap.cursor
-        return f"{heatmap.row_labels[row]} x {heatmap.col_labels[col]}  ratio {heatmap.value_at(row, col):.4f}"
+        return f"{heatmap.row_labels[row]} x {heatmap.col_labels[col]}  ratio {heatmap.describe(row, col)}"
 
     def jump_to_layer(self, layer: str) -> bool:
         heatmap, view = self.heatmap, self.view

@@ -48,6 +48,14 @@ class SpatialPane(HeatmapPane):
         gh, gw = self.grid
         return np.asarray(self.view.matrix[token], dtype=float).reshape(gh, gw)
 
+    def token_marks(self, token: int) -> dict:
+        """Returns the Heatmap keywords that mark a token map's non-finite cells."""
+        view, (gh, gw) = self.view, self.grid
+        if view.nonfinite is None:
+            return {}
+        return {"nonfinite": view.nonfinite[token].reshape(gh, gw),
+                "nonfinite_text": lambda i, j: view.nonfinite_text(token, i * gw + j)}
+
     def populate(self, loaded: LoadedView) -> None:
         view = loaded.view
         gh, gw = self.grid
@@ -56,11 +64,11 @@ class SpatialPane(HeatmapPane):
         heatmap = self.heatmap
         if heatmap is None:
             heatmap = Heatmap(self.token_map(self.token), rows, cols, vmin=view.vmin, vmax=view.vmax, cmap=self.cmap,
-                              color_mode=self.color_mode, value_name="CKA", id="spatial-heatmap")
+                              color_mode=self.color_mode, value_name="CKA", id="spatial-heatmap", **self.token_marks(self.token))
             self.query_one(".pane--body").mount(heatmap)
         else:
             heatmap.set_cmap(self.cmap)
-            heatmap.set_data(self.token_map(self.token), rows, cols, vmin=view.vmin, vmax=view.vmax)
+            heatmap.set_data(self.token_map(self.token), rows, cols, vmin=view.vmin, vmax=view.vmax, **self.token_marks(self.token))
         heatmap.cursor = (self.token // gw, self.token % gw)
         self.query_one(".spatial--note", Label).update(
             f"cursor: a token of the {gh}x{gw} grid at {view.params.get('layer')}; "
@@ -75,7 +83,7 @@ class SpatialPane(HeatmapPane):
         token = message.row * gw + message.col
         if token != self.token:
             self.token = token
-            message.heatmap.set_data(self.token_map(token))
+            message.heatmap.set_data(self.token_map(token), **self.token_marks(token))
         self.post_message(StatusChanged(self.kind, self.status_text()))
 
     @property
@@ -89,7 +97,10 @@ class SpatialPane(HeatmapPane):
         gh, gw = self.grid
         values = np.asarray(view.matrix[self.token], dtype=float)
         peak = int(np.nanargmax(values)) if np.isfinite(values).any() else self.token
-        return (f"token {cell_name(self.token, gw)} x patch {cell_name(self.token, gw)}  CKA {values[self.token]:.4f}"
+        own = view.cell_text(self.token, self.token)
+        if not np.isfinite(values).any():
+            return f"token {cell_name(self.token, gw)} x patch {cell_name(self.token, gw)}  CKA {own}"
+        return (f"token {cell_name(self.token, gw)} x patch {cell_name(self.token, gw)}  CKA {own}"
                 f"  peak patch {cell_name(peak, gw)} {values[peak]:.4f}")
 
     def layer_choices(self) -> list[str]:

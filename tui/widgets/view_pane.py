@@ -63,7 +63,9 @@ class ViewPane(Vertical):
             self.show(arg) if what == "show" else self.show_message(arg)
 
     def _composed(self) -> bool:
-        return bool(self.query(".pane--title"))
+        # the body too: a pane being removed (the app quitting) still has its children, unmounted
+        bodies = self.query(".pane--body")
+        return bool(self.query(".pane--title")) and bool(bodies) and bodies.first().is_attached
 
     def show(self, loaded: LoadedView) -> None:
         """Show a view's numbers."""
