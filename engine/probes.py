@@ -172,9 +172,13 @@ class ExampleAccumulator:
     The dual of RidgeAccumulator, for fewer examples n than features D: it keeps the examples (n, P, D) instead
     of X'X (P, D, D) and solves through the centred Gram G = Xc Xc' (P, n, n). With G = U diag(s) U', the
     nonzero eigenvalues s are those of X'X and its eigenvectors are V = Xc'U diag(s)^-1/2, so the weights
-    Xc'(G + l2 I)^-1 Yc = (Xc'U) diag(1 / (s + l2)) (U'Yc): a RidgePath whose basis is Xc'U (P, D, n) and
-    whose projected targets are U'Yc (P, n, K) scores exactly what the primal path scores. Memory grows with
-    the number of examples, so `new_accumulator` uses it only where n < D.
+    Xc'(G + l2 I)^-1 Yc = (Xc'U) diag(1 / (s + l2)) (U'Yc): the RidgePath with basis Xc'U (kept as its two
+    factors) and projected targets U'Yc scores exactly what the primal path scores.
+
+    The Gram is kept between solves and only grown by the rows of examples added since, so the refit on fit +
+    holdout costs the holdout's rows, not a new Gram. It is a Gram of x minus the first batch's mean (exact
+    centring follows by H G H, H = I - 11'/n), which keeps fp64 from losing digits to a large shared offset.
+    Memory grows with the number of examples, so `new_accumulator` uses it only where n < D.
     """
 
     def __init__(self, n_classes: int, device="cpu"):
@@ -182,61 +186,87 @@ class ExampleAccumulator:
         self.device = torch.device(device)
         self.count = 0
         self.class_counts = torch.zeros(self.n_classes, dtype=torch.int64, device=self.device)
-        self.x: list[torch.Tensor] = []  # (b, P, D) float64 batches
+        self.shifted: list[torch.Tensor] = []  # (P, b, D) float64 batches, minus reference
         self.y: list[torch.Tensor] = []  # (b,) labels
+        self.reference: torch.Tensor | None = None  # (P, D) the first batch's mean
+        self.gram: torch.Tensor | None = None  # (P, m, m) of the first m examples minus reference
+        self._solved: tuple | None = None  # what solve and feature_scale share; cleared by update
 
     @property
     def n_probes(self) -> int:
-        return self.x[0].shape[1]
+        return self.shifted[0].shape[0]
 
     @property
     def n_features(self) -> int:
-        return self.x[0].shape[2]
+        return self.shifted[0].shape[2]
 
     def update(self, x, y) -> ExampleAccumulator:
         """Return self after keeping a batch: x (b, P, D) or (b, D) for one probe, y (b,) labels in [0, K)."""
         x, y = _check_batch(x, y, self.n_classes, self.device)
         if len(y) == 0:
             return self
-        if self.x and x.shape[1:] != self.x[0].shape[1:]:
-            raise ValueError(f"batch has (P, D) = {tuple(x.shape[1:])}, earlier batches {tuple(self.x[0].shape[1:])}")
-        self.x.append(x)
-        self.y.append(y)
-        self.count += len(y)
-        self.class_counts += torch.bincount(y, minlength=self.n_classes)
-        return self
+        if self.reference is None:
+            self.reference = x.mean(0)
+        shifted = torch.empty(x.shape[1], x.shape[0], x.shape[2], dtype=x.dtype, device=x.device)  # (P, b, D)
+        torch.sub(x.transpose(0, 1), self.reference[:, None], out=shifted)  # one pass: probe-major for the Grams
+        return self._keep(shifted, y)
 
     def merge(self, other: ExampleAccumulator) -> ExampleAccumulator:
         """Return self after adding the examples another accumulator has kept (e.g. a held-out part)."""
-        for x, y in zip(other.x, other.y):
-            self.update(x, y)
+        if self.reference is None:
+            self.reference = other.reference
+        for shifted, y in zip(other.shifted, other.y):
+            self._keep(shifted + (other.reference - self.reference)[:, None], y)
         return self
 
     def feature_scale(self) -> torch.Tensor:
         """Return (P,) the mean eigenvalue of the centred X'X, trace / D: the unit of the L2 grid (1 if zero)."""
-        scale = self._centred()[0].square().sum((1, 2)) / self.n_features  # trace(Xc'Xc) = trace(Xc Xc')
+        centred_gram = self._centred()[0]
+        scale = torch.diagonal(centred_gram, dim1=1, dim2=2).sum(1) / self.n_features  # trace(Xc'Xc) = trace(Xc Xc')
         return torch.where(scale > 0, scale, torch.ones_like(scale))
 
     def solve(self, l2) -> RidgePath:
         """Return the ridge solutions of all P probes for penalties l2: (L,) shared by all probes, or (P, L)."""
         l2 = _check_solvable(self, l2)  # (P, L)
-        xc, yc, mean_x, mean_y = self._centred()  # (P, n, D), (n, K), (P, D), (K,)
-        eigvals, eigvecs = _eigh(xc @ xc.mT)  # (P, n), (P, n, n)
+        centred_gram, xc, mean_x, yc, mean_y = self._centred()
+        eigvals, eigvecs = _eigh(centred_gram)  # (P, n), (P, n, n)
         return RidgePath(
             mean_x=mean_x,
             mean_y=mean_y,
             eigvals=eigvals.clamp_min(0),  # the centring direction (1, .., 1) has eigenvalue 0, give or take 1e-15
-            eigvecs=xc.mT @ eigvecs,  # (P, D, n) = V diag(sqrt(s)): the eigenvectors of X'X, unnormalised
+            eigvecs=eigvecs,
             projected_xy=eigvecs.mT @ yc,  # (P, n, K), U'Yc
             l2=l2,
+            examples=xc,
         )
 
-    def _centred(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Return (Xc (P, n, D), Yc (n, K), mean x (P, D), mean target (K,)), centred on the examples kept."""
-        x = torch.cat(self.x)  # (n, P, D)
-        targets = 2.0 * _one_hot(torch.cat(self.y), self.n_classes) - 1.0  # (n, K)
-        mean_x, mean_y = x.mean(0), targets.mean(0)
-        return (x - mean_x).transpose(0, 1), targets - mean_y, mean_x, mean_y
+    def _keep(self, shifted: torch.Tensor, y: torch.Tensor) -> ExampleAccumulator:
+        if self.shifted and shifted.shape[::2] != self.shifted[0].shape[::2]:
+            raise ValueError(f"batch has (P, D) = {tuple(shifted.shape[::2])}, earlier batches {tuple(self.shifted[0].shape[::2])}")
+        self.shifted.append(shifted)
+        self.y.append(y)
+        self._solved = None
+        self.count += len(y)
+        self.class_counts += torch.bincount(y, minlength=self.n_classes)
+        return self
+
+    def _centred(self) -> tuple[torch.Tensor, ...]:
+        """Return (centred Gram (P, n, n), Xc (P, n, D), mean x (P, D), Yc (n, K), mean target (K,))."""
+        if self._solved is None:
+            self.shifted = [torch.cat(self.shifted, dim=1)] if len(self.shifted) > 1 else self.shifted
+            shifted = self.shifted[0]  # (P, n, D)
+            done = 0 if self.gram is None else self.gram.shape[1]
+            new_columns = shifted @ shifted[:, done:].mT  # (P, n, n - done): only the examples not yet in the Gram
+            self.gram = new_columns if self.gram is None else torch.cat(
+                [torch.cat([self.gram, new_columns[:, :done].mT], dim=1), new_columns], dim=2)
+            gram = self.gram
+            centred_gram = gram - gram.mean(1, keepdim=True) - gram.mean(2, keepdim=True) + gram.mean((1, 2), keepdim=True)
+            shift_mean = shifted.mean(1)  # (P, D)
+            targets = 2.0 * _one_hot(torch.cat(self.y), self.n_classes) - 1.0  # (n, K)
+            mean_y = targets.mean(0)
+            xc = shifted - shift_mean[:, None]  # (P, n, D)
+            self._solved = centred_gram, xc, self.reference + shift_mean, targets - mean_y, mean_y
+        return self._solved
 
 
 def solve_space(n_examples: int, n_features: int) -> str:
@@ -272,14 +302,19 @@ class RidgePath:
     mean_x: torch.Tensor  # (P, D)
     mean_y: torch.Tensor  # (K,)
     eigvals: torch.Tensor  # (P, R)
-    eigvecs: torch.Tensor  # (P, D, R)
-    projected_xy: torch.Tensor  # (P, R, K), V'X'Y
+    eigvecs: torch.Tensor  # (P, D, R) primal: V; (P, n, n) dual: U
+    projected_xy: torch.Tensor  # (P, R, K), V'X'Y or U'Y
     l2: torch.Tensor  # (P, L)
+    examples: torch.Tensor | None = None  # (P, n, D) dual: the centred training examples Xc
+
+    def basis(self) -> torch.Tensor:
+        """Return (P, D, R) the directions the penalties shrink along: V (primal) or Xc'U (dual)."""
+        return self.eigvecs if self.examples is None else self.examples.mT @ self.eigvecs
 
     def coef(self) -> torch.Tensor:
         """Return the weights (P, L, D, K): scores = x @ coef + intercept."""
         shrink = 1.0 / (self.eigvals[:, None, :] + self.l2[:, :, None])  # (P, L, R)
-        return self.eigvecs[:, None] @ (shrink[..., None] * self.projected_xy[:, None])  # (P, L, D, K)
+        return self.basis()[:, None] @ (shrink[..., None] * self.projected_xy[:, None])  # (P, L, D, K)
 
     def intercept(self) -> torch.Tensor:
         """Return the intercepts (P, L, K), unpenalised: mean target minus mean feature times weights."""
@@ -289,7 +324,9 @@ class RidgePath:
         """Yields, penalty by penalty, the class scores (P, b, K) of a batch x (b, P, D) or (b, D)."""
         x = _as_float64(x, self.eigvecs.device)
         x = x[:, None, :] if x.ndim == 2 else x  # (b, P, D)
-        z = (x - self.mean_x).transpose(0, 1) @ self.eigvecs  # (P, b, R), centred x in the eigenbasis
+        xc = (x - self.mean_x).transpose(0, 1)  # (P, b, D)
+        # centred x in the eigenbasis; in dual form through the kernel (P, b, n) rather than the (P, D, n) basis
+        z = xc @ self.eigvecs if self.examples is None else (xc @ self.examples.mT) @ self.eigvecs  # (P, b, R)
         for j in range(self.l2.shape[1]):  # one penalty at a time keeps memory at (P, b, R)
             shrink = 1.0 / (self.eigvals + self.l2[:, j, None])  # (P, R)
             yield (z * shrink[:, None, :]) @ self.projected_xy + self.mean_y  # (P, b, K)
@@ -460,8 +497,9 @@ def fit_probes(
 # What a fit costs, before it starts
 
 # torch.linalg.eigh with eigenvectors (LAPACK syevd) is about 4 n^3 flops but runs far below matrix-product
-# speed, on one thread (see _eigh): counted as this many product-speed flops per n^3, measured on 768 x 768 fp64.
-EIGH_FLOPS_PER_N3 = 60.0
+# speed, on one thread (see _eigh): counted as this many product-speed flops per n^3 (6.4 measured on 768 x 768
+# fp64 against a 2-thread 512 x 512 product on the loaded 2-core development machine).
+EIGH_FLOPS_PER_N3 = 8.0
 
 
 def probe_flops(n_examples: int, n_features: int, n_probes: int = 1, n_classes: int = 10,

@@ -199,7 +199,7 @@ def test_dual_and_primal_accumulators_hold_the_same_ridge_path():
     torch.testing.assert_close(dual.feature_scale(), primal.feature_scale(), rtol=1e-12, atol=0)
     l2 = primal.feature_scale()[:, None] * torch.tensor([1e-6, 1e-2, 10.0], dtype=torch.float64)  # (P, L)
     p_path, d_path = primal.solve(l2), dual.solve(l2)
-    assert d_path.eigvecs.shape == (2, 40, 30) and p_path.eigvecs.shape == (2, 40, 40)  # R = n against R = D
+    assert d_path.basis().shape == (2, 40, 30) and p_path.basis().shape == (2, 40, 40)  # R = n against R = D
     # at l2 = 1e-6 of the scale the primal's 10 null directions carry rounding of 1e-16 / 1e-6: a 1e-10 difference
     torch.testing.assert_close(d_path.coef(), p_path.coef(), rtol=1e-8, atol=1e-9)
     torch.testing.assert_close(d_path.intercept(), p_path.intercept(), rtol=1e-8, atol=1e-9)
