@@ -28,6 +28,9 @@ from vitsee.engine.errors import VitseeError
 # Penalties are searched relative to the mean eigenvalue of the centred X'X (= n * mean feature variance), so
 # the same grid fits features of any scale and any number of images: l2 = ratio * trace(Xc'Xc) / D.
 L2_RATIOS = np.logspace(-6, 5, 12)
+# ExampleAccumulator keeps x minus the mean of the first batch's first rows: near enough to the mean to keep fp64
+# Grams from cancelling on a large shared offset, and a small read (CKA shifts its batches the same way).
+REFERENCE_ROWS = 16
 
 # batches(mask) yields (x, y) for exactly the examples where mask (n,) is True, in any order and batch size:
 # x (b, P, D) float (numpy or torch, any dtype and device; (b, D) when P == 1), y (b,) int labels in [0, K).
@@ -175,9 +178,10 @@ class ExampleAccumulator:
     Xc'(G + l2 I)^-1 Yc = (Xc'U) diag(1 / (s + l2)) (U'Yc): the RidgePath with basis Xc'U (kept as its two
     factors) and projected targets U'Yc scores exactly what the primal path scores.
 
-    The Gram is kept between solves and only grown by the rows of examples added since, so the refit on fit +
-    holdout costs the holdout's rows, not a new Gram. It is a Gram of x minus the first batch's mean (exact
-    centring follows by H G H, H = I - 11'/n), which keeps fp64 from losing digits to a large shared offset.
+    The work is a few passes over memory, so each example is touched as little as possible: kept once,
+    probe-major, minus a reference (the mean of the first batch's first rows, which keeps fp64 from losing
+    digits to a large shared offset); the Gram of those is grown by the examples added since the last solve
+    (the refit on fit + holdout adds the holdout's rows) and centred exactly by H G H, H = I - 11'/n.
     Memory grows with the number of examples, so `new_accumulator` uses it only where n < D.
     """
 
@@ -186,87 +190,91 @@ class ExampleAccumulator:
         self.device = torch.device(device)
         self.count = 0
         self.class_counts = torch.zeros(self.n_classes, dtype=torch.int64, device=self.device)
-        self.shifted: list[torch.Tensor] = []  # (P, b, D) float64 batches, minus reference
+        self.blocks: list[torch.Tensor] = []  # (P, b, D) float64 batches minus reference
+        self.block_sums: list[torch.Tensor] = []  # (P, D) the sum of each block over its examples
         self.y: list[torch.Tensor] = []  # (b,) labels
-        self.reference: torch.Tensor | None = None  # (P, D) the first batch's mean
-        self.gram: torch.Tensor | None = None  # (P, m, m) of the first m examples minus reference
-        self._solved: tuple | None = None  # what solve and feature_scale share; cleared by update
+        self.reference: torch.Tensor | None = None  # (P, D)
+        self.gram: torch.Tensor | None = None  # (P, m, m) of the examples of the first `gram_blocks` blocks
+        self.gram_blocks = 0
 
     @property
     def n_probes(self) -> int:
-        return self.shifted[0].shape[0]
+        return self.blocks[0].shape[0]
 
     @property
     def n_features(self) -> int:
-        return self.shifted[0].shape[2]
+        return self.blocks[0].shape[2]
 
     def update(self, x, y) -> ExampleAccumulator:
         """Return self after keeping a batch: x (b, P, D) or (b, D) for one probe, y (b,) labels in [0, K)."""
-        x, y = _check_batch(x, y, self.n_classes, self.device)
+        x = _as_tensor(x, self.device)
+        x = x[:, None, :] if x.ndim == 2 else x  # (b, P, D)
+        y = _check_labels(x, y, self.n_classes, self.device)
         if len(y) == 0:
             return self
         if self.reference is None:
-            self.reference = x.mean(0)
-        shifted = torch.empty(x.shape[1], x.shape[0], x.shape[2], dtype=x.dtype, device=x.device)  # (P, b, D)
-        torch.sub(x.transpose(0, 1), self.reference[:, None], out=shifted)  # one pass: probe-major for the Grams
-        return self._keep(shifted, y)
+            self.reference = x[:REFERENCE_ROWS].to(torch.float64).mean(0)  # (P, D)
+        return self._keep(_probe_major(x, self.reference), y)
 
     def merge(self, other: ExampleAccumulator) -> ExampleAccumulator:
         """Return self after adding the examples another accumulator has kept (e.g. a held-out part)."""
         if self.reference is None:
             self.reference = other.reference
-        for shifted, y in zip(other.shifted, other.y):
-            self._keep(shifted + (other.reference - self.reference)[:, None], y)
+        for block, y in zip(other.blocks, other.y):
+            self._keep(block + (other.reference - self.reference)[:, None], y)
         return self
 
     def feature_scale(self) -> torch.Tensor:
         """Return (P,) the mean eigenvalue of the centred X'X, trace / D: the unit of the L2 grid (1 if zero)."""
-        centred_gram = self._centred()[0]
-        scale = torch.diagonal(centred_gram, dim1=1, dim2=2).sum(1) / self.n_features  # trace(Xc'Xc) = trace(Xc Xc')
+        scale = torch.diagonal(self._centred_gram(), dim1=1, dim2=2).sum(1) / self.n_features  # tr(Xc'Xc) = tr(Xc Xc')
         return torch.where(scale > 0, scale, torch.ones_like(scale))
 
     def solve(self, l2) -> RidgePath:
         """Return the ridge solutions of all P probes for penalties l2: (L,) shared by all probes, or (P, L)."""
         l2 = _check_solvable(self, l2)  # (P, L)
-        centred_gram, xc, mean_x, yc, mean_y = self._centred()
-        eigvals, eigvecs = _eigh(centred_gram)  # (P, n), (P, n, n)
+        eigvals, eigvecs = _eigh(self._centred_gram())  # (P, n), (P, n, n)
+        targets = 2.0 * _one_hot(torch.cat(self.y), self.n_classes) - 1.0  # (n, K)
+        mean_y = targets.mean(0)
+        block_mean = torch.stack(self.block_sums).sum(0) / self.count  # (P, D), the mean of the kept blocks
         return RidgePath(
-            mean_x=mean_x,
+            mean_x=self.reference + block_mean,
             mean_y=mean_y,
             eigvals=eigvals.clamp_min(0),  # the centring direction (1, .., 1) has eigenvalue 0, give or take 1e-15
             eigvecs=eigvecs,
-            projected_xy=eigvecs.mT @ yc,  # (P, n, K), U'Yc
+            projected_xy=eigvecs.mT @ (targets - mean_y),  # (P, n, K), U'Yc
             l2=l2,
-            examples=xc,
+            examples=tuple(self.blocks),
+            examples_mean=block_mean,
         )
 
-    def _keep(self, shifted: torch.Tensor, y: torch.Tensor) -> ExampleAccumulator:
-        if self.shifted and shifted.shape[::2] != self.shifted[0].shape[::2]:
-            raise ValueError(f"batch has (P, D) = {tuple(shifted.shape[::2])}, earlier batches {tuple(self.shifted[0].shape[::2])}")
-        self.shifted.append(shifted)
+    def _keep(self, block: torch.Tensor, y: torch.Tensor) -> ExampleAccumulator:
+        if self.blocks and block.shape[::2] != self.blocks[0].shape[::2]:
+            raise ValueError(f"batch has (P, D) = {tuple(block.shape[::2])}, earlier batches {tuple(self.blocks[0].shape[::2])}")
+        self.blocks.append(block)
+        self.block_sums.append(block.sum(1))
         self.y.append(y)
-        self._solved = None
         self.count += len(y)
         self.class_counts += torch.bincount(y, minlength=self.n_classes)
         return self
 
-    def _centred(self) -> tuple[torch.Tensor, ...]:
-        """Return (centred Gram (P, n, n), Xc (P, n, D), mean x (P, D), Yc (n, K), mean target (K,))."""
-        if self._solved is None:
-            self.shifted = [torch.cat(self.shifted, dim=1)] if len(self.shifted) > 1 else self.shifted
-            shifted = self.shifted[0]  # (P, n, D)
-            done = 0 if self.gram is None else self.gram.shape[1]
-            new_columns = shifted @ shifted[:, done:].mT  # (P, n, n - done): only the examples not yet in the Gram
-            self.gram = new_columns if self.gram is None else torch.cat(
-                [torch.cat([self.gram, new_columns[:, :done].mT], dim=1), new_columns], dim=2)
-            gram = self.gram
-            centred_gram = gram - gram.mean(1, keepdim=True) - gram.mean(2, keepdim=True) + gram.mean((1, 2), keepdim=True)
-            shift_mean = shifted.mean(1)  # (P, D)
-            targets = 2.0 * _one_hot(torch.cat(self.y), self.n_classes) - 1.0  # (n, K)
-            mean_y = targets.mean(0)
-            xc = shifted - shift_mean[:, None]  # (P, n, D)
-            self._solved = centred_gram, xc, self.reference + shift_mean, targets - mean_y, mean_y
-        return self._solved
+    def _centred_gram(self) -> torch.Tensor:
+        """Return (P, n, n) the Gram of the centred examples, after growing the kept Gram by the new blocks."""
+        if self.gram_blocks < len(self.blocks):
+            old = 0 if self.gram is None else self.gram.shape[1]
+            gram = torch.empty(self.n_probes, self.count, self.count, dtype=torch.float64, device=self.device)
+            if self.gram is not None:
+                gram[:, :old, :old] = self.gram
+            starts = np.cumsum([0] + [len(y) for y in self.y])
+            for j in range(self.gram_blocks, len(self.blocks)):  # new block j against every block up to it
+                cols = slice(starts[j], starts[j + 1])
+                for i in range(j + 1):
+                    rows = slice(starts[i], starts[i + 1])
+                    cross = self.blocks[i] @ self.blocks[j].mT  # (P, b_i, b_j)
+                    gram[:, rows, cols] = cross
+                    gram[:, cols, rows] = cross.mT
+            self.gram, self.gram_blocks = gram, len(self.blocks)
+        gram = self.gram
+        return gram - gram.mean(1, keepdim=True) - gram.mean(2, keepdim=True) + gram.mean((1, 2), keepdim=True)
 
 
 def solve_space(n_examples: int, n_features: int) -> str:
@@ -305,11 +313,16 @@ class RidgePath:
     eigvecs: torch.Tensor  # (P, D, R) primal: V; (P, n, n) dual: U
     projected_xy: torch.Tensor  # (P, R, K), V'X'Y or U'Y
     l2: torch.Tensor  # (P, L)
-    examples: torch.Tensor | None = None  # (P, n, D) dual: the centred training examples Xc
+    # dual form: the training examples as (P, b, D) blocks, less any shift, and their mean (P, D) less the same
+    examples: tuple[torch.Tensor, ...] | None = None
+    examples_mean: torch.Tensor | None = None
 
     def basis(self) -> torch.Tensor:
         """Return (P, D, R) the directions the penalties shrink along: V (primal) or Xc'U (dual)."""
-        return self.eigvecs if self.examples is None else self.examples.mT @ self.eigvecs
+        if self.examples is None:
+            return self.eigvecs
+        centred = torch.cat(self.examples, dim=1) - self.examples_mean[:, None]  # (P, n, D), Xc
+        return centred.mT @ self.eigvecs
 
     def coef(self) -> torch.Tensor:
         """Return the weights (P, L, D, K): scores = x @ coef + intercept."""
@@ -322,11 +335,14 @@ class RidgePath:
 
     def _scores(self, x) -> Iterator[torch.Tensor]:
         """Yields, penalty by penalty, the class scores (P, b, K) of a batch x (b, P, D) or (b, D)."""
-        x = _as_float64(x, self.eigvecs.device)
-        x = x[:, None, :] if x.ndim == 2 else x  # (b, P, D)
-        xc = (x - self.mean_x).transpose(0, 1)  # (P, b, D)
-        # centred x in the eigenbasis; in dual form through the kernel (P, b, n) rather than the (P, D, n) basis
-        z = xc @ self.eigvecs if self.examples is None else (xc @ self.examples.mT) @ self.eigvecs  # (P, b, R)
+        x = _as_tensor(x, self.eigvecs.device)
+        xc = _probe_major(x[:, None, :] if x.ndim == 2 else x, self.mean_x)  # (P, b, D), centred
+        if self.examples is None:
+            z = xc @ self.eigvecs  # (P, b, D): centred x in the eigenbasis
+        else:  # through the kernel with the centred examples, (x - m)'(x_j - m), rather than a (P, D, n) basis
+            kernel = torch.cat([xc @ block.mT for block in self.examples], dim=2)  # (P, b, n)
+            kernel -= xc @ self.examples_mean[:, :, None]  # (P, b, 1): centres the examples
+            z = kernel @ self.eigvecs  # (P, b, n)
         for j in range(self.l2.shape[1]):  # one penalty at a time keeps memory at (P, b, R)
             shrink = 1.0 / (self.eigvals + self.l2[:, j, None])  # (P, R)
             yield (z * shrink[:, None, :]) @ self.projected_xy + self.mean_y  # (P, b, K)
@@ -600,12 +616,24 @@ def _check_batch(x, y, n_classes: int, device) -> tuple[torch.Tensor, torch.Tens
     """Return a batch as x (b, P, D) float64 and y (b,) int64 on device, after checking shapes and labels."""
     x = _as_float64(x, device)
     x = x[:, None, :] if x.ndim == 2 else x  # (b, P, D)
+    return x, _check_labels(x, y, n_classes, device)
+
+
+def _check_labels(x: torch.Tensor, y, n_classes: int, device) -> torch.Tensor:
+    """Return y (b,) int64 on device, after checking it matches x (b, P, D) and lies in [0, K)."""
     y = _as_labels(y, device)  # (b,)
     if x.ndim != 3 or y.shape != x.shape[:1]:
         raise ValueError(f"expected x (b, P, D) and y (b,), got x {tuple(x.shape)} and y {tuple(y.shape)}")
     if len(y) and (y.min() < 0 or y.max() >= n_classes):
         raise ValueError(f"labels must lie in [0, {n_classes}), got {y.min().item()}..{y.max().item()}")
-    return x, y
+    return y
+
+
+def _probe_major(x: torch.Tensor, minus: torch.Tensor) -> torch.Tensor:
+    """Return x (b, P, D) of any float dtype as (P, b, D) float64 minus `minus` (P, D): one copy, then in place."""
+    out = torch.empty(x.shape[1], x.shape[0], x.shape[2], dtype=torch.float64, device=minus.device)
+    out.copy_(x.transpose(0, 1))  # casts and transposes in one pass
+    return out.sub_(minus[:, None])
 
 
 def _check_solvable(acc, l2) -> torch.Tensor:
@@ -642,6 +670,11 @@ def _to_numpy(a) -> np.ndarray:
 def _as_labels(y, device) -> torch.Tensor:
     y = y if torch.is_tensor(y) else torch.as_tensor(np.asarray(y))
     return y.to(device).long()
+
+
+def _as_tensor(x, device) -> torch.Tensor:
+    x = x if torch.is_tensor(x) else torch.as_tensor(np.asarray(x))
+    return x.to(device)  # any dtype: fp16 activations cross the bus at half the bytes
 
 
 def _as_float64(x, device) -> torch.Tensor:
