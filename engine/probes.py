@@ -516,6 +516,9 @@ def fit_probes(
 # speed, on one thread (see _eigh): counted as this many product-speed flops per n^3 (6.4 measured on 768 x 768
 # fp64 against a 2-thread 512 x 512 product on the loaded 2-core development machine).
 EIGH_FLOPS_PER_N3 = 8.0
+# Every feature value of every example passes through HDF5, casts, copies and means a few times; on the same
+# machine that cost as much as this many product flops per value (32 Mixer images, 196 tokens x 768).
+VALUE_FLOPS = 250.0
 
 
 def probe_flops(n_examples: int, n_features: int, n_probes: int = 1, n_classes: int = 10,
@@ -537,7 +540,7 @@ def probe_flops(n_examples: int, n_features: int, n_probes: int = 1, n_classes: 
         eigh = EIGH_FLOPS_PER_N3 * p * (n_fit**3 + (0.8 * n) ** 3)
         rank = 0.8 * n
     score = 2 * (n_holdout + n_test) * p * d * rank + 2 * (n_l2 * n_holdout + n_test) * p * rank * k
-    return build + eigh + score
+    return build + eigh + score + VALUE_FLOPS * n * p * d
 
 
 def matmul_flops_per_s(device="cpu") -> float:

@@ -366,3 +366,50 @@ def test_ties_on_held_out_accuracy_go_to_the_lowest_squared_error_then_the_large
     accuracy = np.array([[0.5, 0.5, 0.5, 0.25], [0.0, 0.0, 0.0, 0.0], [0.1, 0.2, 0.2, 0.1]])
     error = np.array([[3.0, 1.0, 2.0, 0.5], [4.0, 4.0, 4.0, 4.0], [1.0, 9.0, 9.0, 1.0]])
     assert _best_ratio(accuracy, error).tolist() == [1, 3, 2]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What a fit is expected to cost
+
+
+def test_probe_flops_count_the_smaller_space_and_grow_with_the_probes():
+    from vitsee.engine.probes import EIGH_FLOPS_PER_N3, VALUE_FLOPS, probe_flops
+
+    n, d, p, k = 100, 768, 197, 10
+    primal, dual = probe_flops(n, d, p, k, space="primal"), probe_flops(n, d, p, k, space="dual")
+    assert probe_flops(n, d, p, k) == dual < primal / 10  # 80 training images of 768 channels: the Gram
+    # by hand, 10 images of 4 features, 2 classes, 12 penalties: 6.4 fit, 1.6 holdout, 2 test on average
+    x_x, eigh = 2 * 8 * 4 * 4, 2 * EIGH_FLOPS_PER_N3 * 4**3
+    scores = 2 * 3.6 * 4 * 4 + 2 * (12 * 1.6 + 2) * 4 * 2  # centred x in the basis, then each penalty's scores
+    assert probe_flops(10, 4, 1, 2, space="primal") == pytest.approx(x_x + eigh + scores + VALUE_FLOPS * 10 * 4)
+    grams, eigh = 4 * (6.4**2 + 8**2) * 4, EIGH_FLOPS_PER_N3 * (6.4**3 + 8**3)
+    scores = 2 * 3.6 * 4 * 8 + 2 * (12 * 1.6 + 2) * 8 * 2
+    assert probe_flops(10, 4, 1, 2, space="dual") == pytest.approx(grams + eigh + scores + VALUE_FLOPS * 10 * 4)
+    assert probe_flops(n, d, 2 * p, k) == pytest.approx(2 * probe_flops(n, d, p, k))
+    assert probe_flops(10_000, d, p, k) == probe_flops(10_000, d, p, k, space="primal")  # 8,000 > 768
+
+
+def test_the_warning_before_a_long_probe_job_names_the_ways_to_narrow_it(tiny_store, tmp_path, monkeypatch):
+    import shutil
+
+    from conftest import VIT
+    from vitsee.engine.analyze import AnalyzeConfig, estimate_probe_seconds, probe_warning, run_probes
+    from vitsee.engine.store import Store
+
+    path = tmp_path / "copy.h5"
+    shutil.copy(tiny_store, path)
+    cfg = AnalyzeConfig(device="cpu")
+    monkeypatch.setattr(probes, "matmul_flops_per_s", lambda device="cpu": 1e6)  # a very slow machine
+    with Store.writer(path) as store:
+        seconds = estimate_probe_seconds(store, VIT, cfg)
+        widest = max(store.layer_shape(store.resolve_model(VIT), layer)[-1] for layer in store.layers(store.resolve_model(VIT)))
+        warning = probe_warning(store, VIT, cfg)
+        assert seconds > 60 and warning is not None and "\n" not in warning
+        assert f"about {seconds / 60:.0f} min" in warning
+        assert f"--probe-max-dim {widest // 2}" in warning and "--layers" in warning and "x cancels" in warning
+        assert probe_warning(store, VIT, cfg, limit_s=2 * seconds) is None
+        monkeypatch.setattr(probes, "matmul_flops_per_s", lambda device="cpu": 1e15)
+        assert probe_warning(store, VIT, cfg) is None
+        monkeypatch.setattr(probes, "matmul_flops_per_s", lambda device="cpu": 1e6)
+        run_probes(store, VIT, AnalyzeConfig(device="cpu", probe_tokens=False))
+        assert probe_warning(store, VIT, AnalyzeConfig(device="cpu", probe_tokens=False)) is None  # cached: no work
