@@ -80,3 +80,20 @@ def test_set_compute_threads_sets_torch(machine):
 
 def test_the_real_machine_gives_between_one_and_its_usable_cores():
     assert 1 <= compute_threads(sample_s=0.05) <= len(threads.usable_cpus())
+
+
+def test_analyze_takes_threads_and_refuses_zero_in_one_line(tiny_store, tmp_path, capsys):
+    import shutil
+
+    from conftest import run_cli
+
+    store = tmp_path / "copy.h5"  # the shared store stays without cached results
+    shutil.copy(tiny_store, store)
+    before = torch.get_num_threads()
+    try:
+        code, _, err = run_cli(["analyze", store, "--skip", "--threads", "0", "-q"], capsys)
+        assert code == 2 and err.strip().startswith("error: --threads 0 must be at least 1") and len(err.strip().splitlines()) == 1
+        code, _, _ = run_cli(["analyze", store, "--skip", "--threads", "1", "-q"], capsys)
+        assert code == 0 and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
