@@ -28,6 +28,9 @@ The reference is a plain numpy float64 loop (per batch: fp64 Grams, Song's expli
 Run:  python benchmarks/cka.py            (n=1024, batch 256, 12+14 layers, cpu)
       python benchmarks/cka.py --quick    (a small job, a few seconds a method)
       python benchmarks/cka.py --accuracy (vitsee's error for each Gram / pair-product precision)
+      python benchmarks/cka.py --busy-core --layers 12,8 --skip-slow
+                                          (idle, then one core kept busy by a spinning process this script
+                                          starts and stops: torch's default threads against compute_threads())
 Needs the bench extra: pip install -e '.[bench]'. A package that fails to import is reported and skipped.
 """
 
@@ -85,6 +88,9 @@ def main() -> None:
     if args.accuracy:
         accuracy_table(feats, args.batch_size, device, ref)
         return
+    if args.busy_core:
+        busy_core_table(feats, vit_layers, args.batch_size, device, args.repeats, args.budget_s)
+        return
 
     bs = args.batch_size
     methods: dict[str, Callable[[], np.ndarray]] = {
@@ -132,6 +138,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="small job: n=512, batch 128, 4+5 layers")
     p.add_argument("--skip-slow", action="store_true", help="leave out torch-cka and the naive loop")
     p.add_argument("--accuracy", action="store_true", help="vitsee's error for each Gram / pair precision")
+    p.add_argument("--busy-core", action="store_true", help="idle against one core kept busy by a spinning process")
     args = p.parse_args()
     if args.quick:
         args.n, args.batch_size, args.layers = 512, 128, "4,5"
@@ -386,6 +393,59 @@ def accuracy_table(feats: list[torch.Tensor], batch_size: int, device: torch.dev
             print(f"{str(gram_dtype)[6:]:<8} {str(pair_dtype)[6:]:<8} {seconds:>8.2f} {np.abs(out - ref).max():>19.2e}")
     finally:
         vcka.GRAM_DTYPE, vcka.PAIR_DTYPE = saved
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Threads on a shared machine
+
+
+def _spin() -> None:
+    while True:  # keeps one core busy, as another user's job would
+        pass
+
+
+@contextlib.contextmanager
+def busy_core():
+    """Keeps one core busy with a spinning process for the duration (started and stopped here)."""
+    import multiprocessing
+
+    spinner = multiprocessing.get_context("spawn").Process(target=_spin, daemon=True)
+    spinner.start()
+    time.sleep(0.5)  # let it reach its loop before anything samples the load
+    try:
+        yield
+    finally:
+        spinner.terminate()
+        spinner.join()
+
+
+def busy_core_table(feats: list[torch.Tensor], vit_layers: int, batch_size: int, device: torch.device,
+                    repeats: int, budget_s: float) -> None:
+    """Print vitsee (and pytorch-cka, if installed) idle and with one core busy, at torch's default thread
+    count and at the count vitsee.engine.threads.compute_threads() picks in each condition."""
+    from vitsee.engine.threads import compute_threads
+
+    default = torch.get_num_threads()
+    methods = {"vitsee minibatch_cka": lambda: vcka.minibatch_cka(feats, batch_size=batch_size, device=device)}
+    try:
+        methods["pytorch-cka, 3 calls"] = pytorch_cka_readme(feats, vit_layers, batch_size, device)
+    except Exception as e:
+        print(f"pytorch-cka: unavailable ({type(e).__name__}: {e}); timing vitsee alone (install the bench extra)")
+    rows = []
+    for condition in ("idle", "one core busy"):
+        with busy_core() if condition == "one core busy" else contextlib.nullcontext():
+            chosen = compute_threads()
+            for threads in dict.fromkeys([default, chosen]):
+                torch.set_num_threads(threads)
+                print(f"{condition}, {threads} thread(s) ({'compute_threads' if threads == chosen else 'torch default'}):")
+                for name, (seconds, cpu, _) in round_robin(methods, device, repeats, budget_s).items():
+                    rows.append((condition, threads, threads == chosen, name, seconds, cpu))
+    torch.set_num_threads(default)
+    print(f"\n{'condition':<14} {'threads':>7} {'chosen':>7} {'method':<22} {'seconds':>8} {'cpu-s':>7}")
+    for condition, threads, chosen, name, seconds, cpu in rows:
+        print(f"{condition:<14} {threads:>7} {'yes' if chosen else '':>7} {name:<22} {seconds:>8.3f} {cpu:>7.2f}")
+    ours = {c: s for c, t, ch, n, s, _ in rows if ch and n.startswith("vitsee")}
+    print(f"\nvitsee with compute_threads: one core busy / idle = {ours['one core busy'] / ours['idle']:.2f}x (target: at most 1.5x)")
 
 
 if __name__ == "__main__":

@@ -625,6 +625,47 @@ def run_probes(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | 
     return _save(store, "probes", params, arrays)
 
 
+PROBE_WARN_S = 60.0  # the app warns before a probe job it expects to take longer
+
+
+def probe_jobs(store: Store, key: str, cfg: AnalyzeConfig) -> list[tuple[str, str, int, int]]:
+    """Returns (layer, 'pooled' | 'tokens', probes P, features D) for every fit run_probes makes on a model."""
+    jobs = []
+    for layer in store.layers(key):
+        shape = store.layer_shape(key, layer)
+        readouts = _readouts(store, key, layer)
+        pooled = [n for n in readouts if n in ("cls", "gap", "flat")]
+        width = int(np.prod(shape)) if pooled == ["flat"] else shape[0] if len(shape) == 3 else shape[-1]  # C of (C, H, W)
+        jobs.append((layer, "pooled", len(pooled), int(width)))
+        if cfg.probe_tokens and "tokens" in readouts and shape[-1] <= cfg.probe_max_dim:
+            jobs.append((layer, "tokens", int(shape[0]), int(shape[-1])))  # one probe per token
+    return jobs
+
+
+def estimate_probe_seconds(store: Store, model: str, cfg: AnalyzeConfig) -> float:
+    """Returns the seconds run_probes is expected to compute for (0 when its result is cached)."""
+    key = store.resolve_model(model)
+    if store.labels is None or not cfg.recompute and store.get_result("probes", probe_params(store, key, cfg)) is not None:
+        return 0.0
+    n_classes = int(store.labels.max()) + 1
+    flops = sum(probes_mod.probe_flops(store.n_images, d, p, n_classes) for _, _, p, d in probe_jobs(store, key, cfg))
+    return flops / probes_mod.matmul_flops_per_s(_device(cfg.device))
+
+
+def probe_warning(store: Store, model: str, cfg: AnalyzeConfig, limit_s: float = PROBE_WARN_S) -> str | None:
+    """Returns a one-line warning naming the ways to narrow the job when the probes of a model are expected
+    to take over limit_s, else None."""
+    seconds = estimate_probe_seconds(store, model, cfg)
+    if seconds <= limit_s:
+        return None
+    key = store.resolve_model(model)
+    token_widths = [d for _, group, _, d in probe_jobs(store, key, cfg) if group == "tokens"]
+    narrow = (f"vitsee analyze {store.path.name} --probes --probe-max-dim {max(token_widths) // 2} (no per-token "
+              "probes of wider layers), or " if token_widths else "")
+    return (f"probes of {key} are expected to take about {seconds / 60:.0f} min ({len(store.layers(key))} layers, "
+            f"{store.n_images} images; x cancels): narrow them with {narrow}a store of fewer layers (extract --layers NAME,NAME)")
+
+
 # --- spatial localisation ---------------------------------------------------------------------------
 
 

@@ -92,10 +92,12 @@ def extract(
     overwrite: Annotated[bool, typer.Option(help="replace an existing store")] = False,
     force: Annotated[bool, typer.Option(help="start even if the disk looks too small")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
+    threads: Annotated[Optional[int], typer.Option(help="CPU compute threads (default: the usable cores other processes leave free)")] = None,
 ) -> None:
     """Run models over images and store layer activations and per-image statistics (resumable)."""
     from .distributed import is_secondary
     from .extract import ExtractConfig, run_extraction
+    from .threads import set_compute_threads
 
     cfg = ExtractConfig(
         store=store, models=model, dataset=dataset, n_images=n_images, batch_size=batch_size, device=device,
@@ -103,6 +105,7 @@ def extract(
         force=force, workers=workers, streaming=streaming,
     )
     quiet = quiet or is_secondary()  # under torchrun rank 0 speaks for the run
+    set_compute_threads(threads)
     on_event, bar = _progress_bar(quiet)
     try:
         result = run_extraction(cfg, progress=on_event)
@@ -367,10 +370,12 @@ def analyze(
     device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")] = "auto",
     recompute: Annotated[bool, typer.Option(help="ignore cached results")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bars")] = False,
+    threads: Annotated[Optional[int], typer.Option(help="CPU compute threads (default: the usable cores other processes leave free)")] = None,
 ) -> None:
     """Compute the paper's analyses (none named: all that apply) and cache them in the store."""
     from .analyze import AnalyzeConfig, run_analyses
     from .distributed import is_secondary
+    from .threads import set_compute_threads
 
     chosen = [name for name, flag in (("cka", cka), ("attention", attention), ("probes", probes), ("skip", skip), ("spatial", spatial)) if flag]
     base = AnalyzeConfig()
@@ -382,6 +387,7 @@ def analyze(
     )
     paper = [name for name, flag in (("heads", heads), ("erf", erf)) if flag]  # engine/analyses/
     quiet = quiet or is_secondary()  # under torchrun rank 0 speaks for the run
+    set_compute_threads(threads)
     on_event, bar = _progress_bar(quiet)
 
     def on_step(step) -> None:

@@ -4,7 +4,9 @@ Three layers, each usable alone:
 - `ridge_predict` / `ridge_probe`: one fit on arrays in memory. The reference: it predicts what scikit-learn's
   `RidgeClassifier(alpha=l2)` predicts.
 - `RidgeAccumulator` -> `RidgePath`: sufficient statistics of P probes that share labels, streamed batch by
-  batch, then solved for a grid of L2 penalties with one eigendecomposition per probe.
+  batch, then solved for a grid of L2 penalties with one eigendecomposition per probe. That is the primal
+  (D x D feature space) form; `ExampleAccumulator` is the dual (n x n example space) form of the same ridge
+  fit, for fewer examples than features (32 images of 768 channels), and `new_accumulator` picks the smaller.
 - `fit_probes`: seeded split, L2 chosen on a held-out part of the training split, refit on the whole training
   split, test accuracy. It reads every example exactly once, through a `batches(mask)` function the store
   runner provides (see `BatchesFn`).
@@ -14,6 +16,7 @@ Pure core: arrays in, arrays out; no store access, no printing.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
@@ -25,6 +28,9 @@ from vitsee.engine.errors import VitseeError
 # Penalties are searched relative to the mean eigenvalue of the centred X'X (= n * mean feature variance), so
 # the same grid fits features of any scale and any number of images: l2 = ratio * trace(Xc'Xc) / D.
 L2_RATIOS = np.logspace(-6, 5, 12)
+# ExampleAccumulator keeps x minus the mean of the first batch's first rows: near enough to the mean to keep fp64
+# Grams from cancelling on a large shared offset, and a small read (CKA shifts its batches the same way).
+REFERENCE_ROWS = 16
 
 # batches(mask) yields (x, y) for exactly the examples where mask (n,) is True, in any order and batch size:
 # x (b, P, D) float (numpy or torch, any dtype and device; (b, D) when P == 1), y (b,) int labels in [0, K).
@@ -100,13 +106,7 @@ class RidgeAccumulator:
 
     def update(self, x, y) -> RidgeAccumulator:
         """Return self after adding a batch: x (b, P, D) or (b, D) for one probe, y (b,) labels in [0, K)."""
-        x = _as_float64(x, self.device)
-        x = x[:, None, :] if x.ndim == 2 else x  # (b, P, D)
-        y = _as_labels(y, self.device)  # (b,)
-        if x.ndim != 3 or y.shape != x.shape[:1]:
-            raise ValueError(f"expected x (b, P, D) and y (b,), got x {tuple(x.shape)} and y {tuple(y.shape)}")
-        if len(y) and (y.min() < 0 or y.max() >= self.n_classes):
-            raise ValueError(f"labels must lie in [0, {self.n_classes}), got {y.min().item()}..{y.max().item()}")
+        x, y = _check_batch(x, y, self.n_classes, self.device)
         if len(y) == 0:
             return self
         targets = 2.0 * _one_hot(y, self.n_classes) - 1.0  # (b, K)
@@ -134,15 +134,7 @@ class RidgeAccumulator:
 
     def solve(self, l2) -> RidgePath:
         """Return the ridge solutions of all P probes for penalties l2: (L,) shared by all probes, or (P, L)."""
-        if self.count == 0:
-            raise VitseeError("the training split holds 0 images; use more images")
-        _check_classes(int((self.class_counts > 0).sum()), self.count, "training split")
-        l2 = torch.as_tensor(l2, dtype=torch.float64, device=self.device)
-        l2 = l2.expand(self.n_probes, -1) if l2.ndim == 1 else l2  # (P, L)
-        if l2.ndim != 2 or l2.shape[0] != self.n_probes:
-            raise ValueError(f"l2 must be (L,) or ({self.n_probes}, L), got {tuple(l2.shape)}")
-        for value in l2.flatten().tolist():
-            _check_l2(value)
+        l2 = _check_solvable(self, l2)  # (P, L)
         eigvals, eigvecs = _eigh(self.xx)  # (P, D), (P, D, D)
         return RidgePath(
             mean_x=self.mean_x.clone(),  # the path stays valid while this accumulator keeps updating
@@ -177,12 +169,139 @@ class RidgeAccumulator:
         self.count = n
 
 
+class ExampleAccumulator:
+    """The examples of P ridge probes sharing one set of labels; `solve` returns the same RidgePath in dual form.
+
+    The dual of RidgeAccumulator, for fewer examples n than features D: it keeps the examples (n, P, D) instead
+    of X'X (P, D, D) and solves through the centred Gram G = Xc Xc' (P, n, n). With G = U diag(s) U', the
+    nonzero eigenvalues s are those of X'X and its eigenvectors are V = Xc'U diag(s)^-1/2, so the weights
+    Xc'(G + l2 I)^-1 Yc = (Xc'U) diag(1 / (s + l2)) (U'Yc): the RidgePath with basis Xc'U (kept as its two
+    factors) and projected targets U'Yc scores exactly what the primal path scores.
+
+    The work is a few passes over memory, so each example is touched as little as possible: kept once,
+    probe-major, minus a reference (the mean of the first batch's first rows, which keeps fp64 from losing
+    digits to a large shared offset); the Gram of those is grown by the examples added since the last solve
+    (the refit on fit + holdout adds the holdout's rows) and centred exactly by H G H, H = I - 11'/n.
+    Memory grows with the number of examples, so `new_accumulator` uses it only where n < D.
+    """
+
+    def __init__(self, n_classes: int, device="cpu"):
+        self.n_classes = int(n_classes)
+        self.device = torch.device(device)
+        self.count = 0
+        self.class_counts = torch.zeros(self.n_classes, dtype=torch.int64, device=self.device)
+        self.blocks: list[torch.Tensor] = []  # (P, b, D) float64 batches minus reference
+        self.block_sums: list[torch.Tensor] = []  # (P, D) the sum of each block over its examples
+        self.y: list[torch.Tensor] = []  # (b,) labels
+        self.reference: torch.Tensor | None = None  # (P, D)
+        self.gram: torch.Tensor | None = None  # (P, m, m) of the examples of the first `gram_blocks` blocks
+        self.gram_blocks = 0
+
+    @property
+    def n_probes(self) -> int:
+        return self.blocks[0].shape[0]
+
+    @property
+    def n_features(self) -> int:
+        return self.blocks[0].shape[2]
+
+    def update(self, x, y) -> ExampleAccumulator:
+        """Return self after keeping a batch: x (b, P, D) or (b, D) for one probe, y (b,) labels in [0, K)."""
+        x = _as_tensor(x, self.device)
+        x = x[:, None, :] if x.ndim == 2 else x  # (b, P, D)
+        y = _check_labels(x, y, self.n_classes, self.device)
+        if len(y) == 0:
+            return self
+        if self.reference is None:
+            self.reference = x[:REFERENCE_ROWS].to(torch.float64).mean(0)  # (P, D)
+        return self._keep(_probe_major(x, self.reference), y)
+
+    def merge(self, other: ExampleAccumulator) -> ExampleAccumulator:
+        """Return self after adding the examples another accumulator has kept (e.g. a held-out part)."""
+        if self.reference is None:
+            self.reference = other.reference
+        for block, y in zip(other.blocks, other.y):
+            self._keep(block + (other.reference - self.reference)[:, None], y)
+        return self
+
+    def feature_scale(self) -> torch.Tensor:
+        """Return (P,) the mean eigenvalue of the centred X'X, trace / D: the unit of the L2 grid (1 if zero)."""
+        scale = torch.diagonal(self._centred_gram(), dim1=1, dim2=2).sum(1) / self.n_features  # tr(Xc'Xc) = tr(Xc Xc')
+        return torch.where(scale > 0, scale, torch.ones_like(scale))
+
+    def solve(self, l2) -> RidgePath:
+        """Return the ridge solutions of all P probes for penalties l2: (L,) shared by all probes, or (P, L)."""
+        l2 = _check_solvable(self, l2)  # (P, L)
+        eigvals, eigvecs = _eigh(self._centred_gram())  # (P, n), (P, n, n)
+        targets = 2.0 * _one_hot(torch.cat(self.y), self.n_classes) - 1.0  # (n, K)
+        mean_y = targets.mean(0)
+        block_mean = torch.stack(self.block_sums).sum(0) / self.count  # (P, D), the mean of the kept blocks
+        return RidgePath(
+            mean_x=self.reference + block_mean,
+            mean_y=mean_y,
+            eigvals=eigvals.clamp_min(0),  # the centring direction (1, .., 1) has eigenvalue 0, give or take 1e-15
+            eigvecs=eigvecs,
+            projected_xy=eigvecs.mT @ (targets - mean_y),  # (P, n, K), U'Yc
+            l2=l2,
+            examples=tuple(self.blocks),
+            examples_mean=block_mean,
+        )
+
+    def _keep(self, block: torch.Tensor, y: torch.Tensor) -> ExampleAccumulator:
+        if self.blocks and block.shape[::2] != self.blocks[0].shape[::2]:
+            raise ValueError(f"batch has (P, D) = {tuple(block.shape[::2])}, earlier batches {tuple(self.blocks[0].shape[::2])}")
+        self.blocks.append(block)
+        self.block_sums.append(block.sum(1))
+        self.y.append(y)
+        self.count += len(y)
+        self.class_counts += torch.bincount(y, minlength=self.n_classes)
+        return self
+
+    def _centred_gram(self) -> torch.Tensor:
+        """Return (P, n, n) the Gram of the centred examples, after growing the kept Gram by the new blocks."""
+        if self.gram_blocks < len(self.blocks):
+            old = 0 if self.gram is None else self.gram.shape[1]
+            gram = torch.empty(self.n_probes, self.count, self.count, dtype=torch.float64, device=self.device)
+            if self.gram is not None:
+                gram[:, :old, :old] = self.gram
+            starts = np.cumsum([0] + [len(y) for y in self.y])
+            for j in range(self.gram_blocks, len(self.blocks)):  # new block j against every block up to it
+                cols = slice(starts[j], starts[j + 1])
+                for i in range(j + 1):
+                    rows = slice(starts[i], starts[i + 1])
+                    cross = self.blocks[i] @ self.blocks[j].mT  # (P, b_i, b_j)
+                    gram[:, rows, cols] = cross
+                    gram[:, cols, rows] = cross.mT
+            self.gram, self.gram_blocks = gram, len(self.blocks)
+        gram = self.gram
+        return gram - gram.mean(1, keepdim=True) - gram.mean(2, keepdim=True) + gram.mean((1, 2), keepdim=True)
+
+
+def solve_space(n_examples: int, n_features: int) -> str:
+    """Return 'dual' where the n x n example space is smaller than the D x D feature space, else 'primal'.
+
+    Both give the same ridge solution; the dual costs O(P n^2 D) and keeps the examples, the primal O(P n D^2
+    + P D^3) and keeps (P, D, D).
+    """
+    return "dual" if n_examples < n_features else "primal"
+
+
+def new_accumulator(n_classes: int, n_examples: int, n_features: int, device="cpu", space: str = "auto"):
+    """Return an empty accumulator for probes of n_features over n_examples, in `space` ('auto': the smaller)."""
+    if space == "auto":
+        space = solve_space(n_examples, n_features)
+    if space not in ("primal", "dual"):
+        raise ValueError(f"space must be 'auto', 'primal' or 'dual', got {space!r}")
+    return (ExampleAccumulator if space == "dual" else RidgeAccumulator)(n_classes, device)
+
+
 @dataclass
 class RidgePath:
     """Ridge solutions of P probes at L penalties each, kept in the eigenbasis of the centred X'X.
 
     With X'X = V diag(s) V', the weights at penalty l2 are W = V diag(1 / (s + l2)) V'X'Y, so each penalty of
-    the grid costs a diagonal scaling, and predicting never needs the (P, L, D, K) weights themselves.
+    the grid costs a diagonal scaling, and predicting never needs the (P, L, D, K) weights themselves. The
+    basis has R = D columns (primal: V, and V'X'Y) or R = n (dual: Xc'U and U'Y, see ExampleAccumulator).
     A class absent from training scores exactly -1 and is never predicted, as in scikit-learn: the scores of the
     present classes sum to 2 - K_present for every input (a linear fit keeps the targets' constant row sum),
     so the largest is at least -1 + 2 / K_present.
@@ -190,15 +309,25 @@ class RidgePath:
 
     mean_x: torch.Tensor  # (P, D)
     mean_y: torch.Tensor  # (K,)
-    eigvals: torch.Tensor  # (P, D)
-    eigvecs: torch.Tensor  # (P, D, D)
-    projected_xy: torch.Tensor  # (P, D, K), V'X'Y
+    eigvals: torch.Tensor  # (P, R)
+    eigvecs: torch.Tensor  # (P, D, R) primal: V; (P, n, n) dual: U
+    projected_xy: torch.Tensor  # (P, R, K), V'X'Y or U'Y
     l2: torch.Tensor  # (P, L)
+    # dual form: the training examples as (P, b, D) blocks, less any shift, and their mean (P, D) less the same
+    examples: tuple[torch.Tensor, ...] | None = None
+    examples_mean: torch.Tensor | None = None
+
+    def basis(self) -> torch.Tensor:
+        """Return (P, D, R) the directions the penalties shrink along: V (primal) or Xc'U (dual)."""
+        if self.examples is None:
+            return self.eigvecs
+        centred = torch.cat(self.examples, dim=1) - self.examples_mean[:, None]  # (P, n, D), Xc
+        return centred.mT @ self.eigvecs
 
     def coef(self) -> torch.Tensor:
         """Return the weights (P, L, D, K): scores = x @ coef + intercept."""
-        shrink = 1.0 / (self.eigvals[:, None, :] + self.l2[:, :, None])  # (P, L, D)
-        return self.eigvecs[:, None] @ (shrink[..., None] * self.projected_xy[:, None])  # (P, L, D, K)
+        shrink = 1.0 / (self.eigvals[:, None, :] + self.l2[:, :, None])  # (P, L, R)
+        return self.basis()[:, None] @ (shrink[..., None] * self.projected_xy[:, None])  # (P, L, D, K)
 
     def intercept(self) -> torch.Tensor:
         """Return the intercepts (P, L, K), unpenalised: mean target minus mean feature times weights."""
@@ -206,11 +335,16 @@ class RidgePath:
 
     def _scores(self, x) -> Iterator[torch.Tensor]:
         """Yields, penalty by penalty, the class scores (P, b, K) of a batch x (b, P, D) or (b, D)."""
-        x = _as_float64(x, self.eigvecs.device)
-        x = x[:, None, :] if x.ndim == 2 else x  # (b, P, D)
-        z = (x - self.mean_x).transpose(0, 1) @ self.eigvecs  # (P, b, D), centred x in the eigenbasis
-        for j in range(self.l2.shape[1]):  # one penalty at a time keeps memory at (P, b, D)
-            shrink = 1.0 / (self.eigvals + self.l2[:, j, None])  # (P, D)
+        x = _as_tensor(x, self.eigvecs.device)
+        xc = _probe_major(x[:, None, :] if x.ndim == 2 else x, self.mean_x)  # (P, b, D), centred
+        if self.examples is None:
+            z = xc @ self.eigvecs  # (P, b, D): centred x in the eigenbasis
+        else:  # through the kernel with the centred examples, (x - m)'(x_j - m), rather than a (P, D, n) basis
+            kernel = torch.cat([xc @ block.mT for block in self.examples], dim=2)  # (P, b, n)
+            kernel -= xc @ self.examples_mean[:, :, None]  # (P, b, 1): centres the examples
+            z = kernel @ self.eigvecs  # (P, b, n)
+        for j in range(self.l2.shape[1]):  # one penalty at a time keeps memory at (P, b, R)
+            shrink = 1.0 / (self.eigvals + self.l2[:, j, None])  # (P, R)
             yield (z * shrink[:, None, :]) @ self.projected_xy + self.mean_y  # (P, b, K)
 
     def predict(self, x) -> torch.Tensor:
@@ -301,12 +435,15 @@ def fit_probes(
     holdout_fraction: float = 0.2,
     device="cpu",
     progress: ProgressFn | None = None,
+    space: str = "auto",
 ) -> ProbeResult:
     """Return a ProbeResult for P probes over the n examples whose labels (n,) are given.
 
     Three passes read every example once: the fit part is accumulated and solved for the whole L2 grid; the
     holdout part scores the grid (each probe keeps the ratio with the best accuracy, the largest ratio on ties)
     and is merged into the statistics, which are solved again at the chosen penalties; the test part is scored.
+    `space` 'auto' solves in the feature space (D x D) or the example space (n x n) of the training split,
+    whichever is smaller (D from the first batch); 'primal' or 'dual' forces one. Both give the same solution.
     """
     labels = _to_numpy(labels).astype(np.int64)  # (n,)
     if labels.ndim != 1:
@@ -325,14 +462,17 @@ def fit_probes(
         _check_l2(ratio)
     read = _ProgressCounter(progress, len(labels))
 
-    fit = RidgeAccumulator(n_classes, device)
+    fit = None
     for x, y in batches(split.mask("fit")):
+        if fit is None:  # the first batch tells the width; the training split's size is known from the split
+            fit = new_accumulator(n_classes, len(split.train), np.shape(x)[-1], device, space)
         fit.update(x, y)
         read(len(y))
+    fit = fit if fit is not None else new_accumulator(n_classes, len(split.train), 1, device, space)
     _check_pass("fit", fit, labels[split.fit])
 
     grid = fit.solve(torch.as_tensor(ratios, device=fit.device) * fit.feature_scale()[:, None])  # (P, L)
-    holdout = RidgeAccumulator(n_classes, device)
+    holdout = type(fit)(n_classes, device)  # merged into fit below: the same form
     correct = torch.zeros(grid.l2.shape, dtype=torch.int64, device=fit.device)  # (P, L)
     squared = torch.zeros(grid.l2.shape, dtype=torch.float64, device=fit.device)  # (P, L)
     for x, y in batches(split.mask("holdout")):
@@ -342,7 +482,7 @@ def fit_probes(
         holdout.update(x, y)
         read(len(y))
     _check_pass("holdout", holdout, labels[split.holdout])
-    del grid  # frees the (P, D, D) eigenvectors before the refit needs its own
+    del grid  # frees the (P, D, R) eigenvectors before the refit needs its own
     holdout_accuracy = correct.cpu().numpy() / len(split.holdout)  # (P, L)
     best = _best_ratio(holdout_accuracy, squared.cpu().numpy())  # (P,)
 
@@ -367,6 +507,59 @@ def fit_probes(
         l2=l2.cpu().numpy(),
         test_accuracy=correct.cpu().numpy() / n_test,
     )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What a fit costs, before it starts
+
+# torch.linalg.eigh with eigenvectors (LAPACK syevd) is about 4 n^3 flops but runs far below matrix-product
+# speed, on one thread (see _eigh): counted as this many product-speed flops per n^3 (6.4 measured on 768 x 768
+# fp64 against a 2-thread 512 x 512 product on the loaded 2-core development machine).
+EIGH_FLOPS_PER_N3 = 8.0
+# Every feature value of every example passes through HDF5, casts, copies and means a few times; on the same
+# machine that cost as much as this many product flops per value (32 Mixer images, 196 tokens x 768).
+VALUE_FLOPS = 250.0
+
+
+def probe_flops(n_examples: int, n_features: int, n_probes: int = 1, n_classes: int = 10,
+                n_l2: int = len(L2_RATIOS), space: str = "auto") -> float:
+    """Return the matrix-product flops fit_probes spends on P probes of D features over n examples.
+
+    Counts what dominates, with the default split (64% fit, 16% holdout, 20% test): the statistics, the two
+    eigendecompositions (fit, then fit + holdout), and scoring the holdout at every penalty and the test part.
+    """
+    n, d, p, k = float(n_examples), float(n_features), float(n_probes), float(n_classes)
+    n_fit, n_holdout, n_test = 0.64 * n, 0.16 * n, 0.2 * n
+    space = solve_space(int(0.8 * n), n_features) if space == "auto" else space
+    if space == "primal":  # X'X (P, D, D) from every training example; eigh of D x D twice; R = D
+        build = 2 * 0.8 * n * p * d * d
+        eigh = 2 * EIGH_FLOPS_PER_N3 * p * d**3
+        rank = d
+    else:  # Grams (P, n, n) and the basis Xc'U (P, D, n), for the fit part and the training split; R = n
+        build = sum(4 * p * m * m * d for m in (n_fit, 0.8 * n))
+        eigh = EIGH_FLOPS_PER_N3 * p * (n_fit**3 + (0.8 * n) ** 3)
+        rank = 0.8 * n
+    score = 2 * (n_holdout + n_test) * p * d * rank + 2 * (n_l2 * n_holdout + n_test) * p * rank * k
+    return build + eigh + score + VALUE_FLOPS * n * p * d
+
+
+def matmul_flops_per_s(device="cpu") -> float:
+    """Return the fp64 matrix-product rate this process gets now on `device`, from a 512 x 512 product."""
+    device = torch.device(device)
+    a = torch.randn(512, 512, dtype=torch.float64, device=device)
+    best = float("inf")
+    for _ in range(3):  # the first call pays for warming up the library
+        _synchronize(device)
+        start = time.perf_counter()
+        a @ a
+        _synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * 512**3 / max(best, 1e-9)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -415,11 +608,49 @@ class _ProgressCounter:
             self.progress(self.done, self.total)
 
 
-def _check_pass(part: str, acc: RidgeAccumulator, expected_labels: np.ndarray) -> None:
+def _check_pass(part: str, acc, expected_labels: np.ndarray) -> None:
     # A mismatch is a bug in the batches function, not something the user can fix.
     expected = np.bincount(expected_labels, minlength=acc.n_classes)
     if acc.count != len(expected_labels) or not np.array_equal(acc.class_counts.cpu().numpy(), expected):
         raise ValueError(f"batches yielded {acc.count} {part} examples whose labels differ from the mask's {len(expected_labels)}")
+
+
+def _check_batch(x, y, n_classes: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return a batch as x (b, P, D) float64 and y (b,) int64 on device, after checking shapes and labels."""
+    x = _as_float64(x, device)
+    x = x[:, None, :] if x.ndim == 2 else x  # (b, P, D)
+    return x, _check_labels(x, y, n_classes, device)
+
+
+def _check_labels(x: torch.Tensor, y, n_classes: int, device) -> torch.Tensor:
+    """Return y (b,) int64 on device, after checking it matches x (b, P, D) and lies in [0, K)."""
+    y = _as_labels(y, device)  # (b,)
+    if x.ndim != 3 or y.shape != x.shape[:1]:
+        raise ValueError(f"expected x (b, P, D) and y (b,), got x {tuple(x.shape)} and y {tuple(y.shape)}")
+    if len(y) and (y.min() < 0 or y.max() >= n_classes):
+        raise ValueError(f"labels must lie in [0, {n_classes}), got {y.min().item()}..{y.max().item()}")
+    return y
+
+
+def _probe_major(x: torch.Tensor, minus: torch.Tensor) -> torch.Tensor:
+    """Return x (b, P, D) of any float dtype as (P, b, D) float64 minus `minus` (P, D): one copy, then in place."""
+    out = torch.empty(x.shape[1], x.shape[0], x.shape[2], dtype=torch.float64, device=minus.device)
+    out.copy_(x.transpose(0, 1))  # casts and transposes in one pass
+    return out.sub_(minus[:, None])
+
+
+def _check_solvable(acc, l2) -> torch.Tensor:
+    """Return l2 as (P, L) float64 after checking the accumulator has enough examples and the penalties are valid."""
+    if acc.count == 0:
+        raise VitseeError("the training split holds 0 images; use more images")
+    _check_classes(int((acc.class_counts > 0).sum()), acc.count, "training split")
+    l2 = torch.as_tensor(l2, dtype=torch.float64, device=acc.device)
+    l2 = l2.expand(acc.n_probes, -1) if l2.ndim == 1 else l2  # (P, L)
+    if l2.ndim != 2 or l2.shape[0] != acc.n_probes:
+        raise ValueError(f"l2 must be (L,) or ({acc.n_probes}, L), got {tuple(l2.shape)}")
+    for value in l2.flatten().tolist():
+        _check_l2(value)
+    return l2
 
 
 def _check_classes(n_classes: int, n_examples: int, where: str) -> None:
@@ -442,6 +673,11 @@ def _to_numpy(a) -> np.ndarray:
 def _as_labels(y, device) -> torch.Tensor:
     y = y if torch.is_tensor(y) else torch.as_tensor(np.asarray(y))
     return y.to(device).long()
+
+
+def _as_tensor(x, device) -> torch.Tensor:
+    x = x if torch.is_tensor(x) else torch.as_tensor(np.asarray(x))
+    return x.to(device)  # any dtype: fp16 activations cross the bus at half the bytes
 
 
 def _as_float64(x, device) -> torch.Tensor:

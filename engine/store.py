@@ -986,14 +986,26 @@ def read_rows(ds: h5py.Dataset, rows: np.ndarray, limit: int | None = None) -> n
     if len(rows) > 1 and np.all(np.diff(rows) == 1):
         return ds[int(rows[0]) : int(rows[-1]) + 1]
     if np.all(np.diff(rows) > 0):  # increasing: HDF5 reads them as they are
-        return ds[rows]
+        return _read_increasing(ds, rows)
     order = np.argsort(rows, kind="stable")
     sorted_rows = rows[order]
     unique, inverse = np.unique(sorted_rows, return_inverse=True)
-    data = ds[unique]
+    data = _read_increasing(ds, unique)
     out = np.empty((len(rows), *ds.shape[1:]), dtype=ds.dtype)
     out[order] = data[inverse]
     return out
+
+
+def _read_increasing(ds: h5py.Dataset, rows: np.ndarray) -> np.ndarray:
+    """Returns ds[rows] for increasing rows, one slice per chunk the rows touch.
+
+    HDF5 reads whole chunks either way, but h5py's point selection of scattered rows costs about 10x the
+    slices (21 of 32 rows of 196 x 768 fp16: 0.30 s against 0.025 s), which made probe splits slow to read.
+    """
+    if ds.chunks is None:
+        return ds[rows]
+    groups = np.split(rows, np.flatnonzero(np.diff(rows // ds.chunks[0])) + 1)  # runs of rows within one chunk
+    return np.concatenate([ds[int(g[0]) : int(g[-1]) + 1][g - g[0]] for g in groups])
 
 
 def versions() -> dict:

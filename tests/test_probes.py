@@ -6,15 +6,19 @@ import torch
 from sklearn.linear_model import Ridge, RidgeClassifier
 
 from vitsee.engine.errors import VitseeError
+from vitsee.engine import probes
 from vitsee.engine.probes import (
+    ExampleAccumulator,
     RidgeAccumulator,
     fit_probes,
+    new_accumulator,
     ridge_predict,
     ridge_probe,
     split_examples,
 )
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+ACCUMULATORS = [RidgeAccumulator, ExampleAccumulator]  # the primal (D x D) and the dual (n x n) form
 
 
 def random_problem(n, d, k, seed=0, signal=1.0):
@@ -80,21 +84,23 @@ def test_two_classes_tied_at_zero_go_to_the_first_class_like_sklearn():
 # Streaming accumulator
 
 
+@pytest.mark.parametrize("accumulator", ACCUMULATORS)
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("n, d, offset", [(90, 12, 0.0), (30, 50, 0.0), (90, 12, 1e4)])
-def test_streamed_weights_equal_sklearn_ridge_on_pm1_targets(device, n, d, offset):
+@pytest.mark.parametrize("n, d, offset", [(90, 12, 0.0), (30, 50, 0.0), (90, 12, 1e4), (30, 50, 1e4)])
+def test_streamed_weights_equal_sklearn_ridge_on_pm1_targets(accumulator, device, n, d, offset):
     x, y = random_problem(n, d, 4, seed=2)
     x = x + offset  # activations often share a large offset; streaming must not lose precision to it
-    streamed = RidgeAccumulator(4, device)
+    streamed = accumulator(4, device)
     for start in range(0, n, 13):  # uneven batches, the last one short
         streamed.update(x[start : start + 13], y[start : start + 13])
-    one_shot = RidgeAccumulator(4, device).update(x, y)
+    one_shot = accumulator(4, device).update(x, y)
     reference = Ridge(alpha=2.0).fit(x, targets_pm1(y, 4))
 
     for acc in (streamed, one_shot):
         path = acc.solve([2.0])
         np.testing.assert_allclose(path.coef()[0, 0].cpu().numpy(), reference.coef_.T, rtol=0, atol=1e-8)
-        np.testing.assert_allclose(path.intercept()[0, 0].cpu().numpy(), reference.intercept_, rtol=0, atol=1e-8)
+        # the intercept is mean target - mean x . coef: with a 1e4 offset it is in the thousands
+        np.testing.assert_allclose(path.intercept()[0, 0].cpu().numpy(), reference.intercept_, rtol=1e-10, atol=1e-8)
     assert streamed.count == n
 
 
@@ -108,15 +114,17 @@ def test_merged_accumulators_equal_one_accumulator_over_all_batches():
     assert merged.class_counts.tolist() == np.bincount(y, minlength=3).tolist()
 
 
-def test_batched_probes_equal_separate_solves():
-    n, n_probes, d, k = 70, 5, 8, 3
+@pytest.mark.parametrize("accumulator", ACCUMULATORS)
+@pytest.mark.parametrize("d", [8, 90])
+def test_batched_probes_equal_separate_solves(accumulator, d):
+    n, n_probes, k = 70, 5, 3
     rng = np.random.default_rng(4)
     x = rng.normal(size=(n, n_probes, d)) * rng.uniform(0.1, 10, size=(n_probes, 1))  # probes of different scales
     y = rng.integers(0, k, n)
     l2 = rng.uniform(0.1, 10, size=(n_probes, 3))  # (P, L): each probe its own penalties
-    together = RidgeAccumulator(k).update(x, y).solve(l2)
+    together = accumulator(k).update(x, y).solve(l2)
     for p in range(n_probes):
-        alone = RidgeAccumulator(k).update(x[:, p], y).solve(l2[p])  # (b, D): one probe
+        alone = accumulator(k).update(x[:, p], y).solve(l2[p])  # (b, D): one probe
         torch.testing.assert_close(together.coef()[p], alone.coef()[0], rtol=1e-10, atol=1e-12)
         torch.testing.assert_close(together.intercept()[p], alone.intercept()[0], rtol=1e-10, atol=1e-12)
         torch.testing.assert_close(together.predict(x)[:, p], alone.predict(x[:, p])[:, 0])
@@ -143,14 +151,98 @@ def test_eigenbasis_prediction_equals_argmax_of_explicit_weights():
     torch.testing.assert_close(correct, (scores.argmax(-1) == torch.as_tensor(y[:25])[:, None, None]).sum(0))
 
 
-def test_classes_absent_from_training_are_never_predicted_like_sklearn():
-    x, y = random_problem(80, 6, 4, seed=8)
+@pytest.mark.parametrize("accumulator", ACCUMULATORS)
+@pytest.mark.parametrize("d", [6, 120])
+def test_classes_absent_from_training_are_never_predicted_like_sklearn(accumulator, d):
+    x, y = random_problem(80, d, 4, seed=8)
     keep = y != 1  # class 1 never seen in training
-    path = RidgeAccumulator(4).update(x[keep], y[keep]).solve([0.01])
+    path = accumulator(4).update(x[keep], y[keep]).solve([0.01])
     predicted = path.predict(x)[:, 0, 0].numpy()
     expected = RidgeClassifier(alpha=0.01).fit(x[keep], y[keep]).predict(x)
     np.testing.assert_array_equal(predicted, expected)
     assert 1 not in predicted
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The dual (n x n) form against the primal (D x D) one
+
+
+def numpy_ridge_scores(x_train, y_train, x_test, l2, k):
+    """Return fp64 numpy ridge scores (m, K) to {-1, 1} one-hot targets: centred, unpenalised intercept, primal."""
+    mean_x, targets = x_train.mean(0), 2.0 * np.eye(k)[y_train] - 1.0
+    xc, mean_y = x_train - mean_x, targets.mean(0)
+    coef = np.linalg.solve(xc.T @ xc + l2 * np.eye(x_train.shape[1]), xc.T @ (targets - mean_y))  # (D, K)
+    return (x_test - mean_x) @ coef + mean_y
+
+
+@pytest.mark.parametrize("n, d", [(25, 300), (300, 25)])
+@pytest.mark.parametrize("offset", [0.0, 500.0])
+def test_dual_path_scores_equal_a_numpy_fp64_ridge(n, d, offset):
+    x, y = random_problem(n + 40, d, 3, seed=d, signal=0.3)
+    x = x + offset
+    l2 = [1e-3, 1.0, 50.0]
+    path = ExampleAccumulator(3).update(x[:n], y[:n]).solve(l2)
+    scores = torch.einsum("bd,ldk->blk", torch.as_tensor(x[n:]), path.coef()[0]) + path.intercept()[0]
+    for j, penalty in enumerate(l2):
+        expected = numpy_ridge_scores(x[:n], y[:n], x[n:], penalty, 3)
+        np.testing.assert_allclose(scores[:, j].numpy(), expected, rtol=0, atol=1e-7 * (1 + offset))
+        np.testing.assert_array_equal(path.predict(x[n:])[:, 0, j].numpy(), expected.argmax(1))
+
+
+def test_dual_and_primal_accumulators_hold_the_same_ridge_path():
+    x, y = random_problem(30, 80, 4, seed=21)
+    x = x.reshape(30, 2, 40) + 3.0  # P = 2 probes of 40 features
+    primal, dual = RidgeAccumulator(4), ExampleAccumulator(4)
+    for start in range(0, 30, 7):
+        primal.update(x[start : start + 7], y[start : start + 7])
+        dual.update(x[start : start + 7], y[start : start + 7])
+    torch.testing.assert_close(dual.feature_scale(), primal.feature_scale(), rtol=1e-12, atol=0)
+    l2 = primal.feature_scale()[:, None] * torch.tensor([1e-6, 1e-2, 10.0], dtype=torch.float64)  # (P, L)
+    p_path, d_path = primal.solve(l2), dual.solve(l2)
+    assert d_path.basis().shape == (2, 40, 30) and p_path.basis().shape == (2, 40, 40)  # R = n against R = D
+    # at l2 = 1e-6 of the scale the primal's 10 null directions carry rounding of 1e-16 / 1e-6: a 1e-10 difference
+    torch.testing.assert_close(d_path.coef(), p_path.coef(), rtol=1e-8, atol=1e-9)
+    torch.testing.assert_close(d_path.intercept(), p_path.intercept(), rtol=1e-8, atol=1e-9)
+
+
+def test_merged_example_accumulators_equal_one_over_all_batches():
+    x, y = random_problem(40, 60, 3, seed=22)
+    whole = ExampleAccumulator(3).update(x, y).solve([0.5])
+    merged = ExampleAccumulator(3).update(x[:25], y[:25]).merge(ExampleAccumulator(3).update(x[25:], y[25:]))
+    assert merged.count == 40 and merged.class_counts.tolist() == np.bincount(y, minlength=3).tolist()
+    torch.testing.assert_close(merged.solve([0.5]).coef(), whole.coef(), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("n, d", [(40, 200), (150, 30)])
+def test_dual_and_primal_fits_choose_the_same_l2_and_accuracies(seed, n, d):
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 4, n)
+    # 3 probes: informative, weakly informative with a large offset, unrelated to the labels
+    signal = np.eye(4)[y] @ rng.normal(size=(4, d))
+    x = np.stack([signal + rng.normal(size=(n, d)), 0.3 * signal + rng.normal(size=(n, d)) + 100.0,
+                  rng.normal(size=(n, d))], axis=1).astype(np.float32)
+    results = {space: fit_probes(batches_from(x, y, batch_size=16), y, seed=seed, space=space) for space in ("primal", "dual")}
+    primal, dual = results["primal"], results["dual"]
+    np.testing.assert_array_equal(dual.holdout_accuracy, primal.holdout_accuracy)
+    np.testing.assert_array_equal(dual.l2_ratio, primal.l2_ratio)
+    np.testing.assert_allclose(dual.l2, primal.l2, rtol=1e-10)
+    np.testing.assert_array_equal(dual.test_accuracy, primal.test_accuracy)
+    assert len(np.unique(primal.holdout_accuracy)) > 2  # the penalties make a difference to compare
+
+
+def test_the_smaller_space_is_chosen_from_the_training_split_and_the_width(monkeypatch):
+    assert type(new_accumulator(3, 25, 768)) is ExampleAccumulator
+    assert type(new_accumulator(3, 768, 768)) is RidgeAccumulator
+    assert type(new_accumulator(3, 25, 768, space="primal")) is RidgeAccumulator
+    with pytest.raises(ValueError, match="space must be"):
+        new_accumulator(3, 25, 768, space="gram")
+    made = []
+    monkeypatch.setattr(probes, "new_accumulator", lambda *a, **kw: made.append(a) or new_accumulator(*a, **kw))
+    for d in (30, 60):  # 50 images: a training split of 40
+        x, y = random_problem(50, d, 2, seed=d)
+        fit_probes(batches_from(x, y), y)
+    assert [(n, d) for _, n, d, *_ in made] == [(40, 30), (40, 60)]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -171,15 +263,17 @@ def test_split_is_seeded_reproducible_and_disjoint():
     assert split.mask("train").sum() == 82 and not (split.mask("train") & split.mask("test")).any()
 
 
+@pytest.mark.parametrize("space", ["primal", "dual", "auto"])
+@pytest.mark.parametrize("n, d", [(200, 60), (60, 150)])
 @pytest.mark.parametrize("device", DEVICES)
-def test_l2_selection_picks_the_best_holdout_accuracy_like_a_plain_loop(device):
-    n, n_probes, d = 200, 3, 60
+def test_l2_selection_picks_the_best_holdout_accuracy_like_a_plain_loop(device, n, d, space):
+    n_probes = 3
     rng = np.random.default_rng(9)
     _, y = random_problem(n, d, 3, seed=9)
     # each probe a noisy view of the labels, with many features so the penalty matters
     x = rng.normal(size=(n, n_probes, d)) + 0.6 * np.eye(3)[y][:, None, :].repeat(d // 3, axis=2) * [[1], [0.5], [2]]
     ratios = np.logspace(-4, 3, 8)
-    result = fit_probes(batches_from(x, y), y, l2_ratios=ratios, seed=1, device=device)
+    result = fit_probes(batches_from(x, y), y, l2_ratios=ratios, seed=1, device=device, space=space)
     split = result.split
 
     for p in range(n_probes):
@@ -272,3 +366,50 @@ def test_ties_on_held_out_accuracy_go_to_the_lowest_squared_error_then_the_large
     accuracy = np.array([[0.5, 0.5, 0.5, 0.25], [0.0, 0.0, 0.0, 0.0], [0.1, 0.2, 0.2, 0.1]])
     error = np.array([[3.0, 1.0, 2.0, 0.5], [4.0, 4.0, 4.0, 4.0], [1.0, 9.0, 9.0, 1.0]])
     assert _best_ratio(accuracy, error).tolist() == [1, 3, 2]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What a fit is expected to cost
+
+
+def test_probe_flops_count_the_smaller_space_and_grow_with_the_probes():
+    from vitsee.engine.probes import EIGH_FLOPS_PER_N3, VALUE_FLOPS, probe_flops
+
+    n, d, p, k = 100, 768, 197, 10
+    primal, dual = probe_flops(n, d, p, k, space="primal"), probe_flops(n, d, p, k, space="dual")
+    assert probe_flops(n, d, p, k) == dual < primal / 10  # 80 training images of 768 channels: the Gram
+    # by hand, 10 images of 4 features, 2 classes, 12 penalties: 6.4 fit, 1.6 holdout, 2 test on average
+    x_x, eigh = 2 * 8 * 4 * 4, 2 * EIGH_FLOPS_PER_N3 * 4**3
+    scores = 2 * 3.6 * 4 * 4 + 2 * (12 * 1.6 + 2) * 4 * 2  # centred x in the basis, then each penalty's scores
+    assert probe_flops(10, 4, 1, 2, space="primal") == pytest.approx(x_x + eigh + scores + VALUE_FLOPS * 10 * 4)
+    grams, eigh = 4 * (6.4**2 + 8**2) * 4, EIGH_FLOPS_PER_N3 * (6.4**3 + 8**3)
+    scores = 2 * 3.6 * 4 * 8 + 2 * (12 * 1.6 + 2) * 8 * 2
+    assert probe_flops(10, 4, 1, 2, space="dual") == pytest.approx(grams + eigh + scores + VALUE_FLOPS * 10 * 4)
+    assert probe_flops(n, d, 2 * p, k) == pytest.approx(2 * probe_flops(n, d, p, k))
+    assert probe_flops(10_000, d, p, k) == probe_flops(10_000, d, p, k, space="primal")  # 8,000 > 768
+
+
+def test_the_warning_before_a_long_probe_job_names_the_ways_to_narrow_it(tiny_store, tmp_path, monkeypatch):
+    import shutil
+
+    from conftest import VIT
+    from vitsee.engine.analyze import AnalyzeConfig, estimate_probe_seconds, probe_warning, run_probes
+    from vitsee.engine.store import Store
+
+    path = tmp_path / "copy.h5"
+    shutil.copy(tiny_store, path)
+    cfg = AnalyzeConfig(device="cpu")
+    monkeypatch.setattr(probes, "matmul_flops_per_s", lambda device="cpu": 1e6)  # a very slow machine
+    with Store.writer(path) as store:
+        seconds = estimate_probe_seconds(store, VIT, cfg)
+        widest = max(store.layer_shape(store.resolve_model(VIT), layer)[-1] for layer in store.layers(store.resolve_model(VIT)))
+        warning = probe_warning(store, VIT, cfg)
+        assert seconds > 60 and warning is not None and "\n" not in warning
+        assert f"about {seconds / 60:.0f} min" in warning
+        assert f"--probe-max-dim {widest // 2}" in warning and "--layers" in warning and "x cancels" in warning
+        assert probe_warning(store, VIT, cfg, limit_s=2 * seconds) is None
+        monkeypatch.setattr(probes, "matmul_flops_per_s", lambda device="cpu": 1e15)
+        assert probe_warning(store, VIT, cfg) is None
+        monkeypatch.setattr(probes, "matmul_flops_per_s", lambda device="cpu": 1e6)
+        run_probes(store, VIT, AnalyzeConfig(device="cpu", probe_tokens=False))
+        assert probe_warning(store, VIT, AnalyzeConfig(device="cpu", probe_tokens=False)) is None  # cached: no work

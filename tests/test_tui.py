@@ -333,6 +333,23 @@ def test_a_cancelled_computation_stops_at_its_next_step_and_caches_nothing(tiny_
     assert loaded.computed and loaded.view.matrix.shape == (8, 8)
 
 
+async def test_a_probe_job_expected_to_take_over_a_minute_is_announced_with_the_ways_to_narrow_it(tiny_store, tmp_path, monkeypatch):
+    from vitsee.engine import probes
+
+    path = tmp_path / "fresh.h5"
+    shutil.copy(tiny_store, path)
+    monkeypatch.setattr(probes, "matmul_flops_per_s", lambda device="cpu": 1e6)  # estimates: hours
+    app = make_app(path, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda app: app.screen.summary is not None, timeout=30, idle=False)
+        await pilot.press("3")  # the probes view: not cached, so it starts computing
+        await settle(pilot, lambda app: any("--probe-max-dim" in m for m, _ in notifications(app)), timeout=30, idle=False)
+        warning, severity = next((m, s) for m, s in notifications(app) if "--probe-max-dim" in m)
+        await pilot.press("x")  # cancel: the warning says so
+        await settle(pilot, timeout=60)
+    assert severity == "warning" and "probes of" in warning and "x cancels" in warning
+
+
 # --- terminals --------------------------------------------------------------------------------------------------
 
 

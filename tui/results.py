@@ -202,13 +202,15 @@ ACCESS = StoreAccess()
 
 
 def read_view(path: str | Path, spec: str, base: an.AnalyzeConfig, progress: StepFn | None = None,
-              cancelled: Callable[[], bool] = lambda: False) -> LoadedView:
+              cancelled: Callable[[], bool] = lambda: False, warn: Callable[[str], None] | None = None) -> LoadedView:
     """Returns the view named by spec, from the cache when it is there, else computed and cached first.
 
     `cancelled` is polled at every progress step; when it says so the computation stops with Cancelled
-    and nothing is cached.
+    and nothing is cached. `warn` hears, before it starts, that a computation is expected to be long.
     """
+    from vitsee.engine.analyze import probe_warning
     from vitsee.engine.store import Store
+    from vitsee.engine.threads import set_compute_threads
     from vitsee.engine.views import cached_params, compute_view, load_view
 
     def step(event: an.Step) -> None:
@@ -220,7 +222,12 @@ def read_view(path: str | Path, spec: str, base: an.AnalyzeConfig, progress: Ste
     start = time.perf_counter()
     with ACCESS.read(), Store.open(path) as store:
         cached = cached_params(store, spec) is not None  # any cached estimate serves the app
+        kind, _, model = spec.partition(":")
+        warning = probe_warning(store, model, base) if kind == "probes" and not cached else None
+    if warning and warn is not None:
+        warn(warning)
     if not cached:
+        set_compute_threads()  # the free cores now, as `vitsee analyze` takes them
         with ACCESS.write(path) as store:
             if cancelled():
                 raise Cancelled(spec)

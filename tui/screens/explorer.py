@@ -403,7 +403,8 @@ class ExplorerScreen(Screen):
             self.post_message(AnalysisStep(spec, step.analysis, step.done, step.total, step.message))
 
         try:
-            loaded = read_view(self.path, spec, self._config(), progress, cancelled=lambda: worker.is_cancelled)
+            loaded = read_view(self.path, spec, self._config(), progress, cancelled=lambda: worker.is_cancelled,
+                               warn=self._warn_from_worker)
         except Cancelled:
             return
         except VitseeError as exc:
@@ -413,6 +414,10 @@ class ExplorerScreen(Screen):
             self.post_message(ViewFailed(spec, f"cannot show {spec}: {brief(exc)}"))
         else:
             self.post_message(ViewLoaded(loaded))
+
+    def _warn_from_worker(self, text: str) -> None:
+        """Shows a warning a worker thread raised before a long computation (e.g. probes over a minute)."""
+        self.app.call_from_thread(self.notify, text, severity="warning", timeout=15)
 
     def on_analysis_step(self, message: AnalysisStep) -> None:
         what = f"computing {message.analysis}"
@@ -479,7 +484,8 @@ class ExplorerScreen(Screen):
                 self.post_message(AnalysisStep(spec, f"{step.analysis} ({index}/{len(specs)})", step.done, step.total, step.message))
 
             try:
-                loaded = read_view(self.path, spec, self._config(), progress, cancelled=lambda: worker.is_cancelled)
+                loaded = read_view(self.path, spec, self._config(), progress, cancelled=lambda: worker.is_cancelled,
+                                   warn=self._warn_from_worker)
             except Cancelled:
                 break
             except VitseeError as exc:

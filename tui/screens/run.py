@@ -98,7 +98,9 @@ class RunScreen(Screen):
         worker = get_current_worker()
         try:
             from vitsee.engine.extract import run_extraction
+            from vitsee.engine.threads import set_compute_threads
 
+            set_compute_threads()  # the free cores, as `vitsee extract` takes them
             plan = self.plan = self.prepare()
             cfg = plan.config
             self.post_message(RunEvent("plan", text=f"store {cfg.store}"))
