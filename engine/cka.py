@@ -28,6 +28,7 @@ from vitsee.engine.errors import VitseeError
 MIN_BATCH = 4  # unbiased HSIC divides by m (m - 3) and (m - 1)(m - 2): it needs m >= 4 examples
 SHIFT_ROWS = 16  # the features of a batch are shifted by the mean of its first SHIFT_ROWS examples (see _centred)
 BLOCK_GRAM_MIN = 256  # from this batch size on, gram() multiplies out only the upper block-triangle
+PERMUTED_BYTES = 64 << 20  # at most this much of permuted U-centred Grams at a time (the p-value's null)
 
 # Precision, chosen by measurement (python benchmarks/cka.py --accuracy; CPU, 1,024 synthetic images in batches of
 # 256, 12 ViT-like (197 x 192) and 14 ResNet-like maps, max |CKA - numpy fp64 reference| over the 26 x 26 matrix):
@@ -204,7 +205,7 @@ class MinibatchCKA:
         self.state = torch.zeros(LL + 1 + (self.batch_slots + self.permutations) * LL, dtype=torch.float64,
                                  device=self.device)
         # Buffers kept between batches, sized by _reserve.
-        self._scratch = self._gram = self._grams = self._permuted = torch.empty(0, device=self.device)
+        self._scratch = self._gram = self._grams = torch.empty(0, device=self.device)
 
     @property
     def hsic_sums(self) -> torch.Tensor:
@@ -296,24 +297,24 @@ class MinibatchCKA:
         """Add each permutation's null HSIC: <U(K_i), P U(K_j) P'>, the column layers' images permuted by P.
 
         U-centring commutes with permuting the examples, so P U(K_j) P' is the U-centred Gram of the permuted
-        features: one gather of the stacked Grams and one more pair product per permutation, no new Gram.
+        features: one gather of the stacked Grams and one more pair product per permutation, no new Gram. The
+        permutations go in groups whose gathered Grams fit in PERMUTED_BYTES (one small op per permutation costs
+        more than the product on small batches).
         """
         from .stats import batch_permutations
 
-        L, k = self.num_layers, self.cross_at or 0
+        k = self.cross_at or 0
         perms = torch.as_tensor(batch_permutations(self.seed, slot, m, self.permutations), device=self.device)
-        cols = grams[k:]  # (L - k, m*m): the layers whose images are permuted
-        if self._permuted.shape != cols.shape:
-            self._permuted = torch.empty_like(cols)
-        rows = grams if self.cross_at is None else grams[:k]
-        for r, perm in enumerate(perms):
-            index = (perm[:, None] * m + perm[None, :]).reshape(-1)  # (m*m,) flat index of P U P'
-            torch.index_select(cols, 1, index, out=self._permuted)
-            null = (rows @ self._permuted.T).to(torch.float64) * scale  # (L, L) or (k, L - k)
-            if self.cross_at is None:
-                self.null_hsic[r] += null
-            else:
-                self.null_hsic[r][:k, k:] += null
+        cols = grams[k:]  # (Lc, m*m): the layers whose images are permuted
+        rows = grams if self.cross_at is None else grams[:k]  # (Lr, m*m)
+        group = max(1, min(self.permutations, PERMUTED_BYTES // max(cols.numel() * cols.element_size(), 1)))
+        null = self.null_hsic if self.cross_at is None else self.null_hsic[:, :k, k:]  # (K, Lr, Lc)
+        for s in range(0, self.permutations, group):
+            p = perms[s : s + group]  # (g, m)
+            index = (p[:, :, None] * m + p[:, None, :]).reshape(-1)  # (g*m*m,) flat index of each P U P'
+            permuted = cols.index_select(1, index).view(len(cols) * len(p), m * m)  # (Lc*g, m*m), layer-major
+            pairs = (rows @ permuted.T).view(len(rows), len(cols), len(p))  # (Lr, Lc, g): one plain GEMM
+            null[s : s + group] += pairs.permute(2, 0, 1).to(torch.float64) * scale  # (g, Lr, Lc)
 
     def _reserve(self, m: int, largest_layer: int) -> None:
         """Size the buffers kept between batches: fresh ones per layer cost more in CPU page faults than their use."""
