@@ -29,6 +29,7 @@ MIN_BATCH = 4  # unbiased HSIC divides by m (m - 3) and (m - 1)(m - 2): it needs
 SHIFT_ROWS = 16  # the features of a batch are shifted by the mean of its first SHIFT_ROWS examples (see _centred)
 BLOCK_GRAM_MIN = 256  # from this batch size on, gram() multiplies out only the upper block-triangle
 PERMUTED_BYTES = 64 << 20  # at most this much of permuted U-centred Grams at a time (the p-value's null)
+NULL_DTYPE = torch.float32  # the permutation null's gather and product (see MinibatchCKA._add_permuted)
 
 # Precision, chosen by measurement (python benchmarks/cka.py --accuracy; CPU, 1,024 synthetic images in batches of
 # 256, 12 ViT-like (197 x 192) and 14 ResNet-like maps, max |CKA - numpy fp64 reference| over the 26 x 26 matrix):
@@ -297,24 +298,35 @@ class MinibatchCKA:
         """Add each permutation's null HSIC: <U(K_i), P U(K_j) P'>, the column layers' images permuted by P.
 
         U-centring commutes with permuting the examples, so P U(K_j) P' is the U-centred Gram of the permuted
-        features: one gather of the stacked Grams and one more pair product per permutation, no new Gram. The
-        permutations go in groups whose gathered Grams fit in PERMUTED_BYTES (one small op per permutation costs
-        more than the product on small batches).
+        features: one gather of the stacked Grams and one more pair product per permutation, no new Gram. Both
+        Grams are symmetric with a zero diagonal, so the product is twice that of their upper triangles: half the
+        gather and half the product. The null runs in NULL_DTYPE: the gather (memory-bound) and its product were
+        2.5x the Grams' time in fp64 at the defaults; fp32's ~1e-7 relative error in a null value can only move a
+        p-value when a permutation lands that close to the observed CKA. Permutations go in groups whose gathered
+        Grams fit in PERMUTED_BYTES (one small op per permutation costs more than the product on small batches).
         """
         from .stats import batch_permutations
 
         k = self.cross_at or 0
+        a, b = self._upper(m)  # (T,) row and column of each upper-triangle entry, T = m (m - 1) / 2
         perms = torch.as_tensor(batch_permutations(self.seed, slot, m, self.permutations), device=self.device)
-        cols = grams[k:]  # (Lc, m*m): the layers whose images are permuted
-        rows = grams if self.cross_at is None else grams[:k]  # (Lr, m*m)
-        group = max(1, min(self.permutations, PERMUTED_BYTES // max(cols.numel() * cols.element_size(), 1)))
+        cols = grams[k:].to(NULL_DTYPE)  # (Lc, m*m): the layers whose images are permuted
+        rows = (grams if self.cross_at is None else grams[:k]).index_select(1, a * m + b).to(NULL_DTYPE)  # (Lr, T)
+        group = max(1, min(self.permutations, PERMUTED_BYTES // max(len(cols) * len(a) * cols.element_size(), 1)))
         null = self.null_hsic if self.cross_at is None else self.null_hsic[:, :k, k:]  # (K, Lr, Lc)
         for s in range(0, self.permutations, group):
             p = perms[s : s + group]  # (g, m)
-            index = (p[:, :, None] * m + p[:, None, :]).reshape(-1)  # (g*m*m,) flat index of each P U P'
-            permuted = cols.index_select(1, index).view(len(cols) * len(p), m * m)  # (Lc*g, m*m), layer-major
+            index = (p[:, a] * m + p[:, b]).reshape(-1)  # (g*T,) where entry (a, b) of each P U P' sits in U
+            permuted = cols.index_select(1, index).view(len(cols) * len(p), len(a))  # (Lc*g, T), layer-major
             pairs = (rows @ permuted.T).view(len(rows), len(cols), len(p))  # (Lr, Lc, g): one plain GEMM
-            null[s : s + group] += pairs.permute(2, 0, 1).to(torch.float64) * scale  # (g, Lr, Lc)
+            null[s : s + group] += pairs.permute(2, 0, 1).to(torch.float64) * (2.0 * scale)  # (g, Lr, Lc)
+
+    def _upper(self, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return the (row, column) indices of the strict upper triangle of an m x m matrix, kept between batches."""
+        if getattr(self, "_upper_m", None) != m:
+            self._upper_m = m
+            self._upper_ab = tuple(torch.triu_indices(m, m, 1, device=self.device))
+        return self._upper_ab
 
     def _reserve(self, m: int, largest_layer: int) -> None:
         """Size the buffers kept between batches: fresh ones per layer cost more in CPU page faults than their use."""
