@@ -225,3 +225,61 @@ def test_export_json_puts_intervals_beside_the_values_and_show_prints_the_best_c
     assert "90% bootstrap interval" in text and "best: " in text and "p<" in text
     code, _, err = run_cli(["analyze", path, "--cka", "--ci", "2", "--device", "cpu"], capsys)
     assert code == 2 and "--ci 2" in err
+
+
+# --- the app: marks on cells that are not significant ----------------------------------------------
+
+
+async def test_heatmap_marks_read_as_x_without_colour_and_grey_with_it():
+    from textual.app import App, ComposeResult
+
+    from vitsee.tui.widgets import Heatmap
+    from vitsee.tui.widgets.heatmap import MARK_CHAR
+
+    matrix = np.linspace(0, 1, 12).reshape(3, 4)
+    marks = np.zeros((3, 4), dtype=bool)
+    marks[1, 2] = True
+
+    class One(App):
+        def __init__(self, mode):
+            super().__init__()
+            self.heatmap = Heatmap(matrix, color_mode=mode, zoom="1:1")
+
+        def compose(self) -> ComposeResult:
+            yield self.heatmap
+
+    async with (app := One("none")).run_test(size=(100, 12)) as pilot:
+        app.heatmap.set_marks(marks)
+        await pilot.pause()
+        lines = ["".join(seg.text for seg in app.heatmap.render_line(y)) for y in range(app.heatmap.size.height)]
+        grid = [line for line in lines[:3]]
+        assert MARK_CHAR in grid[1] and all(MARK_CHAR not in g for g in (grid[0], grid[2]))
+        assert any("x not significant" in line for line in lines)
+        app.heatmap.set_marks(None)
+        await pilot.pause()
+        lines = ["".join(seg.text for seg in app.heatmap.render_line(y)) for y in range(app.heatmap.size.height)]
+        assert not any(MARK_CHAR in line for line in lines[:3]) and not any("significant" in line for line in lines)
+    async with (app := One("truecolor")).run_test(size=(100, 12)) as pilot:
+        before = [app.heatmap.render_line(y) for y in range(2)]
+        app.heatmap.set_marks(marks)
+        await pilot.pause()
+        after = [app.heatmap.render_line(y) for y in range(2)]
+        assert before != after  # row 1 shares the first line with row 0: its cell turned grey
+        lines = ["".join(seg.text for seg in app.heatmap.render_line(y)) for y in range(app.heatmap.size.height)]
+        assert any("not significant (p > 0.05)" in line for line in lines)  # the legend
+
+
+def test_a_view_marks_the_cells_above_alpha_and_words_its_interval():
+    from vitsee.engine.views import View
+
+    p = np.array([[0.01, 0.2], [0.2, 0.01]])
+    view = View("cka", "cka:a", "t", "", np.array([[1.0, 0.31], [0.31, 1.0]]), ["a", "b"], ["a", "b"], "CKA",
+                params={"stats": {"ci": 0.95, "permutations": 99}, "n_images": 40}, extra={"n_batches": 5},
+                models=["a", "a"], ci_low=np.array([[1.0, 0.25], [0.25, 1.0]]), ci_high=np.array([[1.0, 0.4], [0.4, 1.0]]),
+                p_value=p)
+    assert view.not_significant().tolist() == [[False, True], [True, False]]
+    assert view.interval_text(0, 1) == " [0.250, 0.400] rough  p=0.20"
+    assert view.interval_text(0, 0) == " [1.000, 1.000] rough  p<0.01"
+    assert "95% bootstrap interval over 5 minibatches" in view.interval_caption() and "rough" in view.interval_caption()
+    payload = view.to_json()
+    assert payload["p_value"] == p.tolist() and payload["ci_level"] == 0.95

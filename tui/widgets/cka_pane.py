@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
 
 from vitsee.tui.messages import StatusChanged
 from vitsee.tui.results import LoadedView
@@ -15,6 +18,11 @@ class CkaPane(HeatmapPane):
 
     kind = "cka"
     label = "CKA"
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("n", "toggle_marks", "Mark n.s.", id="cka.marks",
+                tooltip="Mark the cells whose permutation p-value is above 0.05 (not significant)"),
+    ]
+    marks_on = False
 
     def compose_body(self) -> ComposeResult:
         yield from ()
@@ -29,6 +37,19 @@ class CkaPane(HeatmapPane):
         else:
             heatmap.set_cmap(self.cmap)
             heatmap.set_data(view.matrix, view.rows, view.cols, vmin=view.vmin, vmax=view.vmax)
+        heatmap.set_marks(view.not_significant() if self.marks_on else None)
+
+    def action_toggle_marks(self) -> None:
+        """Toggle the mark on cells that are not significant at 0.05; says so when the result has no p-values."""
+        view, heatmap = self.view, self.heatmap
+        if view is None or heatmap is None:
+            return
+        if view.p_value is None:
+            self.notify("this CKA result has no p-values: vitsee analyze STORE --cka --permutations 99",
+                        severity="warning")
+            return
+        self.marks_on = not self.marks_on
+        heatmap.set_marks(view.not_significant() if self.marks_on else None)
 
     def on_heatmap_cursor_moved(self, message: Heatmap.CursorMoved) -> None:
         message.stop()
@@ -47,8 +68,11 @@ class CkaPane(HeatmapPane):
             return ""
         row, col = heatmap.cursor
         value = heatmap.value_at(row, col)
-        shown = "not computed" if value != value else f"{value:.4f}"
-        return f"{heatmap.row_labels[row]} x {heatmap.col_labels[col]}  CKA {shown}"
+        view = self.loaded.view
+        interval = view.interval_text(row, col) if value == value else ""
+        # with an interval three decimals are what the bootstrap can tell apart
+        shown = "not computed" if value != value else f"{value:.3f}" if interval else f"{value:.4f}"
+        return f"{heatmap.row_labels[row]} x {heatmap.col_labels[col]}  CKA {shown}{interval}"
 
     def jump_to_layer(self, layer: str) -> bool:
         heatmap, view = self.heatmap, self.view
