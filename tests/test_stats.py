@@ -283,3 +283,22 @@ def test_a_view_marks_the_cells_above_alpha_and_words_its_interval():
     assert "95% bootstrap interval over 5 minibatches" in view.interval_caption() and "rough" in view.interval_caption()
     payload = view.to_json()
     assert payload["p_value"] == p.tolist() and payload["ci_level"] == 0.95
+
+
+def test_figures_hatch_weak_cka_cells_band_probes_and_whisker_heads(tiny_store, tmp_path):
+    from vitsee.engine.figures import figure_for
+    from vitsee.engine.views import load_view
+
+    path = tmp_path / "copy.h5"
+    path.write_bytes(tiny_store.read_bytes())
+    cfg = _cfg(ci=0.9, permutations=19, probe_tokens=False)
+    view = load_view(path, f"cka:{VIT}", cfg)
+    fig = figure_for(view)
+    hatched = [p for p in fig.axes[0].patches if p.get_gid() == "not-significant"]
+    assert len(hatched) == int(view.not_significant().sum())
+    assert "90% bootstrap interval" in fig._supxlabel.get_text()
+    probes = figure_for(load_view(path, f"probes:{VIT}", cfg))
+    assert any(str(c.get_gid()).startswith("band:") for c in probes.axes[0].collections)
+    attention = figure_for(load_view(path, f"attention:{VIT}", cfg))
+    assert any(c.get_gid() == "interval" for c in attention.axes[0].collections)
+    assert "Student-t interval" in attention._supxlabel.get_text()
