@@ -301,8 +301,9 @@ def _streamed_cka(store: Store, cfg: AnalyzeConfig, params: dict) -> dict:
         return store.get_result("cka", streamed) or save_streamed_cka(store)
     raise VitseeError(
         f"{store.path} was extracted with --streaming: its CKA was computed during extraction with batch size "
-        f"{streamed['batch_size']} in store order (--batch-size {streamed['batch_size']} --shuffles 0) and other "
-        "settings need the activations, which were not stored: re-extract without --streaming into another store"
+        f"{streamed['batch_size']} in store order, without intervals or p-values (--batch-size {streamed['batch_size']} "
+        "--shuffles 0 --ci 0 --permutations 0) and other settings need the activations, which were not stored: "
+        "re-extract without --streaming into another store"
     )
 
 

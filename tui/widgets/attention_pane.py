@@ -59,8 +59,11 @@ class AttentionPane(ViewPane):
         heads = view.matrix.shape[1]
         original = int(np.asarray(view.extra["head_order"])[block, head]) + 1
         std = float(np.asarray(view.extra["std_px"])[block, head])
+        interval = ""
+        if view.ci_low is not None:  # of the mean over images; the std is the spread of single images
+            interval = f"  mean in [{view.ci_low[block, head]:.1f}, {view.ci_high[block, head]:.1f}]"
         return (f"{view.rows[block]} head {original} ({head + 1}/{heads} by distance)  "
-                f"distance {view.matrix[block, head]:.1f} px \u00b1 {std:.1f}  uniform {view.extra['uniform_px']:.1f} px")
+                f"distance {view.matrix[block, head]:.1f} px \u00b1 {std:.1f}{interval}  uniform {view.extra['uniform_px']:.1f} px")
 
     def main_widget(self) -> Widget | None:
         return self.query_one(DistancePlot)

@@ -91,6 +91,8 @@ class ProbesPane(ViewPane):
         best = best_rows(view.matrix)[col]
         shown = f"{value:.4f}" if math.isfinite(value) else "n/a (no such readout here)"
         text = f"{view.rows[row]} {view.cols[col]}  accuracy {shown}"
+        if math.isfinite(value):
+            text += view.interval_text(row, col)  # the exact binomial interval on the test images
         if best is not None:
             text += f"  best {view.rows[best]} {view.matrix[best, col]:.4f}"
         chance = view.extra.get("chance")

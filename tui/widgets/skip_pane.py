@@ -58,7 +58,9 @@ class SkipPane(HeatmapPane):
         if heatmap is None or self.loaded is None:
             return ""
         row, col = heatmap.cursor
-        return f"{heatmap.row_labels[row]} x {heatmap.col_labels[col]}  ratio {heatmap.value_at(row, col):.4f}"
+        view = self.loaded.view
+        return (f"{heatmap.row_labels[row]} x {heatmap.col_labels[col]}  ratio {heatmap.value_at(row, col):.4f}"
+                f"{view.interval_text(row, col)}")
 
     def jump_to_layer(self, layer: str) -> bool:
         heatmap, view = self.heatmap, self.view
