@@ -61,8 +61,8 @@ def _best_interval(view: View, mode: ColorMode, selection: tuple[int, int] | Non
     """Returns the line naming the selected (else the best) cell with its interval and p-value, [] without them."""
     from .views import best_cell
 
-    if view.ci_low is None and view.p_value is None:
-        return []
+    if view.kind not in ("cka", "probes") or (view.ci_low is None and view.p_value is None):
+        return []  # the attention table and the skip curves have no "best" cell to speak of
     cell = selection if selection is not None and view.kind != "spatial" else best_cell(view)
     if cell is None:
         return []
