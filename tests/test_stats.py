@@ -302,3 +302,23 @@ def test_figures_hatch_weak_cka_cells_band_probes_and_whisker_heads(tiny_store, 
     attention = figure_for(load_view(path, f"attention:{VIT}", cfg))
     assert any(c.get_gid() == "interval" for c in attention.axes[0].collections)
     assert "Student-t interval" in attention._supxlabel.get_text()
+
+
+async def test_the_app_shows_the_interval_and_n_toggles_the_marks(tiny_store, tmp_path):
+    from test_tui import SIZE, analysed_copy, make_app, settle, status, view_shown
+
+    store = analysed_copy(tiny_store, tmp_path)  # every analysis cached with the defaults' statistics
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, view_shown("cka"))
+        pane = app.screen.pane("cka")
+        view = pane.view
+        await pilot.press("right")
+        await settle(pilot)
+        assert status(app).endswith(view.interval_text(0, 1)) and "p<0.01" in status(app) and " [" in status(app)
+        await pilot.press("n")
+        heatmap = pane.heatmap
+        assert pane.marks_on and np.array_equal(heatmap._marks, view.not_significant())
+        await pilot.press("n")
+        assert not pane.marks_on and heatmap._marks is None
+

@@ -19,7 +19,8 @@ class CkaPane(HeatmapPane):
     kind = "cka"
     label = "CKA"
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("n", "toggle_marks", "Mark n.s.", id="cka.marks",
+        Binding("n", "toggle_marks", "Mark n.s.", id="cka.marks", show=False,  # the help screen lists it; the
+                # footer at 80 columns has no room left (Help would drop off)
                 tooltip="Mark the cells whose permutation p-value is above 0.05 (not significant)"),
     ]
     marks_on = False
@@ -53,7 +54,7 @@ class CkaPane(HeatmapPane):
 
     def on_heatmap_cursor_moved(self, message: Heatmap.CursorMoved) -> None:
         message.stop()
-        self.post_message(StatusChanged(self.kind, message.summary))
+        self.post_message(StatusChanged(self.kind, self.status_text() or message.summary))  # with its interval
 
     def on_heatmap_cell_selected(self, message: Heatmap.CellSelected) -> None:
         message.stop()
@@ -70,8 +71,7 @@ class CkaPane(HeatmapPane):
         value = heatmap.value_at(row, col)
         view = self.loaded.view
         interval = view.interval_text(row, col) if value == value else ""
-        # with an interval three decimals are what the bootstrap can tell apart
-        shown = "not computed" if value != value else f"{value:.3f}" if interval else f"{value:.4f}"
+        shown = "not computed" if value != value else f"{value:.4f}"
         return f"{heatmap.row_labels[row]} x {heatmap.col_labels[col]}  CKA {shown}{interval}"
 
     def jump_to_layer(self, layer: str) -> bool:

@@ -51,7 +51,7 @@ class SkipPane(HeatmapPane):
     def on_heatmap_cursor_moved(self, message: Heatmap.CursorMoved) -> None:
         message.stop()
         self.query_one(LinePlot).set_mark(message.row)
-        self.post_message(StatusChanged(self.kind, message.summary))
+        self.post_message(StatusChanged(self.kind, self.status_text() or message.summary))
 
     def status_text(self) -> str:
         heatmap = self.heatmap
