@@ -205,8 +205,9 @@ class MinibatchCKA:
         # [HSIC sums (L*L), batch count, per-batch HSIC (slots * L*L), null HSIC sums (K * L*L)]
         self.state = torch.zeros(LL + 1 + (self.batch_slots + self.permutations) * LL, dtype=torch.float64,
                                  device=self.device)
-        # Buffers kept between batches, sized by _reserve.
+        # Buffers kept between batches, sized by _reserve (and the upper-triangle indices, by _upper).
         self._scratch = self._gram = self._grams = torch.empty(0, device=self.device)
+        self._upper_m, self._upper_ab = 0, (self._scratch, self._scratch)
 
     @property
     def hsic_sums(self) -> torch.Tensor:
@@ -301,7 +302,7 @@ class MinibatchCKA:
         features: one gather of the stacked Grams and one more pair product per permutation, no new Gram. Both
         Grams are symmetric with a zero diagonal, so the product is twice that of their upper triangles: half the
         gather and half the product. The null runs in NULL_DTYPE: the gather (memory-bound) and its product were
-        2.5x the Grams' time in fp64 at the defaults; fp32's ~1e-7 relative error in a null value can only move a
+        about 2x the Grams' time in fp64 at the defaults; fp32's ~1e-7 relative error in a null value can only move a
         p-value when a permutation lands that close to the observed CKA. Permutations go in groups whose gathered
         Grams fit in PERMUTED_BYTES (one small op per permutation costs more than the product on small batches).
         """
@@ -323,7 +324,7 @@ class MinibatchCKA:
 
     def _upper(self, m: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Return the (row, column) indices of the strict upper triangle of an m x m matrix, kept between batches."""
-        if getattr(self, "_upper_m", None) != m:
+        if self._upper_m != m:
             self._upper_m = m
             self._upper_ab = tuple(torch.triu_indices(m, m, 1, device=self.device))
         return self._upper_ab
