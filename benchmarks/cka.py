@@ -31,6 +31,8 @@ Run:  python benchmarks/cka.py            (n=1024, batch 256, 12+14 layers, cpu)
       python benchmarks/cka.py --busy-core --layers 12,8 --skip-slow
                                           (idle, then one core kept busy by a spinning process this script
                                           starts and stops: torch's default threads against compute_threads())
+      python benchmarks/cka.py --stats    (vitsee alone: with 95% bootstrap intervals and 99-permutation p-values
+                                           against without; the defaults of `vitsee analyze`, target <= 1.5x)
 Needs the bench extra: pip install -e '.[bench]'. A package that fails to import is reported and skipped.
 """
 
@@ -80,6 +82,20 @@ def main() -> None:
     feats = synthetic_features(args.n, shapes, args.offset, vit_layers, seed=0)
     print(f"features: {sum(f.numel() for f in feats) * 4 / 2**30:.2f} GiB fp32")
 
+    if args.stats:
+        feats = [f.to(device) for f in feats]
+        bs = args.batch_size
+        methods = {"vitsee minibatch_cka": lambda: vcka.minibatch_cka(feats, batch_size=bs, device=device),
+                   STATS_METHOD: lambda: vitsee_with_stats(feats, bs, device, args.permutations)}
+        timings = round_robin(methods, device, args.repeats, args.budget_s)
+        plain, with_stats = timings["vitsee minibatch_cka"], timings[STATS_METHOD]
+        same = np.array_equal(plain[2], with_stats[2])
+        print(f"\n{'method':<40} {'seconds':>9} {'cpu-s':>8}")
+        for name, (seconds, cpu, _) in timings.items():
+            print(f"{name:<40} {seconds:>9.3f} {cpu:>8.2f}")
+        print(f"with statistics / without: {with_stats[0] / plain[0]:.2f}x wall, {with_stats[1] / plain[1]:.2f}x CPU "
+              f"(target <= 1.5x); CKA values bit-identical: {same}")
+        return
     t0 = time.perf_counter()
     ref = reference_cka(feats, args.batch_size)
     print(f"fp64 numpy reference: {time.perf_counter() - t0:.1f} s")
@@ -139,6 +155,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--skip-slow", action="store_true", help="leave out torch-cka and the naive loop")
     p.add_argument("--accuracy", action="store_true", help="vitsee's error for each Gram / pair precision")
     p.add_argument("--busy-core", action="store_true", help="idle against one core kept busy by a spinning process")
+    p.add_argument("--stats", action="store_true", help="vitsee with intervals and p-values against without")
+    p.add_argument("--permutations", type=int, default=99, help="permutations per p-value with --stats (default 99)")
     args = p.parse_args()
     if args.quick:
         args.n, args.batch_size, args.layers = 512, 128, "4,5"
@@ -215,6 +233,24 @@ def reference_cka(feats: list[torch.Tensor], batch_size: int) -> np.ndarray:
 
 # ----------------------------------------------------------------------------------------------------------------
 # The contenders
+
+
+STATS_METHOD = "vitsee + 95% CI + p-values"
+
+
+def vitsee_with_stats(feats: list[torch.Tensor], batch_size: int, device: torch.device, permutations: int) -> np.ndarray:
+    """Return the (L, L) CKA, computing on the way what `vitsee analyze` adds by default: per-batch HSIC terms, the
+    null sums of `permutations` permuted pairings, a 1,000-replicate bootstrap interval and the p-values."""
+    from vitsee.engine import stats
+
+    n = feats[0].shape[0]
+    acc = vcka.MinibatchCKA(len(feats), device, batch_slots=-(-n // batch_size), permutations=permutations, seed=0)
+    for s in range(0, n, batch_size):
+        if min(batch_size, n - s) >= vcka.MIN_BATCH:
+            acc.update([f[s : s + batch_size] for f in feats])
+    out = acc.result()
+    acc.statistics(stats.DEFAULT_CI, stats.BOOTSTRAP_REPLICATES, 0)
+    return out
 
 
 def naive_cka(feats: list[torch.Tensor], batch_size: int, device: torch.device) -> np.ndarray:

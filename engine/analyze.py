@@ -19,6 +19,7 @@ import torch
 
 from . import cka as cka_mod
 from . import probes as probes_mod
+from . import stats as stats_mod
 from .attention import uniform_attention_distance_px
 from .errors import VitseeError
 from .store import Store, read_rows
@@ -39,6 +40,8 @@ class AnalyzeConfig:
     spatial_layer: str | None = None
     probe_max_dim: int = 1024  # per-token probes keep a (D, D) fp64 matrix per token: wider layers get none
     erf_images: int = 32  # effective receptive fields: the first N images of the store (analyses/erf.py)
+    ci: float = stats_mod.DEFAULT_CI  # confidence level of the intervals; 0: none
+    permutations: int = stats_mod.DEFAULT_PERMUTATIONS  # permutations behind each CKA p-value; 0: none
     # no estimator settings were asked for: a streaming store answers CKA with the estimate it streamed
     any_cka_estimate: bool = False
 
@@ -177,7 +180,7 @@ def _check_ready(store: Store, models: Sequence[str]) -> None:
 def cka_params(store: Store, cfg: AnalyzeConfig) -> dict:
     models = store.models
     batch_size = min(cfg.batch_size, store.n_images)
-    return {
+    params = {
         "models": models,
         "layers": {m: store.layers(m) for m in models},
         "batch_size": batch_size,
@@ -185,35 +188,60 @@ def cka_params(store: Store, cfg: AnalyzeConfig) -> dict:
         "seed": cfg.seed if cfg.shuffles else None,
         "n_images": store.n_images,
     }
+    return _with_stats(params, cfg, cfg.permutations)
+
+
+def _with_stats(params: dict, cfg: AnalyzeConfig, permutations: int = 0) -> dict:
+    """Returns params plus the statistics settings under "stats"; none asked for: params unchanged, so results
+    cached before statistics existed keep their keys, and a request with statistics never takes one of them."""
+    settings = stats_mod.stats_settings(cfg.ci, permutations, cfg.seed)
+    return params if settings is None else {**params, "stats": settings}
+
+
+def _cka_slots(params: dict) -> int:
+    """Returns how many batches one pass (shuffle) over the images has: the per-batch slots of the statistics."""
+    return -(-params["n_images"] // params["batch_size"])
+
+
+def _cka_accumulator(n_layers: int, device, params: dict, shuffle: int) -> cka_mod.MinibatchCKA:
+    """Returns the accumulator of one shuffle, keeping per-batch terms and permutations when params ask for them."""
+    st = params.get("stats")
+    if st is None:
+        return cka_mod.MinibatchCKA(n_layers, device)
+    return cka_mod.MinibatchCKA(n_layers, device, batch_slots=_cka_slots(params) if st["ci"] else 0,
+                                permutations=st["permutations"], seed=[st["seed"], shuffle])
 
 
 def compute_cka(store: Store, params: dict, device: torch.device, progress: StepFn | None = None,
-                plan: list[tuple[int, np.ndarray]] | None = None) -> dict:
+                share: tuple[int, int] | None = None) -> dict:
     """Returns the joint (L, L) CKA over every stored layer of every model, averaged over the shuffles.
 
     One pass over the store per batch: every layer of every model is read once, its Gram built once, and
-    all pairs come from one product inside MinibatchCKA. `plan` (default: all batches) lets a caller give
-    each process its share; the per-shuffle HSIC sums are returned for an all-reduce.
+    all pairs come from one product inside MinibatchCKA. `share` (rank, world) gives this process every
+    world-th batch from its rank on; the per-shuffle accumulator states are returned for an all-reduce.
     """
     models = params["models"]
     columns = [(m, layer) for m in models for layer in params["layers"][m]]
     datasets = [store._layer(m, layer) for m, layer in columns]
     full_plan = batch_plan(params["n_images"], params["batch_size"], params["shuffles"], params["seed"] or 0)
-    plan = full_plan if plan is None else plan
+    slots = _cka_slots(params)
+    plan = [(k, rows, i % slots) for i, (k, rows) in enumerate(full_plan)]  # slot: the batch's index in its shuffle
+    if share is not None:
+        plan = plan[share[0] :: share[1]]
     n_shuffles = max(1, params["shuffles"])
-    accumulators = [cka_mod.MinibatchCKA(len(columns), device) for _ in range(n_shuffles)]
+    accumulators = [_cka_accumulator(len(columns), device, params, k) for k in range(n_shuffles)]
     pinned = device.type == "cuda"
-    jobs = ((rows, lambda r, ds=ds: _read_batch(ds, r, pinned)) for _, rows in plan for ds in datasets)
+    jobs = ((rows, lambda r, ds=ds: _read_batch(ds, r, pinned)) for _, rows, _ in plan for ds in datasets)
     prefetch = _Prefetch(jobs)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a short last batch is reported once below, not per shuffle
-            for b, (k, rows) in enumerate(plan):
+            for b, (k, rows, slot) in enumerate(plan):
                 if len(rows) < cka_mod.MIN_BATCH:  # skipped by the estimator: drain its reads
                     for _ in datasets:
                         prefetch.get()
                 else:
-                    accumulators[k].update([_Lazy((len(rows), *ds.shape[1:]), prefetch) for ds in datasets])
+                    accumulators[k].update([_Lazy((len(rows), *ds.shape[1:]), prefetch) for ds in datasets], slot=slot)
                 _emit(progress, "cka", b + 1, len(plan))
     finally:
         prefetch.close()
@@ -222,24 +250,40 @@ def compute_cka(store: Store, params: dict, device: torch.device, progress: Step
 
 
 def finish_cka(states: torch.Tensor, columns: list[tuple[str, str]], params: dict) -> dict:
-    """Returns the cached arrays of a CKA result from the (merged) per-shuffle accumulator states."""
-    matrices = []
-    for state in states:
-        acc = cka_mod.MinibatchCKA(len(columns), "cpu")
+    """Returns the cached arrays of a CKA result from the (merged) per-shuffle accumulator states, with the
+    intervals and p-values when params ask for them (pooled over shuffles as engine/stats.py says)."""
+    matrices, per_shuffle = [], []
+    st = params.get("stats")
+    for k, state in enumerate(states):
+        acc = _cka_accumulator(len(columns), "cpu", params, k)
         acc.state = state.cpu().to(torch.float64)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             matrices.append(acc.result(nonfinite="nan"))  # a layer with NaN/Inf activations: NaN cells
+            if st is not None:
+                per_shuffle.append(acc.statistics(st["ci"], st["bootstrap"], [st["seed"], k]))
     matrix = np.mean(matrices, axis=0)
     last = params["n_images"] % params["batch_size"]
     dropped = last if 0 < last < cka_mod.MIN_BATCH else 0
-    return {
+    arrays = {
         "matrix": matrix,
         "model": np.array([params["models"].index(m) for m, _ in columns]),
         "layer": np.array([layer for _, layer in columns]),
         "shuffle_std": np.std(matrices, axis=0) if len(matrices) > 1 else np.zeros_like(matrix),
         "dropped_per_shuffle": np.array(dropped),
     }
+    return arrays | _pooled_stats(per_shuffle)
+
+
+def _pooled_stats(per_shuffle: list[dict]) -> dict:
+    """Returns the statistics arrays of a CKA-like result from each shuffle's `MinibatchCKA.statistics()`."""
+    if not per_shuffle:
+        return {}
+    out = stats_mod.pool_shuffles([s["ci_low"] for s in per_shuffle if "ci_low" in s],
+                                  [s["ci_high"] for s in per_shuffle if "ci_high" in s],
+                                  [s["p_value"] for s in per_shuffle if "p_value" in s])
+    out["n_batches"] = np.array(min(s["n_batches"] for s in per_shuffle))  # bootstrap units per shuffle
+    return out
 
 
 def run_cka(store: Store, cfg: AnalyzeConfig, progress: StepFn | None = None) -> dict:
@@ -272,8 +316,9 @@ def _streamed_cka(store: Store, cfg: AnalyzeConfig, params: dict) -> dict:
         return store.get_result("cka", streamed) or save_streamed_cka(store)
     raise VitseeError(
         f"{store.path} was extracted with --streaming: its CKA was computed during extraction with batch size "
-        f"{streamed['batch_size']} in store order (--batch-size {streamed['batch_size']} --shuffles 0) and other "
-        "settings need the activations, which were not stored: re-extract without --streaming into another store"
+        f"{streamed['batch_size']} in store order, without intervals or p-values (--batch-size {streamed['batch_size']} "
+        "--shuffles 0 --ci 0 --permutations 0) and other settings need the activations, which were not stored: "
+        "re-extract without --streaming into another store"
     )
 
 
@@ -293,22 +338,30 @@ def _provenance(store: Store) -> dict:
     }
 
 
-def cka_block(result: dict, store_models: Sequence[str], model_a: str, model_b: str | None = None) -> tuple[np.ndarray, list[str], list[str]]:
-    """Returns (matrix, row layers, col layers) of model_a x model_b (model_b defaults to model_a)."""
+def cka_block(result: dict, store_models: Sequence[str], model_a: str, model_b: str | None = None,
+              key: str = "matrix") -> tuple[np.ndarray, list[str], list[str]]:
+    """Returns (matrix, row layers, col layers) of model_a x model_b (model_b defaults to model_a); key names
+    another (L, L) array of the result to cut the same block from (ci_low, ci_high, p_value)."""
     model_b = model_b or model_a
     models = result["_params"]["models"]
     ia, ib = models.index(model_a), models.index(model_b)
     rows = np.flatnonzero(result["model"] == ia)
     cols = np.flatnonzero(result["model"] == ib)
     layers = [str(x) for x in result["layer"]]
-    return result["matrix"][np.ix_(rows, cols)], [layers[i] for i in rows], [layers[i] for i in cols]
+    return result[key][np.ix_(rows, cols)], [layers[i] for i in rows], [layers[i] for i in cols]
 
 
 # --- attention distances ----------------------------------------------------------------------------
 
 
 def attention_params(store: Store, key: str, cfg: AnalyzeConfig) -> dict:
-    return {"model": key, "n_images": store.n_images, "bins": 32}
+    return _with_interval({"model": key, "n_images": store.n_images, "bins": 32}, cfg)
+
+
+def _with_interval(params: dict, cfg: AnalyzeConfig) -> dict:
+    """Returns params plus {"stats": {"ci": level}} for a closed-form interval; unchanged when cfg.ci is 0."""
+    settings = stats_mod.interval_settings(cfg.ci)
+    return params if settings is None else {**params, "stats": settings}
 
 
 def run_attention(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | None = None) -> dict:
@@ -348,6 +401,10 @@ def run_attention(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn
         "heads_per_block": _heads_per_block(info, mean.shape),
         "blocks": np.array(_attention_block_names(info, mean.shape[0])),
     }
+    if "stats" in params:  # Student-t interval of each head's mean over the images
+        low, high = stats_mod.mean_interval(mean, plain.std, plain.n, params["stats"]["ci"])
+        arrays["ci_low_px"] = np.take_along_axis(low, order, axis=1)
+        arrays["ci_high_px"] = np.take_along_axis(high, order, axis=1)
     _emit(progress, f"attention {key}", 1, 1)
     return _save(store, "attention", params, arrays)
 
@@ -396,7 +453,7 @@ def _attention_block_names(info: dict, n: int) -> list[str]:
 
 
 def skip_params(store: Store, key: str, cfg: AnalyzeConfig) -> dict:
-    return {"model": key, "n_images": store.n_images}
+    return _with_interval({"model": key, "n_images": store.n_images}, cfg)
 
 
 def run_skip(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | None = None) -> dict:
@@ -431,6 +488,8 @@ def run_skip(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | No
             "cls": per_token[:, 0] if has_cls else np.full(2 * blocks, np.nan),
             "spatial_mean": per_token[:, prefix:].mean(axis=1),
         }
+        if "stats" in params:
+            arrays |= _skip_intervals(store, key, list(names), arrays, prefix, params["stats"]["ci"], has_cls)
     elif "skip_ratio_block" in stats:
         (ratio,) = _finite_means(store, key, ["skip_ratio_block"])  # (blocks,)
         blocks = [layer for layer in store.layers(key) if layer[:5] in ("layer", "stage")]
@@ -441,6 +500,8 @@ def run_skip(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | No
             "cls": np.full(len(ratio), np.nan),
             "spatial_mean": ratio,
         }
+        if "stats" in params:
+            arrays |= _skip_intervals(store, key, ["skip_ratio_block"], arrays, 0, params["stats"]["ci"], False)
     else:
         raise VitseeError(f"{key} has no skip-connection statistics: they are recorded for ViT-, Mixer- and ResNet-like models")
     _emit(progress, f"skip {key}", 1, 1)
@@ -460,6 +521,37 @@ def has_cls_token(info: dict) -> bool:
     if "cls_token" in info:
         return bool(info["cls_token"])
     return info.get("family") == "vit" and int(info.get("num_prefix_tokens") or 0) > 0
+
+
+def _skip_intervals(store: Store, key: str, names: list[str], arrays: dict, prefix: int, level: float,
+                    has_cls: bool) -> dict:
+    """Returns Student-t intervals over images for the skip ratios: per cell (ci_low, ci_high, like `ratio`), the CLS
+    curve (cls_ci_*) and the spatial curve (spatial_ci_*), the last from each image's mean over its spatial tokens.
+
+    Like the means, they skip inf (a zero branch). Each interval is centred on the cached estimate, so where an image
+    has inf tokens the spatial interval's centre (a mean of token means) and its spread (of image means) differ a
+    little; with all finite they agree.
+    """
+    mean = arrays["ratio"]  # (rows, T): for ViTs attn and mlp interleaved, as `ratio` is built
+    m2, count = np.zeros_like(mean), np.zeros_like(mean)
+    spatial = RunningMoments()
+    for batch in store.stat_batches(key, names):
+        x = np.stack([batch[n] for n in names], axis=2).reshape(len(batch[names[0]]), *mean.shape) if len(names) > 1 \
+            else np.asarray(batch[names[0]], dtype=np.float64).reshape(-1, *mean.shape)  # (b, rows, T)
+        finite = np.isfinite(x)
+        m2 += np.where(finite, np.square(np.where(finite, x, 0.0) - mean), 0.0).sum(axis=0)
+        count += finite.sum(axis=0)
+        tokens = np.where(finite, x, np.nan)[:, :, prefix:]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # an image with no finite spatial token: nan, left out
+            spatial.update(np.nanmean(tokens, axis=2))  # (b, rows)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        std = np.sqrt(m2 / np.maximum(count, 1))
+    low, high = stats_mod.mean_interval(mean, std, count, level)
+    s_low, s_high = stats_mod.mean_interval(arrays["spatial_mean"], spatial.std, spatial.n, level)
+    return {"ci_low": low, "ci_high": high, "cls_ci_low": low[:, 0] if has_cls else np.full(len(mean), np.nan),
+            "cls_ci_high": high[:, 0] if has_cls else np.full(len(mean), np.nan),
+            "spatial_ci_low": s_low, "spatial_ci_high": s_high}
 
 
 def _finite_means(store: Store, key: str, names: Sequence[str]) -> list[np.ndarray]:
@@ -541,8 +633,8 @@ def _nonfinite_readouts(ds, readouts: dict[str, Callable[[np.ndarray], np.ndarra
 
 
 def probe_params(store: Store, key: str, cfg: AnalyzeConfig) -> dict:
-    return {"model": key, "n_images": store.n_images, "seed": cfg.seed, "tokens": cfg.probe_tokens,
-            "max_token_dim": cfg.probe_max_dim, "l2_ratios": [float(r) for r in probes_mod.L2_RATIOS]}
+    return _with_interval({"model": key, "n_images": store.n_images, "seed": cfg.seed, "tokens": cfg.probe_tokens,
+                           "max_token_dim": cfg.probe_max_dim, "l2_ratios": [float(r) for r in probes_mod.L2_RATIOS]}, cfg)
 
 
 def run_probes(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | None = None) -> dict:
@@ -620,6 +712,9 @@ def run_probes(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | 
         "skipped_readout": np.array(["gap" if x[1] == "flat" else x[1] for x in skipped], dtype=str),
         "skipped_images": np.array([x[2] for x in skipped], dtype=np.int64),
     }
+    if "stats" in params:  # exact binomial interval on the test count
+        n_test = len(split.test)
+        arrays["ci_low"], arrays["ci_high"] = stats_mod.clopper_pearson(np.round(table * n_test), n_test, params["stats"]["ci"])
     for layer, acc in token_maps.items():
         arrays[f"tokens/{layer}"] = acc
     return _save(store, "probes", params, arrays)
@@ -708,8 +803,10 @@ def spatial_params(store: Store, key: str, cfg: AnalyzeConfig, layer: str | None
     store._require_activations("spatial maps cannot be computed")
     layer = layer or cfg.spatial_layer or default_spatial_layer(store, key)
     store._layer(key, layer)  # names the close matches if the layer is unknown
-    return {"model": key, "layer": layer, "n_images": store.n_images, "batch_size": min(cfg.batch_size, store.n_images),
-            "shuffles": cfg.shuffles, "seed": cfg.seed if cfg.shuffles else None}
+    params = {"model": key, "layer": layer, "n_images": store.n_images, "batch_size": min(cfg.batch_size, store.n_images),
+              "shuffles": cfg.shuffles, "seed": cfg.seed if cfg.shuffles else None}
+    # intervals only: a permutation per token and patch pair would cost more than the maps themselves
+    return _with_stats(params, cfg, permutations=0)
 
 
 def run_spatial(store: Store, model: str, cfg: AnalyzeConfig, layer: str | None = None, progress: StepFn | None = None) -> dict:
@@ -727,7 +824,8 @@ def run_spatial(store: Store, model: str, cfg: AnalyzeConfig, layer: str | None 
     device = _device(cfg.device)
     n_cells = gh * gw
     plan = batch_plan(store.n_images, batch_size, cfg.shuffles, cfg.seed)
-    accumulators = [cka_mod.MinibatchCKA(2 * n_cells, device) for _ in range(max(1, cfg.shuffles))]
+    accumulators = [_cka_accumulator(2 * n_cells, device, params, k) for k in range(max(1, cfg.shuffles))]
+    slots = _cka_slots(params)
     ds = store._layer(key, layer)
     pixels = store._model(key)["input"]
     with warnings.catch_warnings():
@@ -737,12 +835,17 @@ def run_spatial(store: Store, model: str, cfg: AnalyzeConfig, layer: str | None 
             img = read_rows(pixels, rows)  # (b, 3, H, W)
             b_ = len(rows)
             patches = img.reshape(b_, 3, gh, patch, gw, patch).transpose(0, 2, 4, 1, 3, 5).reshape(b_, n_cells, -1)
-            accumulators[k].update([*cells(acts), *[patches[:, c] for c in range(n_cells)]])
+            accumulators[k].update([*cells(acts), *[patches[:, c] for c in range(n_cells)]], slot=b % slots)
             _emit(progress, f"spatial {key}", b + 1, len(plan))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         maps = np.mean([acc.result(nonfinite="nan")[:n_cells, n_cells:] for acc in accumulators], axis=0)
+        st = params.get("stats")
+        per_shuffle = [] if st is None else [acc.statistics(st["ci"], st["bootstrap"], [st["seed"], k])
+                                             for k, acc in enumerate(accumulators)]
     arrays = {"maps": maps, "grid": np.array([gh, gw]), "patch_px": np.array(patch)}
+    for name, value in _pooled_stats(per_shuffle).items():
+        arrays[name] = value[:n_cells, n_cells:] if value.ndim == 2 else value
     return _save(store, "spatial", params, arrays)
 
 
@@ -806,9 +909,8 @@ def _run_analyses_distributed(path, which, cfg: AnalyzeConfig, progress, rank) -
         try:
             distributed.agree(error, f"opening {path}")
             if compute:
-                plan = batch_plan(params["n_images"], params["batch_size"], params["shuffles"], params["seed"] or 0)
                 out = compute_cka(store, params, torch.device(device), progress if rank.main else None,
-                                  plan=plan[rank.rank :: rank.world])  # batches dealt out round-robin
+                                  share=(rank.rank, rank.world))  # batches dealt out round-robin
                 states = distributed.all_reduce_sum(out["states"])
                 if rank.main:
                     _save(store, "cka", params, finish_cka(states, out["columns"], params))

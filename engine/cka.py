@@ -28,6 +28,8 @@ from vitsee.engine.errors import VitseeError
 MIN_BATCH = 4  # unbiased HSIC divides by m (m - 3) and (m - 1)(m - 2): it needs m >= 4 examples
 SHIFT_ROWS = 16  # the features of a batch are shifted by the mean of its first SHIFT_ROWS examples (see _centred)
 BLOCK_GRAM_MIN = 256  # from this batch size on, gram() multiplies out only the upper block-triangle
+PERMUTED_BYTES = 64 << 20  # at most this much of permuted U-centred Grams at a time (the p-value's null)
+NULL_DTYPE = torch.float32  # the permutation null's gather and product (see MinibatchCKA._add_permuted)
 
 # Precision, chosen by measurement (python benchmarks/cka.py --accuracy; CPU, 1,024 synthetic images in batches of
 # 256, 12 ViT-like (197 x 192) and 14 ResNet-like maps, max |CKA - numpy fp64 reference| over the 26 x 26 matrix):
@@ -180,9 +182,15 @@ class MinibatchCKA:
     needs): the pair product shrinks from L^2 to k(L-k) + L inner products per batch, which is what dominates when
     there are hundreds of small layers (spatial localisation: every token against every patch). The other
     entries of result() are nan.
+
+    For the statistics (engine/stats.py) the state grows, still one fp64 tensor that sums across processes:
+    batch_slots > 0 keeps each batch's (L, L) HSIC terms in slot `update(..., slot=s)` (a batch's index in its
+    batching, so slots filled on different processes add up to the full list); permutations=K adds K null HSIC sums,
+    the column layers' images permuted inside each batch by stats.batch_permutations(seed, slot, m, K).
     """
 
-    def __init__(self, num_layers: int, device: str | torch.device | None = None, cross_at: int | None = None):
+    def __init__(self, num_layers: int, device: str | torch.device | None = None, cross_at: int | None = None,
+                 batch_slots: int = 0, permutations: int = 0, seed: Sequence[int] | int = 0):
         if num_layers < 1:
             raise VitseeError(f"MinibatchCKA needs at least one layer, got num_layers={num_layers}")
         if cross_at is not None and not 0 < cross_at < num_layers:
@@ -192,22 +200,46 @@ class MinibatchCKA:
         self.num_layers = num_layers
         self.cross_at = cross_at
         self.device = torch.device(device) if device is not None else torch.device("cpu")
-        self.state = torch.zeros(num_layers * num_layers + 1, dtype=torch.float64, device=self.device)
-        # Buffers kept between batches, sized by _reserve.
+        self.batch_slots, self.permutations, self.seed = int(batch_slots), int(permutations), seed
+        LL = num_layers * num_layers
+        # [HSIC sums (L*L), batch count, per-batch HSIC (slots * L*L), null HSIC sums (K * L*L)]
+        self.state = torch.zeros(LL + 1 + (self.batch_slots + self.permutations) * LL, dtype=torch.float64,
+                                 device=self.device)
+        # Buffers kept between batches, sized by _reserve (and the upper-triangle indices, by _upper).
         self._scratch = self._gram = self._grams = torch.empty(0, device=self.device)
+        self._upper_m, self._upper_ab = 0, (self._scratch, self._scratch)
 
     @property
     def hsic_sums(self) -> torch.Tensor:
         """Return a (L, L) view of the summed per-batch unbiased HSIC of every layer pair."""
-        return self.state[:-1].view(self.num_layers, self.num_layers)
+        L = self.num_layers
+        return self.state[: L * L].view(L, L)
+
+    @property
+    def batch_hsic(self) -> torch.Tensor:
+        """Return a (slots, L, L) view of each batch slot's unbiased HSIC terms (empty without batch_slots)."""
+        L = self.num_layers
+        start = L * L + 1
+        return self.state[start : start + self.batch_slots * L * L].view(self.batch_slots, L, L)
+
+    @property
+    def null_hsic(self) -> torch.Tensor:
+        """Return a (K, L, L) view of the HSIC sums with permuted column-layer images (empty without permutations)."""
+        L = self.num_layers
+        start = L * L + 1 + self.batch_slots * L * L
+        return self.state[start:].view(self.permutations, L, L)
 
     @property
     def batches(self) -> int:
         """Return how many batches have been accumulated (skipped ones not counted)."""
-        return int(self.state[-1].item())
+        return int(self.state[self.num_layers * self.num_layers].item())
 
-    def update(self, feats: Sequence[Any]) -> None:
-        """Add one batch: feats holds L arrays or tensors (m, ...) of the same m examples, in layer order."""
+    def update(self, feats: Sequence[Any], slot: int | None = None) -> None:
+        """Add one batch: feats holds L arrays or tensors (m, ...) of the same m examples, in layer order.
+
+        slot: the batch's index in its batching, where its per-batch terms go and what seeds its permutations
+        (default: the number of batches accumulated so far).
+        """
         feats = list(feats)
         if len(feats) != self.num_layers:
             raise VitseeError(
@@ -239,14 +271,63 @@ class MinibatchCKA:
             grams = self._grams.view(L, m * m)  # (L, m*m)
             # HSIC1 of a pair is <U(K_i), U(K_j)>_F / (m (m-3)): all pairs are one product of the stacked Grams.
             sums, scale = self.hsic_sums, 1.0 / (m * (m - 3))
+            slot = self.batches if slot is None else int(slot)
+            if self.batch_slots and not 0 <= slot < self.batch_slots:
+                raise VitseeError(f"batch slot {slot} is outside the {self.batch_slots} this MinibatchCKA keeps: "
+                                  "make it with batch_slots = the number of batches")
+            own = self.batch_hsic[slot] if self.batch_slots else None
             if self.cross_at is None:
-                sums += (grams @ grams.T).to(torch.float64) * scale  # (L, L)
+                pairs = (grams @ grams.T).to(torch.float64) * scale  # (L, L)
+                sums += pairs
+                if own is not None:
+                    own += pairs
             else:
                 k = self.cross_at
-                sums[:k, k:] += (grams[:k] @ grams[k:].T).to(torch.float64) * scale  # (k, L - k)
-                own = torch.bmm(grams.unsqueeze(1), grams.unsqueeze(2)).view(L)  # (L,) row dot products, no temp
-                sums.diagonal().add_(own.to(torch.float64) * scale)
-            self.state[-1] += 1
+                pairs = (grams[:k] @ grams[k:].T).to(torch.float64) * scale  # (k, L - k)
+                sums[:k, k:] += pairs
+                diag = torch.bmm(grams.unsqueeze(1), grams.unsqueeze(2)).view(L)  # (L,) row dot products, no temp
+                diag = diag.to(torch.float64) * scale
+                sums.diagonal().add_(diag)
+                if own is not None:
+                    own[:k, k:] += pairs
+                    own.diagonal().add_(diag)
+            if self.permutations:
+                self._add_permuted(grams, m, slot, scale)
+            self.state[L * L] += 1
+
+    def _add_permuted(self, grams: torch.Tensor, m: int, slot: int, scale: float) -> None:
+        """Add each permutation's null HSIC: <U(K_i), P U(K_j) P'>, the column layers' images permuted by P.
+
+        U-centring commutes with permuting the examples, so P U(K_j) P' is the U-centred Gram of the permuted
+        features: one gather of the stacked Grams and one more pair product per permutation, no new Gram. Both
+        Grams are symmetric with a zero diagonal, so the product is twice that of their upper triangles: half the
+        gather and half the product. The null runs in NULL_DTYPE: the gather (memory-bound) and its product were
+        about 2x the Grams' time in fp64 at the defaults; fp32's ~1e-7 relative error in a null value can only move a
+        p-value when a permutation lands that close to the observed CKA. Permutations go in groups whose gathered
+        Grams fit in PERMUTED_BYTES (one small op per permutation costs more than the product on small batches).
+        """
+        from .stats import batch_permutations
+
+        k = self.cross_at or 0
+        a, b = self._upper(m)  # (T,) row and column of each upper-triangle entry, T = m (m - 1) / 2
+        perms = torch.as_tensor(batch_permutations(self.seed, slot, m, self.permutations), device=self.device)
+        cols = grams[k:].to(NULL_DTYPE)  # (Lc, m*m): the layers whose images are permuted
+        rows = (grams if self.cross_at is None else grams[:k]).index_select(1, a * m + b).to(NULL_DTYPE)  # (Lr, T)
+        group = max(1, min(self.permutations, PERMUTED_BYTES // max(len(cols) * len(a) * cols.element_size(), 1)))
+        null = self.null_hsic if self.cross_at is None else self.null_hsic[:, :k, k:]  # (K, Lr, Lc)
+        for s in range(0, self.permutations, group):
+            p = perms[s : s + group]  # (g, m)
+            index = (p[:, a] * m + p[:, b]).reshape(-1)  # (g*T,) where entry (a, b) of each P U P' sits in U
+            permuted = cols.index_select(1, index).view(len(cols) * len(p), len(a))  # (Lc*g, T), layer-major
+            pairs = (rows @ permuted.T).view(len(rows), len(cols), len(p))  # (Lr, Lc, g): one plain GEMM
+            null[s : s + group] += pairs.permute(2, 0, 1).to(torch.float64) * (2.0 * scale)  # (g, Lr, Lc)
+
+    def _upper(self, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return the (row, column) indices of the strict upper triangle of an m x m matrix, kept between batches."""
+        if self._upper_m != m:
+            self._upper_m = m
+            self._upper_ab = tuple(torch.triu_indices(m, m, 1, device=self.device))
+        return self._upper_ab
 
     def _reserve(self, m: int, largest_layer: int) -> None:
         """Size the buffers kept between batches: fresh ones per layer cost more in CPU page faults than their use."""
@@ -316,6 +397,33 @@ class MinibatchCKA:
             sums[~kept] = np.nan
         with np.errstate(divide="ignore", invalid="ignore"):
             return sums / np.sqrt(np.outer(self_hsic, self_hsic))
+
+    def statistics(self, level: float = 0.95, replicates: int | None = None, seed: Sequence[int] | int = 0) -> dict:
+        """Return {ci_low, ci_high, p_value} (each (L, L) like result(), nan where there is none) and n_batches.
+
+        The interval (level 0: none) is the percentile bootstrap over the filled batch slots (needs batch_slots);
+        the p-value the permutation test over `permutations` (see engine/stats.py). Symmetric like result(): a cell
+        below the diagonal repeats the one above it, whose column layer is the permuted one.
+        """
+        from . import stats
+
+        L, k = self.num_layers, self.cross_at
+        cells = np.triu(np.ones((L, L), dtype=bool))
+        if k is not None:  # only the cross block was accumulated
+            cells[:] = False
+            cells[:k, k:] = True
+        out: dict = {}
+        batch_hsic = self.batch_hsic.cpu().numpy()
+        filled = batch_hsic[np.abs(np.diagonal(batch_hsic, axis1=1, axis2=2)).sum(axis=1) > 0]  # skipped slots stay 0
+        out["n_batches"] = len(filled) if self.batch_slots else self.batches
+        if level and self.batch_slots:
+            low, high = stats.bootstrap_cka_interval(filled, level, replicates or stats.BOOTSTRAP_REPLICATES, seed, cells)
+            out["ci_low"], out["ci_high"] = stats.symmetric_upper(low), stats.symmetric_upper(high)
+        if self.permutations:
+            hsic = self.hsic_sums.cpu().numpy()
+            p = stats.permutation_p_value(self.null_hsic.cpu().numpy(), hsic)
+            out["p_value"] = stats.symmetric_upper(np.where(cells, p, np.nan))
+        return out
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -367,6 +367,11 @@ def analyze(
     probe_max_dim: Annotated[Optional[int], typer.Option(
         help="per-token probes for layers up to N channels wide; each token holds an N x N fp64 matrix "
              "(ViT-B: 197 x 768 x 768 x 8 B = 0.9 GB) [default: 1024]")] = None,
+    ci: Annotated[Optional[float], typer.Option(
+        help="confidence level of the intervals (bootstrap over CKA minibatches, exact binomial for probes, "
+             "Student-t for means over images); 0: none [default: 0.95]")] = None,
+    permutations: Annotated[Optional[int], typer.Option(
+        help="permutations behind each CKA p-value; 0: none [default: 99]")] = None,
     device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")] = "auto",
     recompute: Annotated[bool, typer.Option(help="ignore cached results")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bars")] = False,
@@ -382,8 +387,10 @@ def analyze(
     cfg = AnalyzeConfig(
         batch_size=base.batch_size if batch_size is None else batch_size, shuffles=base.shuffles if shuffles is None else shuffles,
         seed=base.seed if seed is None else seed, device=device, recompute=recompute, spatial_layer=spatial_layer,
-        probe_max_dim=base.probe_max_dim if probe_max_dim is None else probe_max_dim, any_cka_estimate=batch_size is None and shuffles is None and seed is None,
+        probe_max_dim=base.probe_max_dim if probe_max_dim is None else probe_max_dim,
+        any_cka_estimate=batch_size is None and shuffles is None and seed is None and ci is None and permutations is None,
         erf_images=base.erf_images if erf_images is None else erf_images,
+        **_stats_options(ci, permutations),
     )
     paper = [name for name, flag in (("heads", heads), ("erf", erf)) if flag]  # engine/analyses/
     quiet = quiet or is_secondary()  # under torchrun rank 0 speaks for the run
@@ -408,11 +415,24 @@ def analyze(
         err.print(f"{store}: {', '.join(done)} ready", highlight=False)
 
 
-def _view_config(batch_size, shuffles, seed, device):
-    """Returns None (any cached estimate serves) unless the user set an estimator option."""
+def _stats_options(ci, permutations) -> dict:
+    """Returns the AnalyzeConfig statistics fields the user set (checked here, so a bad one fails before any work)."""
+    from .stats import check_level, stats_settings
+
+    out = {}
+    if ci is not None:
+        out["ci"] = check_level(ci) if ci else 0.0
+    if permutations is not None:
+        stats_settings(0.0, permutations, 0)  # the one-line error for a negative count
+        out["permutations"] = permutations
+    return out
+
+
+def _view_config(batch_size, shuffles, seed, device, ci=None, permutations=None):
+    """Returns None (any cached estimate serves) unless the user set an estimator or statistics option."""
     from .analyze import AnalyzeConfig
 
-    if batch_size is None and shuffles is None and seed is None:
+    if batch_size is None and shuffles is None and seed is None and ci is None and permutations is None:
         return None if device is None else AnalyzeConfig(device=device)
     base = AnalyzeConfig()
     return AnalyzeConfig(
@@ -420,6 +440,7 @@ def _view_config(batch_size, shuffles, seed, device):
         shuffles=base.shuffles if shuffles is None else shuffles,
         seed=base.seed if seed is None else seed,
         device=device or base.device,
+        **_stats_options(ci, permutations),
     )
 
 
@@ -431,6 +452,8 @@ ViewBatchSize = Annotated[Optional[int], typer.Option(help=f"CKA minibatch size 
 ViewShuffles = Annotated[Optional[int], typer.Option(help=f"CKA shuffles {EST_HELP}")]
 ViewSeed = Annotated[Optional[int], typer.Option(help=f"seed {EST_HELP}")]
 ViewDevice = Annotated[Optional[str], typer.Option(help="auto | cpu | cuda")]
+ViewCI = Annotated[Optional[float], typer.Option(help=f"confidence level of the intervals (0: none) {EST_HELP}")]
+ViewPermutations = Annotated[Optional[int], typer.Option(help=f"permutations per CKA p-value (0: none) {EST_HELP}")]
 
 
 @app.command()
@@ -443,12 +466,14 @@ def export(
     shuffles: ViewShuffles = None,
     seed: ViewSeed = None,
     device: ViewDevice = None,
+    ci: ViewCI = None,
+    permutations: ViewPermutations = None,
 ) -> None:
     """Write one view as a figure (.png), its numbers (.json) or a table (.csv); computes it if needed."""
     from .views import check_export, load_view, write_view
 
     check_export(out_file, cmap)  # before the view is computed: a refused export changes nothing
-    v = load_view(store, view, _view_config(batch_size, shuffles, seed, device))
+    v = load_view(store, view, _view_config(batch_size, shuffles, seed, device, ci, permutations))
     path = write_view(v, out_file, cmap=cmap)
     err.print(f"wrote {path}", highlight=False)
 
@@ -463,15 +488,17 @@ def show(
     shuffles: ViewShuffles = None,
     seed: ViewSeed = None,
     device: ViewDevice = None,
+    ci: ViewCI = None,
+    permutations: ViewPermutations = None,
 ) -> None:
-    """Print a view in the terminal: a coloured heatmap or a table (ASCII with NO_COLOR)."""
+    """Print a view in the terminal: a coloured heatmap or a table (ASCII with NO_COLOR), and the best cell's interval."""
     from .colormap import ColorMode, check_colormap, detect_color_mode
     from .render import render_view
     from .views import load_view
 
     check_colormap(cmap)  # before the view is computed, as export checks it
     mode = detect_color_mode(override=None if color == "auto" else color)
-    v = load_view(store, view, _view_config(batch_size, shuffles, seed, device))
+    v = load_view(store, view, _view_config(batch_size, shuffles, seed, device, ci, permutations))
     systems = {ColorMode.TRUECOLOR: "truecolor", ColorMode.COLORS_256: "256", ColorMode.COLORS_16: "standard"}
     # an explicit --color keeps its colours when piped (e.g. into less -R); auto follows the terminal
     console = out

@@ -606,7 +606,8 @@ def streamed_cka_params(store: Store) -> dict:
     from .analyze import AnalyzeConfig, cka_params
 
     batch_size = int(store.file["streaming/cka_state"].attrs["batch_size"])
-    return cka_params(store, AnalyzeConfig(batch_size=batch_size, shuffles=0))
+    # the stream kept no per-batch terms or permutations: its CKA carries no statistics
+    return cka_params(store, AnalyzeConfig(batch_size=batch_size, shuffles=0, ci=0, permutations=0))
 
 
 def save_streamed_cka(store: Store) -> dict:

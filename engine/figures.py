@@ -40,6 +40,7 @@ from .errors import VitseeError
 from .views import View
 
 TITLE_PT, SUBTITLE_PT, TICK_PT = 11, 8, 7
+CAPTION_PT = 7  # what the intervals are, under the figure
 MARK = "#e8112d"  # the selection: a red that stands out on viridis, magma and cividis alike
 BAD = "0.85"  # cells not computed (NaN)
 NONFINITE = "#b2182b"  # cells computed from NaN/Inf inputs (View.nonfinite): drawn over the grey
@@ -91,11 +92,25 @@ def _cka(view: View, selection, cmap: Colormap) -> Figure:
     ax.set_xlabel(f"{model_b} layer")
     fig.colorbar(image, ax=ax, label=view.value_name, shrink=0.85)
     _overlay_nonfinite(ax, view.nonfinite, origin="lower", aspect="equal" if n_rows == n_cols else "auto")
+    weak = view.not_significant()
+    if weak is not None:  # hatch, not colour: the cell's value stays readable under the hatching
+        for r, c in zip(*np.nonzero(weak)):
+            ax.add_patch(Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, hatch="///", edgecolor="0.85", lw=0,
+                                   gid="not-significant"))
     if selection:
         r, c = selection
-        _mark_cell(ax, r, c, f"{view.rows[r]} x {view.cols[c]}\n{view.value_name} {view.cell_text(r, c, 3)}",
-                   toward=(n_cols / 2 - c, n_rows / 2 - r), cell_pt=330 / max(n_rows, n_cols))
+        _mark_cell(ax, r, c, f"{view.rows[r]} x {view.cols[c]}\n{view.value_name} {view.cell_text(r, c, 3)}"
+                   f"{view.interval_text(r, c)}", toward=(n_cols / 2 - c, n_rows / 2 - r), cell_pt=330 / max(n_rows, n_cols))
+    _caption(fig, view, "hatched: not significant (p > 0.05)" if weak is not None and weak.any() else "")
     return fig
+
+
+def _caption(fig: Figure, view: View, note: str = "") -> None:
+    """Writes under the figure what its intervals and p-values are (nothing when the result has none)."""
+    text = "; ".join(t for t in (view.interval_caption(), note) if t)
+    if text:
+        width = int(fig.get_figwidth() * 72 / (0.55 * CAPTION_PT))
+        fig.supxlabel("\n".join(textwrap.wrap(text, width)), fontsize=CAPTION_PT, color="0.3")
 
 
 def _attention(view: View, selection, cmap: Colormap) -> Figure:
@@ -116,6 +131,12 @@ def _attention(view: View, selection, cmap: Colormap) -> Figure:
     spread_bars = ax.errorbar(x.ravel(), mean.ravel(), yerr=std.ravel(), fmt="none", ecolor="0.65", elinewidth=0.8,
                               zorder=1, label="std over images")
     spread_bars.lines[2][0].set_gid("spread")
+    if view.ci_low is not None:  # whiskers: the interval of each head's mean, inside the spread of single images
+        low, high = np.asarray(view.ci_low, dtype=float), np.asarray(view.ci_high, dtype=float)
+        whiskers = ax.errorbar(x.ravel(), mean.ravel(), yerr=[(mean - low).ravel(), (high - mean).ravel()], fmt="none",
+                               ecolor="0.1", elinewidth=1.1, capsize=2.0, zorder=1.5,
+                               label=f"{view.ci_level:.0%} interval of the mean")
+        whiskers.lines[2][0].set_gid("interval")
     ax.scatter(x.ravel(), mean.ravel(), c=mean.ravel(), cmap=cmap, vmin=vmin, vmax=vmax, s=22, edgecolors="0.15",
                linewidths=0.5, zorder=2, label="head (mean over images)", gid="heads")
     per_block = np.asarray(view.extra.get("uniform_px_per_block", np.full(n_blocks, uniform)), dtype=float)
@@ -157,6 +178,7 @@ def _attention(view: View, selection, cmap: Colormap) -> Figure:
                    fontsize=9)
     hist.set_xlabel("mean attention distance (px)")
     hist.set_ylabel("count")
+    _caption(fig, view)
     return fig
 
 
@@ -176,6 +198,8 @@ def _probes(view: View, selection, cmap: Colormap) -> Figure:
         acc = view.matrix[:, j]
         color = LINE_COLORS[j % len(LINE_COLORS)]
         ax.plot(x, acc, marker="o", ms=3.5, lw=1.4, color=color, label=readout, gid=f"readout:{readout}")
+        if view.ci_low is not None:
+            ax.fill_between(x, view.ci_low[:, j], view.ci_high[:, j], color=color, alpha=0.16, lw=0, gid=f"band:{readout}")
         if np.isfinite(acc).any():
             best = np.flatnonzero(acc == np.nanmax(acc))  # every layer that ties for best (small test splits tie)
             ax.plot(best, acc[best], marker="*", ms=13, color=color, mec="0.1", mew=0.6, ls="none", zorder=4,
@@ -220,6 +244,7 @@ def _probes(view: View, selection, cmap: Colormap) -> Figure:
         tokens.set_ylabel("patch row")
         _integer_ticks(tokens, gh, gw)
         fig.colorbar(image, ax=tokens, label="accuracy", shrink=0.8)
+    _caption(fig, view)
     return fig
 
 

@@ -61,7 +61,23 @@ def render_view(view: View, color: str | ColorMode = "auto", cmap: str = "viridi
         out += _heads(view, mode, cmap, width)
     elif view.kind == "erf":
         out += _erf(view, mode, cmap, width)
-    return out
+    return out + _best_interval(view, mode, selection)
+
+
+def _best_interval(view: View, mode: ColorMode, selection: tuple[int, int] | None) -> list:
+    """Returns the line naming the selected (else the best) cell with its interval and p-value, [] without them."""
+    from .views import best_cell
+
+    if view.kind not in ("cka", "probes") or (view.ci_low is None and view.p_value is None):
+        return []  # the attention table and the skip curves have no "best" cell to speak of
+    cell = selection if selection is not None and view.kind != "spatial" else best_cell(view)
+    if cell is None:
+        return []
+    r, c = cell
+    which = "selected" if selection is not None and view.kind != "spatial" else "best"
+    line = (f"{which}: {view.rows[r]} x {view.cols[c]}  {view.value_name} {_fmt(view.value(r, c))}"
+            f"{view.interval_text(r, c)}")
+    return [Text(line), Text(view.interval_caption(), style=_style(mode, "dim"))]
 
 
 def _heads(view: View, mode: ColorMode, cmap: str, width: int) -> list:

@@ -21,6 +21,7 @@ from . import analyze as an
 from .analyses import erf as erf_mod, heads as heads_mod
 from .colormap import check_colormap
 from .errors import VitseeError, brief
+from .stats import ALPHA, ROUGH_BATCHES, clopper_pearson, significance_label
 from .store import Store
 
 VIEW_KINDS = ("cka", "attention", "probes", "skip", "spatial", "heads", "erf")
@@ -50,6 +51,10 @@ class View:
     nonfinite: np.ndarray | None = None  # (rows, cols) bool
     nonfinite_images: np.ndarray | None = None  # (rows, cols) images with non-finite inputs per cell, -1 unknown
     n_images: int = 0
+    # statistics, each shaped like matrix when present (None: the result has none): see engine/stats.py
+    ci_low: np.ndarray | None = None
+    ci_high: np.ndarray | None = None
+    p_value: np.ndarray | None = None
 
     def value(self, row: int, col: int) -> float:
         return float(self.matrix[row, col])
@@ -81,6 +86,59 @@ class View:
         return (f"{int(self.nonfinite.sum())} non-finite cell(s), from NaN/Inf in the stored {where}, in {names}"
                 + (": see `vitsee info`" if where == "activations" else ""))
 
+    @property
+    def ci_level(self) -> float:
+        """Returns the confidence level of the intervals (0.0 when the result has none)."""
+        return float((self.params.get("stats") or {}).get("ci") or 0.0) if self.ci_low is not None else 0.0
+
+    @property
+    def permutations(self) -> int:
+        """Returns how many permutations make each p-value (0 when the result has none)."""
+        return int((self.params.get("stats") or {}).get("permutations") or 0) if self.p_value is not None else 0
+
+    @property
+    def rough(self) -> bool:
+        """Returns True when a bootstrap interval rests on fewer than stats.ROUGH_BATCHES batches."""
+        n = self.extra.get("n_batches")
+        return n is not None and self.ci_low is not None and n < ROUGH_BATCHES
+
+    def interval_text(self, row: int, col: int) -> str:
+        """Returns ' [0.795, 0.828]  p<0.01' for a cell (with ' rough' for few batches), '' without statistics."""
+        text = ""
+        if self.ci_low is not None and np.isfinite(self.ci_low[row, col]):
+            text += f" [{self.ci_low[row, col]:.3f}, {self.ci_high[row, col]:.3f}]" + (" rough" if self.rough else "")
+        if self.p_value is not None:
+            label = significance_label(float(self.p_value[row, col]), self.permutations)
+            text += f"  {label}" if label else ""
+        return text
+
+    def interval_caption(self) -> str:
+        """Returns what the intervals and p-values are, in words ('' without them), for captions and legends."""
+        if self.ci_low is None and self.p_value is None:
+            return ""
+        level = f"{self.ci_level:.0%}"
+        n_images = self.params.get("n_images")
+        parts = []
+        if self.ci_low is not None:
+            if self.kind in ("cka", "spatial"):
+                n = self.extra.get("n_batches")
+                parts.append(f"{level} bootstrap interval over {n} minibatches of images"
+                             + (f" (rough: under {ROUGH_BATCHES} batches)" if self.rough else ""))
+            elif self.kind == "probes":
+                parts.append(f"{level} Clopper-Pearson interval on {self.params.get('n_test')} test images")
+            else:
+                parts.append(f"{level} Student-t interval of the mean over {n_images} images")
+        if self.p_value is not None:
+            parts.append(f"p: {self.permutations}-permutation test (images of the column layer shuffled)")
+        return "; ".join(parts) + "; the images vary, the model is fixed"
+
+    def not_significant(self, alpha: float = ALPHA) -> np.ndarray | None:
+        """Returns a bool mask of the cells whose p-value exceeds alpha (None without p-values)."""
+        if self.p_value is None:
+            return None
+        with np.errstate(invalid="ignore"):
+            return np.asarray(self.p_value) > alpha
+
     def to_json(self) -> dict:
         """Returns the numbers with their labels and parameters (JSON-able; NaN becomes null)."""
         out: dict[str, Any] = {"view": self.kind}
@@ -94,6 +152,11 @@ class View:
             title=self.title, rows=list(self.rows), cols=list(self.cols), value_name=self.value_name,
             values=_nested(self.matrix),
         )
+        for name in ("ci_low", "ci_high", "p_value"):  # same shape as values
+            if getattr(self, name) is not None:
+                out[name] = _nested(np.asarray(getattr(self, name), dtype=float))
+        if self.ci_low is not None:
+            out["ci_level"] = self.ci_level
         for key, value in self.extra.items():
             out[key] = _nested(value)
         out["nonfinite"] = [  # the cells whose value is null because it is NaN/Inf (other nulls: not computed)
@@ -355,7 +418,10 @@ def _cka_view(result: dict, keys: list[str], info: dict) -> View:
     title = f"CKA {a}" if a == b else f"CKA {a} (rows) x {b} (cols)"
     params = dict(result["_params"])
     params.pop("layers", None)
-    return View("cka", "", title, "", matrix, rows, cols, "CKA", 0.0, 1.0, params, {}, [a, b])
+    block = {name: an.cka_block(result, result["_params"]["models"], a, b, key=name)[0]
+             for name in ("ci_low", "ci_high", "p_value") if name in result}
+    extra = {"n_batches": int(result["n_batches"])} if "n_batches" in result else {}
+    return View("cka", "", title, "", matrix, rows, cols, "CKA", 0.0, 1.0, params, extra, [a, b], **block)
 
 
 def _attention_view(r: dict, keys: list[str], info: dict) -> View:
@@ -372,7 +438,7 @@ def _attention_view(r: dict, keys: list[str], info: dict) -> View:
         title += " (inside shifted windows; uniform reference per stage)"
     return View("attention", "", title, "", r["mean_px"], [str(b) for b in r["blocks"]],
                 [f"head {h + 1}" for h in range(heads)], "distance (px)", 0.0, float(r["hist_edges"][-1]),
-                dict(r["_params"]), extra, [key])
+                dict(r["_params"]), extra, [key], ci_low=r.get("ci_low_px"), ci_high=r.get("ci_high_px"))
 
 
 def uniform_text(view: View) -> str:
@@ -419,8 +485,13 @@ def _probe_view(r: dict, keys: list[str], info: dict) -> View:
              "skipped": [{"layer": layers[i], "readout": cols[c], "images": int(skipped[i, c])} for i, c in zip(*np.nonzero(skipped))]}
     extra["cls_token"] = an.has_cls_token(info)
     title = f"Linear probe test accuracy {key}" + (f" ({NO_CLS}: GAP and per-token readouts)" if _no_cls(info) else "")
+    ci = {}
+    if "ci_low" in r:  # the token mean: Clopper-Pearson on its mean count, at least as wide as an average of rates
+        n_test, level = params["n_test"], float(r["_params"]["stats"]["ci"])
+        t_low, t_high = clopper_pearson(np.round(token_mean * n_test), n_test, level)
+        ci = {"ci_low": np.column_stack([r["ci_low"], t_low])[:, keep], "ci_high": np.column_stack([r["ci_high"], t_high])[:, keep]}
     view = View("probes", "", title, "", matrix[:, keep], layers, [cols[i] for i in keep],
-                "accuracy", 0.0, 1.0, params, extra, [key])
+                "accuracy", 0.0, 1.0, params, extra, [key], **ci)
     view.nonfinite = skipped[:, keep] > 0
     view.nonfinite_images = np.where(view.nonfinite, skipped[:, keep], -1)
     return view
@@ -434,6 +505,16 @@ def skipped_note(view: View) -> str:
     named = ", ".join(f"{s['layer']} {s['readout']} ({s['images']} of {view.n_images} images)" for s in skipped[:4])
     more = f" and {len(skipped) - 4} more" if len(skipped) > 4 else ""
     return f"; not fitted, their features hold NaN/Inf: {named}{more} (see `vitsee info`)"
+
+
+def best_cell(view: View) -> tuple[int, int] | None:
+    """Returns the cell `vitsee show` reports: the largest value, off the diagonal of a within-model CKA view."""
+    values = np.array(view.matrix, dtype=float)
+    if view.kind == "cka" and values.shape[0] == values.shape[1] and view.rows == view.cols:
+        np.fill_diagonal(values, np.nan)  # a layer against itself is 1 by construction
+    if not np.isfinite(values).any():
+        return None
+    return tuple(int(i) for i in np.unravel_index(np.nanargmax(values), values.shape))
 
 
 def too_wide_note(view: View) -> str:
@@ -450,10 +531,14 @@ def _skip_view(r: dict, keys: list[str], info: dict) -> View:
     ratio = np.asarray(r["ratio"], dtype=float)
     finite = ratio[np.isfinite(ratio)]
     extra = {"cls": r["cls"], "spatial_mean": r["spatial_mean"], "cls_token": an.has_cls_token(info)}
+    for name in ("cls_ci_low", "cls_ci_high", "spatial_ci_low", "spatial_ci_high"):
+        if name in r:
+            extra[name] = r[name]
     title = f"Skip-connection norm ratio ||z||/||f(z)|| {key}" + (f" ({NO_CLS}: spatial tokens only)" if _no_cls(info) else "")
     return View("skip", "", title, "", ratio, [str(x) for x in r["rows"]],
                 [str(x) for x in r["cols"]], "ratio", float(finite.min()) if finite.size else 0.0,
-                float(finite.max()) if finite.size else 1.0, dict(r["_params"]), extra, [key])
+                float(finite.max()) if finite.size else 1.0, dict(r["_params"]), extra, [key],
+                ci_low=r.get("ci_low"), ci_high=r.get("ci_high"))
 
 
 def _spatial_view(r: dict, keys: list[str], info: dict) -> View:
@@ -462,7 +547,9 @@ def _spatial_view(r: dict, keys: list[str], info: dict) -> View:
     cells = [f"r{i}c{j}" for i in range(gh) for j in range(gw)]
     params = dict(r["_params"])
     return View("spatial", "", f"Spatial localisation {key} {params['layer']}", "", r["maps"], [f"token {c}" for c in cells],
-                [f"patch {c}" for c in cells], "CKA", 0.0, 1.0, params, {"grid": [gh, gw], "patch_px": int(r["patch_px"])}, [key])
+                [f"patch {c}" for c in cells], "CKA", 0.0, 1.0, params,
+                {"grid": [gh, gw], "patch_px": int(r["patch_px"]), **({"n_batches": int(r["n_batches"])} if "n_batches" in r else {})}, [key],
+                ci_low=r.get("ci_low"), ci_high=r.get("ci_high"))
 
 
 def available_views(path: str | Path) -> list[str]:
@@ -517,6 +604,9 @@ def write_view(view: View, out: str | Path, selection: tuple[int, int] | None = 
             if selection is not None:
                 payload["selection"] = {"row": selection[0], "col": selection[1], "row_label": view.rows[selection[0]],
                                         "col_label": view.cols[selection[1]], "value": _nested(view.matrix[selection])}
+                for name in ("ci_low", "ci_high", "p_value"):
+                    if getattr(view, name) is not None:
+                        payload["selection"][name] = _nested(getattr(view, name)[selection])
             tmp.write_text(json.dumps(payload, indent=1))
         elif suffix == ".csv":
             tmp.write_text(view.to_csv())

@@ -108,12 +108,15 @@ def test_two_processes_give_the_cka_matrix_of_one(stitched, one_process):
     assert got is not None and got["_params"] == expected["_params"]
     np.testing.assert_allclose(got["matrix"], expected["matrix"], rtol=0, atol=1e-12)
     np.testing.assert_allclose(got["shuffle_std"], expected["shuffle_std"], rtol=0, atol=1e-12)
+    # per-batch terms land in their global slot and null sums add up: the statistics do not depend on the ranks
+    for name in ("ci_low", "ci_high", "p_value"):
+        np.testing.assert_allclose(got[name], expected[name], rtol=0, atol=1e-12, err_msg=name)
 
 
 def test_streaming_under_two_processes_sums_the_shards_to_the_one_process_cka(tmp_path, one_process):
     path = tmp_path / "streamed.h5"
     torchrun("extract", str(path), *RUN, "--streaming")
-    cfg = an.AnalyzeConfig(batch_size=16, shuffles=0, device="cpu")
+    cfg = an.AnalyzeConfig(batch_size=16, shuffles=0, device="cpu", ci=0, permutations=0)  # a stream has no statistics
     with Store.writer(one_process) as s:
         expected = an.run_cka(s, cfg)
     with Store.open(path) as s:

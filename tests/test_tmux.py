@@ -21,7 +21,8 @@ from conftest import RESNET, VIT
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install -y tmux)")
 
 SOCKET = f"vitsee-test-{os.getpid()}"  # a private tmux server: never touches the user's sessions
-STATUS = re.compile(r"^ (\S+) x (\S+)  CKA (-?\d\.\d{4})\s*$", re.M)
+# the value, then (a result with statistics) its interval and p-value: "CKA 0.9996 [0.999, 1.000] rough  p<0.01"
+STATUS = re.compile(r"^ (\S+) x (\S+)  CKA (-?\d\.\d{4})(?: \[-?[\d.]+, -?[\d.]+\](?: rough)?)?(?:  p[<=]+[\d.]+)?\s*$", re.M)
 
 
 @pytest.fixture(scope="module")

@@ -79,6 +79,18 @@ def status(app) -> str:
     return str(app.screen.query_one("#status-line").render())
 
 
+def cka_status(exported: dict, row: int, col: int) -> str:
+    """Returns the status line of a CKA cell as the JSON export has it: value, interval and p-value."""
+    text = f"{exported['rows'][row]} x {exported['cols'][col]}  CKA {exported['values'][row][col]:.4f}"
+    if "ci_low" in exported:
+        text += f" [{exported['ci_low'][row][col]:.3f}, {exported['ci_high'][row][col]:.3f}]"
+        text += " rough" if exported["params"]["n_images"] / exported["params"]["batch_size"] < 10 else ""
+    if "p_value" in exported:
+        p = exported["p_value"][row][col]
+        text += "  p<0.01" if p <= 0.01 else f"  p={p:.2f}"
+    return text
+
+
 def notifications(app) -> list[tuple[str, str]]:
     return [(n.message, n.severity) for n in app._notifications]
 
@@ -95,7 +107,7 @@ async def test_opening_a_store_shows_the_cka_view_of_its_first_model(store, tmp_
         assert view.kind == "cka" and view.models == [VIT, VIT]
         heatmap = screen.query_one("#cka-heatmap", Heatmap)
         assert app.focused is heatmap
-        assert status(app) == f"patch_embed x patch_embed  CKA {view.matrix[0, 0]:.4f}"
+        assert status(app) == f"patch_embed x patch_embed  CKA {view.matrix[0, 0]:.4f}{view.interval_text(0, 0)}"
         assert not screen.pane("cka").loaded.computed  # read from the cache, not recomputed
         assert "random init (seed 0)" in str(screen.query_one("#title-bar").render())
 
@@ -111,11 +123,11 @@ async def test_arrow_keys_move_the_cursor_and_the_status_line_names_the_pair_wit
         await settle(pilot, view_shown("cka"))
         await pilot.press("right")
         row, col = 0, 1
-        assert status(app) == f"{exported['rows'][row]} x {exported['cols'][col]}  CKA {exported['values'][row][col]:.4f}"
+        assert status(app) == cka_status(exported, row, col)
         await pilot.press("down", "down", "l", "j")
         row, col = 3, 2
         assert app.screen.query_one(Heatmap).cursor == (row, col)
-        assert status(app) == f"{exported['rows'][row]} x {exported['cols'][col]}  CKA {exported['values'][row][col]:.4f}"
+        assert status(app) == cka_status(exported, row, col)
         assert status(app).startswith("blocks.2 x blocks.1  CKA ")
 
 
@@ -314,7 +326,7 @@ async def test_a_view_not_cached_is_computed_in_a_worker_and_cached(tiny_store, 
     with Store.open(path) as s:
         assert len(s.results("cka")) == 1
     view = load_view(path, f"cka:{VIT}")  # the CLI's defaults: what the app computed with
-    assert text == f"patch_embed x patch_embed  CKA {view.matrix[0, 0]:.4f}"
+    assert text == f"patch_embed x patch_embed  CKA {view.matrix[0, 0]:.4f}{view.interval_text(0, 0)}"
 
 
 def test_a_cancelled_computation_stops_at_its_next_step_and_caches_nothing(tiny_store, tmp_path):

@@ -66,8 +66,11 @@ class AttentionPane(ViewPane):
         uniform = float(np.asarray(view.extra.get("uniform_px_per_block", [view.extra["uniform_px"]] * (block + 1)))[block])
         distance = view.matrix[block, head]
         shown = f"{distance:.1f} px \u00b1 {std:.1f}" if np.isfinite(distance) else view.cell_text(block, head)
+        interval = ""
+        if view.ci_low is not None and np.isfinite(view.ci_low[block, head]):  # of the mean over images
+            interval = f"  mean in [{view.ci_low[block, head]:.1f}, {view.ci_high[block, head]:.1f}]"
         return (f"{view.rows[block]} head {original} ({head + 1}/{heads} by distance)  "
-                f"distance {shown}  uniform {uniform:.1f} px")
+                f"distance {shown}{interval}  uniform {uniform:.1f} px")
 
     def main_widget(self) -> Widget | None:
         return self.query_one(DistancePlot)

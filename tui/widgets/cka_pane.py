@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
 
 from vitsee.tui.messages import StatusChanged
 from vitsee.tui.results import LoadedView
@@ -15,6 +18,12 @@ class CkaPane(HeatmapPane):
 
     kind = "cka"
     label = "CKA"
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("n", "toggle_marks", "Mark n.s.", id="cka.marks", show=False,  # the help screen lists it; the
+                # footer at 80 columns has no room left (Help would drop off)
+                tooltip="Mark the cells whose permutation p-value is above 0.05 (not significant)"),
+    ]
+    marks_on = False
 
     def compose_body(self) -> ComposeResult:
         yield from ()
@@ -31,10 +40,23 @@ class CkaPane(HeatmapPane):
             heatmap.set_cmap(self.cmap)
             heatmap.set_data(view.matrix, view.rows, view.cols, vmin=view.vmin, vmax=view.vmax,
                              nonfinite=view.nonfinite, nonfinite_text=view.nonfinite_text)
+        heatmap.set_marks(view.not_significant() if self.marks_on else None)
+
+    def action_toggle_marks(self) -> None:
+        """Toggle the mark on cells that are not significant at 0.05; says so when the result has no p-values."""
+        view, heatmap = self.view, self.heatmap
+        if view is None or heatmap is None:
+            return
+        if view.p_value is None:
+            self.notify("this CKA result has no p-values: vitsee analyze STORE --cka --permutations 99",
+                        severity="warning")
+            return
+        self.marks_on = not self.marks_on
+        heatmap.set_marks(view.not_significant() if self.marks_on else None)
 
     def on_heatmap_cursor_moved(self, message: Heatmap.CursorMoved) -> None:
         message.stop()
-        self.post_message(StatusChanged(self.kind, message.summary))
+        self.post_message(StatusChanged(self.kind, self.status_text() or message.summary))  # with its interval
 
     def on_heatmap_cell_selected(self, message: Heatmap.CellSelected) -> None:
         message.stop()
@@ -48,7 +70,10 @@ class CkaPane(HeatmapPane):
         if heatmap is None or self.loaded is None:
             return ""
         row, col = heatmap.cursor
-        return f"{heatmap.row_labels[row]} x {heatmap.col_labels[col]}  CKA {heatmap.describe(row, col)}"
+        view = self.loaded.view
+        value = heatmap.value_at(row, col)
+        interval = view.interval_text(row, col) if value == value else ""
+        return f"{heatmap.row_labels[row]} x {heatmap.col_labels[col]}  CKA {heatmap.describe(row, col)}{interval}"
 
     def jump_to_layer(self, layer: str) -> bool:
         heatmap, view = self.heatmap, self.view

@@ -49,6 +49,8 @@ NONFINITE = MISSING - 2  # its level (MISSING - 1 is "below the last row")
 FOOTER_LINES = 2  # column labels, legend
 MAX_ROW_LABEL = 12
 MAX_COL_LABEL = 8
+MARKED = MISSING - 3  # the level of a marked cell (MISSING - 1 is "below the last row", - 2 non-finite)
+MARK_CHAR = "x"  # a marked cell without colour: not in the ASCII density ramp
 
 
 def short_label(label: str) -> str:
@@ -274,6 +276,7 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
         self._layout: _Layout | None = None
         self._layout_key: tuple | None = None
         self._generation = 0  # bumped by every new matrix
+        self._marks: np.ndarray | None = None  # bool, like the matrix: cells drawn as marked (e.g. not significant)
         self._load(matrix, row_labels, col_labels)
         self.set_reactive(Heatmap.color_mode, detect_color_mode() if color_mode is None else ColorMode.parse(color_mode))
         self.set_reactive(Heatmap.zoom, self.validate_zoom(zoom))
@@ -480,9 +483,19 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
             view_width=view_width,
         )
 
+    def set_marks(self, marks: np.ndarray | None) -> None:
+        """Draw the cells where marks (bool, the matrix's shape) is True as marked: grey, or 'x' without colour."""
+        marks = None if marks is None else np.asarray(marks, dtype=bool)
+        if marks is not None and marks.shape != self._matrix.shape:
+            raise ValueError(f"marks of shape {marks.shape} for a {self._matrix.shape} matrix")
+        if (marks is None) != (self._marks is None) or (marks is not None and not np.array_equal(marks, self._marks)):
+            self._marks = marks
+            self._invalidate()
+
     def _pool(self, layout: _Layout) -> tuple[np.ndarray, np.ndarray]:
         """Return the levels and values of the shown cells: block means of the matrix when pooled."""
         values = self._matrix
+        marks = self._marks
         pr, pc = layout.pool_rows, layout.pool_cols
         if pr > 1 or pc > 1:
             rows, cols = values.shape
@@ -492,12 +505,18 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
             with warnings.catch_warnings():  # a block with no computed cell stays NaN
                 warnings.simplefilter("ignore", category=RuntimeWarning)
                 values = np.nanmean(blocks, axis=(1, 3))
+            if marks is not None:  # a pooled cell is marked when every cell in it is
+                full = np.ones(padded.shape, dtype=bool)
+                full[:rows, :cols] = marks
+                marks = full.reshape(blocks.shape).all(axis=(1, 3))
         levels = self.scale.quantize(values)
         if self._nonfinite is not None and self._nonfinite.any():  # nothing finite to show, NaN/Inf behind it
             flagged = np.zeros((layout.shown_rows * pr, layout.shown_cols * pc), dtype=bool)
             flagged[: self._matrix.shape[0], : self._matrix.shape[1]] = self._nonfinite
             flagged = flagged.reshape(layout.shown_rows, pr, layout.shown_cols, pc).any(axis=(1, 3))
             levels[flagged & np.isnan(values)] = NONFINITE
+        if marks is not None:
+            levels = np.where(marks & (levels != MISSING) & (levels != NONFINITE), MARKED, levels)
         return levels, values
 
     def _place_col_labels(self, layout: _Layout) -> list[tuple[int, str]]:
@@ -615,7 +634,10 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
                 return " " * layout.cell_w, self._base_style
             value = self._shown_values[row, shown_col]
             glyph = NONFINITE_GLYPH if levels[0] == NONFINITE else MISSING_GLYPH
-            text = (glyph if np.isnan(value) else self._value_format.format(value)).rjust(layout.cell_w)
+            text = glyph if np.isnan(value) else self._value_format.format(value)
+            if levels[0] == MARKED:  # readable without colour too
+                text += MARK_CHAR
+            text = text.rjust(layout.cell_w)[-layout.cell_w:]
             key = ("detail", levels[0], cursor_here[0])
             return text, self._look(key, lambda: self._detail_look(levels[0], cursor_here[0]))[1]
         key = (levels, cursor_here, layout.cell_w, ink if any(cursor_here) else "")
@@ -646,7 +668,8 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
             level = levels[0]
             if level == beyond:
                 return " " * width, Style()
-            char = {MISSING: palette.missing_char, NONFINITE: NONFINITE_ASCII}.get(level) or palette.chars[level]
+            char = ({MISSING: palette.missing_char, NONFINITE: NONFINITE_ASCII, MARKED: MARK_CHAR}.get(level)
+                    or palette.chars[level])
             return char * width, self._style("heatmap--cursor") if cursor[0] else Style()
 
         missing = self._style("heatmap--missing")
@@ -659,7 +682,7 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
         def color(level: int, is_cursor: bool):
             if is_cursor:
                 return self._style(ink).color
-            if level == MISSING:
+            if level in (MISSING, MARKED):  # a marked cell reads as a grey hole; the legend says which
                 return missing.bgcolor
             if level == NONFINITE:
                 return nonfinite.color
@@ -675,8 +698,8 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
         palette = self.palette
         if self.color_mode is ColorMode.NONE:
             return "", self._style("heatmap--cursor") if is_cursor else Style()
-        if level in (MISSING, NONFINITE):
-            style = self._style("heatmap--missing" if level == MISSING else "heatmap--nonfinite")
+        if level in (MISSING, NONFINITE, MARKED):
+            style = self._style("heatmap--nonfinite" if level == NONFINITE else "heatmap--missing")
         else:
             ink = self._style("heatmap--ink-on-light" if palette.is_light(level) else "heatmap--ink-on-dark")
             style = Style(color=ink.color, bgcolor=palette.colors[level])
@@ -727,6 +750,12 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
         if (nan & flagged).any():
             glyph = NONFINITE_ASCII if self.color_mode is ColorMode.NONE else NONFINITE_GLYPH
             segments.append(Segment(f"  {glyph} non-finite ({int((nan & flagged).sum())} cells)", legend))
+        if self._marks is not None and self._marks.any():
+            if self.color_mode is ColorMode.NONE:
+                segments.append(Segment(f"  {MARK_CHAR} not significant (p > 0.05)", legend))
+            else:
+                segments += [Segment("  "), Segment(FULL_BLOCK, Style(color=self._style("heatmap--missing").bgcolor)),
+                             Segment(" not significant (p > 0.05)", legend)]
         if self.title:
             segments.append(Segment(f"  {self.title}", legend))
         return Strip(segments).crop(0, self.size.width)

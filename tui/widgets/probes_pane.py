@@ -95,6 +95,8 @@ class ProbesPane(ViewPane):
         if view.is_nonfinite(row, col):
             shown = f"not fitted: features {view.nonfinite_text(row, col)}"
         text = f"{view.rows[row]} {view.cols[col]}  accuracy {shown}"
+        if math.isfinite(value):
+            text += view.interval_text(row, col)  # the exact binomial interval on the test images
         if best is not None:
             text += f"  best {view.rows[best]} {view.matrix[best, col]:.4f}"
         chance = view.extra.get("chance")

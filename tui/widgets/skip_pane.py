@@ -53,14 +53,17 @@ class SkipPane(HeatmapPane):
     def on_heatmap_cursor_moved(self, message: Heatmap.CursorMoved) -> None:
         message.stop()
         self.query_one(LinePlot).set_mark(message.row)
-        self.post_message(StatusChanged(self.kind, message.summary))
+        self.post_message(StatusChanged(self.kind, self.status_text() or message.summary))
 
     def status_text(self) -> str:
         heatmap = self.heatmap
         if heatmap is None or self.loaded is None:
             return ""
         row, col = heatmap.cursor
-        return f"{heatmap.row_labels[row]} x {heatmap.col_labels[col]}  ratio {heatmap.describe(row, col)}"
+        view = self.loaded.view
+        value = heatmap.value_at(row, col)
+        interval = view.interval_text(row, col) if value == value else ""
+        return f"{heatmap.row_labels[row]} x {heatmap.col_labels[col]}  ratio {heatmap.describe(row, col)}{interval}"
 
     def jump_to_layer(self, layer: str) -> bool:
         heatmap, view = self.heatmap, self.view
