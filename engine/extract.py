@@ -697,6 +697,10 @@ def run_extraction(
         if lock is not None:
             lock.release()
         raise
+    if lock is None and existing is not None:  # another run created the store while this one was planned
+        _release(plans, existing)
+        raise VitseeError(f"{store_path} was created by another vitsee process while this run started: "
+                          "rerun the same command to add to it (or resume it)")
     n = len(selection)
     messages = []
     try:
