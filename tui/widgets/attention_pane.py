@@ -32,8 +32,9 @@ class AttentionPane(ViewPane):
     def populate(self, loaded: LoadedView) -> None:
         view = loaded.view
         plot = self.query_one(DistancePlot)
+        # the intervals are None for a result computed with --ci 0: no whiskers
         plot.show(view.matrix, list(view.rows), float(np.asarray(view.extra["hist_edges"])[-1]), view.extra["uniform_px"],
-                  view.nonfinite)
+                  view.nonfinite, view.ci_low, view.ci_high, view.interval_caption())
 
     def on_distance_plot_cursor_moved(self, message: DistancePlot.CursorMoved) -> None:
         message.stop()

@@ -2,7 +2,9 @@
 
 Each head is a dot at its mean distance (a digit where several share a character), the uniform-attention
 distance is a dotted column, and a cursor picks a block (up/down) and one of its heads (left/right, in
-sorted order, as the paper plots them).
+sorted order, as the paper plots them). With intervals of the mean over images, the head under the cursor
+gets a whisker ├──┤ from its low to its high end on its row (one whisker only: a block's heads share a row,
+their whiskers would run into one line), and a caption line says what the interval is.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from vitsee.tui.widgets.heatmap import fit_labels
 DOT = "\u25cf"  # ●
 NONFINITE = "\u00d7"  # × a head whose distance is NaN/Inf: at the right end, where no distance reaches
 UNIFORM = "\u250a"  # ┊
+WHISKER_LOW, WHISKER, WHISKER_HIGH = "\u251c", "\u2500", "\u2524"  # ├ ─ ┤
 MAX_LABEL = 10
 
 
@@ -45,6 +48,7 @@ class DistancePlot(Widget, can_focus=True):
         "distance-plot--uniform",
         "distance-plot--axis",
         "distance-plot--nonfinite",
+        "distance-plot--whisker",
     }
 
     DEFAULT_CSS = """
@@ -59,6 +63,7 @@ class DistancePlot(Widget, can_focus=True):
         & > .distance-plot--uniform { color: $warning; }
         & > .distance-plot--axis { color: $text-muted; }
         & > .distance-plot--nonfinite { color: $error; text-style: bold; }
+        & > .distance-plot--whisker { color: $accent; text-style: bold; }
     }
     DistancePlot:focus > .distance-plot--row-cursor { background: $accent 20%; }
     """
@@ -83,18 +88,45 @@ class DistancePlot(Widget, can_focus=True):
         self.blocks: list[str] = []
         self.max_px = 1.0
         self.uniform_px: float | None = None
+        self.low: np.ndarray | None = None
+        self.high: np.ndarray | None = None
+        self.caption = ""
 
     def show(self, distances: np.ndarray, blocks: list[str], max_px: float, uniform_px: float | None,
-             nonfinite: np.ndarray | None = None) -> None:
+             nonfinite: np.ndarray | None = None, low: np.ndarray | None = None, high: np.ndarray | None = None,
+             caption: str = "") -> None:
         """Show (blocks, heads) distances in px, each row sorted ascending; `nonfinite` marks the heads whose
-        distance is NaN/Inf (a Swin stage's missing heads are NaN too, but no values, so not marked)."""
+        distance is NaN/Inf (a Swin stage's missing heads are NaN too, but no values, so not marked);
+        `low` / `high` are the ends of each head's interval in the same order, `caption` says what they are."""
         self.distances = np.asarray(distances, dtype=float)
         self.nonfinite = None if nonfinite is None else np.asarray(nonfinite, dtype=bool)
         self.blocks, self.max_px, self.uniform_px = list(blocks), float(max_px) or 1.0, uniform_px
-        self.styles.height = len(self.blocks) + 2  # as tall as the blocks need; max-height keeps room below
+        self.low = None if low is None or high is None else np.asarray(low, dtype=float)
+        self.high = None if self.low is None else np.asarray(high, dtype=float)
+        self.caption = caption
+        # as tall as the blocks need (and the caption); max-height keeps room below
+        self.styles.height = len(self.blocks) + 2 + self.caption_lines
         self.set_reactive(DistancePlot.cursor, self.validate_cursor(self.cursor))
         self.refresh()
         self.post_message(self.CursorMoved(self, *self.cursor))
+
+    @property
+    def caption_lines(self) -> int:
+        """Returns 1 when the plot has intervals to draw (their caption takes a line under the axis), else 0."""
+        return int(self.low is not None and bool((np.isfinite(self.low) & np.isfinite(self.high)).any()))
+
+    def whisker(self, block: int, head: int, x_of) -> dict[int, str]:
+        """Returns the whisker of one head as {column: glyph}, empty when it has no finite interval."""
+        if self.low is None:
+            return {}
+        low, high = float(self.low[block, head]), float(self.high[block, head])
+        if not (np.isfinite(low) and np.isfinite(high)):
+            return {}
+        start, end = x_of(low), x_of(high)
+        glyphs = {x: WHISKER for x in range(start + 1, end)}
+        if end > start:  # an interval narrower than a column is the dot alone
+            glyphs[start], glyphs[end] = WHISKER_LOW, WHISKER_HIGH
+        return glyphs
 
     def validate_cursor(self, cursor: tuple[int, int]) -> tuple[int, int]:
         rows, cols = self.distances.shape if self.distances.size else (1, 1)
@@ -118,7 +150,10 @@ class DistancePlot(Widget, can_focus=True):
         labels = fit_labels(self.blocks, MAX_LABEL)
         gutter = max(map(len, labels)) + 1
         plot_w = max(width - gutter - 1, 8)
-        rows = height - 2  # axis, its labels
+        caption_lines = self.caption_lines
+        if height < 3 + caption_lines:
+            return Text("")
+        rows = height - 2 - caption_lines  # axis, its labels, the caption
         n_blocks = len(self.blocks)
         top = min(max(self.cursor[0] - rows // 2, 0), max(n_blocks - rows, 0))
 
@@ -134,6 +169,7 @@ class DistancePlot(Widget, can_focus=True):
         uniform_style = self.get_component_rich_style("distance-plot--uniform")
         axis = self.get_component_rich_style("distance-plot--axis")
         nonfinite = self.get_component_rich_style("distance-plot--nonfinite")
+        whisker_style = self.get_component_rich_style("distance-plot--whisker")
         uniform_x = x_of(self.uniform_px) if self.uniform_px is not None else None
         text = Text(no_wrap=True, overflow="crop")
         for block in range(top, min(top + rows, n_blocks)):
@@ -143,6 +179,7 @@ class DistancePlot(Widget, can_focus=True):
             # a Swin block of an early stage has fewer heads than the widest: its missing ones are NaN, not dots
             xs = [x_of(px) if np.isfinite(px) else None for px in self.distances[block]]
             cursor_x = xs[self.cursor[1]] if on_row else None
+            whisker = self.whisker(block, self.cursor[1], x_of) if on_row else {}
             counts: dict[int, int] = {}
             for x in xs:
                 if x is not None:
@@ -155,6 +192,8 @@ class DistancePlot(Widget, can_focus=True):
                 elif x in counts:
                     char = DOT if counts[x] == 1 else str(min(counts[x], 9))
                     style = base + dot + (cursor_style if x == cursor_x else Style())
+                elif x in whisker:  # over the uniform column: the interval is what the cursor asks about
+                    char, style = whisker[x], base + whisker_style
                 elif x == uniform_x:
                     char, style = UNIFORM, base + uniform_style
                 else:
@@ -166,6 +205,13 @@ class DistancePlot(Widget, can_focus=True):
         text.append(" " * gutter + "\u2514" + "\u2500" * (plot_w - 1) + "\n", axis)  # └───
         text.append(" " * gutter)
         text.append_text(self._axis_labels(plot_w, uniform_x, axis, uniform_style))
+        if caption_lines:
+            line = Text(" " * gutter, no_wrap=True, overflow="crop")
+            line.append(WHISKER_LOW + WHISKER + WHISKER_HIGH, whisker_style)
+            line.append(f" head under the cursor: {self.caption or 'interval'}")
+            line.truncate(width, overflow="ellipsis")
+            text.append("\n")
+            text.append_text(line)
         return text
 
     def _axis_labels(self, plot_w: int, uniform_x: int | None, axis: Style, uniform_style: Style) -> Text:

@@ -3,7 +3,9 @@
 Each character cell holds 2 x 4 dots, so a 40 x 6 plot has 80 x 24 points of resolution. Used for a CKA
 row and column in the pair detail, accuracy against depth for the probes, CLS against spatial tokens for
 the skip ratios. Without colour the series after the first are drawn as dots at their samples only, so
-two curves can still be told apart.
+two curves can still be told apart. A series with an interval per sample (a probe's binomial interval, a
+skip ratio's t interval) gets a band: a column of BAND glyphs from its low to its high end at each sample,
+behind the curve, and a caption line saying what the interval is.
 """
 
 from __future__ import annotations
@@ -22,14 +24,26 @@ BRAILLE = 0x2800
 DOT_BITS = ((0x01, 0x02, 0x04, 0x40), (0x08, 0x10, 0x20, 0x80))
 AXIS_WIDTH = 6
 SERIES_CLASSES = ("line-plot--series-0", "line-plot--series-1", "line-plot--series-2")
+BAND_CLASSES = ("line-plot--band-0", "line-plot--band-1", "line-plot--band-2")
+BAND = "\u2506"  # ┆ unlike the braille curves and the ┈ reference line, so it reads without colour
 
 
 @dataclass
 class Series:
-    """One curve: a name for the legend and one value per x position (NaN: no point)."""
+    """One curve: a name for the legend, one value per x position (NaN: no point), and optionally the
+    low and high ends of an interval per x position (NaN: none there)."""
 
     name: str
     values: Sequence[float]
+    low: Sequence[float] | None = None
+    high: Sequence[float] | None = None
+
+    @property
+    def has_band(self) -> bool:
+        """Returns whether the series carries an interval at some x position."""
+        if self.low is None or self.high is None:
+            return False
+        return bool((np.isfinite(np.asarray(self.low, dtype=float)) & np.isfinite(np.asarray(self.high, dtype=float))).any())
 
 
 def format_tick(value: float) -> str:
@@ -47,11 +61,12 @@ class LinePlot(Widget):
     """Series as braille lines over a shared x axis, with y ticks, x labels at both ends, a legend.
 
     `mark` draws a column across the plot at one x position (the selected layer); `hline` a dotted
-    reference line (chance accuracy, a ratio of 1).
+    reference line (chance accuracy, a ratio of 1); `caption` says what the series' intervals are.
     """
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {
         *SERIES_CLASSES,
+        *BAND_CLASSES,
         "line-plot--axis",
         "line-plot--mark",
         "line-plot--hline",
@@ -63,6 +78,9 @@ class LinePlot(Widget):
         & > .line-plot--series-0 { color: $accent; }
         & > .line-plot--series-1 { color: $warning; }
         & > .line-plot--series-2 { color: $success; }
+        & > .line-plot--band-0 { color: $accent 60%; }
+        & > .line-plot--band-1 { color: $warning 60%; }
+        & > .line-plot--band-2 { color: $success 60%; }
         & > .line-plot--axis { color: $text-muted; }
         & > .line-plot--mark { background: $boost; color: $foreground; text-style: bold; }
         & > .line-plot--hline { color: $text-muted; }
@@ -79,16 +97,23 @@ class LinePlot(Widget):
         self.mark: int | None = None
         self.hline: float | None = None
         self.hline_name = ""
+        self.caption = ""
         self.monochrome = monochrome
 
     def plot(self, series: Sequence[Series], x_labels: Sequence[str], *, ymin: float | None = None,
              ymax: float | None = None, mark: int | None = None, hline: float | None = None,
-             hline_name: str = "") -> None:
-        """Show new data (a length-0 series list clears the plot)."""
+             hline_name: str = "", caption: str = "") -> None:
+        """Show new data (a length-0 series list clears the plot); `caption` names the intervals, if any."""
         self.series = list(series)
         self.x_labels = list(x_labels)
         self.ymin, self.ymax, self.mark, self.hline, self.hline_name = ymin, ymax, mark, hline, hline_name
+        self.caption = caption
         self.refresh()
+
+    @property
+    def has_bands(self) -> bool:
+        """Returns whether any series has an interval to draw (then a caption line sits under the legend)."""
+        return any(s.has_band for s in self.series)
 
     def set_mark(self, mark: int | None) -> None:
         if mark != self.mark:
@@ -98,7 +123,9 @@ class LinePlot(Widget):
     # --- drawing ----------------------------------------------------------------------------------------
 
     def _y_range(self) -> tuple[float, float]:
-        values = np.concatenate([np.asarray(s.values, dtype=float) for s in self.series] or [np.zeros(0)])
+        # the bands too, so an interval is not cut off where the axis is not fixed (skip ratios)
+        arrays = [np.asarray(a, dtype=float) for s in self.series for a in (s.values, s.low, s.high) if a is not None]
+        values = np.concatenate(arrays or [np.zeros(0)])
         if self.hline is not None:
             values = np.append(values, self.hline)
         finite = values[np.isfinite(values)]
@@ -111,7 +138,8 @@ class LinePlot(Widget):
     def render(self) -> Text:
         width, height = self.size.width, self.size.height
         n = max((len(s.values) for s in self.series), default=0)
-        plot_w, plot_h = width - AXIS_WIDTH, height - 2  # x labels and legend below
+        bands = self.has_bands
+        plot_w, plot_h = width - AXIS_WIDTH, height - (3 if bands else 2)  # x labels, legend, caption below
         if n == 0 or plot_w < 4 or plot_h < 1:
             return Text("")
         lo, hi = self._y_range()
@@ -125,6 +153,7 @@ class LinePlot(Widget):
 
         cells = np.zeros((plot_h, plot_w), dtype=np.int32)
         owner = np.full((plot_h, plot_w), -1, dtype=np.int8)  # the series whose colour a cell takes
+        band = self._band_cells(plot_h, plot_w, n, x_of, y_of)
         for index, series in enumerate(self.series):
             values = np.asarray(series.values, dtype=float)
             dotted = self.monochrome and index > 0
@@ -153,6 +182,7 @@ class LinePlot(Widget):
         mark_style = self.get_component_rich_style("line-plot--mark")
         hline_style = self.get_component_rich_style("line-plot--hline")
         series_styles = [self.get_component_rich_style(SERIES_CLASSES[i % len(SERIES_CLASSES)]) for i in range(len(self.series))]
+        band_styles = [self.get_component_rich_style(BAND_CLASSES[i % len(BAND_CLASSES)]) for i in range(len(self.series))]
         text = Text(no_wrap=True, overflow="crop")
         for row in range(plot_h):
             tick = format_tick(hi) if row == 0 else format_tick(lo) if row == plot_h - 1 else ""
@@ -161,6 +191,8 @@ class LinePlot(Widget):
                 bits = int(cells[row, col])
                 if bits:
                     char, style = chr(BRAILLE + bits), series_styles[owner[row, col]]
+                elif band[row, col] >= 0:  # an interval covers the reference line: the interval shows
+                    char, style = BAND, band_styles[band[row, col]]
                 elif row == hline_row:
                     char, style = "\u2508", hline_style  # ┈
                 else:
@@ -172,7 +204,43 @@ class LinePlot(Widget):
         text.append(self._x_axis_line(plot_w, mark_col, n), axis)
         text.append("\n")
         text.append_text(self._legend(series_styles, hline_style, width))
+        if bands:
+            text.append("\n")
+            text.append_text(self._caption(band_styles, width))
         return text
+
+    def _band_cells(self, plot_h: int, plot_w: int, n: int, x_of, y_of) -> np.ndarray:
+        """Returns, per character cell, the series whose interval covers it (-1: none).
+
+        At each sample a band fills one column from the row of the high end to the row of the low end.
+        The series share their x positions, so where the samples lie far enough apart each banded series
+        takes its own column, in legend order from the sample's column rightwards; else all take the
+        sample's column and the later series is drawn, as its curve is.
+        """
+        band = np.full((plot_h, plot_w), -1, dtype=np.int8)
+        banded = [index for index, series in enumerate(self.series) if series.has_band]
+        side_by_side = n == 1 or (plot_w - 1) / (n - 1) >= len(banded) + 1
+        for k, index in enumerate(banded):
+            series = self.series[index]
+            low, high = np.asarray(series.low, dtype=float), np.asarray(series.high, dtype=float)
+            for i, (lo, hi) in enumerate(zip(low, high)):
+                if not (math.isfinite(lo) and math.isfinite(hi)):
+                    continue
+                col = x_of(i) // 2
+                if side_by_side:  # at the right edge the group moves left to stay inside
+                    col = col + k - max(0, col + len(banded) - plot_w)
+                band[y_of(hi) // 4: y_of(lo) // 4 + 1, col] = index
+        return band
+
+    def _caption(self, band_styles: list[Style], width: int) -> Text:
+        """Returns the caption line: the band glyph in each banded series' colour, then what the interval is."""
+        caption = Text(" " * AXIS_WIDTH, no_wrap=True, overflow="crop")
+        for index, series in enumerate(self.series):
+            if series.has_band:
+                caption.append(BAND, band_styles[index])
+        caption.append(f" {self.caption or 'interval'}")
+        caption.truncate(width, overflow="ellipsis")
+        return caption
 
     def _x_axis_line(self, plot_w: int, mark_col: int | None, n: int) -> str:
         """Return the x labels line: first and last label at the ends, the marked one under its column."""

@@ -67,9 +67,12 @@ class ProbesPane(ViewPane):
                     cells.append(Text(f"{value:.3f}"))
             table.add_row(*cells, label=layer, key=layer)
         plot = self.query_one(LinePlot)
-        plot.plot([Series(name, view.matrix[:, c]) for c, name in enumerate(view.cols)],
+        low, high = view.ci_low, view.ci_high  # None for a result computed with --ci 0: no bands
+        plot.plot([Series(name, view.matrix[:, c], None if low is None else low[:, c], None if high is None else high[:, c])
+                   for c, name in enumerate(view.cols)],
                   [short_label(r) for r in view.rows], ymin=0.0, ymax=1.0,
-                  mark=0, hline=float(view.extra.get("chance", float("nan"))), hline_name="chance")
+                  mark=0, hline=float(view.extra.get("chance", float("nan"))), hline_name="chance",
+                  caption=view.interval_caption())
         self.post_status()
 
     def on_data_table_cell_highlighted(self, message: DataTable.CellHighlighted) -> None:

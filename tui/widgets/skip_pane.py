@@ -45,10 +45,12 @@ class SkipPane(HeatmapPane):
                              nonfinite=view.nonfinite, nonfinite_text=view.nonfinite_text)
         cls = np.asarray(view.extra["cls"], dtype=float)
         spatial = np.asarray(view.extra["spatial_mean"], dtype=float)
-        series = [Series("CLS token", cls)] if np.isfinite(cls).any() else []
-        series.append(Series("spatial tokens (mean)" if series else "whole map", spatial))
+        extra = view.extra  # the intervals over images, absent for a result computed with --ci 0
+        series = [Series("CLS token", cls, extra.get("cls_ci_low"), extra.get("cls_ci_high"))] if np.isfinite(cls).any() else []
+        series.append(Series("spatial tokens (mean)" if series else "whole map", spatial,
+                             extra.get("spatial_ci_low"), extra.get("spatial_ci_high")))
         self.query_one(LinePlot).plot(series, [short_label(r) for r in view.rows], mark=heatmap.cursor[0],
-                                      hline=1.0, hline_name="ratio 1")
+                                      hline=1.0, hline_name="ratio 1", caption=view.interval_caption())
 
     def on_heatmap_cursor_moved(self, message: Heatmap.CursorMoved) -> None:
         message.stop()
