@@ -64,7 +64,7 @@ import numpy as np
 
 from .errors import VitseeError, brief
 from .store_check import check_own_file
-from .store_lock import WriteLock, sidecar_dir
+from .store_lock import WriteLock, pid_alive, sidecar_dir
 
 FORMAT_VERSION = 2
 HEADS = "heads/"  # per-head attention outputs of a ViT's blocks, (N, heads, tokens, head_dim), see head_outputs
@@ -197,16 +197,6 @@ def _store_id(file: h5py.File) -> str:
     return hashlib.sha1(seed.encode()).hexdigest()[:32]
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def remove_stale_starts(path: Path) -> list[Path]:
     """Removes the `.NAME.creating-PID` files that killed starts into `path` left behind, only those whose
     process is gone (a live one is another run still building the store); returns what was removed."""
@@ -215,7 +205,7 @@ def remove_stale_starts(path: Path) -> list[Path]:
     removed = []
     for tmp in path.parent.glob(f".{glob.escape(path.name)}.creating-*"):
         pid = tmp.name.rpartition("-")[2]
-        if pid.isdigit() and not _pid_alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             tmp.unlink(missing_ok=True)
             removed.append(tmp)
     return removed
@@ -276,13 +266,7 @@ def _write_file_atomically(final: Path, fill, store: Path) -> None:
     try:
         with _open_h5(tmp, "w") as f:
             fill(f)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, final)
-        _fsync_dir(final.parent)
+        _durable_rename(tmp, final)
     except VitseeError:
         tmp.unlink(missing_ok=True)
         raise
@@ -294,6 +278,17 @@ def _write_file_atomically(final: Path, fill, store: Path) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _durable_rename(tmp: Path, final: Path) -> None:
+    """Renames a finished file into place once its bytes are on disk, then makes the rename itself durable."""
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, final)
+    _fsync_dir(final.parent)
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -1107,13 +1102,7 @@ def creating(path: str | Path, overwrite: bool = False, lock: WriteLock | None =
             yield file
             file.close()
             _reserve(tmp, os.path.getsize(tmp), path)
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
-            _fsync_dir(path.parent)
+            _durable_rename(tmp, path)
         except BaseException:
             if file.id.valid:
                 file.close()

@@ -37,7 +37,8 @@ def lock_file(store: Path) -> Path:
     return sidecar_dir(store) / "lock"
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Returns whether a process with this pid exists on this machine (another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -60,7 +61,7 @@ def _holder(fd: int) -> str:
     started = text[2] if len(text) > 2 else "?"
     if pid == os.getpid():
         return f"this process ({command}, since {started})"
-    if _pid_alive(pid):
+    if pid_alive(pid):
         return f"process {pid} ({command}, since {started})"
     # the kernel drops a dead process's lock, so a live lock under a dead pid is held on another machine (NFS)
     return f"a process on another machine, or pid {pid} in another container ({command}, since {started})"
