@@ -36,19 +36,38 @@ def one_thread():
     torch.set_num_threads(old)
 
 
+LOCK_HOLDER = """
+import fcntl, sys, time
+fh = open(sys.argv[1], "a+")
+try:
+    fcntl.lockf(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+except OSError:
+    print("busy", flush=True)
+    sys.exit(0)
+print("held", flush=True)
+time.sleep(float(sys.argv[2]))
+"""
+
+
+def lock_is_free(out: Path) -> bool:
+    """Whether another process can take OUT's lock now (POSIX locks never conflict within one process)."""
+    held = subprocess.run([sys.executable, "-c", LOCK_HOLDER, str(lock_path(out)), "0"], capture_output=True, text=True)
+    return held.stdout.strip() == "held"
+
+
 def tiny_vit(out: Path, **kwargs) -> TrainConfig:
     return TrainConfig(out=out, **{**TINY_VIT, "n_images": 120, "epochs": 1, "batch_size": 32, **kwargs})
 
 
 def test_a_small_resnet18_learns_digits_well_above_chance(tmp_path):
     cfg = TrainConfig(out=tmp_path / "r18.safetensors", model="resnet18", model_args={"channels": [16, 32, 64, 128]},
-                      img_size=32, dataset="digits", n_images=600, epochs=3, batch_size=32, device="cpu", workers=2)
+                      img_size=32, dataset="digits", n_images=600, epochs=5, batch_size=32, device="cpu", workers=2)
     result = train(cfg)
     # chance on ten balanced digits is 0.1
     assert result.record["test_accuracy"] > 0.5
     assert result.record["n_test"] == 120 and result.record["n_train"] == 480
-    assert [row["epoch"] for row in result.record["history"]] == [1, 2, 3]
-    assert not checkpoint_path(cfg.out).exists() and not lock_path(cfg.out).exists()
+    assert [row["epoch"] for row in result.record["history"]] == [1, 2, 3, 4, 5]
+    assert not checkpoint_path(cfg.out).exists() and lock_is_free(cfg.out)
 
 
 def test_the_split_is_seeded_disjoint_and_fractions_nest_inside_one_training_split():
@@ -164,7 +183,23 @@ def test_kill_9_mid_training_and_a_rerun_give_the_weights_of_an_uninterrupted_ru
     a, b = load_file(out), load_file(whole)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert read_record(out)["history"][-1]["test_accuracy"] == read_record(whole)["history"][-1]["test_accuracy"]
-    assert not checkpoint_path(out).exists() and not lock_path(out).exists()
+    assert not checkpoint_path(out).exists() and lock_is_free(out)
+
+
+def test_the_lock_file_stays_after_a_run_so_whoever_opened_it_still_excludes_the_next(tmp_path):
+    out = tmp_path / "m.safetensors"
+    train(tiny_vit(out))
+    # the file is kept, never unlinked: a process that opened it before the run ended locks the live file
+    assert lock_path(out).exists() and lock_is_free(out)
+    holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(lock_path(out)), "60"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(VitseeError, match="another `vitsee train` is writing"):
+            train(tiny_vit(out, overwrite=True))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert out.exists() and not checkpoint_path(out).exists()
 
 
 def _unlabelled(tmp_path: Path) -> str:
@@ -220,7 +255,7 @@ def test_the_cli_trains_with_loader_workers_and_prints_one_line_per_epoch(tmp_pa
     epochs = [line for line in err.splitlines() if line.startswith("epoch ") and "test acc" in line]
     assert [line.split()[1] for line in epochs] == ["1/2", "2/2"]
     assert read_record(out)["recipe"]["epochs"] == 2
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["w.safetensors"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w.safetensors", "w.safetensors.lock"]
 
 
 def test_the_held_out_file_holds_exactly_the_test_split_with_its_labels(tmp_path):
