@@ -148,6 +148,24 @@ def test_the_record_round_trips_and_name_at_file_rebuilds_the_architecture(tmp_p
     assert not (tmp_path / "t.h5").exists()
 
 
+def test_kept_tensors_of_a_fixed_transform_equal_a_fresh_transform_and_random_ones_are_not_kept():
+    import timm.data
+
+    from vitsee.engine.data import open_dataset
+    from vitsee.engine.train import _Images
+
+    digits = open_dataset("digits")
+    fixed = timm.data.create_transform(input_size=(3, 32, 32), interpolation="bicubic", crop_pct=0.9)
+    kept = _Images(digits, np.arange(5, 25), fixed, fixed=True)
+    first = [kept[j][0] for j in range(len(kept))]
+    again = [kept[j] for j in range(len(kept))]
+    assert all(torch.equal(a, fixed(digits.image(5 + j))) and b is a and y == digits.labels()[5 + j]
+               for j, (a, (b, y)) in enumerate(zip(first, again)))
+    crop = timm.data.create_transform(input_size=(3, 32, 32), is_training=True, scale=(0.5, 1.0), hflip=0.0)
+    drawn = _Images(digits, np.arange(5, 25), crop, fixed=False)
+    assert not any(torch.equal(drawn[j][0], drawn[j][0]) for j in range(len(drawn)))  # a new crop each time
+
+
 def _train_command(out: Path, epochs: int) -> list[str]:
     return [sys.executable, "-m", "vitsee.engine.cli", "train", str(out), "-m", "test_vit", "--model-arg", "patch_size=8",
             "--model-arg", "depth=3", "--img-size", "32", "--dataset", "digits", "-n", "200", "--epochs", str(epochs),
