@@ -220,6 +220,17 @@ def test_the_lock_file_stays_after_a_run_so_whoever_opened_it_still_excludes_the
     assert out.exists() and not checkpoint_path(out).exists()
 
 
+def test_training_on_cpu_uses_one_thread_unless_told_and_gives_the_old_count_back(tmp_path):
+    torch.set_num_threads(2)
+    seen = []
+    train(tiny_vit(tmp_path / "a.safetensors"), progress=lambda e: seen.append(torch.get_num_threads()))
+    assert set(seen) == {1} and torch.get_num_threads() == 2
+    seen.clear()
+    train(tiny_vit(tmp_path / "b.safetensors", threads=2), progress=lambda e: seen.append(torch.get_num_threads()))
+    assert set(seen) == {2}
+    torch.set_num_threads(1)
+
+
 def _unlabelled(tmp_path: Path) -> str:
     path = tmp_path / "data" / "nolabels.npz"
     path.parent.mkdir()
@@ -240,6 +251,7 @@ BAD_INPUTS = {
     "a dataset without labels": (["--dataset", "UNLABELLED"], "has 40 of 40 images without a label"),
     "too few images for the split": (["-n", "12"], "12 images give 10 to train on and 2 to test"),
     "CUDA absent": (["--device", "cuda"], "--device cuda but no CUDA GPU"),
+    "no threads": (["--threads", "0"], "--threads must be at least 1, got 0"),
 }
 
 
