@@ -301,3 +301,21 @@ def test_the_held_out_file_holds_exactly_the_test_split_with_its_labels(tmp_path
     assert all(np.array_equal(np.asarray(held.image(j)), np.asarray(digits.image(int(i)))) for j, i in enumerate(test))
     assert held.class_names == [str(d) for d in range(10)]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["test.npz"]
+
+
+def test_the_demo_keys_its_cached_weights_by_the_recipe_so_a_new_recipe_trains_anew(tmp_path, monkeypatch):
+    from vitsee.engine import train as train_mod
+    from vitsee.tui import demo
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("vitsee.engine.models.cached_pretrained_file", lambda name: None)  # so the demo trains
+    now = demo.choose(folder=tmp_path, device="cpu")
+    names = [t.out.name for t in now.training]
+    assert names[0].startswith("demo-vit_tiny_patch16_224-digits32-r") and names[0].endswith("-s0.safetensors")
+    assert "vit_tiny_patch16_224 15 epochs, resnet18 6 epochs" in now.weights_note
+    monkeypatch.setitem(train_mod.RECIPES, "vit", {**train_mod.RECIPES["vit"], "lr": 1e-3})
+    later = demo.choose(folder=tmp_path, device="cpu")
+    assert [t.out.name for t in later.training][0] != names[0] and later.config.store != now.config.store
+    fixed = demo.choose(demo.DemoPlan(train_epochs=2), folder=tmp_path, device="cpu")
+    assert [t.out.name for t in fixed.training] == ["demo-vit_tiny_patch16_224-digits32-e2-s0.safetensors",
+                                                     "demo-resnet18-digits32-e2-s0.safetensors"]
