@@ -36,19 +36,38 @@ def one_thread():
     torch.set_num_threads(old)
 
 
+LOCK_HOLDER = """
+import fcntl, sys, time
+fh = open(sys.argv[1], "a+")
+try:
+    fcntl.lockf(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+except OSError:
+    print("busy", flush=True)
+    sys.exit(0)
+print("held", flush=True)
+time.sleep(float(sys.argv[2]))
+"""
+
+
+def lock_is_free(out: Path) -> bool:
+    """Whether another process can take OUT's lock now (POSIX locks never conflict within one process)."""
+    held = subprocess.run([sys.executable, "-c", LOCK_HOLDER, str(lock_path(out)), "0"], capture_output=True, text=True)
+    return held.stdout.strip() == "held"
+
+
 def tiny_vit(out: Path, **kwargs) -> TrainConfig:
     return TrainConfig(out=out, **{**TINY_VIT, "n_images": 120, "epochs": 1, "batch_size": 32, **kwargs})
 
 
 def test_a_small_resnet18_learns_digits_well_above_chance(tmp_path):
     cfg = TrainConfig(out=tmp_path / "r18.safetensors", model="resnet18", model_args={"channels": [16, 32, 64, 128]},
-                      img_size=32, dataset="digits", n_images=600, epochs=3, batch_size=32, device="cpu", workers=2)
+                      img_size=32, dataset="digits", n_images=600, epochs=5, batch_size=32, device="cpu", workers=2)
     result = train(cfg)
     # chance on ten balanced digits is 0.1
     assert result.record["test_accuracy"] > 0.5
     assert result.record["n_test"] == 120 and result.record["n_train"] == 480
-    assert [row["epoch"] for row in result.record["history"]] == [1, 2, 3]
-    assert not checkpoint_path(cfg.out).exists() and not lock_path(cfg.out).exists()
+    assert [row["epoch"] for row in result.record["history"]] == [1, 2, 3, 4, 5]
+    assert not checkpoint_path(cfg.out).exists() and lock_is_free(cfg.out)
 
 
 def test_the_split_is_seeded_disjoint_and_fractions_nest_inside_one_training_split():
@@ -129,6 +148,24 @@ def test_the_record_round_trips_and_name_at_file_rebuilds_the_architecture(tmp_p
     assert not (tmp_path / "t.h5").exists()
 
 
+def test_kept_tensors_of_a_fixed_transform_equal_a_fresh_transform_and_random_ones_are_not_kept():
+    import timm.data
+
+    from vitsee.engine.data import open_dataset
+    from vitsee.engine.train import _Images
+
+    digits = open_dataset("digits")
+    fixed = timm.data.create_transform(input_size=(3, 32, 32), interpolation="bicubic", crop_pct=0.9)
+    kept = _Images(digits, np.arange(5, 25), fixed, fixed=True)
+    first = [kept[j][0] for j in range(len(kept))]
+    again = [kept[j] for j in range(len(kept))]
+    assert all(torch.equal(a, fixed(digits.image(5 + j))) and b is a and y == digits.labels()[5 + j]
+               for j, (a, (b, y)) in enumerate(zip(first, again)))
+    crop = timm.data.create_transform(input_size=(3, 32, 32), is_training=True, scale=(0.5, 1.0), hflip=0.0)
+    drawn = _Images(digits, np.arange(5, 25), crop, fixed=False)
+    assert not any(torch.equal(drawn[j][0], drawn[j][0]) for j in range(len(drawn)))  # a new crop each time
+
+
 def _train_command(out: Path, epochs: int) -> list[str]:
     return [sys.executable, "-m", "vitsee.engine.cli", "train", str(out), "-m", "test_vit", "--model-arg", "patch_size=8",
             "--model-arg", "depth=3", "--img-size", "32", "--dataset", "digits", "-n", "200", "--epochs", str(epochs),
@@ -164,7 +201,34 @@ def test_kill_9_mid_training_and_a_rerun_give_the_weights_of_an_uninterrupted_ru
     a, b = load_file(out), load_file(whole)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert read_record(out)["history"][-1]["test_accuracy"] == read_record(whole)["history"][-1]["test_accuracy"]
-    assert not checkpoint_path(out).exists() and not lock_path(out).exists()
+    assert not checkpoint_path(out).exists() and lock_is_free(out)
+
+
+def test_the_lock_file_stays_after_a_run_so_whoever_opened_it_still_excludes_the_next(tmp_path):
+    out = tmp_path / "m.safetensors"
+    train(tiny_vit(out))
+    # the file is kept, never unlinked: a process that opened it before the run ended locks the live file
+    assert lock_path(out).exists() and lock_is_free(out)
+    holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(lock_path(out)), "60"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(VitseeError, match="another `vitsee train` is writing"):
+            train(tiny_vit(out, overwrite=True))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert out.exists() and not checkpoint_path(out).exists()
+
+
+def test_training_on_cpu_uses_one_thread_unless_told_and_gives_the_old_count_back(tmp_path):
+    torch.set_num_threads(2)
+    seen = []
+    train(tiny_vit(tmp_path / "a.safetensors"), progress=lambda e: seen.append(torch.get_num_threads()))
+    assert set(seen) == {1} and torch.get_num_threads() == 2
+    seen.clear()
+    train(tiny_vit(tmp_path / "b.safetensors", threads=2), progress=lambda e: seen.append(torch.get_num_threads()))
+    assert set(seen) == {2}
+    torch.set_num_threads(1)
 
 
 def _unlabelled(tmp_path: Path) -> str:
@@ -187,6 +251,7 @@ BAD_INPUTS = {
     "a dataset without labels": (["--dataset", "UNLABELLED"], "has 40 of 40 images without a label"),
     "too few images for the split": (["-n", "12"], "12 images give 10 to train on and 2 to test"),
     "CUDA absent": (["--device", "cuda"], "--device cuda but no CUDA GPU"),
+    "no threads": (["--threads", "0"], "--threads must be at least 1, got 0"),
 }
 
 
@@ -220,7 +285,7 @@ def test_the_cli_trains_with_loader_workers_and_prints_one_line_per_epoch(tmp_pa
     epochs = [line for line in err.splitlines() if line.startswith("epoch ") and "test acc" in line]
     assert [line.split()[1] for line in epochs] == ["1/2", "2/2"]
     assert read_record(out)["recipe"]["epochs"] == 2
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["w.safetensors"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w.safetensors", "w.safetensors.lock"]
 
 
 def test_the_held_out_file_holds_exactly_the_test_split_with_its_labels(tmp_path):
@@ -236,3 +301,21 @@ def test_the_held_out_file_holds_exactly_the_test_split_with_its_labels(tmp_path
     assert all(np.array_equal(np.asarray(held.image(j)), np.asarray(digits.image(int(i)))) for j, i in enumerate(test))
     assert held.class_names == [str(d) for d in range(10)]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["test.npz"]
+
+
+def test_the_demo_keys_its_cached_weights_by_the_recipe_so_a_new_recipe_trains_anew(tmp_path, monkeypatch):
+    from vitsee.engine import train as train_mod
+    from vitsee.tui import demo
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("vitsee.engine.models.cached_pretrained_file", lambda name: None)  # so the demo trains
+    now = demo.choose(folder=tmp_path, device="cpu")
+    names = [t.out.name for t in now.training]
+    assert names[0].startswith("demo-vit_tiny_patch16_224-digits32-r") and names[0].endswith("-s0.safetensors")
+    assert "vit_tiny_patch16_224 15 epochs, resnet18 6 epochs" in now.weights_note
+    monkeypatch.setitem(train_mod.RECIPES, "vit", {**train_mod.RECIPES["vit"], "lr": 1e-3})
+    later = demo.choose(folder=tmp_path, device="cpu")
+    assert [t.out.name for t in later.training][0] != names[0] and later.config.store != now.config.store
+    fixed = demo.choose(demo.DemoPlan(train_epochs=2), folder=tmp_path, device="cpu")
+    assert [t.out.name for t in fixed.training] == ["demo-vit_tiny_patch16_224-digits32-e2-s0.safetensors",
+                                                     "demo-resnet18-digits32-e2-s0.safetensors"]
