@@ -12,6 +12,7 @@ import os
 import pickle
 import zipfile
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -588,3 +589,18 @@ def train_test_split(
         )
     keep = np.random.default_rng([seed, 1]).permutation(len(train))[:n_train]
     return np.sort(train[keep]).astype(np.int64), np.sort(test).astype(np.int64)
+
+
+@contextmanager
+def loader_batches(loader):
+    """Yields an iterator over a torch DataLoader and shuts its worker processes down when the block ends,
+    however it ends. Left to the garbage collector after an error or a cancel (the traceback keeps the
+    iterator alive), a finished worker stays registered with torch's SIGCHLD handler, which then raises
+    inside whatever this process runs next: the terminal app's event loop."""
+    it = iter(loader)
+    try:
+        yield it
+    finally:
+        shutdown = getattr(it, "_shutdown_workers", None)  # multi-process iterators only
+        if shutdown is not None:
+            shutdown()

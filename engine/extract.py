@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from . import store as store_mod
-from .data import ImageSet, Selection, open_dataset, select_indices
+from .data import ImageSet, Selection, loader_batches, open_dataset, select_indices
 from .errors import VitseeError
 from .models import LoadedModel, ModelSpec, layer_points, load_model, make_transform, parse_model_spec
 from .recorders import ActivationRecorder, HeadOutputRecorder, Recorder, default_recorders, fp16_lossy_layers, fp16_note
@@ -364,24 +364,16 @@ def _collate(items: list):
 
 @contextmanager
 def _batches(loader) -> Iterator[Iterator]:
-    """Yields an iterator over a loader's batches (an unreadable image ends the run with its one-line error)
-    and shuts the loader's worker processes down when the block ends, however it ends: left to the garbage
-    collector after an error, a dead worker stays registered with torch's SIGCHLD handler, which then
-    raises inside whatever runs next in this process (the terminal app's event loop)."""
-    it = iter(loader)
+    """Yields an iterator over a loader's batches, an unreadable image ending the run with its one-line
+    error; the loader's workers are shut down when the block ends (see data.loader_batches)."""
+    with loader_batches(loader) as it:
+        yield (_checked(inputs) for inputs in it)
 
-    def checked():
-        for inputs in it:
-            if isinstance(inputs, _Unreadable):
-                raise VitseeError(f"{inputs.message}, then rerun the same command to resume (finished batches are kept)")
-            yield inputs
 
-    try:
-        yield checked()
-    finally:
-        shutdown = getattr(it, "_shutdown_workers", None)  # present on multi-process iterators only
-        if shutdown is not None:
-            shutdown()
+def _checked(inputs):
+    if isinstance(inputs, _Unreadable):
+        raise VitseeError(f"{inputs.message}, then rerun the same command to resume (finished batches are kept)")
+    return inputs
 
 
 @dataclass
