@@ -73,3 +73,15 @@ def test_no_module_of_the_engine_or_the_app_is_on_an_import_cycle():
 
     on_cycle = sorted(name for name in graph if reaches(name, name))
     assert on_cycle == []
+
+
+def test_every_registered_analysis_has_its_view_string_its_drawings_and_a_pane():
+    from vitsee.engine import figures, render
+    from vitsee.engine.analyses import REGISTRY
+    from vitsee.engine.views import VIEW_HELP, VIEW_KINDS
+    from vitsee.tui.screens.explorer import PANES
+
+    assert list(VIEW_KINDS) == list(REGISTRY) == list(PANES)
+    for name, spec in REGISTRY.items():
+        assert spec.name == name and spec.usage.startswith(f"{name}:") and spec.usage in VIEW_HELP
+        assert callable(getattr(figures, f"_{spec.figure}")) and callable(getattr(render, f"_{spec.figure}")), name
