@@ -10,7 +10,7 @@ layers, non-negative post-ReLU maps with positive offsets in the CNN-like layers
 unit (a stress test for fp32 cancellation).
 
 Methods, all given the same fp32 features already on --device, all computing the same 26 x 26 matrix:
-- vitsee: vitsee.engine.cka.minibatch_cka (per batch: each layer's Gram once, all pairs in one product).
+- vitsee: vitsee.engine.analyses.cka.minibatch_cka (per batch: each layer's Gram once, all pairs in one product).
 - pytorch-cka (PyPI `pytorch-cka`, imports as `cka`), called as its README shows:
   `compute_cka(model1, model2, loader, layers=..., model2_layers=..., device=..., progress=False)`. It wants
   models and a DataLoader, so the precomputed features sit in modules of identity-like submodules that return a
@@ -56,7 +56,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
-from vitsee.engine import cka as vcka  # noqa: E402
+from vitsee.engine.analyses import cka as vcka  # noqa: E402
 
 # Dense peak TFLOP/s for the products vitsee runs (fp32 without TF32 for the Grams, fp64 tensor cores for the
 # pair product: the two are equal on these cards), boost clock, from NVIDIA's datasheets. First match wins.

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from vitsee.engine.analyze import AnalyzeConfig, cka_params
+from vitsee.engine.analyses.cka import cka_params
+from vitsee.engine.analyze import AnalyzeConfig
 from vitsee.engine.store import Store
 
 

@@ -31,7 +31,8 @@ import numpy as np
 import timm
 import torch
 
-from vitsee.engine.extract import ExtractConfig, resolve_device, run_extraction
+from vitsee.engine.analyses.base import resolve_device
+from vitsee.engine.extract import ExtractConfig, run_extraction
 from vitsee.engine.models import load_model, make_transform, parse_model_spec
 
 DEFAULT_MODELS = ["vit_tiny_patch16_224@random:0", "resnet18@random:0"]

@@ -23,8 +23,10 @@ from pathlib import Path
 
 import torch
 
-from vitsee.engine import probes
-from vitsee.engine.analyze import AnalyzeConfig, estimate_probe_seconds, run_cka, run_probes
+from vitsee.engine.analyses import probes
+from vitsee.engine.analyses.cka import run_cka
+from vitsee.engine.analyses.probes import estimate_probe_seconds, run_probes
+from vitsee.engine.analyze import AnalyzeConfig
 from vitsee.engine.extract import ExtractConfig, run_extraction
 from vitsee.engine.store import Store
 from vitsee.engine.threads import set_compute_threads

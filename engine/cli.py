@@ -95,8 +95,10 @@ def extract(
     threads: Annotated[Optional[int], typer.Option(help="CPU compute threads (default: the usable cores other processes leave free)")] = None,
 ) -> None:
     """Run models over images and store layer activations and per-image statistics (resumable)."""
+    from . import distributed
     from .distributed import is_secondary
-    from .extract import ExtractConfig, run_extraction
+    from .extract import run_extraction
+    from .extract_plan import ExtractConfig
     from .threads import set_compute_threads
 
     cfg = ExtractConfig(
@@ -108,7 +110,9 @@ def extract(
     set_compute_threads(threads)
     on_event, bar = _progress_bar(quiet)
     try:
-        result = run_extraction(cfg, progress=on_event)
+        # under torchrun (WORLD_SIZE > 1) each process extracts a shard and rank 0 stitches them
+        sharded = distributed.current() is not None
+        result = (distributed.extract_sharded if sharded else run_extraction)(cfg, progress=on_event)
     except KeyboardInterrupt:
         err.print("interrupted: finished batches are kept; rerun the same command to resume", highlight=False)
         raise typer.Exit(130) from None
@@ -379,6 +383,7 @@ def analyze(
     threads: Annotated[Optional[int], typer.Option(help="CPU compute threads (default: the usable cores other processes leave free)")] = None,
 ) -> None:
     """Compute the paper's analyses (none named: all that apply) and cache them in the store."""
+    from . import distributed
     from .analyze import AnalyzeConfig, run_analyses
     from .distributed import is_secondary
     from .threads import set_compute_threads
@@ -399,12 +404,14 @@ def analyze(
     on_event, bar = _progress_bar(quiet)
 
     def on_step(step) -> None:
-        from .extract import Progress
+        from .extract_plan import Progress
 
         on_event(Progress("analyze", done=step.done, total=step.total, message=step.analysis))
 
     try:
-        done = run_analyses(store, chosen or None, cfg, progress=on_step) if chosen or not paper else []
+        # under torchrun every process takes a share of the CKA batches, then rank 0 runs the rest
+        driver = distributed.analyze_sharded if distributed.current() is not None else run_analyses
+        done = driver(store, chosen or None, cfg, progress=on_step) if chosen or not paper else []
         if paper and not is_secondary():  # head CKA and ERFs run in one process, after any distributed CKA
             from .analyses import run as run_paper_analyses
 
@@ -471,7 +478,8 @@ def export(
     permutations: ViewPermutations = None,
 ) -> None:
     """Write one view as a figure (.png), its numbers (.json) or a table (.csv); computes it if needed."""
-    from .views import check_export, load_view, write_view
+    from .export import check_export, write_view
+    from .views import load_view
 
     check_export(out_file, cmap)  # before the view is computed: a refused export changes nothing
     v = load_view(store, view, _view_config(batch_size, shuffles, seed, device, ci, permutations))

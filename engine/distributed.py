@@ -2,7 +2,8 @@
 many processes there were.
 
 `torchrun --nproc-per-node G [--nnodes N ...] --no-python vitsee extract|analyze ...` starts G x N copies of
-the command with WORLD_SIZE / RANK / LOCAL_RANK set. vitsee notices and:
+the command with WORLD_SIZE / RANK / LOCAL_RANK set. The CLI notices (extraction and the analyses themselves never
+import this module) and calls `extract_sharded` or `analyze_sharded`:
 - extract: rank r takes a contiguous range of whole batches (batches are cut from the run's images by global
   index, so a batch holds the same images for any number of processes) and extracts it into its own shard,
   STORE.shards/rank-0000r-of-0000W.h5, a store of the same layout over its rows, resumable like any store.
@@ -140,7 +141,8 @@ def extract_sharded(cfg, progress=None, cancel: threading.Event | None = None):
     """Runs this rank's share of an extraction into its shard; rank 0 then stitches the store."""
     from . import shards
     from .data import open_dataset, select_indices
-    from .extract import ExtractResult, Shard, run_extraction
+    from .extract import run_extraction
+    from .extract_plan import ExtractResult, Shard
 
     rank = current()
     assert rank is not None
@@ -187,5 +189,47 @@ def extract_sharded(cfg, progress=None, cancel: threading.Event | None = None):
         counts = gather((result.images_processed, result.bytes_written, result.seconds))
         return replace(result, store=store, models=todo, images_processed=sum(c[0] for c in counts),
                        bytes_written=sum(c[1] for c in counts), seconds=max(c[2] for c in counts))
+    finally:
+        shutdown()
+
+
+def analyze_sharded(path, which, cfg, progress=None) -> list[str]:
+    """Under torchrun: every rank accumulates its share of the CKA batches, the HSIC sums are all-reduced
+    and rank 0 caches the result, then runs the rest as one process would (the CKA is cached by then)."""
+    from .analyses.base import _check_ready, _save
+    from .analyses.cka import cka_params, compute_cka, finish_cka
+    from .analyze import check_names, run_analyses
+    from .store import Store
+
+    check_names(which)
+    rank = current()
+    assert rank is not None
+    device = rank_device(rank, cfg.device)
+    init(rank, device)
+    try:
+        cfg = replace(cfg, device=device)
+        store, compute, params, error = None, False, {}, None
+        try:
+            store = Store.writer(path) if rank.main else Store.open(path)
+            _check_ready(store, store.models)
+            params = cka_params(store, cfg)
+            compute = (which is None or "cka" in which) and not store.streaming and (
+                cfg.recompute or store.get_result("cka", params) is None)
+        except BaseException as exc:
+            error = exc
+        try:
+            agree(error, f"opening {path}")
+            if compute:
+                out = compute_cka(store, params, torch.device(device), progress if rank.main else None,
+                                  share=(rank.rank, rank.world))  # batches dealt out round-robin
+                states = all_reduce_sum(out["states"])
+                if rank.main:
+                    _save(store, "cka", params, finish_cka(states, out["columns"], params))
+        finally:
+            if store is not None:
+                store.close()
+        if not rank.main:
+            return ["cka"] if compute else []
+        return run_analyses(path, which, cfg, progress)
     finally:
         shutdown()

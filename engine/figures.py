@@ -35,6 +35,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import FuncFormatter
 
+from .analyses import REGISTRY
 from .colormap import check_colormap
 from .errors import VitseeError
 from .views import View
@@ -50,8 +51,7 @@ LINE_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd")  # readouts: categori
 def figure_for(view: View, selection: tuple[int, int] | None = None, cmap: str = "viridis") -> Figure:
     """Returns the figure of `view` (an Agg-backed Figure), with `selection` (row, col) marked if given."""
     selection = _check_selection(view, selection)
-    draw = {"cka": _cka, "attention": _attention, "probes": _probes, "skip": _skip, "spatial": _spatial,
-            "heads": _heads, "erf": _erf}[view.kind]
+    draw = globals()[f"_{REGISTRY[view.kind].figure}"]  # each analysis names its drawing function (engine/analyses/)
     fig = draw(view, selection, _colormap(cmap))
     note = view.nonfinite_note() if view.kind != "probes" else ""
     if note:  # under the axes: which cells are non-finite, in the figure itself

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import json
 import os
 import re
 import socket
@@ -20,7 +21,9 @@ import torch
 from torch import nn
 
 from .errors import VitseeError, brief
+from .interventions import remove_skips
 
+RECORD_KEY = "vitsee_train"  # the safetensors metadata key of a `vitsee train` record (engine/train.py)
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
 MAX_TORCH_SEED = 2**64 - 1  # torch.manual_seed takes an unsigned 64-bit seed
 # how long to wait for the Hub to answer before giving up on pretrained weights; VITSEE_HUB_TIMEOUT (seconds) sets it
@@ -581,11 +584,74 @@ def _load_file_weights(model: nn.Module, path: str) -> None:
     model.load_state_dict(state, strict=True)
 
 
+def read_record(path: str | Path) -> dict | None:
+    """Returns the training record in a .safetensors file's metadata, or None if it has none."""
+    if not str(path).endswith(".safetensors"):
+        return None
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            meta = fh.metadata() or {}
+    except Exception as exc:  # safetensors raises its own error types for a damaged header
+        raise VitseeError(f"cannot read {path} as safetensors ({brief(exc)}): check the file") from exc
+    text = meta.get(RECORD_KEY)
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise VitseeError(f"the training record in {path} is not JSON ({exc}): retrain with `vitsee train`") from exc
+
+
+def build_model(name: str, kwargs: dict, no_skip: list[str]) -> nn.Module:
+    """Returns timm's model `name` built with kwargs (num_classes, img_size, pooling ...), skips removed."""
+    import timm
+
+    kwargs = dict(kwargs)
+    img_size = kwargs.pop("img_size", None)
+    if family_of_name(name) == "vit" and img_size is not None:
+        kwargs["img_size"] = img_size  # CNNs take any size and have no img_size argument
+    try:
+        model = timm.create_model(name, pretrained=False, **kwargs)
+    except Exception as exc:  # timm raises TypeError, ValueError, AssertionError ... for bad kwargs
+        shown = ", ".join(f"{k}={v}" for k, v in kwargs.items())
+        raise VitseeError(f"timm cannot build {name} with {shown} ({brief(exc)}): check the --model-arg names and values") from exc
+    if img_size is not None and "img_size" not in kwargs:
+        model._vitsee_img_size = img_size  # what models.input_size reports for a CNN
+    return remove_skips(model, no_skip)
+
+
+def rebuild(record: dict) -> nn.Module:
+    """Returns the architecture a training record describes (kwargs, class count, removed skips, pooling),
+    with fresh weights."""
+    return build_model(record["model"], record["kwargs"], record["interventions"]["no_skip"])
+
+
+def describe_record(record: dict) -> str:
+    """Returns one line saying how a model was trained here, e.g. 'digits (1437 images, 10 epochs, test accuracy
+    0.912); no skip in blocks.3.attn, blocks.3.mlp; GAP'."""
+    text = (f"{record['dataset']} ({record['n_train']} images, {len(record['history'])} epochs, "
+            f"test accuracy {record['test_accuracy']:.3f})")
+    return text + "".join(f"; {part}" for part in interventions_text(record))
+
+
+def interventions_text(record: dict) -> list[str]:
+    """Returns the record's interventions in words (empty for a plain run)."""
+    iv = record["interventions"]
+    parts = []
+    if iv["no_skip"]:
+        parts.append(f"no skip in {', '.join(iv['no_skip'])}")
+    if iv["pool"]:
+        parts.append({"avg": "GAP classifier, no class token", "cls": "class-token classifier"}[iv["pool"]])
+    if record["split"]["data_fraction"] < 1:
+        parts.append(f"data fraction {record['split']['data_fraction']:g}")
+    return parts
+
+
 def _trained_record(spec: ModelSpec) -> dict | None:
     """Returns the `vitsee train` record of a weights file, None for other files; a record of another model
     than the spec names is a VitseeError."""
-    from .train import read_record
-
     record = read_record(spec.path)
     if record is not None and record["model"] != spec.name:
         raise VitseeError(
@@ -633,10 +699,8 @@ def load_model(spec: ModelSpec | str, img_size: int | None = None, device: str |
         if trained is None:
             model = _create(spec, img_size, pretrained=False)
         else:  # a `vitsee train` file: its record rebuilds the architecture (kwargs, classes, skips, pooling)
-            from .train import describe, rebuild
-
             model = rebuild(trained if img_size is None else {**trained, "kwargs": {**trained["kwargs"], "img_size": img_size}})
-            weights.update(trained=describe(trained), interventions=trained["interventions"])
+            weights.update(trained=describe_record(trained), interventions=trained["interventions"])
         _load_file_weights(model, spec.path)
         weights.update(sha256=sha256_file(spec.path), source=spec.path)
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .attention import mean_attention_distance, mean_window_attention_distance, patch_distance_px
+from .analyses.attention import mean_attention_distance, mean_window_attention_distance, patch_distance_px
 from .models import LoadedModel, Point, _resnet_blocks, _swin_blocks
 from .store import HEADS, ArraySpec, LayerSpec
 

@@ -22,6 +22,7 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
+from .analyses import REGISTRY
 from .colormap import ASCII_RAMP, DEFAULT_LEVELS, MISSING, ColorMode, ColorScale, Palette, detect_color_mode
 from .views import View, skipped_note, too_wide_note, uniform_text
 
@@ -47,20 +48,8 @@ def render_view(view: View, color: str | ColorMode = "auto", cmap: str = "viridi
     mode = detect_color_mode(override=None if str(color) == "auto" else color)
     width = width or shutil.get_terminal_size((100, 24)).columns
     out: list = [_title(view, mode)]
-    if view.kind == "cka":
-        out += _cka(view, mode, cmap, width)
-    elif view.kind == "skip":
-        out += _skip(view, mode, cmap, width)
-    elif view.kind == "spatial":
-        out += _spatial(view, mode, cmap, width, selection)
-    elif view.kind == "attention":
-        out += _attention(view, mode)
-    elif view.kind == "probes":
-        out += _probes(view, mode)
-    elif view.kind == "heads":  # engine/analyses/heads.py, erf.py
-        out += _heads(view, mode, cmap, width)
-    elif view.kind == "erf":
-        out += _erf(view, mode, cmap, width)
+    draw = globals()[f"_{REGISTRY[view.kind].figure}"]  # each analysis names its drawing function (engine/analyses/)
+    out += draw(view, mode, cmap, width, selection)
     return out + _best_interval(view, mode, selection)
 
 
@@ -80,7 +69,7 @@ def _best_interval(view: View, mode: ColorMode, selection: tuple[int, int] | Non
     return [Text(line), Text(view.interval_caption(), style=_style(mode, "dim"))]
 
 
-def _heads(view: View, mode: ColorMode, cmap: str, width: int) -> list:
+def _heads(view: View, mode: ColorMode, cmap: str, width: int, selection=None) -> list:
     """Returns the heads x layers heatmap, each head labelled with its mean attention distance."""
     distance = np.asarray(view.extra["distance_px"], dtype=float)
     rows = [f"{r} {d:.0f}px" if np.isfinite(d) else r for r, d in zip(view.rows, distance)]
@@ -90,7 +79,7 @@ def _heads(view: View, mode: ColorMode, cmap: str, width: int) -> list:
     return [*plot.lines(), plot.legend(view.value_name), *plot.column_key(), Text(where, style=_style(mode, "dim"))]
 
 
-def _erf(view: View, mode: ColorMode, cmap: str, width: int) -> list:
+def _erf(view: View, mode: ColorMode, cmap: str, width: int, selection=None) -> list:
     """Returns the ERF map on a log colour scale (ERFs span decades), row 0 at the top like the image."""
     vmax = float(view.vmax or 1.0)
     vmin = max(float(view.extra.get("min_positive") or 0.0), vmax * 1e-6)
@@ -112,7 +101,7 @@ def _title(view: View, mode: ColorMode) -> Text:
     return text
 
 
-def _cka(view: View, mode: ColorMode, cmap: str, width: int) -> list:
+def _cka(view: View, mode: ColorMode, cmap: str, width: int, selection=None) -> list:
     scale = ColorScale.for_matrix(view.matrix, vmin=view.vmin, vmax=view.vmax, levels=_levels(mode), cmap=cmap)
     model_a, model_b = (view.models + view.models)[:2] if view.models else ("rows", "cols")
     plot = Heatmap(view.matrix, view.rows, view.cols, scale, mode, width, nonfinite=view.nonfinite)
@@ -121,7 +110,7 @@ def _cka(view: View, mode: ColorMode, cmap: str, width: int) -> list:
             *_nonfinite_lines(view, mode)]
 
 
-def _skip(view: View, mode: ColorMode, cmap: str, width: int) -> list:
+def _skip(view: View, mode: ColorMode, cmap: str, width: int, selection=None) -> list:
     vmin, vmax = view.vmin, view.vmax
     log = vmin is not None and vmax is not None and 0 < vmin < vmax  # ratios span decades, as in the PNG
     if log:  # colour by log10 of the ratio; the legend still reads in ratios
@@ -154,7 +143,7 @@ def _spatial(view: View, mode: ColorMode, cmap: str, width: int, selection) -> l
             plot.legend(view.value_name), *_nonfinite_lines(view, mode)]
 
 
-def _attention(view: View, mode: ColorMode) -> list:
+def _attention(view: View, mode: ColorMode, cmap: str = "", width: int = 0, selection=None) -> list:
     """Returns the block x head table of mean distances (sorted per block) and what they are measured against."""
     std = np.asarray(view.extra["std_px"], dtype=float)
     n_heads = view.matrix.shape[1]
@@ -176,7 +165,7 @@ def _attention(view: View, mode: ColorMode) -> list:
     return [table, Text(caption, style=_style(mode, "dim")), *_nonfinite_lines(view, mode)]
 
 
-def _probes(view: View, mode: ColorMode) -> list:
+def _probes(view: View, mode: ColorMode, cmap: str = "", width: int = 0, selection=None) -> list:
     """Returns the layer x readout accuracy table (best per column starred and bold) and depth sparklines."""
     best = _best_rows(view.matrix)
     table = _table(mode)

@@ -38,7 +38,7 @@ def run_id(cfg, world: int) -> str:
 def models_to_extract(cfg) -> list[str]:
     """Returns the model specs of cfg a torchrun extraction still has to do (those not finished in the store)."""
     from .data import open_dataset, select_indices
-    from .extract import _check_same_images, _check_same_mode
+    from .extract_plan import _check_same_images, _check_same_mode
     from .models import parse_model_spec
 
     path = Path(cfg.store)
@@ -99,7 +99,7 @@ def stitch(path: str | Path, shard_paths: Sequence[Path], cfg, models: Sequence[
         if cfg.streaming:
             _sum_streamed_states(h5, shard_paths)
     if cfg.streaming:
-        from .extract import save_streamed_cka
+        from .analyses.cka import save_streamed_cka
 
         with Store.writer(path) as store:
             save_streamed_cka(store)

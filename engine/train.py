@@ -26,9 +26,9 @@ from torch import nn
 
 from .data import ImageSet, open_dataset, train_test_split
 from .errors import VitseeError, brief
-from .interventions import pool_kwargs, remove_skips, resolve_no_skip
+from .interventions import pool_kwargs, resolve_no_skip
+from .models import RECORD_KEY, build_model
 
-RECORD_KEY = "vitsee_train"
 FORMAT = 1
 # Recipes that train the small models here out of the box; any key can be overridden from the command line.
 # ViT, measured on the digits at 32 px (an 8 x 8 grid of 4-px patches, 64 channels, 6 blocks, 1,438 training
@@ -128,73 +128,6 @@ def parse_model_args(items: list[str]) -> dict:
     return out
 
 
-def build_model(name: str, kwargs: dict, no_skip: list[str]) -> nn.Module:
-    """Returns timm's model `name` built with kwargs (num_classes, img_size, pooling ...), skips removed."""
-    import timm
-
-    from .models import family_of_name
-
-    kwargs = dict(kwargs)
-    img_size = kwargs.pop("img_size", None)
-    if family_of_name(name) == "vit" and img_size is not None:
-        kwargs["img_size"] = img_size  # CNNs take any size and have no img_size argument
-    try:
-        model = timm.create_model(name, pretrained=False, **kwargs)
-    except Exception as exc:  # timm raises TypeError, ValueError, AssertionError ... for bad kwargs
-        shown = ", ".join(f"{k}={v}" for k, v in kwargs.items())
-        raise VitseeError(f"timm cannot build {name} with {shown} ({brief(exc)}): check the --model-arg names and values") from exc
-    if img_size is not None and "img_size" not in kwargs:
-        model._vitsee_img_size = img_size  # what models.input_size reports for a CNN
-    return remove_skips(model, no_skip)
-
-
-def rebuild(record: dict) -> nn.Module:
-    """Returns the architecture a training record describes (kwargs, class count, removed skips, pooling),
-    with fresh weights."""
-    return build_model(record["model"], record["kwargs"], record["interventions"]["no_skip"])
-
-
-def read_record(path: str | Path) -> dict | None:
-    """Returns the training record in a .safetensors file's metadata, or None if it has none."""
-    if not str(path).endswith(".safetensors"):
-        return None
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(path), framework="pt") as fh:
-            meta = fh.metadata() or {}
-    except Exception as exc:  # safetensors raises its own error types for a damaged header
-        raise VitseeError(f"cannot read {path} as safetensors ({brief(exc)}): check the file") from exc
-    text = meta.get(RECORD_KEY)
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise VitseeError(f"the training record in {path} is not JSON ({exc}): retrain with `vitsee train`") from exc
-
-
-def describe(record: dict) -> str:
-    """Returns one line saying how a model was trained here, e.g. 'digits (1437 images, 10 epochs, test accuracy
-    0.912); no skip in blocks.3.attn, blocks.3.mlp; GAP'."""
-    text = (f"{record['dataset']} ({record['n_train']} images, {len(record['history'])} epochs, "
-            f"test accuracy {record['test_accuracy']:.3f})")
-    return text + "".join(f"; {part}" for part in interventions_text(record))
-
-
-def interventions_text(record: dict) -> list[str]:
-    """Returns the record's interventions in words (empty for a plain run)."""
-    iv = record["interventions"]
-    parts = []
-    if iv["no_skip"]:
-        parts.append(f"no skip in {', '.join(iv['no_skip'])}")
-    if iv["pool"]:
-        parts.append({"avg": "GAP classifier, no class token", "cls": "class-token classifier"}[iv["pool"]])
-    if record["split"]["data_fraction"] < 1:
-        parts.append(f"data fraction {record['split']['data_fraction']:g}")
-    return parts
-
-
 # --- planning ---------------------------------------------------------------------------------------------------
 
 
@@ -229,7 +162,7 @@ def _plan(cfg: TrainConfig) -> _Plan:
     """Returns the checked run; every user error is raised here, before anything is written."""
     import timm
 
-    from .extract import resolve_device
+    from .analyses.base import resolve_device
     from .models import family_of_name, input_size
 
     out = Path(cfg.out)

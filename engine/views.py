@@ -8,25 +8,23 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from . import analyze as an
-from .analyses import erf as erf_mod, heads as heads_mod
-from .colormap import check_colormap
-from .errors import VitseeError, brief
-from .stats import ALPHA, ROUGH_BATCHES, clopper_pearson, significance_label
+from .analyses import REGISTRY
+from .analyses.base import AnalyzeConfig
+from .analyses.spatial import _spatial_layout
+from .analyze import applicable
+from .errors import VitseeError
+from .stats import ALPHA, ROUGH_BATCHES, significance_label
 from .store import Store
 
-VIEW_KINDS = ("cka", "attention", "probes", "skip", "spatial", "heads", "erf")
-VIEW_HELP = ("cka:MODEL_A[:MODEL_B], attention:MODEL, probes:MODEL, skip:MODEL, spatial:MODEL[:LAYER], "
-             "heads:VIT:OTHER or erf:MODEL[:LAYER]")
+VIEW_KINDS = tuple(REGISTRY)
+VIEW_HELP = ", ".join(spec.usage for spec in list(REGISTRY.values())[:-1]) + f" or {list(REGISTRY.values())[-1].usage}"
 
 
 @dataclass
@@ -231,15 +229,7 @@ def _subtitle(store: Store, models: list[str]) -> str:
 
 # parameters that say WHAT a result is about; the others (batch size, shuffles, seed) say HOW it was
 # estimated, and any cached estimate of the right thing serves a view that did not ask for a particular one
-IDENTITY = {
-    "cka": ("models", "layers", "n_images"),
-    "attention": ("model", "n_images", "bins"),
-    "probes": ("model", "n_images", "tokens"),  # a result with a larger max_token_dim only adds token maps
-    "skip": ("model", "n_images"),
-    "spatial": ("model", "layer", "n_images"),
-    "heads": heads_mod.IDENTITY,
-    "erf": erf_mod.IDENTITY,
-}
+IDENTITY = {name: spec.identity for name, spec in REGISTRY.items()}
 
 
 @dataclass(frozen=True)
@@ -250,43 +240,25 @@ class _Request:
     keys: list[str]
     layer: str | None
 
-    def params(self, store: Store, cfg: an.AnalyzeConfig) -> dict:
-        key = self.keys[0]
-        if self.kind == "cka":
-            return an.cka_params(store, cfg)
-        if self.kind == "spatial":
-            return an.spatial_params(store, key, cfg, self.layer)
-        if self.kind == "heads":  # analyses/heads.py, analyses/erf.py
-            return heads_mod.heads_params(store, key, self.keys[1], cfg)
-        if self.kind == "erf":
-            return erf_mod.erf_params(store, key, cfg)
-        return {"attention": an.attention_params, "probes": an.probe_params, "skip": an.skip_params}[self.kind](store, key, cfg)
+    def params(self, store: Store, cfg: AnalyzeConfig) -> dict:
+        return REGISTRY[self.kind].params(store, self.keys, self.layer, cfg)
 
-    def run(self, store: Store, cfg: an.AnalyzeConfig, progress) -> dict:
-        key = self.keys[0]
-        if self.kind == "cka":
-            return an.run_cka(store, cfg, progress)
-        if self.kind == "spatial":
-            return an.run_spatial(store, key, cfg, self.layer, progress)
-        if self.kind == "heads":  # analyses/heads.py, analyses/erf.py
-            return heads_mod.run_heads(store, key, self.keys[1], cfg, progress)
-        if self.kind == "erf":
-            return erf_mod.run_erf(store, key, cfg, progress)
-        runner = {"attention": an.run_attention, "probes": an.run_probes, "skip": an.run_skip}[self.kind]
-        return runner(store, key, cfg, progress)
+    def run(self, store: Store, cfg: AnalyzeConfig, progress) -> dict:
+        return REGISTRY[self.kind].run(store, self.keys, self.layer, cfg, progress)
 
 
 def _request(store: Store, text: str) -> _Request:
     kind, args = parse_view(text)
-    if kind not in ("cka", "spatial", "heads", "erf") and len(args) > 1:
+    spec = REGISTRY[kind]
+    if len(args) > 1 and spec.models[1] == 1 and not spec.layer:
         raise VitseeError(f"view '{text}' takes one model: use {VIEW_HELP}")
-    if kind == "heads" and len(args) != 2:
+    if len(args) < spec.models[0]:
         raise VitseeError(f"view '{text}' names one model; heads:VIT:OTHER compares a ViT's heads with another model's layers")
-    keys = [store.resolve_model(a) for a in (args if kind in ("cka", "heads") else args[:1])]
-    return _Request(kind, keys, args[1] if kind in ("spatial", "erf") and len(args) > 1 else None)
+    keys = [store.resolve_model(a) for a in (args if spec.models[1] > 1 else args[:1])]
+    return _Request(kind, keys, args[1] if spec.layer and len(args) > 1 else None)
 
 
-def cached_params(store: Store, text: str, cfg: an.AnalyzeConfig | None = None) -> dict | None:
+def cached_params(store: Store, text: str, cfg: AnalyzeConfig | None = None) -> dict | None:
     """Returns the parameters of the cached result that serves a view, or None when it must be computed.
 
     With cfg given only an exact match serves; with cfg None the newest cached result about the same
@@ -294,7 +266,7 @@ def cached_params(store: Store, text: str, cfg: an.AnalyzeConfig | None = None) 
     per-token maps for the widest layers first.
     """
     request = _request(store, text)
-    params = request.params(store, cfg or an.AnalyzeConfig())
+    params = request.params(store, cfg or AnalyzeConfig())
     if cfg is not None:
         return params if store.get_result(request.kind, params) is not None else None
     same = [r for r in store.results(request.kind) if all(r["params"].get(k) == params.get(k) for k in IDENTITY[request.kind])]
@@ -307,12 +279,12 @@ def cached_params(store: Store, text: str, cfg: an.AnalyzeConfig | None = None) 
     return best["params"] if best else None
 
 
-def compute_view(store: Store, text: str, cfg: an.AnalyzeConfig, progress=None) -> None:
+def compute_view(store: Store, text: str, cfg: AnalyzeConfig, progress=None) -> None:
     """Computes and caches the result behind a view in a store open for writing (cached: returns at once)."""
     _request(store, text).run(store, cfg, progress)
 
 
-def load_view(path: str | Path, text: str, cfg: an.AnalyzeConfig | None = None, progress=None) -> View:
+def load_view(path: str | Path, text: str, cfg: AnalyzeConfig | None = None, progress=None) -> View:
     """Returns the view named by `text` for the store at path, computing and caching what is missing.
 
     cfg None means "no particular estimator settings": any cached result about the same thing serves
@@ -328,17 +300,15 @@ def load_view(path: str | Path, text: str, cfg: an.AnalyzeConfig | None = None, 
         result = store.get_result(request.kind, params) if params is not None else None
     if result is None:
         with Store.writer(path) as store:
-            result = request.run(store, cfg or an.AnalyzeConfig(), progress)
-    builder = {"cka": _cka_view, "attention": _attention_view, "probes": _probe_view, "skip": _skip_view, "spatial": _spatial_view,
-               "heads": lambda r, keys, _info: View(**heads_mod.view_fields(r, keys)),  # analyses/heads.py, erf.py
-               "erf": lambda r, keys, _info: View(**erf_mod.view_fields(r, keys, request.layer))}
-    view = builder[request.kind](result, request.keys, info)
+            result = request.run(store, cfg or AnalyzeConfig(), progress)
+    spec = REGISTRY[request.kind]
+    view = View(**spec.view(result, request.keys, info, request.layer))
     view.subtitle = subtitle
     view.n_images = n_images
     if not np.isfinite(view.matrix).all() and request.kind != "probes":  # probes mark their own (see _probe_view)
         with Store.open(path) as store:
             mark_nonfinite(view, store)
-    args = request.keys if request.kind in ("cka", "heads") else request.keys + ([request.layer] if request.layer else [])
+    args = request.keys if spec.models[1] > 1 else request.keys + ([request.layer] if request.layer else [])
     view.spec = f"{request.kind}:{':'.join(args)}"
     return view
 
@@ -389,7 +359,7 @@ def mark_nonfinite(view: View, store: Store) -> None:
             if r is not None and c is not None and (r.any() or c.any()):
                 counts[i, j] = int((r | c).sum())
     elif view.kind == "spatial":
-        _, _, cells = an._spatial_layout(store, view.models[0], view.params["layer"])
+        _, _, cells = _spatial_layout(store, view.models[0], view.params["layer"])
         tokens = nonfinite_rows(store, view.models[0], view.params["layer"], cells)  # (N, cells)
         if tokens is not None:
             per_token = tokens.sum(axis=0)
@@ -412,35 +382,6 @@ def mark_nonfinite(view: View, store: Store) -> None:
     view.nonfinite_images = counts
 
 
-def _cka_view(result: dict, keys: list[str], info: dict) -> View:
-    a, b = keys[0], keys[-1]
-    matrix, rows, cols = an.cka_block(result, result["_params"]["models"], a, b)
-    title = f"CKA {a}" if a == b else f"CKA {a} (rows) x {b} (cols)"
-    params = dict(result["_params"])
-    params.pop("layers", None)
-    block = {name: an.cka_block(result, result["_params"]["models"], a, b, key=name)[0]
-             for name in ("ci_low", "ci_high", "p_value") if name in result}
-    extra = {"n_batches": int(result["n_batches"])} if "n_batches" in result else {}
-    return View("cka", "", title, "", matrix, rows, cols, "CKA", 0.0, 1.0, params, extra, [a, b], **block)
-
-
-def _attention_view(r: dict, keys: list[str], info: dict) -> View:
-    key = keys[0]
-    heads = r["mean_px"].shape[1]
-    blocks = len(r["mean_px"])
-    extra = {"std_px": r["std_px"], "hist_counts": r["hist_counts"], "hist_edges": r["hist_edges"],
-             "uniform_px": float(r["uniform_px"]), "head_order": r["head_order"], "mean_renorm_px": r["mean_renorm_px"],
-             # Swin: uniform attention inside a window of each stage; its earlier stages have fewer heads (NaN beyond)
-             "uniform_px_per_block": r.get("uniform_px_per_block", np.full(blocks, float(r["uniform_px"]))),
-             "heads_per_block": r.get("heads_per_block", np.full(blocks, heads))}
-    title = f"Mean attention distance {key}"
-    if info.get("family") == "swin":
-        title += " (inside shifted windows; uniform reference per stage)"
-    return View("attention", "", title, "", r["mean_px"], [str(b) for b in r["blocks"]],
-                [f"head {h + 1}" for h in range(heads)], "distance (px)", 0.0, float(r["hist_edges"][-1]),
-                dict(r["_params"]), extra, [key], ci_low=r.get("ci_low_px"), ci_high=r.get("ci_high_px"))
-
-
 def uniform_text(view: View) -> str:
     """Returns 'uniform attention: 116.5 px', or for Swin the value inside a window of each stage."""
     per_block = np.asarray(view.extra.get("uniform_px_per_block", [view.extra["uniform_px"]]), dtype=float)
@@ -448,53 +389,6 @@ def uniform_text(view: View) -> str:
         return f"uniform attention: {float(view.extra['uniform_px']):.1f} px"
     stages = list(dict.fromkeys(round(float(v), 1) for v in per_block))
     return "uniform attention inside a window: " + ", ".join(f"{v:.1f}" for v in stages) + " px by stage"
-
-
-NO_CLS = "no class token"
-
-
-def _no_cls(info: dict) -> bool:
-    """Returns whether a token model has no class token (register-only ViTs, Mixer), which a user would look for."""
-    return info.get("family") in ("vit", "mixer") and not an.has_cls_token(info)
-
-
-def _probe_view(r: dict, keys: list[str], info: dict) -> View:
-    key = keys[0]
-    layers = [str(x) for x in r["layers"]]
-    token_maps = {name.split("/", 1)[1]: v for name, v in r.items() if name.startswith("tokens/")}
-    prefix = int(info.get("num_prefix_tokens") or 0)
-    gh, gw = info.get("grid_size") or (0, 0)
-    if "token_prefix" in r:
-        token_prefix = {layer: int(n) for layer, n in zip(layers, r["token_prefix"])}
-    else:  # results cached before the count was recorded: a layer holds the prefix tokens or none
-        token_prefix = {layer: prefix if len(m) == prefix + gh * gw else 0 for layer, m in token_maps.items()}
-    # the token maps hold the prefix tokens first (CLS...): the mean is over the spatial positions only
-    token_mean = np.array([np.mean(token_maps[layer][token_prefix[layer]:]) if layer in token_maps else np.nan
-                           for layer in layers])
-    matrix = np.column_stack([r["accuracy"], token_mean])
-    cols = ["CLS", "GAP", "tokens (mean)"]
-    skipped = np.zeros(matrix.shape, dtype=np.int64)  # images with non-finite features, per readout not fitted
-    for layer, readout, count in zip(*(np.atleast_1d(r.get(k, [])) for k in ("skipped_layer", "skipped_readout", "skipped_images"))):
-        skipped[layers.index(str(layer)), {"cls": 0, "gap": 1, "tokens": 2}[str(readout)]] = int(count)
-    keep = [i for i in range(matrix.shape[1]) if np.isfinite(matrix[:, i]).any() or skipped[:, i].any()]
-    params = dict(r["_params"], split_seed=r["_params"]["seed"], n_train=int(len(r["split_train"])), n_test=int(len(r["split_test"])))
-    extra = {"token_maps": {k: np.asarray(v) for k, v in token_maps.items()}, "chance": float(r["chance"]), "l2": r["l2"],
-             "grid": list(info.get("grid_size") or []), "prefix_tokens": prefix,
-             "token_prefix": {layer: token_prefix[layer] for layer in token_maps},
-             "tokens_too_wide": [str(x) for x in np.atleast_1d(r.get("tokens_too_wide", []))],
-             "skipped": [{"layer": layers[i], "readout": cols[c], "images": int(skipped[i, c])} for i, c in zip(*np.nonzero(skipped))]}
-    extra["cls_token"] = an.has_cls_token(info)
-    title = f"Linear probe test accuracy {key}" + (f" ({NO_CLS}: GAP and per-token readouts)" if _no_cls(info) else "")
-    ci = {}
-    if "ci_low" in r:  # the token mean: Clopper-Pearson on its mean count, at least as wide as an average of rates
-        n_test, level = params["n_test"], float(r["_params"]["stats"]["ci"])
-        t_low, t_high = clopper_pearson(np.round(token_mean * n_test), n_test, level)
-        ci = {"ci_low": np.column_stack([r["ci_low"], t_low])[:, keep], "ci_high": np.column_stack([r["ci_high"], t_high])[:, keep]}
-    view = View("probes", "", title, "", matrix[:, keep], layers, [cols[i] for i in keep],
-                "accuracy", 0.0, 1.0, params, extra, [key], **ci)
-    view.nonfinite = skipped[:, keep] > 0
-    view.nonfinite_images = np.where(view.nonfinite, skipped[:, keep], -1)
-    return view
 
 
 def skipped_note(view: View) -> str:
@@ -526,32 +420,6 @@ def too_wide_note(view: View) -> str:
             f"({', '.join(wide[:3])}{', ...' if len(wide) > 3 else ''}): vitsee analyze STORE --probes --probe-max-dim N")
 
 
-def _skip_view(r: dict, keys: list[str], info: dict) -> View:
-    key = keys[0]
-    ratio = np.asarray(r["ratio"], dtype=float)
-    finite = ratio[np.isfinite(ratio)]
-    extra = {"cls": r["cls"], "spatial_mean": r["spatial_mean"], "cls_token": an.has_cls_token(info)}
-    for name in ("cls_ci_low", "cls_ci_high", "spatial_ci_low", "spatial_ci_high"):
-        if name in r:
-            extra[name] = r[name]
-    title = f"Skip-connection norm ratio ||z||/||f(z)|| {key}" + (f" ({NO_CLS}: spatial tokens only)" if _no_cls(info) else "")
-    return View("skip", "", title, "", ratio, [str(x) for x in r["rows"]],
-                [str(x) for x in r["cols"]], "ratio", float(finite.min()) if finite.size else 0.0,
-                float(finite.max()) if finite.size else 1.0, dict(r["_params"]), extra, [key],
-                ci_low=r.get("ci_low"), ci_high=r.get("ci_high"))
-
-
-def _spatial_view(r: dict, keys: list[str], info: dict) -> View:
-    key = keys[0]
-    gh, gw = (int(v) for v in r["grid"])
-    cells = [f"r{i}c{j}" for i in range(gh) for j in range(gw)]
-    params = dict(r["_params"])
-    return View("spatial", "", f"Spatial localisation {key} {params['layer']}", "", r["maps"], [f"token {c}" for c in cells],
-                [f"patch {c}" for c in cells], "CKA", 0.0, 1.0, params,
-                {"grid": [gh, gw], "patch_px": int(r["patch_px"]), **({"n_batches": int(r["n_batches"])} if "n_batches" in r else {})}, [key],
-                ci_low=r.get("ci_low"), ci_high=r.get("ci_high"))
-
-
 def available_views(path: str | Path) -> list[str]:
     """Returns every view that applies to the store (for pickers): CKA pairs first, then per model."""
     with Store.open(path) as store:
@@ -559,64 +427,8 @@ def available_views(path: str | Path) -> list[str]:
         out = [f"cka:{m}" for m in models]
         out += [f"cka:{a}:{b}" for i, a in enumerate(models) for b in models[i + 1 :]]
         for m in models:
-            out += [f"{kind}:{m}" for kind in an.applicable(store, m)]
-        if not store.streaming:  # analyses/heads.py, analyses/erf.py: head outputs and inputs are stored
-            out += [f"heads:{v}:{o}" for v in models if store.head_blocks(v) for o in models if o != v]
-            out += [f"erf:{m}" for m in models]
-    return out
-
-
-EXPORT_SUFFIXES = (".png", ".json", ".csv")
-
-
-def check_export(out: str | Path, cmap: str = "viridis") -> Path:
-    """Returns the export path once a view can be written there (a known suffix, not a folder, in a folder
-    that takes new files) with a known colormap; else raises the VitseeError that says so. `export` checks
-    this before it computes a view, so a refused export leaves the store as it was."""
-    out = Path(out)
-    check_colormap(cmap)
-    if out.is_dir():
-        raise VitseeError(f"--out {out} is a folder: give a file name in it, e.g. {out / 'view.png'}")
-    if out.suffix.lower() not in EXPORT_SUFFIXES:
-        raise VitseeError(f"cannot export to '{out.name}': use a .png, .json or .csv file name")
-    if not out.parent.exists():
-        raise VitseeError(f"folder {out.parent} does not exist: create it or choose another --out")
-    try:  # the one sure test of a folder's permissions (and of a read-only disk) is to make a file in it
-        with tempfile.NamedTemporaryFile(dir=out.parent, prefix=f".{out.name}.", suffix=".check"):
-            pass
-    except OSError as exc:
-        raise VitseeError(f"cannot write into folder {out.parent} ({brief(exc)}): check its permissions, "
-                          "or choose another --out") from None
-    return out
-
-
-def write_view(view: View, out: str | Path, selection: tuple[int, int] | None = None, cmap: str = "viridis") -> Path:
-    """Writes the view to .png (a figure), .json or .csv, by the file's extension; returns the path.
-
-    The file is written under a temporary name and renamed into place, so a failed export leaves no
-    partial file (and an older export at that path stays whole)."""
-    out = check_export(out, cmap)
-    suffix = out.suffix.lower()
-    tmp = out.with_name(f".{out.stem}.writing-{os.getpid()}{out.suffix}")
-    try:
-        if suffix == ".json":
-            payload = view.to_json()
-            if selection is not None:
-                payload["selection"] = {"row": selection[0], "col": selection[1], "row_label": view.rows[selection[0]],
-                                        "col_label": view.cols[selection[1]], "value": _nested(view.matrix[selection])}
-                for name in ("ci_low", "ci_high", "p_value"):
-                    if getattr(view, name) is not None:
-                        payload["selection"][name] = _nested(getattr(view, name)[selection])
-            tmp.write_text(json.dumps(payload, indent=1))
-        elif suffix == ".csv":
-            tmp.write_text(view.to_csv())
-        else:
-            from .figures import save_png
-
-            save_png(view, tmp, selection=selection, cmap=cmap)
-        os.replace(tmp, out)
-    except OSError as exc:
-        raise VitseeError(f"cannot write {out} ({brief(exc)}): check the folder's permissions and free space") from exc
-    finally:
-        tmp.unlink(missing_ok=True)
+            out += [f"{kind}:{m}" for kind in applicable(store, m)]
+        heads, erf = REGISTRY["heads"], REGISTRY["erf"]  # heads: every ViT with head outputs against each other model
+        out += [f"heads:{v}:{o}" for v in models if heads.applies(store, v) for o in models if o != v]
+        out += [f"erf:{m}" for m in models if erf.applies(store, m)]
     return out

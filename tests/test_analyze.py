@@ -9,9 +9,12 @@ import pytest
 
 from conftest import IMG, RESNET, VIT, run_cli
 from vitsee.engine import analyze as an
-from vitsee.engine.cka import minibatch_cka
+from vitsee.engine.analyses.cka import cka_block, cka_params, run_cka
+from vitsee.engine.analyses.probes import run_probes
+from vitsee.engine.analyses import cka as cka_mod
+from vitsee.engine.analyses.cka import minibatch_cka
 from vitsee.engine.errors import VitseeError
-from vitsee.engine.probes import ridge_probe
+from vitsee.engine.analyses.probes import ridge_probe
 from vitsee.engine.store import Store
 from vitsee.engine.views import load_view
 
@@ -55,8 +58,8 @@ def test_analyze_then_export_json_matches_minibatch_cka_on_the_store(store, tmp_
 def test_shuffles_average_seeded_permutations(store):
     cfg = an.AnalyzeConfig(batch_size=16, shuffles=2, seed=3, device="cpu")
     with Store.writer(store) as s:
-        result = an.run_cka(s, cfg)
-        matrix, _, _ = an.cka_block(result, s.models, VIT, VIT)
+        result = run_cka(s, cfg)
+        matrix, _, _ = cka_block(result, s.models, VIT, VIT)
     vit = _acts(store, VIT)
     expected = np.mean([
         minibatch_cka([a[np.random.default_rng([3, k]).permutation(48)] for a in vit], batch_size=16) for k in range(2)
@@ -66,14 +69,14 @@ def test_shuffles_average_seeded_permutations(store):
 
 def test_a_second_run_returns_the_cache_and_recompute_does_not(store, monkeypatch):
     with Store.writer(store) as s:
-        first = an.run_cka(s, CFG)
-    monkeypatch.setattr(an, "compute_cka", lambda *a, **k: pytest.fail("computed although cached"))
+        first = run_cka(s, CFG)
+    monkeypatch.setattr(cka_mod, "compute_cka", lambda *a, **k: pytest.fail("computed although cached"))
     with Store.writer(store) as s:
-        again = an.run_cka(s, CFG)
+        again = run_cka(s, CFG)
         np.testing.assert_array_equal(again["matrix"], first["matrix"])
         with pytest.raises(BaseException, match="computed although cached"):
-            an.run_cka(s, an.AnalyzeConfig(batch_size=16, shuffles=0, recompute=True))
-        other = an.cka_params(s, an.AnalyzeConfig(batch_size=8, shuffles=0))
+            run_cka(s, an.AnalyzeConfig(batch_size=16, shuffles=0, recompute=True))
+        other = cka_params(s, an.AnalyzeConfig(batch_size=8, shuffles=0))
         assert s.get_result("cka", other) is None  # other parameters are another cache entry
 
 
@@ -120,7 +123,7 @@ def test_skip_summary_is_the_mean_over_images(store):
 
 def test_probe_table_agrees_with_a_direct_ridge_probe(store):
     with Store.writer(store) as s:
-        result = an.run_probes(s, VIT, CFG)
+        result = run_probes(s, VIT, CFG)
         labels = s.labels
         acts = s.activations(VIT, "blocks.3")
     layers = [str(x) for x in result["layers"]]
@@ -230,4 +233,4 @@ def test_cka_needs_four_images(tmp_path, monkeypatch):
     run_extraction(ExtractConfig(store=path, models=[VIT], dataset="digits", n_images=3, batch_size=3, img_size=IMG,
                                  device="cpu", workers=0))
     with Store.writer(path) as s, pytest.raises(VitseeError, match="has 3 images; CKA needs at least 4"):
-        an.run_cka(s, CFG)
+        run_cka(s, CFG)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from vitsee.engine.attention import mean_attention_distance, uniform_attention_distance_px
+from vitsee.engine.analyses.attention import mean_attention_distance, uniform_attention_distance_px
 
 
 def _reference(attn: np.ndarray, grid: tuple[int, int], patch: tuple[int, int], prefix: int, renormalise: bool) -> np.ndarray:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from vitsee.engine.cka import (
+from vitsee.engine.analyses.cka import (
     MinibatchCKA,
     SHIFT_ROWS,
     full_fp32_matmul,
@@ -301,7 +301,7 @@ def test_fp32_matmul_speaks_the_newer_precision_api_when_the_process_uses_it():
     # Mixing the legacy and newer TF32 switches raises in PyTorch, and would poison this process: use a child.
     code = (
         "import torch, numpy as np\n"
-        "from vitsee.engine.cka import minibatch_cka, full_fp32_matmul\n"
+        "from vitsee.engine.analyses.cka import minibatch_cka, full_fp32_matmul\n"
         "torch.backends.cuda.matmul.fp32_precision = 'tf32'\n"
         "torch.backends.mkldnn.matmul.fp32_precision = 'bf16'\n"
         "with full_fp32_matmul():\n"

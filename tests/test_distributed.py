@@ -16,6 +16,7 @@ import pytest
 
 from conftest import IMG, RESNET, VIT, run_cli
 from vitsee.engine import analyze as an
+from vitsee.engine.analyses.cka import cka_params, run_cka
 from vitsee.engine import shards
 from vitsee.engine.distributed import Rank, batch_range, shard_path
 from vitsee.engine.errors import VitseeError
@@ -102,9 +103,9 @@ def test_two_processes_give_the_cka_matrix_of_one(stitched, one_process):
     cfg = an.AnalyzeConfig(batch_size=16, shuffles=2, seed=5, device="cpu")
     torchrun("analyze", str(stitched), "--cka", "--batch-size", "16", "--shuffles", "2", "--seed", "5", "--device", "cpu", "--quiet")
     with Store.writer(one_process) as s:
-        expected = an.run_cka(s, cfg)
+        expected = run_cka(s, cfg)
     with Store.open(stitched) as s:
-        got = s.get_result("cka", an.cka_params(s, cfg))
+        got = s.get_result("cka", cka_params(s, cfg))
     assert got is not None and got["_params"] == expected["_params"]
     np.testing.assert_allclose(got["matrix"], expected["matrix"], rtol=0, atol=1e-12)
     np.testing.assert_allclose(got["shuffle_std"], expected["shuffle_std"], rtol=0, atol=1e-12)
@@ -118,10 +119,10 @@ def test_streaming_under_two_processes_sums_the_shards_to_the_one_process_cka(tm
     torchrun("extract", str(path), *RUN, "--streaming")
     cfg = an.AnalyzeConfig(batch_size=16, shuffles=0, device="cpu", ci=0, permutations=0)  # a stream has no statistics
     with Store.writer(one_process) as s:
-        expected = an.run_cka(s, cfg)
+        expected = run_cka(s, cfg)
     with Store.open(path) as s:
         assert s.streaming and s.complete
-        got = s.get_result("cka", an.cka_params(s, cfg))
+        got = s.get_result("cka", cka_params(s, cfg))
         np.testing.assert_array_equal(s.stat(VIT, "skip_ratio_attn"), Store.open(one_process).stat(VIT, "skip_ratio_attn"))
     np.testing.assert_allclose(got["matrix"], expected["matrix"], rtol=0, atol=1e-12)
 

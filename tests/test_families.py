@@ -15,7 +15,11 @@ import pytest
 import torch
 
 from vitsee.engine import analyze as an
-from vitsee.engine.attention import mean_window_attention_distance, uniform_attention_distance_px
+from vitsee.engine.analyses.attention import _attention_reference, run_attention
+from vitsee.engine.analyses.base import has_cls_token
+from vitsee.engine.analyses.probes import _readouts
+from vitsee.engine.analyses.skip import run_skip
+from vitsee.engine.analyses.attention import mean_window_attention_distance, uniform_attention_distance_px
 from vitsee.engine.extract import ExtractConfig, run_extraction
 from vitsee.engine.models import family_of_name, load_model
 from vitsee.engine.store import Store
@@ -134,7 +138,7 @@ def test_family_units_tokens_layout_and_gap(fam: Family, store_dir):
         info = s.model_info(key)
         assert info["family"] == fam.family
         assert int(info["num_prefix_tokens"]) == fam.prefix
-        assert an.has_cls_token(info) is fam.cls
+        assert has_cls_token(info) is fam.cls
         if fam.token_px is not None:
             gh, gw = info["grid_size"]
             assert tuple(info["patch_size"]) == (fam.token_px, fam.token_px) == (fam.img // gh, fam.img // gw)
@@ -144,7 +148,7 @@ def test_family_units_tokens_layout_and_gap(fam: Family, store_dir):
         if fam.layout == "tokens":
             assert s.layer_prefix_tokens(key, fam.block) == fam.prefix
             assert shape[0] == fam.prefix + info["grid_size"][0] * info["grid_size"][1]
-        readouts = an._readouts(s, key, fam.block)
+        readouts = _readouts(s, key, fam.block)
         assert ("cls" in readouts) is fam.cls
         stored = s.activations(key, fam.block).astype(np.float32)
         x = torch.from_numpy(s.model_input(key).astype(np.float32))
@@ -168,7 +172,7 @@ def test_hybrid_uniform_reference_is_in_image_pixels():
     hand = np.mean([np.hypot(a[0] - b[0], a[1] - b[1]) for a in centres for b in centres])
     assert hand == pytest.approx(115.5, abs=0.05)
     info = {"family": "vit", "grid_size": list(loaded.grid_size), "patch_size": list(loaded.patch_size), "num_blocks": 2}
-    uniform, largest = an._attention_reference(info)
+    uniform, largest = _attention_reference(info)
     assert uniform[0] == pytest.approx(hand, rel=1e-9)
     assert largest == pytest.approx(np.hypot(6 * 32, 6 * 32))
 
@@ -238,7 +242,7 @@ def test_swin_distances_match_a_plain_loop_over_true_positions_and_stay_inside_a
 
 def _attention_result(path: str) -> dict:
     with Store.writer(path) as s:
-        return an.run_attention(s, s.models[0], an.AnalyzeConfig(device="cpu"))
+        return run_attention(s, s.models[0], an.AnalyzeConfig(device="cpu"))
 
 
 def test_mixer_skip_ratios_against_its_own_sublayers(store_dir):
@@ -259,12 +263,12 @@ def test_mixer_skip_ratios_against_its_own_sublayers(store_dir):
             np.testing.assert_allclose(channels[:, i], (z.norm(dim=-1) / g.norm(dim=-1)).numpy(), rtol=2e-3)
             z = z + g
     with Store.writer(path) as s:
-        r = an.run_skip(s, key, an.AnalyzeConfig(device="cpu"))
+        r = run_skip(s, key, an.AnalyzeConfig(device="cpu"))
         assert [str(x) for x in r["rows"][:2]] == ["blocks.0.token_mixing", "blocks.0.channel_mixing"]
         assert np.isnan(r["cls"]).all()
         assert "attention" not in an.applicable(s, key)
         with pytest.raises(Exception, match="MLP-Mixer: it mixes tokens with MLPs, not attention"):
-            an.run_attention(s, key, an.AnalyzeConfig(device="cpu"))
+            run_attention(s, key, an.AnalyzeConfig(device="cpu"))
 
 
 # --- class tokens, head order, fp16 storage, info ---------------------------------------------------
@@ -296,7 +300,7 @@ def test_renormalised_distances_are_in_the_plain_head_order(tiny_store, tmp_path
     shutil.copy(tiny_store, path)
     with Store.writer(path) as s:
         key = s.resolve_model("test_vit")
-        r = an.run_attention(s, key, an.AnalyzeConfig(device="cpu", recompute=True))
+        r = run_attention(s, key, an.AnalyzeConfig(device="cpu", recompute=True))
         plain = s.stat(key, "attention_distance").astype(np.float64).mean(axis=0)  # (blocks, heads)
         renorm = s.stat(key, "attention_distance_renorm").astype(np.float64).mean(axis=0)
     order = r["head_order"]

@@ -16,7 +16,8 @@ from conftest import RESNET, VIT, run_cli
 from vitsee.engine.analyze import AnalyzeConfig
 from vitsee.engine.errors import VitseeError
 from vitsee.engine.figures import figure_for, spatial_centre_token, token_grid
-from vitsee.engine.views import View, load_view, write_view
+from vitsee.engine.export import write_view
+from vitsee.engine.views import View, load_view
 
 CFG = AnalyzeConfig(shuffles=0, batch_size=16, device="cpu")
 VIEWS = {  # short name -> view string

@@ -80,7 +80,7 @@ def test_head_outputs_are_allocated_per_block_and_counted_in_the_size_estimate(t
 
 
 def test_size_estimate_includes_the_head_outputs(tmp_path):
-    from vitsee.engine.extract import ExtractConfig, estimate
+    from vitsee.engine.extract_plan import ExtractConfig, estimate
 
     cfg = ExtractConfig(store=tmp_path / "e.h5", models=[VIT], dataset="synthetic", n_images=8, batch_size=8,
                         img_size=IMG, device="cpu", workers=0)
@@ -95,7 +95,8 @@ def test_size_estimate_includes_the_head_outputs(tmp_path):
 @pytest.mark.parametrize("shuffles", [0, 2])
 def test_head_cka_matches_a_per_head_reference(store_copy, shuffles):
     from vitsee.engine.analyses.heads import run_heads
-    from vitsee.engine.analyze import AnalyzeConfig, batch_plan
+    from vitsee.engine.analyses.base import batch_plan
+    from vitsee.engine.analyze import AnalyzeConfig
     from vitsee.engine.store import Store
 
     cfg = AnalyzeConfig(batch_size=16, shuffles=shuffles, device="cpu")

@@ -10,6 +10,9 @@ import pytest
 
 from conftest import RESNET, VIT
 from vitsee.engine import analyze as an
+from vitsee.engine.analyses.attention import run_attention
+from vitsee.engine.analyses.base import RunningMoments
+from vitsee.engine.analyses.skip import run_skip
 from vitsee.engine.store import Store
 
 
@@ -44,7 +47,7 @@ def _whole(store_path, model, name):
 
 def test_attention_aggregates_streamed_in_batches_equal_the_whole_array(store, small_batches):
     with Store.writer(store) as s:
-        r = an.run_attention(s, VIT, an.AnalyzeConfig(recompute=True))
+        r = run_attention(s, VIT, an.AnalyzeConfig(recompute=True))
     dist = _whole(store, VIT, "attention_distance")  # (48, blocks, heads)
     order = np.argsort(dist.mean(axis=0), axis=1)
     np.testing.assert_allclose(r["mean_px"], np.take_along_axis(dist.mean(axis=0), order, axis=1), rtol=1e-12)
@@ -60,8 +63,8 @@ def test_attention_aggregates_streamed_in_batches_equal_the_whole_array(store, s
 
 def test_skip_ratios_streamed_in_batches_equal_the_whole_array_mean_ignoring_inf(store, small_batches):
     with Store.writer(store) as s:
-        vit = an.run_skip(s, VIT, an.AnalyzeConfig(recompute=True))
-        resnet = an.run_skip(s, RESNET, an.AnalyzeConfig(recompute=True))
+        vit = run_skip(s, VIT, an.AnalyzeConfig(recompute=True))
+        resnet = run_skip(s, RESNET, an.AnalyzeConfig(recompute=True))
     attn, mlp = _whole(store, VIT, "skip_ratio_attn"), _whole(store, VIT, "skip_ratio_mlp")
     np.testing.assert_allclose(vit["ratio"][0::2], attn.mean(axis=0), rtol=1e-12)
     np.testing.assert_allclose(vit["ratio"][1::2], mlp.mean(axis=0), rtol=1e-12)
@@ -74,7 +77,7 @@ def test_skip_ratios_streamed_in_batches_equal_the_whole_array_mean_ignoring_inf
 
 def test_running_moments_merge_batches_of_any_size_exactly_enough():
     x = np.random.default_rng(0).normal(300.0, 2.0, size=(1001, 3))  # a large offset: naive sums would cancel
-    moments = an.RunningMoments()
+    moments = RunningMoments()
     for start, stop in ((0, 1), (1, 8), (8, 500), (500, 500), (500, 1001)):
         moments.update(x[start:stop])
     np.testing.assert_allclose(moments.mean, x.mean(axis=0), rtol=1e-14)

@@ -63,7 +63,7 @@ def bad_store(tiny_store, tmp_path_factory) -> Path:
 
 
 def test_row_ranges_compress_runs_and_cut_after_the_limit():
-    from vitsee.engine.extract import row_ranges
+    from vitsee.engine.writer import row_ranges
 
     assert row_ranges([5, 6, 7, 8, 9, 17]) == "5-9, 17"
     assert row_ranges([0, 2, 4, 6, 7], limit=2) == "0, 2 and 3 more"

@@ -6,8 +6,8 @@ import torch
 from sklearn.linear_model import Ridge, RidgeClassifier
 
 from vitsee.engine.errors import VitseeError
-from vitsee.engine import probes
-from vitsee.engine.probes import (
+from vitsee.engine.analyses import probes
+from vitsee.engine.analyses.probes import (
     ExampleAccumulator,
     RidgeAccumulator,
     fit_probes,
@@ -361,7 +361,7 @@ def test_batches_that_ignore_the_mask_are_a_bug_not_a_user_error():
 
 
 def test_ties_on_held_out_accuracy_go_to_the_lowest_squared_error_then_the_larger_penalty():
-    from vitsee.engine.probes import _best_ratio
+    from vitsee.engine.analyses.probes import _best_ratio
 
     accuracy = np.array([[0.5, 0.5, 0.5, 0.25], [0.0, 0.0, 0.0, 0.0], [0.1, 0.2, 0.2, 0.1]])
     error = np.array([[3.0, 1.0, 2.0, 0.5], [4.0, 4.0, 4.0, 4.0], [1.0, 9.0, 9.0, 1.0]])
@@ -373,7 +373,7 @@ def test_ties_on_held_out_accuracy_go_to_the_lowest_squared_error_then_the_large
 
 
 def test_probe_flops_count_the_smaller_space_and_grow_with_the_probes():
-    from vitsee.engine.probes import EIGH_FLOPS_PER_N3, VALUE_FLOPS, probe_flops
+    from vitsee.engine.analyses.probes import EIGH_FLOPS_PER_N3, VALUE_FLOPS, probe_flops
 
     n, d, p, k = 100, 768, 197, 10
     primal, dual = probe_flops(n, d, p, k, space="primal"), probe_flops(n, d, p, k, space="dual")
@@ -393,7 +393,8 @@ def test_the_warning_before_a_long_probe_job_names_the_ways_to_narrow_it(tiny_st
     import shutil
 
     from conftest import VIT
-    from vitsee.engine.analyze import AnalyzeConfig, estimate_probe_seconds, probe_warning, run_probes
+    from vitsee.engine.analyses.probes import estimate_probe_seconds, probe_warning, run_probes
+    from vitsee.engine.analyze import AnalyzeConfig
     from vitsee.engine.store import Store
 
     path = tmp_path / "copy.h5"

@@ -11,8 +11,12 @@ from scipy import stats as sps
 
 from conftest import VIT, run_cli
 from vitsee.engine import analyze as an
+from vitsee.engine.analyses.attention import run_attention
+from vitsee.engine.analyses.cka import cka_params, run_cka
+from vitsee.engine.analyses.probes import run_probes
+from vitsee.engine.analyses.skip import run_skip
 from vitsee.engine import stats
-from vitsee.engine.cka import MinibatchCKA, unbiased_hsic
+from vitsee.engine.analyses.cka import MinibatchCKA, unbiased_hsic
 from vitsee.engine.errors import VitseeError
 from vitsee.engine.store import Store
 
@@ -167,9 +171,9 @@ def test_cka_result_has_intervals_and_p_values_and_keeps_its_values(tiny_store, 
     path = tmp_path / "copy.h5"
     path.write_bytes(tiny_store.read_bytes())
     with Store.writer(path) as store:
-        bare = an.run_cka(store, _cfg(ci=0, permutations=0))
+        bare = run_cka(store, _cfg(ci=0, permutations=0))
         assert "stats" not in bare["_params"] and "ci_low" not in bare
-        with_stats = an.run_cka(store, _cfg(ci=0.9, permutations=19))
+        with_stats = run_cka(store, _cfg(ci=0.9, permutations=19))
         assert with_stats["_params"]["stats"] == {"ci": 0.9, "bootstrap": stats.BOOTSTRAP_REPLICATES,
                                                   "permutations": 19, "seed": 0}
         assert np.array_equal(bare["matrix"], with_stats["matrix"])  # the estimate itself is untouched
@@ -178,8 +182,8 @@ def test_cka_result_has_intervals_and_p_values_and_keeps_its_values(tiny_store, 
             assert with_stats[name].shape == (L, L)
         assert int(with_stats["n_batches"]) == 6  # 48 images in batches of 8
         # the bare result is still served to a bare request, and not to one asking for other statistics
-        assert store.get_result("cka", an.cka_params(store, _cfg(ci=0, permutations=0))) is not None
-        assert store.get_result("cka", an.cka_params(store, _cfg(ci=0.95, permutations=19))) is None
+        assert store.get_result("cka", cka_params(store, _cfg(ci=0, permutations=0))) is not None
+        assert store.get_result("cka", cka_params(store, _cfg(ci=0.95, permutations=19))) is None
 
 
 def test_probe_attention_and_skip_results_carry_intervals(tiny_store, tmp_path):
@@ -187,20 +191,20 @@ def test_probe_attention_and_skip_results_carry_intervals(tiny_store, tmp_path):
     path.write_bytes(tiny_store.read_bytes())
     cfg = _cfg(ci=0.95, probe_tokens=False)
     with Store.writer(path) as store:
-        probes = an.run_probes(store, VIT, cfg)
+        probes = run_probes(store, VIT, cfg)
         n_test = len(probes["split_test"])
         k = np.round(probes["accuracy"] * n_test)
         ok = np.isfinite(k)
         ref_low, ref_high = stats.clopper_pearson(k[ok], n_test, 0.95)
         np.testing.assert_allclose(probes["ci_low"][ok], ref_low)
         assert np.all(probes["ci_low"][ok] <= probes["accuracy"][ok]) and np.all(probes["accuracy"][ok] <= probes["ci_high"][ok])
-        att = an.run_attention(store, VIT, cfg)
+        att = run_attention(store, VIT, cfg)
         dist = store.stat(store.resolve_model(VIT), "attention_distance")[:]  # (images, blocks, heads)
         order = att["head_order"]
         head = dist[:, 0, order[0, 0]].astype(np.float64)  # stored fp32; the moments run in fp64
         ref = sps.t.interval(0.95, len(head) - 1, loc=head.mean(), scale=sps.sem(head))
         assert (att["ci_low_px"][0, 0], att["ci_high_px"][0, 0]) == pytest.approx(ref, rel=1e-9)
-        skip = an.run_skip(store, VIT, cfg)
+        skip = run_skip(store, VIT, cfg)
         assert skip["ci_low"].shape == skip["ratio"].shape
         finite = np.isfinite(skip["spatial_mean"])
         assert np.all(skip["spatial_ci_low"][finite] <= skip["spatial_mean"][finite])

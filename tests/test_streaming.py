@@ -13,6 +13,7 @@ import pytest
 
 from conftest import IMG, RESNET, VIT, run_cli
 from vitsee.engine import analyze as an
+from vitsee.engine.analyses.cka import run_cka
 from vitsee.engine.errors import VitseeError
 from vitsee.engine.extract import ExtractConfig, run_extraction
 from vitsee.engine.store import Store
@@ -47,7 +48,7 @@ def _cka(path, **params):
 
 def test_streamed_cka_equals_analyze_in_store_order_with_the_same_batch_size(streamed, stored):
     with Store.writer(stored) as s:
-        stored = an.run_cka(s, an.AnalyzeConfig(batch_size=BATCH, shuffles=0, device="cpu", ci=0, permutations=0))
+        stored = run_cka(s, an.AnalyzeConfig(batch_size=BATCH, shuffles=0, device="cpu", ci=0, permutations=0))
     result = _cka(streamed)
     assert result["_params"] == stored["_params"]  # same key: views and the app find it like any cached CKA
     np.testing.assert_array_equal(result["matrix"], stored["matrix"])

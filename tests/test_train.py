@@ -20,7 +20,8 @@ from vitsee.engine.data import train_test_split
 from vitsee.engine.errors import VitseeError
 from vitsee.engine.interventions import remove_skips
 from vitsee.engine.models import load_model
-from vitsee.engine.train import TrainConfig, checkpoint_path, lock_path, read_record, train
+from vitsee.engine.models import read_record
+from vitsee.engine.train import TrainConfig, checkpoint_path, lock_path, train
 
 TINY_VIT = {"model": "test_vit", "model_args": {"patch_size": 8, "depth": 3}, "img_size": 32, "dataset": "digits",
             "device": "cpu"}

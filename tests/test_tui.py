@@ -346,7 +346,7 @@ def test_a_cancelled_computation_stops_at_its_next_step_and_caches_nothing(tiny_
 
 
 async def test_a_probe_job_expected_to_take_over_a_minute_is_announced_with_the_ways_to_narrow_it(tiny_store, tmp_path, monkeypatch):
-    from vitsee.engine import probes
+    from vitsee.engine.analyses import probes
 
     path = tmp_path / "fresh.h5"
     shutil.copy(tiny_store, path)

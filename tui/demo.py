@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from vitsee.engine.analyze import AnalyzeConfig
-    from vitsee.engine.extract import ExtractConfig
+    from vitsee.engine.extract_plan import ExtractConfig
     from vitsee.engine.train import TrainConfig
 
 DEMO_VIT = "vit_tiny_patch16_224.augreg_in21k_ft_in1k"
@@ -97,7 +97,7 @@ def hub_reachable() -> bool:
 def choose(plan: DemoPlan | None = None, device: str = "auto", folder: Path | None = None) -> DemoChoice:
     """Returns the demo's run: pretrained where possible (may wait a moment on the network check)."""
     from vitsee.engine.analyze import AnalyzeConfig
-    from vitsee.engine.extract import ExtractConfig
+    from vitsee.engine.extract_plan import ExtractConfig
     from vitsee.engine.models import cached_pretrained_file
 
     plan = plan or DemoPlan()
@@ -123,7 +123,7 @@ def choose(plan: DemoPlan | None = None, device: str = "auto", folder: Path | No
 
 def _trained_choice(plan: DemoPlan, device: str, folder: Path, pretrained: dict[str, bool], analysis) -> DemoChoice:
     """Returns the demo of models trained here: their training runs, and the extraction of the held-out images."""
-    from vitsee.engine.extract import ExtractConfig
+    from vitsee.engine.extract_plan import ExtractConfig
     from vitsee.engine.train import TrainConfig
 
     def run(name: str, args: dict, out: Path) -> TrainConfig:

@@ -25,10 +25,11 @@ from vitsee.engine.errors import VitseeError, brief
 
 if TYPE_CHECKING:  # the engine pulls in torch (seconds): imported by the workers, not at start-up
     from vitsee.engine import analyze as an
+    from vitsee.engine.analyses.base import Step
     from vitsee.engine.store import Store
     from vitsee.engine.views import View
 
-StepFn = Callable[["an.Step"], None]
+StepFn = Callable[["Step"], None]
 INCOMPLETE_HINT = "rerun vitsee extract to resume"
 
 
@@ -95,8 +96,8 @@ def weights_text(weights: dict) -> str:
 
 def read_summary(path: str | Path) -> StoreSummary:
     """Returns the summary of the store at path; a missing, corrupt or foreign file is a VitseeError."""
-    from vitsee.engine import analyze as an
     from vitsee.engine.analyses.erf import _taps as erf_taps
+    from vitsee.engine.analyze import applicable
     from vitsee.engine.store import Store
 
     path = Path(path)
@@ -110,7 +111,7 @@ def read_summary(path: str | Path) -> StoreSummary:
                 spatial = [layer for layer in layers if _has_grid(store, key, layer, info)]
                 models.append(ModelSummary(
                     key=key, family=str(info.get("family", "other")), weights=weights_text(info.get("weights", {})),
-                    layers=layers, shapes=shapes, rows_done=store.rows_done(key), views=an.applicable(store, key),
+                    layers=layers, shapes=shapes, rows_done=store.rows_done(key), views=applicable(store, key),
                     spatial_layers=spatial, heads=int(info.get("num_heads") or 0),
                     head_outputs=bool(store.head_blocks(key)),
                     erf_layers=[] if store.streaming else list(erf_taps(store, key, info)),
@@ -126,10 +127,10 @@ def read_summary(path: str | Path) -> StoreSummary:
 
 
 def _has_grid(store: Store, key: str, layer: str, info: dict) -> bool:
-    from vitsee.engine import analyze as an
+    from vitsee.engine.analyses.spatial import _spatial_layout
 
     try:
-        an._spatial_layout(store, key, layer)
+        _spatial_layout(store, key, layer)
     except VitseeError:
         return False
     return True
@@ -208,12 +209,12 @@ def read_view(path: str | Path, spec: str, base: an.AnalyzeConfig, progress: Ste
     `cancelled` is polled at every progress step; when it says so the computation stops with Cancelled
     and nothing is cached. `warn` hears, before it starts, that a computation is expected to be long.
     """
-    from vitsee.engine.analyze import probe_warning
+    from vitsee.engine.analyses.probes import probe_warning
     from vitsee.engine.store import Store
     from vitsee.engine.threads import set_compute_threads
     from vitsee.engine.views import cached_params, compute_view, load_view
 
-    def step(event: an.Step) -> None:
+    def step(event: Step) -> None:
         if cancelled():
             raise Cancelled(spec)
         if progress is not None:
@@ -253,7 +254,7 @@ def export_name(view: View, when: float | None = None) -> str:
 
 def export_view(view: View, folder: str | Path, selection: tuple[int, int] | None, cmap: str) -> tuple[Path, Path | None, str | None]:
     """Writes the view's .json and .png into folder; returns (json path, png path or None, why no png)."""
-    from vitsee.engine.views import write_view
+    from vitsee.engine.export import write_view
 
     folder = Path(folder)
     try:
@@ -275,6 +276,6 @@ def export_view(view: View, folder: str | Path, selection: tuple[int, int] | Non
 def estimate_size(cfg) -> str:
     """Returns 'N images x M model(s), expected size on disk 1.2 GB' for an extraction config, by planning
     it (nothing is written). Raises VitseeError for a bad config."""
-    from vitsee.engine import extract
+    from vitsee.engine.extract_plan import estimate
 
-    return extract.estimate(cfg).describe()
+    return estimate(cfg).describe()

@@ -7,7 +7,8 @@ grid (gh // 2, gw // 2); CNN: map position (H // 2, W // 2)). The ERF is the mea
 the store holds. The model is reloaded exactly as recorded (spec, weights and their sha256, input size).
 
 The pure core is `input_gradients` (a model, hooks and a batch in, per-layer |gradient| maps out) and
-`normalised`; `run_erf` is the store-facing runner, `erf_params` its cache key, `view_fields` its view.
+`normalised`; `run_erf` is the store-facing runner, `erf_params` its cache key, `view_fields` its view, `SPEC`
+its entry in the registry (engine/analyses/__init__.py).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from ..models import LoadedModel, load_model, parse_model_spec
 from ..store import Store
 
 # the shared plumbing of the store-facing runners (device, progress, caching with provenance)
-from ..analyze import _device, _emit, _save  # lifted into the analyses plumbing module by the refactor
+from .base import Analysis, _device, _emit, _save
 
 ANALYSIS = "erf"
 IDENTITY = ("model", "layers", "n_images")  # any number of averaged images serves a view that asked for none
@@ -254,3 +255,13 @@ def view_fields(result: dict, keys: list[str], layer: str | None) -> dict:
                 rows=[str(i) for i in range(h)], cols=[str(j) for j in range(w)], value_name="ERF (share of |grad|)",
                 vmin=0.0, vmax=float(np.nanmax(matrix)) if np.isfinite(matrix).any() else 1.0, params=params,
                 extra=extra, models=[key])
+
+
+SPEC = Analysis(
+    name=ANALYSIS, identity=IDENTITY,
+    params=lambda store, keys, layer, cfg: erf_params(store, keys[0], cfg),
+    run=lambda store, keys, layer, cfg, progress=None: run_erf(store, keys[0], cfg, progress),
+    view=lambda result, keys, info, layer=None: view_fields(result, keys, layer),
+    applies=lambda store, key: not store.streaming,  # it reads the stored inputs
+    figure="erf", layer=True, usage="erf:MODEL[:LAYER]",
+)

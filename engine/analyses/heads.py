@@ -7,7 +7,8 @@ project's minibatch unbiased CKA (cka.MinibatchCKA) with the batches of the CKA 
 accumulated only between the heads and the other model's layers.
 
 The pure core is `HeadCKA` (per-batch head outputs and layer activations in, a heads x layers matrix out);
-`run_heads` is the store-facing runner, `heads_params` its cache key, `heads_view` its view.
+`run_heads` is the store-facing runner, `heads_params` its cache key, `view_fields` its view, `SPEC` its entry in
+the registry (engine/analyses/__init__.py).
 """
 from __future__ import annotations
 
@@ -17,12 +18,12 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from .. import cka as cka_mod
+from .cka import MinibatchCKA
 from ..errors import VitseeError
 from ..store import Store, read_rows
 
 # the shared plumbing of the store-facing runners (batches by global index, device, caching with provenance)
-from ..analyze import _check_ready, _device, _emit, _save, batch_plan  # lifted into the analyses plumbing module by the refactor
+from .base import Analysis, _check_ready, _device, _emit, _save, batch_plan
 
 ANALYSIS = "heads"
 IDENTITY = ("vit", "other", "blocks", "layers", "n_images")  # what a result is about (views take any estimate of it)
@@ -46,7 +47,7 @@ class HeadCKA:
 
     def __init__(self, n_heads: int, n_layers: int, device: str | torch.device | None = None):
         self.n_heads = n_heads
-        self.acc = cka_mod.MinibatchCKA(n_heads + n_layers, device, cross_at=n_heads)
+        self.acc = MinibatchCKA(n_heads + n_layers, device, cross_at=n_heads)
 
     def update(self, heads: Sequence, layers: Sequence) -> None:
         """Adds one batch: R head arrays (m, ...) and L layer arrays (m, ...) of the same m images."""
@@ -201,3 +202,13 @@ def view_fields(result: dict, keys: list[str]) -> dict:
     return dict(kind=ANALYSIS, spec="", title=f"Head-level CKA {vit} heads (rows) x {other} (cols)", subtitle="",
                 matrix=matrix, rows=[str(r) for r in result["rows"]], cols=[str(c) for c in result["cols"]],
                 value_name="CKA", vmin=0.0, vmax=1.0, params=params, extra=extra, models=[vit, other])
+
+
+SPEC = Analysis(
+    name=ANALYSIS, identity=IDENTITY,
+    params=lambda store, keys, layer, cfg: heads_params(store, keys[0], keys[1], cfg),
+    run=lambda store, keys, layer, cfg, progress=None: run_heads(store, keys[0], keys[1], cfg, progress),
+    view=lambda result, keys, info, layer=None: view_fields(result, keys),
+    applies=lambda store, key: not store.streaming and bool(store.head_blocks(key)),  # the ViT side of a pair
+    figure="heads", models=(2, 2), usage="heads:VIT:OTHER",
+)

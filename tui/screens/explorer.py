@@ -49,7 +49,8 @@ from vitsee.tui.widgets.view_pane import ViewPane
 from vitsee.tui.widgets.view_tabs import VIEW_LABELS, ViewTabs
 
 if TYPE_CHECKING:
-    from vitsee.engine.analyze import AnalyzeConfig, Step
+    from vitsee.engine.analyses.base import Step
+    from vitsee.engine.analyze import AnalyzeConfig
     from vitsee.engine.views import View
 
 log = logging.getLogger(__name__)

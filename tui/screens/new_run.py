@@ -23,14 +23,14 @@ from vitsee.tui.screens.run import RunPlan, RunScreen
 from vitsee.tui.widgets.model_picker import ModelPicker
 
 if TYPE_CHECKING:
-    from vitsee.engine.extract import ExtractConfig
+    from vitsee.engine.extract_plan import ExtractConfig
 
 log = logging.getLogger(__name__)
 
 
 def extract_config(fields: dict) -> ExtractConfig:
     """Returns the engine's config for the form's fields (in a worker: the engine imports torch)."""
-    from vitsee.engine.extract import ExtractConfig
+    from vitsee.engine.extract_plan import ExtractConfig
 
     return ExtractConfig(**fields)
 

@@ -28,7 +28,7 @@ from vitsee.tui.results import read_summary
 
 if TYPE_CHECKING:
     from vitsee.engine.analyze import AnalyzeConfig
-    from vitsee.engine.extract import ExtractConfig, Progress
+    from vitsee.engine.extract_plan import ExtractConfig, Progress
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,9 @@ Three layers, each usable alone:
   split, test accuracy. It reads every example exactly once, through a `batches(mask)` function the store
   runner provides (see `BatchesFn`).
 
-Pure core: arrays in, arrays out; no store access, no printing.
+Those are the pure core: arrays in, arrays out; no store access, no printing. The store-facing runner
+(`run_probes`: readouts per layer, parameters, the cached result, and the time estimate the app warns with)
+comes last.
 """
 
 from __future__ import annotations
@@ -23,7 +25,11 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 import torch
 
-from vitsee.engine.errors import VitseeError
+from .. import stats as stats_mod
+from ..errors import VitseeError
+from ..stats import clopper_pearson
+from ..store import Store, read_rows
+from .base import NO_CLS, Analysis, AnalyzeConfig, StepFn, _device, _emit, _save, _with_interval, has_cls_token, no_cls
 
 # Penalties are searched relative to the mean eigenvalue of the centred X'X (= n * mean feature variance), so
 # the same grid fits features of any scale and any number of images: l2 = ratio * trace(Xc'Xc) / D.
@@ -691,3 +697,216 @@ def _one_hot(index: torch.Tensor, n_classes: int) -> torch.Tensor:
 
 def _eye(n: int, like: torch.Tensor) -> torch.Tensor:
     return torch.eye(n, dtype=like.dtype, device=like.device)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Store-facing runner
+
+
+def _readouts(store: Store, key: str, layer: str) -> dict[str, Callable[[np.ndarray], np.ndarray]]:
+    """Returns readout name -> function (b, ...) activations -> (b, P, D) features for the probes."""
+    layout = store.layer_layout(key, layer)
+    prefix = store.layer_prefix_tokens(key, layer)
+    if layout == "tokens":  # tokens x dim
+        out = {}
+        if prefix and has_cls_token(store.model_info(key)):  # registers lead the tokens too, but are no CLS
+            out["cls"] = lambda a: a[:, None, 0, :]
+        out["gap"] = lambda a, p=prefix: a[:, None, p:, :].mean(axis=2)
+        out["tokens"] = lambda a: a
+        return out
+    if layout == "nchw":  # C x H x W
+        return {"gap": lambda a: a.mean(axis=(2, 3))[:, None, :]}
+    if layout == "nhwc":  # H x W x C (Swin)
+        return {"gap": lambda a: a.mean(axis=(1, 2))[:, None, :]}
+    return {"flat": lambda a: a.reshape(a.shape[0], 1, -1)}
+
+
+def _nonfinite_readouts(ds, readouts: dict[str, Callable[[np.ndarray], np.ndarray]], batch_size: int) -> dict[str, int]:
+    """Returns readout name -> number of images whose features hold NaN/Inf, for the readouts that have any."""
+    counts = dict.fromkeys(readouts, 0)
+    for s in range(0, ds.shape[0], batch_size):
+        a = ds[s : s + batch_size].astype(np.float32)
+        for name, fn in readouts.items():
+            f = fn(a)
+            counts[name] += int((~np.isfinite(f.reshape(len(f), -1)).all(axis=1)).sum())
+    return {name: n for name, n in counts.items() if n}
+
+
+def probe_params(store: Store, key: str, cfg: AnalyzeConfig) -> dict:
+    return _with_interval({"model": key, "n_images": store.n_images, "seed": cfg.seed, "tokens": cfg.probe_tokens,
+                           "max_token_dim": cfg.probe_max_dim, "l2_ratios": [float(r) for r in L2_RATIOS]}, cfg)
+
+
+def run_probes(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | None = None) -> dict:
+    """Returns test accuracy per layer and readout (CLS, GAP; per-token maps for ViTs), with the split
+    and the L2 chosen per probe on a held-out part of the training split."""
+    key = store.resolve_model(model)
+    store.require_complete(key)
+    store._require_activations("linear probes cannot be fitted")
+    labels = store.labels
+    if labels is None:
+        raise VitseeError(
+            f"{store.path} has no labels ({store.dataset_spec}): probes need a labelled dataset "
+            "(digits, synthetic, samples, an image folder with class sub-folders); CKA and the rest still work"
+        )
+    params = probe_params(store, key, cfg)
+    cached = None if cfg.recompute else store.get_result("probes", params)
+    if cached is not None:
+        return cached
+    device = _device(cfg.device)
+    layers = store.layers(key)
+    readout_names = ["cls", "gap"]
+    table = np.full((len(layers), len(readout_names)), np.nan)
+    l2 = np.full_like(table, np.nan)
+    token_maps: dict[str, np.ndarray] = {}
+    too_wide: list[str] = []  # layers whose per-token probes were left out (wider than cfg.probe_max_dim)
+    skipped: list[tuple[str, str, int]] = []  # (layer, readout, images): readouts with non-finite features
+    nonfinite = store.nonfinite_counts(key)
+    split = split_examples(len(labels), cfg.seed)  # what fit_probes draws with the same seed
+    for li, layer in enumerate(layers):
+        ds = store._layer(key, layer)
+        readouts = _readouts(store, key, layer)
+        groups = [[n for n in readouts if n in ("cls", "gap", "flat")]]
+        if cfg.probe_tokens and "tokens" in readouts:
+            if ds.shape[-1] <= cfg.probe_max_dim:
+                groups.append(["tokens"])
+            else:
+                too_wide.append(layer)
+        if nonfinite.get(layer):  # a ridge fit on NaN/Inf features has no answer: leave those readouts out
+            bad = _nonfinite_readouts(ds, {n: readouts[n] for group in groups for n in group}, cfg.batch_size)
+            skipped += [(layer, name, count) for name, count in bad.items()]
+            groups = [[n for n in names if n not in bad] for names in groups]
+        for names in filter(None, groups):
+            fns = [readouts[n] for n in names]
+
+            def batches(mask, fns=fns, ds=ds):
+                rows = np.flatnonzero(mask)
+                for s in range(0, len(rows), cfg.batch_size):
+                    r = rows[s : s + cfg.batch_size]
+                    a = read_rows(ds, r).astype(np.float32)
+                    yield np.concatenate([f(a) for f in fns], axis=1), labels[r]
+
+            res = fit_probes(batches, labels, seed=cfg.seed, device=device)
+            if names == ["tokens"]:
+                token_maps[layer] = res.test_accuracy
+            else:
+                for name, acc, pen in zip(names, res.test_accuracy, res.l2):
+                    col = readout_names.index("gap" if name == "flat" else name)
+                    table[li, col] = acc
+                    l2[li, col] = pen
+            split = res.split
+        _emit(progress, f"probes {key}", li + 1, len(layers), layer)
+    arrays = {
+        "accuracy": table,
+        "l2": l2,
+        "layers": np.array(layers),
+        "readouts": np.array(readout_names),
+        "split_train": split.train,
+        "split_test": split.test,
+        "chance": np.array(np.bincount(labels).max() / len(labels)),
+        # how many prefix tokens (CLS, registers) lead each layer's token axis: 0 for the patch embedding
+        "token_prefix": np.array([store.layer_prefix_tokens(key, layer) for layer in layers]),
+        "tokens_too_wide": np.array(too_wide, dtype=str),
+        # readouts not fitted because their features hold NaN/Inf, and in how many images
+        "skipped_layer": np.array([x[0] for x in skipped], dtype=str),
+        "skipped_readout": np.array(["gap" if x[1] == "flat" else x[1] for x in skipped], dtype=str),
+        "skipped_images": np.array([x[2] for x in skipped], dtype=np.int64),
+    }
+    if "stats" in params:  # exact binomial interval on the test count
+        n_test = len(split.test)
+        arrays["ci_low"], arrays["ci_high"] = stats_mod.clopper_pearson(np.round(table * n_test), n_test, params["stats"]["ci"])
+    for layer, acc in token_maps.items():
+        arrays[f"tokens/{layer}"] = acc
+    return _save(store, "probes", params, arrays)
+
+
+PROBE_WARN_S = 60.0  # the app warns before a probe job it expects to take longer
+
+
+def probe_jobs(store: Store, key: str, cfg: AnalyzeConfig) -> list[tuple[str, str, int, int]]:
+    """Returns (layer, 'pooled' | 'tokens', probes P, features D) for every fit run_probes makes on a model."""
+    jobs = []
+    for layer in store.layers(key):
+        shape = store.layer_shape(key, layer)
+        readouts = _readouts(store, key, layer)
+        pooled = [n for n in readouts if n in ("cls", "gap", "flat")]
+        width = int(np.prod(shape)) if pooled == ["flat"] else shape[0] if len(shape) == 3 else shape[-1]  # C of (C, H, W)
+        jobs.append((layer, "pooled", len(pooled), int(width)))
+        if cfg.probe_tokens and "tokens" in readouts and shape[-1] <= cfg.probe_max_dim:
+            jobs.append((layer, "tokens", int(shape[0]), int(shape[-1])))  # one probe per token
+    return jobs
+
+
+def estimate_probe_seconds(store: Store, model: str, cfg: AnalyzeConfig) -> float:
+    """Returns the seconds run_probes is expected to compute for (0 when its result is cached)."""
+    key = store.resolve_model(model)
+    if store.labels is None or not cfg.recompute and store.get_result("probes", probe_params(store, key, cfg)) is not None:
+        return 0.0
+    n_classes = int(store.labels.max()) + 1
+    flops = sum(probe_flops(store.n_images, d, p, n_classes) for _, _, p, d in probe_jobs(store, key, cfg))
+    return flops / matmul_flops_per_s(_device(cfg.device))
+
+
+def probe_warning(store: Store, model: str, cfg: AnalyzeConfig, limit_s: float = PROBE_WARN_S) -> str | None:
+    """Returns a one-line warning naming the ways to narrow the job when the probes of a model are expected
+    to take over limit_s, else None."""
+    seconds = estimate_probe_seconds(store, model, cfg)
+    if seconds <= limit_s:
+        return None
+    key = store.resolve_model(model)
+    token_widths = [d for _, group, _, d in probe_jobs(store, key, cfg) if group == "tokens"]
+    narrow = (f"vitsee analyze {store.path.name} --probes --probe-max-dim {max(token_widths) // 2} (no per-token "
+              "probes of wider layers), or " if token_widths else "")
+    return (f"probes of {key} are expected to take about {seconds / 60:.0f} min ({len(store.layers(key))} layers, "
+            f"{store.n_images} images; x cancels): narrow them with {narrow}a store of fewer layers (extract --layers NAME,NAME)")
+
+
+# --- view and registration ------------------------------------------------------------------------
+
+
+def view_fields(r: dict, keys: list[str], info: dict, layer: str | None = None) -> dict:
+    """Returns the fields of the View of probes:MODEL: test accuracy per layer and readout (CLS, GAP, mean over tokens)."""
+    key = keys[0]
+    layers = [str(x) for x in r["layers"]]
+    token_maps = {name.split("/", 1)[1]: v for name, v in r.items() if name.startswith("tokens/")}
+    prefix = int(info.get("num_prefix_tokens") or 0)
+    gh, gw = info.get("grid_size") or (0, 0)
+    if "token_prefix" in r:
+        token_prefix = {layer: int(n) for layer, n in zip(layers, r["token_prefix"])}
+    else:  # results cached before the count was recorded: a layer holds the prefix tokens or none
+        token_prefix = {layer: prefix if len(m) == prefix + gh * gw else 0 for layer, m in token_maps.items()}
+    # the token maps hold the prefix tokens first (CLS...): the mean is over the spatial positions only
+    token_mean = np.array([np.mean(token_maps[layer][token_prefix[layer]:]) if layer in token_maps else np.nan
+                           for layer in layers])
+    matrix = np.column_stack([r["accuracy"], token_mean])
+    cols = ["CLS", "GAP", "tokens (mean)"]
+    skipped = np.zeros(matrix.shape, dtype=np.int64)  # images with non-finite features, per readout not fitted
+    for layer, readout, count in zip(*(np.atleast_1d(r.get(k, [])) for k in ("skipped_layer", "skipped_readout", "skipped_images"))):
+        skipped[layers.index(str(layer)), {"cls": 0, "gap": 1, "tokens": 2}[str(readout)]] = int(count)
+    keep = [i for i in range(matrix.shape[1]) if np.isfinite(matrix[:, i]).any() or skipped[:, i].any()]
+    params = dict(r["_params"], split_seed=r["_params"]["seed"], n_train=int(len(r["split_train"])), n_test=int(len(r["split_test"])))
+    extra = {"token_maps": {k: np.asarray(v) for k, v in token_maps.items()}, "chance": float(r["chance"]), "l2": r["l2"],
+             "grid": list(info.get("grid_size") or []), "prefix_tokens": prefix,
+             "token_prefix": {layer: token_prefix[layer] for layer in token_maps},
+             "tokens_too_wide": [str(x) for x in np.atleast_1d(r.get("tokens_too_wide", []))],
+             "skipped": [{"layer": layers[i], "readout": cols[c], "images": int(skipped[i, c])} for i, c in zip(*np.nonzero(skipped))]}
+    extra["cls_token"] = has_cls_token(info)
+    title = f"Linear probe test accuracy {key}" + (f" ({NO_CLS}: GAP and per-token readouts)" if no_cls(info) else "")
+    ci = {}
+    if "ci_low" in r:  # the token mean: Clopper-Pearson on its mean count, at least as wide as an average of rates
+        n_test, level = params["n_test"], float(r["_params"]["stats"]["ci"])
+        t_low, t_high = clopper_pearson(np.round(token_mean * n_test), n_test, level)
+        ci = {"ci_low": np.column_stack([r["ci_low"], t_low])[:, keep], "ci_high": np.column_stack([r["ci_high"], t_high])[:, keep]}
+    nonfinite = skipped[:, keep] > 0  # a readout left out for NaN/Inf features: marked, not "not computed"
+    return dict(kind="probes", spec="", title=title, subtitle="", matrix=matrix[:, keep], rows=layers,
+                cols=[cols[i] for i in keep], value_name="accuracy", vmin=0.0, vmax=1.0, params=params, extra=extra,
+                models=[key], nonfinite=nonfinite, nonfinite_images=np.where(nonfinite, skipped[:, keep], -1), **ci)
+
+
+SPEC = Analysis(
+    name="probes", identity=("model", "n_images", "tokens"),  # a result with a larger max_token_dim only adds token maps
+    params=lambda store, keys, layer, cfg: probe_params(store, keys[0], cfg),
+    run=lambda store, keys, layer, cfg, progress=None: run_probes(store, keys[0], cfg, progress),
+    view=view_fields, applies=lambda store, key: store.labels is not None and not store.streaming, figure="probes",
+    per_model=True, usage="probes:MODEL",
+)

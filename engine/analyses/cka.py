@@ -9,7 +9,9 @@ Nguyen et al. 2021:
 with K_b = X_b X_b^T the Gram matrix of batch b of the flattened representation (ViT: tokens x channels,
 CNN: H x W x C). HSIC1 of one batch is a Frobenius inner product of U-centred Grams, so the HSIC of all layer pairs
 of a batch is one matrix product of the stacked, flattened, U-centred Grams (the shape of Google's
-efficient_CKA.py). This module is the pure numerical core: arrays in, arrays out, no store, no printing.
+efficient_CKA.py). The first part of this module is the pure numerical core (arrays in, arrays out, no store, no printing); the
+second is the store-facing runner: the result's parameters (its cache key), the run over the store, and the
+CKA a streaming extraction accumulates as it goes.
 """
 
 from __future__ import annotations
@@ -23,9 +25,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from vitsee.engine.errors import VitseeError
+from .. import stats as stats_mod
+from ..errors import VitseeError
+from ..store import Store
+from .base import (MIN_BATCH, Analysis, AnalyzeConfig, StepFn, _check_ready, _device, _emit, _Lazy, _Prefetch, _read_batch, _save,
+                   _with_stats, batch_plan)
 
-MIN_BATCH = 4  # unbiased HSIC divides by m (m - 3) and (m - 1)(m - 2): it needs m >= 4 examples
 SHIFT_ROWS = 16  # the features of a batch are shifted by the mean of its first SHIFT_ROWS examples (see _centred)
 BLOCK_GRAM_MIN = 256  # from this batch size on, gram() multiplies out only the upper block-triangle
 PERMUTED_BYTES = 64 << 20  # at most this much of permuted U-centred Grams at a time (the p-value's null)
@@ -306,7 +311,7 @@ class MinibatchCKA:
         p-value when a permutation lands that close to the observed CKA. Permutations go in groups whose gathered
         Grams fit in PERMUTED_BYTES (one small op per permutation costs more than the product on small batches).
         """
-        from .stats import batch_permutations
+        from ..stats import batch_permutations
 
         k = self.cross_at or 0
         a, b = self._upper(m)  # (T,) row and column of each upper-triangle entry, T = m (m - 1) / 2
@@ -405,7 +410,7 @@ class MinibatchCKA:
         the p-value the permutation test over `permutations` (see engine/stats.py). Symmetric like result(): a cell
         below the diagonal repeats the one above it, whose column layer is the permuted one.
         """
-        from . import stats
+        from .. import stats
 
         L, k = self.num_layers, self.cross_at
         cells = np.triu(np.ones((L, L), dtype=bool))
@@ -511,3 +516,226 @@ def _zip_same_length(a: Iterator[list[Any]], b: Iterator[list[Any]]) -> Iterator
                 "both must cover the same images in the same batches"
             )
         yield batch_a, batch_b
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Store-facing runner
+
+
+def cka_params(store: Store, cfg: AnalyzeConfig) -> dict:
+    models = store.models
+    batch_size = min(cfg.batch_size, store.n_images)
+    params = {
+        "models": models,
+        "layers": {m: store.layers(m) for m in models},
+        "batch_size": batch_size,
+        "shuffles": cfg.shuffles,
+        "seed": cfg.seed if cfg.shuffles else None,
+        "n_images": store.n_images,
+    }
+    return _with_stats(params, cfg, cfg.permutations)
+
+
+def _cka_slots(params: dict) -> int:
+    """Returns how many batches one pass (shuffle) over the images has: the per-batch slots of the statistics."""
+    return -(-params["n_images"] // params["batch_size"])
+
+
+def _cka_accumulator(n_layers: int, device, params: dict, shuffle: int) -> MinibatchCKA:
+    """Returns the accumulator of one shuffle, keeping per-batch terms and permutations when params ask for them."""
+    st = params.get("stats")
+    if st is None:
+        return MinibatchCKA(n_layers, device)
+    return MinibatchCKA(n_layers, device, batch_slots=_cka_slots(params) if st["ci"] else 0,
+                                permutations=st["permutations"], seed=[st["seed"], shuffle])
+
+
+def compute_cka(store: Store, params: dict, device: torch.device, progress: StepFn | None = None,
+                share: tuple[int, int] | None = None) -> dict:
+    """Returns the joint (L, L) CKA over every stored layer of every model, averaged over the shuffles.
+
+    One pass over the store per batch: every layer of every model is read once, its Gram built once, and
+    all pairs come from one product inside MinibatchCKA. `share` (rank, world) gives this process every
+    world-th batch from its rank on; the per-shuffle accumulator states are returned for an all-reduce.
+    """
+    models = params["models"]
+    columns = [(m, layer) for m in models for layer in params["layers"][m]]
+    datasets = [store._layer(m, layer) for m, layer in columns]
+    full_plan = batch_plan(params["n_images"], params["batch_size"], params["shuffles"], params["seed"] or 0)
+    slots = _cka_slots(params)
+    plan = [(k, rows, i % slots) for i, (k, rows) in enumerate(full_plan)]  # slot: the batch's index in its shuffle
+    if share is not None:
+        plan = plan[share[0] :: share[1]]
+    n_shuffles = max(1, params["shuffles"])
+    accumulators = [_cka_accumulator(len(columns), device, params, k) for k in range(n_shuffles)]
+    pinned = device.type == "cuda"
+    jobs = ((rows, lambda r, ds=ds: _read_batch(ds, r, pinned)) for _, rows, _ in plan for ds in datasets)
+    prefetch = _Prefetch(jobs)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a short last batch is reported once below, not per shuffle
+            for b, (k, rows, slot) in enumerate(plan):
+                if len(rows) < MIN_BATCH:  # skipped by the estimator: drain its reads
+                    for _ in datasets:
+                        prefetch.get()
+                else:
+                    accumulators[k].update([_Lazy((len(rows), *ds.shape[1:]), prefetch) for ds in datasets], slot=slot)
+                _emit(progress, "cka", b + 1, len(plan))
+    finally:
+        prefetch.close()
+    states = torch.stack([acc.state for acc in accumulators])  # (K, L*L + 1)
+    return {"states": states, "columns": columns}
+
+
+def finish_cka(states: torch.Tensor, columns: list[tuple[str, str]], params: dict) -> dict:
+    """Returns the cached arrays of a CKA result from the (merged) per-shuffle accumulator states, with the
+    intervals and p-values when params ask for them (pooled over shuffles as engine/stats.py says)."""
+    matrices, per_shuffle = [], []
+    st = params.get("stats")
+    for k, state in enumerate(states):
+        acc = _cka_accumulator(len(columns), "cpu", params, k)
+        acc.state = state.cpu().to(torch.float64)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            matrices.append(acc.result(nonfinite="nan"))  # a layer with NaN/Inf activations: NaN cells
+            if st is not None:
+                per_shuffle.append(acc.statistics(st["ci"], st["bootstrap"], [st["seed"], k]))
+    matrix = np.mean(matrices, axis=0)
+    last = params["n_images"] % params["batch_size"]
+    dropped = last if 0 < last < MIN_BATCH else 0
+    arrays = {
+        "matrix": matrix,
+        "model": np.array([params["models"].index(m) for m, _ in columns]),
+        "layer": np.array([layer for _, layer in columns]),
+        "shuffle_std": np.std(matrices, axis=0) if len(matrices) > 1 else np.zeros_like(matrix),
+        "dropped_per_shuffle": np.array(dropped),
+    }
+    return arrays | _pooled_stats(per_shuffle)
+
+
+def _pooled_stats(per_shuffle: list[dict]) -> dict:
+    """Returns the statistics arrays of a CKA-like result from each shuffle's `MinibatchCKA.statistics()`."""
+    if not per_shuffle:
+        return {}
+    out = stats_mod.pool_shuffles([s["ci_low"] for s in per_shuffle if "ci_low" in s],
+                                  [s["ci_high"] for s in per_shuffle if "ci_high" in s],
+                                  [s["p_value"] for s in per_shuffle if "p_value" in s])
+    out["n_batches"] = np.array(min(s["n_batches"] for s in per_shuffle))  # bootstrap units per shuffle
+    return out
+
+
+def run_cka(store: Store, cfg: AnalyzeConfig, progress: StepFn | None = None) -> dict:
+    """Returns the CKA result (cached or computed): `matrix` (L, L) over all models' layers."""
+    _check_ready(store, store.models)
+    params = cka_params(store, cfg)
+    cached = None if cfg.recompute else store.get_result("cka", params)
+    if cached is not None:
+        return cached
+    if store.streaming:
+        return _streamed_cka(store, cfg, params)
+    if params["n_images"] % params["batch_size"] and params["n_images"] % params["batch_size"] < MIN_BATCH:
+        warnings.warn(
+            f"the last batch of {params['n_images'] % params['batch_size']} images is dropped from each pass: "
+            f"unbiased HSIC needs at least {MIN_BATCH}; pick --batch-size to avoid it",
+            stacklevel=2,
+        )
+    out = compute_cka(store, params, _device(cfg.device), progress)
+    arrays = finish_cka(out["states"], out["columns"], params)
+    return _save(store, "cka", params, arrays)
+
+
+def _streamed_cka(store: Store, cfg: AnalyzeConfig, params: dict) -> dict:
+    """Returns the CKA a streaming extraction cached, when the asked-for settings allow it; without the
+    activations no other estimate can be made."""
+    streamed = streamed_cka_params(store)
+    if cfg.any_cka_estimate and not cfg.recompute:
+        return store.get_result("cka", streamed) or save_streamed_cka(store)
+    raise VitseeError(
+        f"{store.path} was extracted with --streaming: its CKA was computed during extraction with batch size "
+        f"{streamed['batch_size']} in store order, without intervals or p-values (--batch-size {streamed['batch_size']} "
+        "--shuffles 0 --ci 0 --permutations 0) and other settings need the activations, which were not stored: "
+        "re-extract without --streaming into another store"
+    )
+
+
+def cka_block(result: dict, store_models: Sequence[str], model_a: str, model_b: str | None = None,
+              key: str = "matrix") -> tuple[np.ndarray, list[str], list[str]]:
+    """Returns (matrix, row layers, col layers) of model_a x model_b (model_b defaults to model_a); key names
+    another (L, L) array of the result to cut the same block from (ci_low, ci_high, p_value)."""
+    model_b = model_b or model_a
+    models = result["_params"]["models"]
+    ia, ib = models.index(model_a), models.index(model_b)
+    rows = np.flatnonzero(result["model"] == ia)
+    cols = np.flatnonzero(result["model"] == ib)
+    layers = [str(x) for x in result["layer"]]
+    return result[key][np.ix_(rows, cols)], [layers[i] for i in rows], [layers[i] for i in cols]
+
+
+# --- streamed (extract --streaming) ----------------------------------------------------------------
+
+
+def streamed_cka_params(store: Store) -> dict:
+    """Returns the parameters of a streaming store's CKA: those of `analyze --cka --shuffles 0` with the
+    extraction's batch size, so views and the app find it like any cached CKA."""
+    batch_size = int(store.file["streaming/cka_state"].attrs["batch_size"])
+    # the stream kept no per-batch terms or permutations: its CKA carries no statistics
+    return cka_params(store, AnalyzeConfig(batch_size=batch_size, shuffles=0, ci=0, permutations=0))
+
+
+def save_streamed_cka(store: Store) -> dict:
+    """Caches the CKA of a finished streaming run, from the accumulator it stored."""
+    saved = store.streamed_cka_state()
+    if saved is None:
+        raise VitseeError(f"{store.path} has no finished batch to compute CKA from: rerun the same `vitsee extract --streaming` command")
+    state, columns = saved
+    params = streamed_cka_params(store)
+    if [tuple(c) for c in columns] != [(m, layer) for m in params["models"] for layer in params["layers"][m]]:
+        raise VitseeError(f"{store.path}: the streamed CKA's layers do not match the store's models: re-extract it with --overwrite")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a batch under 4 images was skipped; the result records it
+        arrays = finish_cka(torch.as_tensor(state)[None], columns, params)
+    return _save(store, "cka", params, arrays)
+
+
+def streaming_accumulator(store: Store, n_columns: int, device, first: int) -> MinibatchCKA:
+    """Returns the all-pairs accumulator of a streaming extraction, resumed from the store's copy of it when
+    `first` (the first batch still to run) is past the start."""
+    acc = MinibatchCKA(n_columns, device)
+    saved = store.streamed_cka_state()
+    if first > 0 and saved is not None:
+        acc.state.copy_(torch.as_tensor(saved[0]))
+    return acc
+
+
+def stream_batch(acc: MinibatchCKA, feats: list) -> torch.Tensor:
+    """Adds one streamed batch (every layer of every model, in column order); returns a snapshot of the
+    state to write while the next batch adds to the accumulator in place."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a last batch under 4 images is skipped, as analyze does
+        acc.update(feats)
+    return acc.state.clone()
+
+
+# --- view and registration ------------------------------------------------------------------------
+
+
+def view_fields(result: dict, keys: list[str], info: dict, layer: str | None = None) -> dict:
+    """Returns the fields of the View of cka:A[:B] (views.View(**fields)): the A x B block of the joint matrix."""
+    a, b = keys[0], keys[-1]
+    matrix, rows, cols = cka_block(result, result["_params"]["models"], a, b)
+    title = f"CKA {a}" if a == b else f"CKA {a} (rows) x {b} (cols)"
+    params = dict(result["_params"])
+    params.pop("layers", None)
+    block = {name: cka_block(result, result["_params"]["models"], a, b, key=name)[0]
+             for name in ("ci_low", "ci_high", "p_value") if name in result}
+    extra = {"n_batches": int(result["n_batches"])} if "n_batches" in result else {}
+    return dict(kind="cka", spec="", title=title, subtitle="", matrix=matrix, rows=rows, cols=cols, value_name="CKA",
+                vmin=0.0, vmax=1.0, params=params, extra=extra, models=[a, b], **block)
+
+
+SPEC = Analysis(
+    name="cka", identity=("models", "layers", "n_images"),
+    params=lambda store, keys, layer, cfg: cka_params(store, cfg),
+    run=lambda store, keys, layer, cfg, progress=None: run_cka(store, cfg, progress),
+    view=view_fields, applies=lambda store, key: True, figure="cka", models=(1, 2), usage="cka:MODEL_A[:MODEL_B]",
+)

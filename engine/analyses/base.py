@@ -1,0 +1,273 @@
+"""Plumbing the analyses share: their config, progress events, device choice, the read-ahead of store batches,
+the CKA batch plan, and saving a result with its provenance. No analysis lives here."""
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from .. import stats as stats_mod
+from ..errors import VitseeError
+from ..store import Store
+
+MIN_BATCH = 4  # unbiased HSIC divides by m (m - 3) and (m - 1)(m - 2): it needs m >= 4 examples
+
+
+def resolve_device(name: str) -> torch.device:
+    """Returns the torch device for auto|cpu|cuda|cuda:N, refusing CUDA where there is none."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise VitseeError(f"--device {name} but no CUDA GPU is visible to torch: use --device cpu (or auto)")
+        return torch.device(name)
+    if name == "cpu":
+        return torch.device("cpu")
+    raise VitseeError(f"unknown device '{name}': use auto, cpu, cuda or cuda:N")
+
+
+@dataclass
+class AnalyzeConfig:
+    """Parameters shared by the analyses (each result records the ones it used)."""
+
+    batch_size: int = 256
+    shuffles: int = 1
+    seed: int = 0
+    device: str = "auto"
+    recompute: bool = False
+    probe_tokens: bool = True
+    spatial_layer: str | None = None
+    probe_max_dim: int = 1024  # per-token probes keep a (D, D) fp64 matrix per token: wider layers get none
+    erf_images: int = 32  # effective receptive fields: the first N images of the store (analyses/erf.py)
+    ci: float = stats_mod.DEFAULT_CI  # confidence level of the intervals; 0: none
+    permutations: int = stats_mod.DEFAULT_PERMUTATIONS  # permutations behind each CKA p-value; 0: none
+    # no estimator settings were asked for: a streaming store answers CKA with the estimate it streamed
+    any_cka_estimate: bool = False
+
+    def __post_init__(self):
+        # checked where the CLI and the app build the config, before a store is opened
+        if self.batch_size < 1:
+            raise VitseeError(f"--batch-size {self.batch_size} is not a batch size: use at least 4 images per CKA "
+                              f"minibatch (default {AnalyzeConfig.batch_size})")
+        if self.shuffles < 0:
+            raise VitseeError(f"--shuffles {self.shuffles} is negative: use 0 (store order) or the number of seeded shuffles")
+        if self.seed < 0:
+            raise VitseeError(f"--seed {self.seed} is negative: use a seed of 0 or more")
+        if self.probe_max_dim < 0:
+            raise VitseeError(f"--probe-max-dim {self.probe_max_dim} is negative: use 0 (no per-token probes) or a "
+                              f"channel count (default {AnalyzeConfig.probe_max_dim})")
+
+
+@dataclass
+class Step:
+    """A progress event: which analysis, how far (done/total in its own units)."""
+
+    analysis: str
+    done: int
+    total: int
+    message: str = ""
+
+
+StepFn = Callable[[Step], None]
+
+
+def _device(name: str) -> torch.device:
+    return resolve_device(name)
+
+
+def _emit(progress: StepFn | None, analysis: str, done: int, total: int, message: str = "") -> None:
+    if progress is not None:
+        progress(Step(analysis, done, total, message))
+
+
+class _Prefetch:
+    """Reads (rows, dataset) jobs in a background thread, at most `ahead` arrays in memory, in order.
+
+    HDF5 reads run while the device computes on the previous array, so the GPU does not wait on disk.
+    """
+
+    def __init__(self, jobs: Iterator[tuple[np.ndarray, object]], ahead: int = 3):
+        self._queue: queue.Queue = queue.Queue(maxsize=ahead)
+        self._thread = threading.Thread(target=self._run, args=(jobs,), daemon=True, name="vitsee-prefetch")
+        self._stop = threading.Event()
+        self._thread.start()
+
+    def _run(self, jobs) -> None:
+        try:
+            for rows, read in jobs:
+                if self._stop.is_set():
+                    return
+                self._queue.put(("ok", read(rows)))
+            self._queue.put(("end", None))
+        except BaseException as exc:  # handed to the consumer
+            self._queue.put(("error", exc))
+
+    def get(self) -> np.ndarray:
+        kind, value = self._queue.get()
+        if kind == "error":
+            raise value
+        if kind == "end":
+            raise StopIteration
+        return value
+
+    def close(self) -> None:
+        self._stop.set()
+        while self._thread.is_alive():
+            try:
+                self._queue.get(timeout=0.05)
+            except queue.Empty:
+                pass
+
+
+def _read_batch(ds, rows: np.ndarray, pinned: bool) -> np.ndarray:
+    """Returns ds[rows] (rows increasing), read straight into the returned buffer: pinned host memory for a
+    CUDA device, so the copy to the device is one DMA from what HDF5 filled."""
+    shape = (len(rows), *ds.shape[1:])
+    if pinned:
+        out = torch.empty(shape, dtype=torch.from_numpy(np.empty(0, dtype=ds.dtype)).dtype, pin_memory=True).numpy()
+    else:
+        out = np.empty(shape, dtype=ds.dtype)
+    if len(rows) == 0:
+        return out
+    contiguous = rows[-1] - rows[0] == len(rows) - 1
+    ds.read_direct(out, np.s_[int(rows[0]) : int(rows[-1]) + 1] if contiguous else np.s_[rows.tolist()])
+    return out
+
+
+class _Lazy:
+    """One layer's batch that is read only when the CKA accumulator asks for it (keeps memory at one layer)."""
+
+    def __init__(self, shape: tuple[int, ...], source: _Prefetch):
+        self.shape = shape
+        self._source = source
+
+    def __array__(self, dtype=None, copy=None):
+        array = self._source.get()
+        return array if dtype is None else array.astype(dtype)
+
+
+def batch_plan(n: int, batch_size: int, shuffles: int, seed: int) -> list[tuple[int, np.ndarray]]:
+    """Returns [(shuffle, rows)] batches defined by global index: store order, or K seeded shuffles."""
+    if shuffles < 0:
+        raise VitseeError(f"--shuffles must be 0 (store order) or more, got {shuffles}")
+    if batch_size < MIN_BATCH:
+        raise VitseeError(f"--batch-size {batch_size} is too small for CKA: use at least {MIN_BATCH}")
+    orders = [np.arange(n)] if shuffles == 0 else [np.random.default_rng([seed, k]).permutation(n) for k in range(shuffles)]
+    # a batch's HSIC does not depend on the order of its images, and HDF5 reads increasing rows directly
+    return [(k, np.sort(order[s : s + batch_size])) for k, order in enumerate(orders) for s in range(0, n, batch_size)]
+
+
+def _check_ready(store: Store, models: Sequence[str]) -> None:
+    if not models:
+        raise VitseeError(f"{store.path} holds no models: add one with `vitsee extract {store.path} --model NAME`")
+    for m in models:
+        store.require_complete(m)
+    if store.n_images < MIN_BATCH:
+        raise VitseeError(
+            f"{store.path} has {store.n_images} images; CKA needs at least {MIN_BATCH}: extract more (--n-images)"
+        )
+
+
+def _with_stats(params: dict, cfg: AnalyzeConfig, permutations: int = 0) -> dict:
+    """Returns params plus the statistics settings under "stats"; none asked for: params unchanged, so results
+    cached before statistics existed keep their keys, and a request with statistics never takes one of them."""
+    settings = stats_mod.stats_settings(cfg.ci, permutations, cfg.seed)
+    return params if settings is None else {**params, "stats": settings}
+
+
+def _with_interval(params: dict, cfg: AnalyzeConfig) -> dict:
+    """Returns params plus {"stats": {"ci": level}} for a closed-form interval; unchanged when cfg.ci is 0."""
+    settings = stats_mod.interval_settings(cfg.ci)
+    return params if settings is None else {**params, "stats": settings}
+
+
+def _save(store: Store, analysis: str, params: dict, arrays: dict) -> dict:
+    store.put_result(analysis, params, arrays, provenance=_provenance(store))
+    result = store.get_result(analysis, params)
+    assert result is not None
+    return result
+
+
+def _provenance(store: Store) -> dict:
+    return {
+        "store": str(store.path),
+        "dataset": store.dataset_spec,
+        "n_images": store.n_images,
+        "models": {m: store.model_info(m)["weights"] for m in store.models},
+    }
+
+
+def has_cls_token(info: dict) -> bool:
+    """Returns whether a model has a class token: recorded from timm's cls_token; stores written before that was
+    recorded say so by having prefix tokens (register-only ViTs were taken for CLS ViTs then)."""
+    if "cls_token" in info:
+        return bool(info["cls_token"])
+    return info.get("family") == "vit" and int(info.get("num_prefix_tokens") or 0) > 0
+
+
+class RunningMoments:
+    """Per-element mean and standard deviation over images, merged batch by batch in fp64 (Chan et al.)."""
+
+    def __init__(self):
+        self.n = 0
+        self._mean: np.ndarray | float = 0.0
+        self._m2: np.ndarray | float = 0.0  # sum of squared deviations from the mean
+
+    def update(self, x: np.ndarray) -> None:
+        """Adds a batch x (b, ...)."""
+        b = len(x)
+        if b == 0:
+            return
+        x = np.asarray(x, dtype=np.float64)
+        mean_b = x.mean(axis=0)
+        m2_b = np.square(x - mean_b).sum(axis=0)
+        n = self.n + b
+        delta = mean_b - self._mean
+        self._mean = self._mean + delta * (b / n)
+        self._m2 = self._m2 + m2_b + np.square(delta) * (self.n * b / n)
+        self.n = n
+
+    @property
+    def mean(self) -> np.ndarray:
+        return np.asarray(self._mean)
+
+    @property
+    def std(self) -> np.ndarray:
+        """The population standard deviation (numpy's default, ddof=0)."""
+        return np.sqrt(np.asarray(self._m2) / max(self.n, 1))
+
+
+def config_dict(cfg: AnalyzeConfig) -> dict:
+    return asdict(cfg)
+
+
+NO_CLS = "no class token"
+
+
+def no_cls(info: dict) -> bool:
+    """Returns whether a token model has no class token (register-only ViTs, Mixer), which a user would look for."""
+    return info.get("family") in ("vit", "mixer") and not has_cls_token(info)
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """One analysis as the driver, the views, `show`/`export`, the figures and the app find it (engine/analyses/).
+
+    A view string is NAME:MODEL[:MODEL | :LAYER]; `keys` are its resolved models and `layer` its layer, if any.
+    """
+
+    name: str
+    identity: tuple[str, ...]  # the parameters that say what a result is about; the rest say how it was estimated
+    params: Callable  # (store, keys, layer, cfg) -> the params dict a result is cached under
+    run: Callable  # (store, keys, layer, cfg, progress) -> the (cached or computed) result
+    view: Callable  # (result, keys, model info, layer) -> the fields of a views.View
+    applies: Callable  # (store, model key) -> whether it applies to that model
+    figure: str  # its drawing functions: engine/figures.py and engine/render.py `_<figure>`
+    models: tuple[int, int] = (1, 1)  # how many models its view names (least, most)
+    layer: bool = False  # its view takes a :LAYER
+    per_model: bool = False  # `vitsee analyze` with no analysis named runs it on every model it applies to
+    usage: str = ""  # the view string, for help and errors
