@@ -330,21 +330,29 @@ def models(
 def layers(
     model: Annotated[str, typer.Argument(help="NAME[.TAG][@WEIGHTS]")],
     img_size: Annotated[Optional[int], typer.Option(help="build for N x N input")] = None,
-    granularity: Annotated[str, typer.Option(help="blocks | sublayers | modules (every module path)")] = "sublayers",
+    granularity: Annotated[Optional[str], typer.Option(
+        help="blocks | sublayers | modules (every module path); default: sublayers, or modules for a model "
+             "outside the ViT/ResNet/Mixer/Swin families")] = None,
 ) -> None:
     """List the layer names a model offers to --layers, in forward order."""
     from .models import layer_points, load_model, parse_model_spec
 
+    if granularity not in (None, "blocks", "sublayers", "modules"):
+        raise VitseeError(f"--granularity '{granularity}' is not one of blocks, sublayers, modules")
     spec = parse_model_spec(model)
     if spec.weights == "pretrained":  # names do not depend on weights: never download for a listing
         spec = parse_model_spec(f"{spec.timm_name}@random")
     loaded = load_model(spec, img_size=img_size)
+    if granularity is None and loaded.family == "other":  # no blocks or sublayers defined: module paths are the names
+        err.print(f"{type(loaded.model).__name__} is outside the ViT/ResNet/Mixer/Swin families: listing every module "
+                  "path (--granularity modules); pass any of them to --layers", style="dim", highlight=False, soft_wrap=True)
+        granularity = "modules"
     if granularity == "modules":
         for name, module in loaded.model.named_modules():
             if name:
                 out.print(f"{name}  [dim]{type(module).__name__}[/]", highlight=False)
         return
-    for point in layer_points(loaded.model, loaded.family, granularity):
+    for point in layer_points(loaded.model, loaded.family, granularity or "sublayers"):
         where = f"input of {point.module}" if point.kind == "input" else ""
         out.print(f"{point.name}  [dim]{where}[/]", highlight=False)
 
