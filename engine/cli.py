@@ -5,6 +5,7 @@ a non-zero exit; anything else is a bug and keeps its traceback.
 """
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -492,6 +493,7 @@ def show(
     view: Annotated[str, typer.Argument(help=VIEW_ARG)],
     color: Annotated[str, typer.Option(help="auto | truecolor | 256 | 16 | none")] = "auto",
     cmap: Annotated[str, typer.Option(help="viridis | magma | cividis")] = "viridis",
+    fmt: Annotated[str, typer.Option("--format", help="text (a heatmap or table) | csv | json (the numbers only)")] = "text",
     batch_size: ViewBatchSize = None,
     shuffles: ViewShuffles = None,
     seed: ViewSeed = None,
@@ -499,14 +501,24 @@ def show(
     ci: ViewCI = None,
     permutations: ViewPermutations = None,
 ) -> None:
-    """Print a view in the terminal: a coloured heatmap or a table (ASCII with NO_COLOR), and the best cell's interval."""
+    """Print a view in the terminal: a coloured heatmap or a table (ASCII with NO_COLOR, or into a pipe or file,
+    followed there by the numbers), and the best cell's interval; --format csv|json prints the numbers only."""
     from .colormap import ColorMode, check_colormap, detect_color_mode
     from .render import render_view
     from .views import load_view
 
+    if fmt not in ("text", "csv", "json"):
+        raise VitseeError(f"--format '{fmt}' is not one of text, csv, json")
     check_colormap(cmap)  # before the view is computed, as export checks it
     mode = detect_color_mode(override=None if color == "auto" else color)
+    piped = color == "auto" and not out.is_terminal
+    if piped:  # uncoloured half blocks carry no value: the ASCII ramp does, and the numbers follow
+        mode = ColorMode.NONE
     v = load_view(store, view, _view_config(batch_size, shuffles, seed, device, ci, permutations))
+    if fmt != "text":
+        text = v.to_csv() if fmt == "csv" else json.dumps(v.to_json(), indent=1)
+        out.file.write(text if text.endswith("\n") else text + "\n")
+        return
     systems = {ColorMode.TRUECOLOR: "truecolor", ColorMode.COLORS_256: "256", ColorMode.COLORS_16: "standard"}
     # an explicit --color keeps its colours when piped (e.g. into less -R); auto follows the terminal
     console = out
@@ -514,6 +526,8 @@ def show(
         console = Console(file=out.file, force_terminal=True, color_system=systems[mode], width=out.width, soft_wrap=True)
     for renderable in render_view(v, color=mode.value, cmap=cmap, width=console.width):
         console.print(renderable)
+    if piped and v.kind not in ("attention", "probes"):  # those are tables of numbers already
+        out.file.write(f"\n{v.value_name} values (as --format csv prints them):\n{v.to_csv()}")
 
 
 def main() -> None:

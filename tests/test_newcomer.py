@@ -3,7 +3,17 @@ pipe, degenerate random inits said where they show, and a cached store read with
 
 from __future__ import annotations
 
-from conftest import run_cli
+import csv
+import io
+import json
+
+import numpy as np
+import pytest
+
+from conftest import RESNET, VIT, run_cli
+from test_figures import analysed_store
+from vitsee.engine.colormap import ASCII_RAMP, ColorScale
+from vitsee.engine.views import load_view
 
 OTHER = "mobilenetv3_small_050"  # outside the ViT/ResNet/Mixer/Swin families: no blocks or sublayers defined
 
@@ -25,3 +35,56 @@ def test_asking_such_a_model_for_sublayers_names_the_option_that_works(capsys):
     assert err.startswith("error: ") and "`vitsee layers MODEL --granularity modules`" in err
     code, _, err = run_cli(["layers", OTHER, "--granularity", "layer"], capsys)
     assert code == 2 and "--granularity 'layer'" in err and "blocks, sublayers, modules" in err
+
+
+# --- vitsee show into a pipe or a file ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def store(tiny_store):
+    return analysed_store(tiny_store)
+
+
+def _csv_matrix(text: str) -> tuple[list[str], list[str], np.ndarray]:
+    """Returns (row labels, column labels, values) of a CSV the way View.to_csv writes it."""
+    header, *rows = list(csv.reader(io.StringIO(text)))
+    values = np.array([[float(v) if v else np.nan for v in row[1:]] for row in rows])
+    return [row[0] for row in rows], header[1:], values
+
+
+def test_show_into_a_pipe_prints_the_ascii_ramp_and_then_every_number(store, monkeypatch, capsys):
+    monkeypatch.setenv("COLORTERM", "truecolor")  # a colour terminal, but stdout (capsys) is not a tty
+    monkeypatch.setenv("TERM", "xterm-256color")
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.delenv("VITSEE_COLOR", raising=False)
+    spec = f"cka:{VIT}:{RESNET}"
+    code, out, err = run_cli(["show", store, spec], capsys)
+    assert code == 0, err
+    assert "\x1b" not in out and "\u2580" not in out and out.isascii()
+    view = load_view(store, spec)
+    heatmap, _, numbers = out.partition("CKA values (as --format csv prints them):\n")
+    grid = [line for line in heatmap.splitlines() if line.lstrip().split(" ")[0] in view.rows]
+    levels = ColorScale(0.0, 1.0, len(ASCII_RAMP), "viridis").quantize(view.matrix)
+    gutter = len(grid[0]) - 2 * len(view.cols)
+    assert [line[gutter:] for line in grid] == ["".join(ASCII_RAMP[lv] * 2 for lv in row) for row in levels]
+    rows, cols, values = _csv_matrix(numbers)
+    assert rows == view.rows and cols == view.cols
+    assert np.array_equal(values, view.matrix.astype(float), equal_nan=True)  # every digit, not a rounding
+
+
+def test_show_format_csv_and_json_print_the_numbers_only(store, capsys):
+    spec = f"skip:{VIT}"
+    view = load_view(store, spec)
+    code, out, err = run_cli(["show", store, spec, "--format", "csv"], capsys)
+    assert code == 0, err
+    rows, cols, values = _csv_matrix(out)
+    assert rows == view.rows and cols == view.cols
+    assert np.array_equal(values, view.matrix.astype(float), equal_nan=True)
+    code, out, err = run_cli(["show", store, spec, "--format", "json"], capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["rows"] == view.rows and data["view"] == "skip"
+    expected = [[None if not np.isfinite(v) else float(v) for v in row] for row in view.matrix]
+    assert data["values"] == expected
+    code, out, err = run_cli(["show", store, spec, "--format", "png"], capsys)
+    assert code == 2 and out == "" and "--format 'png'" in err and "text, csv, json" in err
