@@ -216,6 +216,7 @@ def train(
 @app.command()
 def info(store: Annotated[Path, typer.Argument(help="a store made by `vitsee extract`")]) -> None:
     """Print what a store holds: images, models, layers with shapes and sizes, statistics, results."""
+    from .init_notes import random_init_note
     from .store import Store, human_bytes
 
     with Store.open(store) as s:
@@ -251,6 +252,9 @@ def info(store: Annotated[Path, typer.Argument(help="a store made by `vitsee ext
             out.print(f"[bold green]{key}[/]  {meta['family']}  {weights}", highlight=False)
             if w.get("trained"):
                 out.print(f"  trained here on {w['trained']}", highlight=False)
+            note = random_init_note(meta)
+            if note:
+                out.print(f"  [yellow]{note}[/]", highlight=False)
             out.print(f"  input {meta['data_config']['input_size']}{_grid_text(meta)}; {meta['dtype']}, batch {meta['batch_size']}; "
                       f"{done}/{s.n_images} rows done; {human_bytes(s.model_bytes(key))}", highlight=False)
             lossy = meta.get("fp16_lossy_layers") or []

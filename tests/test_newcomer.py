@@ -88,3 +88,37 @@ def test_show_format_csv_and_json_print_the_numbers_only(store, capsys):
     assert data["values"] == expected
     code, out, err = run_cli(["show", store, spec, "--format", "png"], capsys)
     assert code == 2 and out == "" and "--format 'png'" in err and "text, csv, json" in err
+
+
+# --- random-init CNNs -------------------------------------------------------------------------------------
+
+
+def test_info_says_a_random_init_resnet_has_zero_residual_branches_and_why(tiny_store, capsys):
+    code, out, err = run_cli(["info", tiny_store], capsys)
+    assert code == 0, err
+    sections = {block.split()[0]: block for block in out.split("\n\n") if block.strip()}
+    assert "\u2016f(z)\u2016 = 0: timm initialises this branch to zero" in sections[RESNET]
+    assert "timm initialises" not in sections[VIT]
+
+
+def test_the_note_is_true_timm_zeroes_the_last_norm_of_every_resnet_block():
+    import timm
+    from timm.models.resnet import BasicBlock, Bottleneck
+
+    model = timm.create_model(RESNET.partition("@")[0], pretrained=False)
+    blocks = [m for m in model.modules() if isinstance(m, BasicBlock | Bottleneck)]
+    assert blocks and all(not (b.bn3 if isinstance(b, Bottleneck) else b.bn2).weight.any() for b in blocks)
+
+
+def test_random_init_note_names_resnet_and_convnext_only_for_random_weights():
+    from vitsee.engine.init_notes import TINY_BRANCH, ZERO_BRANCH, random_init_note
+
+    def info(name, family="resnet", kind="random"):
+        return {"timm_name": name, "family": family, "weights": {"kind": kind}}
+
+    assert random_init_note(info("resnet50")) == ZERO_BRANCH
+    assert random_init_note(info("convnext_tiny")) == TINY_BRANCH
+    assert random_init_note(info("resnetv2_50")) is None  # zero_init_last=False in timm's ResNetV2
+    assert random_init_note(info("resnet50", kind="pretrained")) is None
+    assert random_init_note(info("resnet50", kind="file")) is None  # e.g. trained with `vitsee train`
+    assert random_init_note(info("vit_tiny_patch16_224", family="vit")) is None

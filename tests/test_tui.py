@@ -236,6 +236,23 @@ async def test_a_view_that_does_not_apply_says_why(store, tmp_path):
         assert "attention distances exist for ViT- and Swin-like models" in status(app)
 
 
+async def test_the_skip_view_of_a_random_init_resnet_says_timm_zeroes_its_branches(store, tmp_path):
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, view_shown("cka"))
+        await pilot.press("4")  # the ViT first: its branches are not zero, no note
+        await settle(pilot, view_shown("skip"))
+        assert not app.screen.query_one("#skip-note").display
+        assert "timm initialises" not in status(app)
+        await pilot.press("a")
+        await settle(pilot, lambda a: view_shown("skip")(a) and a.screen.pane("skip").view.models == [RESNET])
+        pane = app.screen.pane("skip")
+        assert not np.isfinite(pane.view.matrix).any()  # what the note explains: every ratio ||z||/0
+        note = pane.query_one("#skip-note")
+        assert note.display and "\u2016f(z)\u2016 = 0: timm initialises this branch to zero" in str(note.render())
+        assert status(app).endswith("\u2016f(z)\u2016 = 0: timm initialises this branch to zero")
+
+
 async def test_picking_a_layer_in_the_side_panel_moves_the_cursor_there(store, tmp_path):
     app = make_app(store, tmp_path)
     async with app.run_test(size=SIZE) as pilot:

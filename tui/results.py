@@ -151,6 +151,7 @@ class LoadedView:
     computed: bool  # False: read from the cache
     seconds: float
     shapes: dict[str, dict[str, tuple[int, ...]]]  # model -> layer -> per-image shape
+    init_notes: dict[str, str] = field(default_factory=dict)  # model -> why its random init looks degenerate
 
 
 class StoreAccess:
@@ -209,6 +210,7 @@ def read_view(path: str | Path, spec: str, base: an.AnalyzeConfig, progress: Ste
     and nothing is cached. `warn` hears, before it starts, that a computation is expected to be long.
     """
     from vitsee.engine.analyze import probe_warning
+    from vitsee.engine.init_notes import random_init_note
     from vitsee.engine.store import Store
     from vitsee.engine.threads import set_compute_threads
     from vitsee.engine.views import cached_params, compute_view, load_view
@@ -236,7 +238,8 @@ def read_view(path: str | Path, spec: str, base: an.AnalyzeConfig, progress: Ste
         view = load_view(path, spec)
         with Store.open(path) as store:
             shapes = {m: {layer: store.layer_shape(m, layer) for layer in store.layers(m)} for m in view.models}
-    return LoadedView(spec, view, not cached, time.perf_counter() - start, shapes)
+            notes = {m: note for m in view.models if (note := random_init_note(store.model_info(m)))}
+    return LoadedView(spec, view, not cached, time.perf_counter() - start, shapes, notes)
 
 
 # --- export ---------------------------------------------------------------------------------------------
