@@ -15,14 +15,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from . import cka as cka_mod
-from . import probes as probes_mod
 from . import stats as stats_mod
-from .attention import uniform_attention_distance_px
 from .errors import VitseeError
+from .lazy import lazy_module
 from .store import Store, read_rows
+
+# Imported on first use: a cached view is read (engine/views.py, the app) without torch.
+torch = lazy_module("torch")
+cka_mod = lazy_module("vitsee.engine.cka")
+probes_mod = lazy_module("vitsee.engine.probes")
+attention_mod = lazy_module("vitsee.engine.attention")
 
 ANALYSES = ("cka", "attention", "probes", "skip", "spatial")
 
@@ -423,12 +426,12 @@ def _attention_reference(info: dict) -> tuple[list[float], float]:
         uniform, largest = [], 0.0
         for stage in info["extra"]["stages"]:
             (wh, ww), (ph, pw) = stage["window"], stage["token_px"]
-            uniform += [uniform_attention_distance_px((wh, ww), (ph, pw))] * stage["blocks"]
+            uniform += [attention_mod.uniform_attention_distance_px((wh, ww), (ph, pw))] * stage["blocks"]
             largest = max(largest, float(np.hypot((wh - 1) * ph, (ww - 1) * pw)))  # a window's diagonal
         return uniform, largest
     gh, gw = info["grid_size"]
     ph, pw = info["patch_size"]  # px per token: input size / grid (a hybrid's stem patch is smaller)
-    uniform = uniform_attention_distance_px((gh, gw), (ph, pw))
+    uniform = attention_mod.uniform_attention_distance_px((gh, gw), (ph, pw))
     return [uniform] * int(info["num_blocks"]), float(np.hypot((gh - 1) * ph, (gw - 1) * pw))
 
 

@@ -21,9 +21,11 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
-import torch
 
 from vitsee.engine.errors import VitseeError
+from vitsee.engine.lazy import lazy_module
+
+torch = lazy_module("torch")  # imported on first use: a cached probe view reads L2_RATIOS without torch
 
 # Penalties are searched relative to the mean eigenvalue of the centred X'X (= n * mean feature variance), so
 # the same grid fits features of any scale and any number of images: l2 = ratio * trace(Xc'Xc) / D.

@@ -122,3 +122,56 @@ def test_random_init_note_names_resnet_and_convnext_only_for_random_weights():
     assert random_init_note(info("resnet50", kind="pretrained")) is None
     assert random_init_note(info("resnet50", kind="file")) is None  # e.g. trained with `vitsee train`
     assert random_init_note(info("vit_tiny_patch16_224", family="vit")) is None
+
+
+# --- a cached store opens without torch ----------------------------------------------------------------------
+
+OPEN_CACHED = """
+import asyncio, sys
+from pathlib import Path
+from vitsee.engine.colormap import ColorMode
+from vitsee.engine.views import load_view
+from vitsee.tui.app import VitseeApp
+from vitsee.tui.options import AppOptions
+from vitsee.tui.results import read_summary, read_view
+
+path, folder = Path(sys.argv[1]), Path(sys.argv[2])
+read_summary(path)
+for spec in sys.argv[3:]:
+    read_view(path, spec, None)
+    load_view(path, spec)
+
+async def first_heatmap():
+    app = VitseeApp(path, options=AppOptions(color_mode=ColorMode.TRUECOLOR, export_dir=folder, folder=folder))
+    async with app.run_test(size=(120, 40)) as pilot:
+        for _ in range(3000):
+            await pilot.pause(0.01)
+            panes = app.screen.query("#pane-cka")
+            if panes and panes.first().loaded is not None:
+                return panes.first().loaded.computed
+    raise SystemExit("no heatmap")
+
+computed = asyncio.run(first_heatmap())
+print("computed" if computed else "cached", "torch" in sys.modules)
+"""
+
+
+@pytest.fixture(scope="module")
+def app_store(tiny_store, tmp_path_factory):
+    from test_tui import analysed_copy
+
+    return analysed_copy(tiny_store, tmp_path_factory.getbasetemp())  # every analysis cached, as test_tui's
+
+
+def test_a_cached_store_opens_and_reads_every_view_without_importing_torch(app_store, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    specs = [f"cka:{VIT}", f"cka:{VIT}:{RESNET}", f"attention:{VIT}", f"probes:{VIT}", f"skip:{VIT}",
+             f"skip:{RESNET}", f"spatial:{VIT}"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    done = subprocess.run([sys.executable, "-c", OPEN_CACHED, str(app_store), str(tmp_path), *specs],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["cached", "False"]  # read from the cache, and torch never imported

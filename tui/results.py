@@ -212,7 +212,6 @@ def read_view(path: str | Path, spec: str, base: an.AnalyzeConfig, progress: Ste
     from vitsee.engine.analyze import probe_warning
     from vitsee.engine.init_notes import random_init_note
     from vitsee.engine.store import Store
-    from vitsee.engine.threads import set_compute_threads
     from vitsee.engine.views import cached_params, compute_view, load_view
 
     def step(event: an.Step) -> None:
@@ -229,6 +228,8 @@ def read_view(path: str | Path, spec: str, base: an.AnalyzeConfig, progress: Ste
     if warning and warn is not None:
         warn(warning)
     if not cached:
+        from vitsee.engine.threads import set_compute_threads  # imports torch: only when something is computed
+
         set_compute_threads()  # the free cores now, as `vitsee analyze` takes them
         with ACCESS.write(path) as store:
             if cancelled():

@@ -15,14 +15,16 @@ import warnings
 from collections.abc import Sequence
 
 import numpy as np
-import torch
 
-from .. import cka as cka_mod
 from ..errors import VitseeError
+from ..lazy import lazy_module
 from ..store import Store, read_rows
 
 # the shared plumbing of the store-facing runners (batches by global index, device, caching with provenance)
 from ..analyze import _check_ready, _device, _emit, _save, batch_plan  # lifted into the analyses plumbing module by the refactor
+
+torch = lazy_module("torch")  # imported on first use: a cached heads view is read without torch
+cka_mod = lazy_module("vitsee.engine.cka")
 
 ANALYSIS = "heads"
 IDENTITY = ("vit", "other", "blocks", "layers", "n_images")  # what a result is about (views take any estimate of it)
