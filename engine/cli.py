@@ -5,6 +5,7 @@ a non-zero exit; anything else is a bug and keeps its traceback.
 """
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -220,6 +221,7 @@ def train(
 @app.command()
 def info(store: Annotated[Path, typer.Argument(help="a store made by `vitsee extract`")]) -> None:
     """Print what a store holds: images, models, layers with shapes and sizes, statistics, results."""
+    from .init_notes import random_init_note
     from .store import Store, human_bytes
 
     with Store.open(store) as s:
@@ -255,6 +257,9 @@ def info(store: Annotated[Path, typer.Argument(help="a store made by `vitsee ext
             out.print(f"[bold green]{key}[/]  {meta['family']}  {weights}", highlight=False)
             if w.get("trained"):
                 out.print(f"  trained here on {w['trained']}", highlight=False)
+            note = random_init_note(meta)
+            if note:
+                out.print(f"  [yellow]{note}[/]", highlight=False)
             out.print(f"  input {meta['data_config']['input_size']}{_grid_text(meta)}; {meta['dtype']}, batch {meta['batch_size']}; "
                       f"{done}/{s.n_images} rows done; {human_bytes(s.model_bytes(key))}", highlight=False)
             lossy = meta.get("fp16_lossy_layers") or []
@@ -335,21 +340,29 @@ def models(
 def layers(
     model: Annotated[str, typer.Argument(help="NAME[.TAG][@WEIGHTS]")],
     img_size: Annotated[Optional[int], typer.Option(help="build for N x N input")] = None,
-    granularity: Annotated[str, typer.Option(help="blocks | sublayers | modules (every module path)")] = "sublayers",
+    granularity: Annotated[Optional[str], typer.Option(
+        help="blocks | sublayers | modules (every module path); default: sublayers, or modules for a model "
+             "outside the ViT/ResNet/Mixer/Swin families")] = None,
 ) -> None:
     """List the layer names a model offers to --layers, in forward order."""
     from .models import layer_points, load_model, parse_model_spec
 
+    if granularity not in (None, "blocks", "sublayers", "modules"):
+        raise VitseeError(f"--granularity '{granularity}' is not one of blocks, sublayers, modules")
     spec = parse_model_spec(model)
     if spec.weights == "pretrained":  # names do not depend on weights: never download for a listing
         spec = parse_model_spec(f"{spec.timm_name}@random")
     loaded = load_model(spec, img_size=img_size)
+    if granularity is None and loaded.family == "other":  # no blocks or sublayers defined: module paths are the names
+        err.print(f"{type(loaded.model).__name__} is outside the ViT/ResNet/Mixer/Swin families: listing every module "
+                  "path (--granularity modules); pass any of them to --layers", style="dim", highlight=False, soft_wrap=True)
+        granularity = "modules"
     if granularity == "modules":
         for name, module in loaded.model.named_modules():
             if name:
                 out.print(f"{name}  [dim]{type(module).__name__}[/]", highlight=False)
         return
-    for point in layer_points(loaded.model, loaded.family, granularity):
+    for point in layer_points(loaded.model, loaded.family, granularity or "sublayers"):
         where = f"input of {point.module}" if point.kind == "input" else ""
         out.print(f"{point.name}  [dim]{where}[/]", highlight=False)
 
@@ -493,6 +506,7 @@ def show(
     view: Annotated[str, typer.Argument(help=VIEW_ARG)],
     color: Annotated[str, typer.Option(help="auto | truecolor | 256 | 16 | none")] = "auto",
     cmap: Annotated[str, typer.Option(help="viridis | magma | cividis")] = "viridis",
+    fmt: Annotated[str, typer.Option("--format", help="text (a heatmap or table) | csv | json (the numbers only)")] = "text",
     batch_size: ViewBatchSize = None,
     shuffles: ViewShuffles = None,
     seed: ViewSeed = None,
@@ -500,14 +514,24 @@ def show(
     ci: ViewCI = None,
     permutations: ViewPermutations = None,
 ) -> None:
-    """Print a view in the terminal: a coloured heatmap or a table (ASCII with NO_COLOR), and the best cell's interval."""
+    """Print a view in the terminal: a coloured heatmap or a table (ASCII with NO_COLOR, or into a pipe or file,
+    followed there by the numbers), and the best cell's interval; --format csv|json prints the numbers only."""
     from .colormap import ColorMode, check_colormap, detect_color_mode
     from .render import render_view
     from .views import load_view
 
+    if fmt not in ("text", "csv", "json"):
+        raise VitseeError(f"--format '{fmt}' is not one of text, csv, json")
     check_colormap(cmap)  # before the view is computed, as export checks it
     mode = detect_color_mode(override=None if color == "auto" else color)
+    piped = color == "auto" and not out.is_terminal
+    if piped:  # uncoloured half blocks carry no value: the ASCII ramp does, and the numbers follow
+        mode = ColorMode.NONE
     v = load_view(store, view, _view_config(batch_size, shuffles, seed, device, ci, permutations))
+    if fmt != "text":
+        text = v.to_csv() if fmt == "csv" else json.dumps(v.to_json(), indent=1)
+        out.file.write(text if text.endswith("\n") else text + "\n")
+        return
     systems = {ColorMode.TRUECOLOR: "truecolor", ColorMode.COLORS_256: "256", ColorMode.COLORS_16: "standard"}
     # an explicit --color keeps its colours when piped (e.g. into less -R); auto follows the terminal
     console = out
@@ -515,6 +539,8 @@ def show(
         console = Console(file=out.file, force_terminal=True, color_system=systems[mode], width=out.width, soft_wrap=True)
     for renderable in render_view(v, color=mode.value, cmap=cmap, width=console.width):
         console.print(renderable)
+    if piped and v.kind not in ("attention", "probes"):  # those are tables of numbers already
+        out.file.write(f"\n{v.value_name} values (as --format csv prints them):\n{v.to_csv()}")
 
 
 def main() -> None:

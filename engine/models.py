@@ -294,7 +294,7 @@ def layer_points(model: nn.Module, family: str, layers: str | list[str]) -> list
             return POINTS[family](model, layers)
         raise VitseeError(
             f"{type(model).__name__} is not a ViT-, ResNet-, Mixer- or Swin-like model, so '{layers}' is not defined for it: "
-            "name the layers with --layers NAME,NAME (module paths from `vitsee layers MODEL`)"
+            "name the layers with --layers NAME,NAME (module paths from `vitsee layers MODEL --granularity modules`)"
         )
     modules = dict(model.named_modules())
     known = {p.name: p for p in (POINTS[family](model, "sublayers") if family in POINTS else [])}

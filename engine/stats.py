@@ -27,9 +27,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from scipy import stats as sps
 
 from .errors import VitseeError
+from .lazy import lazy_module
+
+sps = lazy_module("scipy.stats")  # scipy.stats takes ~1 s to import; a cached view needs only the constants
 
 DEFAULT_CI = 0.95
 DEFAULT_PERMUTATIONS = 99

@@ -219,17 +219,31 @@ async def test_half_blocks_carry_the_upper_cell_as_foreground_and_the_lower_as_b
         assert style.bgcolor == heatmap.rich_style.bgcolor
 
 
-async def test_the_cursor_cell_is_drawn_in_an_ink_unlike_the_colormap():
-    app = HeatmapApp(zoom="1:1")
+@pytest.mark.parametrize("cmap", ["viridis", "magma"])
+async def test_the_cursor_cell_keeps_its_own_colour_under_corner_marks_no_value_looks_like(cmap):
+    matrix = MATRIX.copy()
+    matrix[2, 1] = 0.0  # the darkest level: a solid black cursor would have looked just like it
+    app = HeatmapApp(matrix, zoom="1:1", cmap=cmap)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.press("down", "down", "right")  # (2, 1): upper half of line 1
         heatmap = app.heatmap
-        _, style = style_at(heatmap.render_line(1), gutter(heatmap) + 1)
-        colors = set(palette("viridis", 24, ColorMode.TRUECOLOR).colors)
-        assert style.color.name in {"#ffffff", "#000000"} and style.color.name not in colors
-        assert style.bgcolor.name in colors  # the other half keeps its colour
+        await pilot.press("down", "down", "right")  # (2, 1): upper half of line 1
+        colors = palette(cmap, 24, ColorMode.TRUECOLOR).colors
+        levels = heatmap.scale.quantize(matrix)
+        char, style = style_at(heatmap.render_line(1), gutter(heatmap) + 1)
+        assert char == "+" and char not in (UPPER_HALF, " ")  # a mark, not a half block of some value
+        assert style.bgcolor.name == colors[levels[2, 1]]  # the value's own colour stays visible
+        assert style.color.name == "#ffffff"  # light ink on the darkest level
+        # the cells around it are plain half blocks of their values
+        char, style = style_at(heatmap.render_line(1), gutter(heatmap) + 2)
+        assert char == UPPER_HALF and style.color.name == colors[levels[2, 2]]
         label, label_style = style_at(heatmap.render_line(1), 0)
         assert heatmap.render_line(1).text.startswith("blocks.2") and label_style.reverse
+        await pilot.press("end", "shift+end")  # (6, 8): the top level gets dark ink
+        char, style = style_at(heatmap.render_line(3), gutter(heatmap) + 8)
+        assert char == "+" and style.bgcolor.name == colors[levels[6, 8]] and style.color.name == "#000000"
+        # nowhere else on screen is a mark drawn
+        grid = "".join(heatmap.render_line(y).text[gutter(heatmap):] for y in range(4))
+        assert grid.count("+") == 1
 
 
 @pytest.mark.parametrize("mode", ["256", "16"])

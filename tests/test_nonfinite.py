@@ -207,7 +207,7 @@ async def test_the_app_draws_the_attention_and_cka_views_of_a_nonfinite_store(ba
         await settle(pilot, view_shown("cka"), timeout=120)
         await pilot.press("down", "down", "down")  # blocks.2
         await settle(pilot)
-        assert "blocks.2 x patch_embed  CKA non-finite (6 of 48 images)" in status(app)
+        assert "blocks.2 x maxpool  CKA non-finite (6 of 48 images)" in status(app)  # opens on ViT x ResNet
         await pilot.press("2")
         await settle(pilot, view_shown("attention"), timeout=60)
         await pilot.press("down", "down", "down", "down", "right")  # blocks.4, the farther head: NaN in 2 images

@@ -69,14 +69,14 @@ def session_alive() -> bool:
 def test_keys_sent_to_the_real_app_change_what_the_terminal_shows(app_in_tmux):
     first = wait_for(lambda s: STATUS.search(s), "the CKA view and its status line")
     row, col, _ = STATUS.search(first).groups()
-    assert (row, col) == ("patch_embed", "patch_embed")
+    assert (row, col) == ("patch_embed", "maxpool")  # two models: the app opens on the ViT x ResNet CKA
     assert "1 CKA" in first and "2 Attention" in first and VIT.partition("@")[0] in first
 
     coloured = screen(colours=True)
     assert "\x1b[" in coloured and "\u2580" in coloured  # half blocks drawn in colour on the wire
 
     tmux("send-keys", "-t", "app", "Right")
-    moved = wait_for(lambda s: STATUS.search(s) and STATUS.search(s).group(2) == "blocks.0", "the cursor to move right")
+    moved = wait_for(lambda s: STATUS.search(s) and STATUS.search(s).group(2) == "layer1.0", "the cursor to move right")
     assert STATUS.search(moved).group(1) == "patch_embed"
 
     tmux("send-keys", "-t", "app", "Down", "Down")

@@ -67,6 +67,12 @@ async def settle(pilot, until=lambda app: True, timeout: float = 30.0, idle: boo
             raise AssertionError(f"app did not settle within {timeout} s (screen {app.screen})")
 
 
+async def same_as_a(pilot) -> None:
+    """Press b once from the opening A x B: the CKA of model A (the ViT) with itself."""
+    await pilot.press("b")
+    await settle(pilot, lambda a: a.screen.pane("cka").loaded.spec == f"cka:{VIT}")
+
+
 def view_shown(kind: str):
     def check(app) -> bool:
         screen = app.screen
@@ -98,18 +104,19 @@ def notifications(app) -> list[tuple[str, str]]:
 # --- opening -----------------------------------------------------------------------------------------------
 
 
-async def test_opening_a_store_shows_the_cka_view_of_its_first_model(store, tmp_path):
+async def test_opening_a_store_of_two_models_shows_their_cross_model_cka(store, tmp_path):
     app = make_app(store, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot, view_shown("cka"))
         screen = app.screen
         view = screen.pane("cka").view
-        assert view.kind == "cka" and view.models == [VIT, VIT]
+        assert view.kind == "cka" and view.models == [VIT, RESNET]
         heatmap = screen.query_one("#cka-heatmap", Heatmap)
         assert app.focused is heatmap
-        assert status(app) == f"patch_embed x patch_embed  CKA {view.matrix[0, 0]:.4f}{view.interval_text(0, 0)}"
+        assert status(app) == f"patch_embed x maxpool  CKA {view.matrix[0, 0]:.4f}{view.interval_text(0, 0)}"
         assert not screen.pane("cka").loaded.computed  # read from the cache, not recomputed
         assert "random init (seed 0)" in str(screen.query_one("#title-bar").render())
+        assert screen.query_one("#model-b").value == RESNET  # the side panel says so too
 
 
 async def test_arrow_keys_move_the_cursor_and_the_status_line_names_the_pair_with_the_exported_value(
@@ -121,6 +128,7 @@ async def test_arrow_keys_move_the_cursor_and_the_status_line_names_the_pair_wit
     app = make_app(store, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot, view_shown("cka"))
+        await same_as_a(pilot)
         await pilot.press("right")
         row, col = 0, 1
         assert status(app) == cka_status(exported, row, col)
@@ -135,6 +143,7 @@ async def test_enter_opens_the_pair_detail_with_both_shapes_and_the_value(store,
     app = make_app(store, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot, view_shown("cka"))
+        await same_as_a(pilot)
         await pilot.press("down", "right", "right", "enter")
         await pilot.pause()
         from vitsee.tui.screens.pair_detail import PairDetailScreen
@@ -153,11 +162,18 @@ async def test_enter_opens_the_pair_detail_with_both_shapes_and_the_value(store,
         assert isinstance(app.screen, ExplorerScreen)
 
 
-async def test_cka_across_models_puts_model_a_on_rows_and_model_b_on_columns(store, tmp_path):
+async def test_b_goes_from_model_b_to_same_as_a_and_back_skipping_model_a_by_name(store, tmp_path):
     app = make_app(store, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot, view_shown("cka"))
-        await pilot.press("b")  # model B: the next choice after 'same as A' is the ViT itself, then the ResNet
+        specs = []
+        for _ in range(3):
+            await pilot.press("b")
+            await settle(pilot, view_shown("cka"))
+            specs.append(app.screen.pane("cka").loaded.spec)
+        # A by name would draw the same matrix as 'same as A': every press changes what is shown
+        assert specs == [f"cka:{VIT}", f"cka:{VIT}:{RESNET}", f"cka:{VIT}"]
+        assert status(app).startswith("patch_embed x patch_embed  CKA ")
         await pilot.press("b")
         await settle(pilot, lambda a: a.screen.pane("cka").loaded.spec == f"cka:{VIT}:{RESNET}")
         view = app.screen.pane("cka").view
@@ -206,7 +222,7 @@ async def test_number_keys_switch_views_and_each_shows_its_content(store, tmp_pa
 
         await pilot.press("1")
         assert app.screen.query_one("#panes").current == "pane-cka"
-        assert status(app).startswith("patch_embed x patch_embed  CKA ")
+        assert status(app).startswith("patch_embed x maxpool  CKA ")
 
 
 async def test_a_view_that_does_not_apply_says_why(store, tmp_path):
@@ -220,10 +236,28 @@ async def test_a_view_that_does_not_apply_says_why(store, tmp_path):
         assert "attention distances exist for ViT- and Swin-like models" in status(app)
 
 
+async def test_the_skip_view_of_a_random_init_resnet_says_timm_zeroes_its_branches(store, tmp_path):
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, view_shown("cka"))
+        await pilot.press("4")  # the ViT first: its branches are not zero, no note
+        await settle(pilot, view_shown("skip"))
+        assert not app.screen.query_one("#skip-note").display
+        assert "timm initialises" not in status(app)
+        await pilot.press("a")
+        await settle(pilot, lambda a: view_shown("skip")(a) and a.screen.pane("skip").view.models == [RESNET])
+        pane = app.screen.pane("skip")
+        assert not np.isfinite(pane.view.matrix).any()  # what the note explains: every ratio ||z||/0
+        note = pane.query_one("#skip-note")
+        assert note.display and "\u2016f(z)\u2016 = 0: timm initialises this branch to zero" in str(note.render())
+        assert status(app).endswith("\u2016f(z)\u2016 = 0: timm initialises this branch to zero")
+
+
 async def test_picking_a_layer_in_the_side_panel_moves_the_cursor_there(store, tmp_path):
     app = make_app(store, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot, view_shown("cka"))
+        await same_as_a(pilot)
         layers = app.screen.query_one("#layers")
         layers.focus()
         layers.highlighted = 4  # blocks.3
@@ -240,6 +274,7 @@ async def test_e_writes_a_png_and_a_json_with_the_stores_numbers_and_the_cursor_
     app = make_app(store, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot, view_shown("cka"))
+        await same_as_a(pilot)
         await pilot.press("down", "right", "right", "e")
         await settle(pilot, lambda a: any("exported" in m for m, _ in notifications(a)))
         said = [m for m, _ in notifications(app) if "exported" in m]
@@ -325,8 +360,8 @@ async def test_a_view_not_cached_is_computed_in_a_worker_and_cached(tiny_store, 
         text = status(app)
     with Store.open(path) as s:
         assert len(s.results("cka")) == 1
-    view = load_view(path, f"cka:{VIT}")  # the CLI's defaults: what the app computed with
-    assert text == f"patch_embed x patch_embed  CKA {view.matrix[0, 0]:.4f}{view.interval_text(0, 0)}"
+    view = load_view(path, f"cka:{VIT}:{RESNET}")  # the CLI's defaults: what the app computed with
+    assert text == f"patch_embed x maxpool  CKA {view.matrix[0, 0]:.4f}{view.interval_text(0, 0)}"
 
 
 def test_a_cancelled_computation_stops_at_its_next_step_and_caches_nothing(tiny_store, tmp_path):
@@ -389,6 +424,7 @@ async def test_color_none_draws_the_heatmap_with_ascii_and_keeps_the_status_line
     app = make_app(store, tmp_path, color=ColorMode.NONE)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot, view_shown("cka"))
+        await same_as_a(pilot)
         heatmap = app.screen.query_one(Heatmap)
         assert heatmap.color_mode is ColorMode.NONE
         lines = "".join(heatmap.render_line(y).text for y in range(heatmap.size.height))
@@ -404,7 +440,7 @@ async def test_the_app_fits_80x24_and_q_quits(store, tmp_path):
         heatmap = app.screen.query_one(Heatmap)
         assert heatmap.size.width >= 40 and heatmap.size.height >= 12
         await pilot.press("end")
-        assert status(app).startswith("norm x patch_embed  CKA ")
+        assert status(app).startswith("norm x maxpool  CKA ")
         await pilot.press("q")
         await pilot.pause()
         assert not app.is_running

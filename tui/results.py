@@ -152,6 +152,7 @@ class LoadedView:
     computed: bool  # False: read from the cache
     seconds: float
     shapes: dict[str, dict[str, tuple[int, ...]]]  # model -> layer -> per-image shape
+    init_notes: dict[str, str] = field(default_factory=dict)  # model -> why its random init looks degenerate
 
 
 class StoreAccess:
@@ -210,8 +211,8 @@ def read_view(path: str | Path, spec: str, base: an.AnalyzeConfig, progress: Ste
     and nothing is cached. `warn` hears, before it starts, that a computation is expected to be long.
     """
     from vitsee.engine.analyses.probes import probe_warning
+    from vitsee.engine.init_notes import random_init_note
     from vitsee.engine.store import Store
-    from vitsee.engine.threads import set_compute_threads
     from vitsee.engine.views import cached_params, compute_view, load_view
 
     def step(event: Step) -> None:
@@ -228,6 +229,8 @@ def read_view(path: str | Path, spec: str, base: an.AnalyzeConfig, progress: Ste
     if warning and warn is not None:
         warn(warning)
     if not cached:
+        from vitsee.engine.threads import set_compute_threads  # imports torch: only when something is computed
+
         set_compute_threads()  # the free cores now, as `vitsee analyze` takes them
         with ACCESS.write(path) as store:
             if cancelled():
@@ -237,7 +240,8 @@ def read_view(path: str | Path, spec: str, base: an.AnalyzeConfig, progress: Ste
         view = load_view(path, spec)
         with Store.open(path) as store:
             shapes = {m: {layer: store.layer_shape(m, layer) for layer in store.layers(m)} for m in view.models}
-    return LoadedView(spec, view, not cached, time.perf_counter() - start, shapes)
+            notes = {m: note for m in view.models if (note := random_init_note(store.model_info(m)))}
+    return LoadedView(spec, view, not cached, time.perf_counter() - start, shapes, notes)
 
 
 # --- export ---------------------------------------------------------------------------------------------

@@ -8,12 +8,14 @@ from __future__ import annotations
 from functools import lru_cache
 
 import numpy as np
-import torch
 
 from .. import stats as stats_mod
 from ..errors import VitseeError
 from ..store import Store
 from .base import Analysis, AnalyzeConfig, RunningMoments, StepFn, _emit, _save, _with_interval
+from ..lazy import lazy_module
+
+torch = lazy_module("torch")  # reading a cached result needs numpy only; torch is imported by the first computation
 
 
 def _pair(v) -> tuple[int, int]:
@@ -31,9 +33,10 @@ def _patch_distance_px_cpu(grid: tuple[int, int], patch: tuple[int, int]) -> tor
     return torch.cdist(centres, centres)  # (P, P)
 
 
-def patch_distance_px(grid_size, patch_size, device=None, dtype=torch.float32) -> torch.Tensor:
-    """Returns the (P, P) pixel distance between the centres of every pair of patches of the grid."""
-    return _patch_distance_px_cpu(_pair(grid_size), _pair(patch_size)).to(device=device, dtype=dtype)
+def patch_distance_px(grid_size, patch_size, device=None, dtype=None) -> torch.Tensor:
+    """Returns the (P, P) pixel distance between the centres of every pair of patches of the grid (float32
+    unless dtype says otherwise)."""
+    return _patch_distance_px_cpu(_pair(grid_size), _pair(patch_size)).to(device=device, dtype=dtype or torch.float32)
 
 
 def mean_attention_distance(

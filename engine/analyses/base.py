@@ -8,11 +8,13 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
-import torch
 
 from .. import stats as stats_mod
 from ..errors import VitseeError
 from ..store import Store
+from ..lazy import lazy_module
+
+torch = lazy_module("torch")  # reading a cached result needs numpy only; torch is imported by the first computation
 
 MIN_BATCH = 4  # unbiased HSIC divides by m (m - 3) and (m - 1)(m - 2): it needs m >= 4 examples
 

@@ -23,18 +23,20 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
-import torch
 
 from .. import stats as stats_mod
 from ..errors import VitseeError
 from ..store import Store
 from .base import (MIN_BATCH, Analysis, AnalyzeConfig, StepFn, _check_ready, _device, _emit, _Lazy, _Prefetch, _read_batch, _save,
                    _with_stats, batch_plan)
+from ..lazy import lazy_module
+
+torch = lazy_module("torch")  # reading a cached result needs numpy only; torch is imported by the first computation
 
 SHIFT_ROWS = 16  # the features of a batch are shifted by the mean of its first SHIFT_ROWS examples (see _centred)
 BLOCK_GRAM_MIN = 256  # from this batch size on, gram() multiplies out only the upper block-triangle
 PERMUTED_BYTES = 64 << 20  # at most this much of permuted U-centred Grams at a time (the p-value's null)
-NULL_DTYPE = torch.float32  # the permutation null's gather and product (see MinibatchCKA._add_permuted)
+NULL_DTYPE = "float32"  # the permutation null's gather and product (see MinibatchCKA._add_permuted)
 
 # Precision, chosen by measurement (python benchmarks/cka.py --accuracy; CPU, 1,024 synthetic images in batches of
 # 256, 12 ViT-like (197 x 192) and 14 ResNet-like maps, max |CKA - numpy fp64 reference| over the 26 x 26 matrix):
@@ -44,12 +46,17 @@ NULL_DTYPE = torch.float32  # the permutation null's gather and product (see Min
 # Once the features are shifted to about their batch mean, the fp32 Gram is accurate to ~1e-8 in CKA; without the
 # shift the error grows with the offset (8e-8 on these features, 3e-2 with +300, on 512 of them). U-centring and the pair
 # product are O(L m^2) and O(L^2 m^2) against O(L m^2 D) for the Grams, so they run in fp64 at no visible cost.
-GRAM_DTYPE = torch.float32
-PAIR_DTYPE = torch.float64
+GRAM_DTYPE = "float32"
+PAIR_DTYPE = "float64"
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Small, checkable pieces
+
+
+def _dtype(name_or_dtype):
+    """Returns the torch dtype a module constant names ("float32"), or the dtype itself (set by benchmarks)."""
+    return getattr(torch, name_or_dtype) if isinstance(name_or_dtype, str) else name_or_dtype
 
 
 def gram(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -316,8 +323,8 @@ class MinibatchCKA:
         k = self.cross_at or 0
         a, b = self._upper(m)  # (T,) row and column of each upper-triangle entry, T = m (m - 1) / 2
         perms = torch.as_tensor(batch_permutations(self.seed, slot, m, self.permutations), device=self.device)
-        cols = grams[k:].to(NULL_DTYPE)  # (Lc, m*m): the layers whose images are permuted
-        rows = (grams if self.cross_at is None else grams[:k]).index_select(1, a * m + b).to(NULL_DTYPE)  # (Lr, T)
+        cols = grams[k:].to(_dtype(NULL_DTYPE))  # (Lc, m*m): the layers whose images are permuted
+        rows = (grams if self.cross_at is None else grams[:k]).index_select(1, a * m + b).to(_dtype(NULL_DTYPE))  # (Lr, T)
         group = max(1, min(self.permutations, PERMUTED_BYTES // max(len(cols) * len(a) * cols.element_size(), 1)))
         null = self.null_hsic if self.cross_at is None else self.null_hsic[:, :k, k:]  # (K, Lr, Lc)
         for s in range(0, self.permutations, group):
@@ -337,11 +344,11 @@ class MinibatchCKA:
     def _reserve(self, m: int, largest_layer: int) -> None:
         """Size the buffers kept between batches: fresh ones per layer cost more in CPU page faults than their use."""
         L = self.num_layers
-        if self._grams.shape != (L, m, m) or self._grams.dtype != PAIR_DTYPE:
-            self._grams = torch.empty(L, m, m, dtype=PAIR_DTYPE, device=self.device)  # U-centred Grams
-            self._gram = torch.empty(m, m, dtype=GRAM_DTYPE, device=self.device)  # one layer's Gram
-        if self._scratch.numel() < largest_layer or self._scratch.dtype != GRAM_DTYPE:
-            self._scratch = torch.empty(largest_layer, dtype=GRAM_DTYPE, device=self.device)  # centred features
+        if self._grams.shape != (L, m, m) or self._grams.dtype != _dtype(PAIR_DTYPE):
+            self._grams = torch.empty(L, m, m, dtype=_dtype(PAIR_DTYPE), device=self.device)  # U-centred Grams
+            self._gram = torch.empty(m, m, dtype=_dtype(GRAM_DTYPE), device=self.device)  # one layer's Gram
+        if self._scratch.numel() < largest_layer or self._scratch.dtype != _dtype(GRAM_DTYPE):
+            self._scratch = torch.empty(largest_layer, dtype=_dtype(GRAM_DTYPE), device=self.device)  # centred features
 
     def _centred(self, f: Any, m: int) -> torch.Tensor:
         """Return one layer's batch (m, ...) as (m, D) GRAM_DTYPE on the device, shifted to about its batch mean."""
@@ -354,7 +361,7 @@ class MinibatchCKA:
         # rank-one term. The shift only has to be close to the mean: the mean of the first SHIFT_ROWS examples is
         # within ~1/4 of the spread of it, costs 1/16 of a pass to compute, and the subtraction is the one pass
         # over the batch that also writes the fp32 copy the Gram reads.
-        if x.dtype != GRAM_DTYPE:  # e.g. fp16 from the store: convert once, then shift in place
+        if x.dtype != _dtype(GRAM_DTYPE):  # e.g. fp16 from the store: convert once, then shift in place
             x = out.copy_(x)
             return x.sub_(x[:SHIFT_ROWS].mean(dim=0, keepdim=True))
         return torch.sub(x, x[:SHIFT_ROWS].mean(dim=0, keepdim=True), out=out)

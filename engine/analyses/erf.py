@@ -14,14 +14,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from torch import nn
 
 from ..errors import VitseeError
-from ..models import LoadedModel, load_model, parse_model_spec
+from ..lazy import lazy_module
 from ..store import Store
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from ..models import LoadedModel
+
+torch = lazy_module("torch")  # imported on first use: a cached ERF view is read without torch
+models_mod = lazy_module("vitsee.engine.models")
 
 # the shared plumbing of the store-facing runners (device, progress, caching with provenance)
 from .base import Analysis, _device, _emit, _save
@@ -153,7 +160,8 @@ def reload_model(store: Store, key: str, device: torch.device) -> LoadedModel:
     info = store.model_info(key)
     recorded = info["weights"]
     _, h, w = info["data_config"]["input_size"]
-    loaded = load_model(parse_model_spec(info["spec"]), img_size=int(h) if h == w else None, device=device)
+    loaded = models_mod.load_model(models_mod.parse_model_spec(info["spec"]), img_size=int(h) if h == w else None,
+                                   device=device)
     if recorded.get("sha256") != loaded.weights.get("sha256"):
         raise VitseeError(
             f"the weights of {key} changed since extraction (sha256 {str(recorded.get('sha256'))[:12]} recorded, "

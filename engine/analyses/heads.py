@@ -16,7 +16,6 @@ import warnings
 from collections.abc import Sequence
 
 import numpy as np
-import torch
 
 from .cka import MinibatchCKA
 from ..errors import VitseeError
@@ -24,6 +23,9 @@ from ..store import Store, read_rows
 
 # the shared plumbing of the store-facing runners (batches by global index, device, caching with provenance)
 from .base import Analysis, _check_ready, _device, _emit, _save, batch_plan
+from ..lazy import lazy_module
+
+torch = lazy_module("torch")  # reading a cached result needs numpy only; torch is imported by the first computation
 
 ANALYSIS = "heads"
 IDENTITY = ("vit", "other", "blocks", "layers", "n_images")  # what a result is about (views take any estimate of it)

@@ -23,13 +23,15 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
-import torch
 
 from .. import stats as stats_mod
 from ..errors import VitseeError
 from ..stats import clopper_pearson
 from ..store import Store, read_rows
 from .base import NO_CLS, Analysis, AnalyzeConfig, StepFn, _device, _emit, _save, _with_interval, has_cls_token, no_cls
+from ..lazy import lazy_module
+
+torch = lazy_module("torch")  # reading a cached result needs numpy only; torch is imported by the first computation
 
 # Penalties are searched relative to the mean eigenvalue of the centred X'X (= n * mean feature variance), so
 # the same grid fits features of any scale and any number of images: l2 = ratio * trace(Xc'Xc) / D.

@@ -182,9 +182,13 @@ class ExplorerScreen(Screen):
         self.query_one("#title-bar", Label).update(
             f" {self.path.name} \u00b7 {summary.n_images} images of {summary.dataset} \u00b7 {models}"
         )
-        self.query_one(SidePanel).set_models(summary)
         if summary.models and (self.model_a is None or self.model_a not in summary.keys):
             self.model_a = summary.models[0].key
+        if self.model_b not in summary.keys:
+            self.model_b = None
+        if first and self.model_b is None:  # two models: the cross-model matrix is the interesting first view
+            self.model_b = next((k for k in summary.keys if k != self.model_a), None)
+        self.query_one(SidePanel).set_models(summary, self.model_a, self.model_b)
         if summary.problem and first:
             self.notify(summary.problem, severity="error", timeout=10)
         if self.note and first:
@@ -548,7 +552,8 @@ class ExplorerScreen(Screen):
             current = keys.index(self.model_a) if self.model_a in keys else -1
             panel.pick(model_a=keys[(current + 1) % len(keys)])
         else:
-            choices: list[str | None] = [None, *keys]
+            # 'same as A', then the other models: A itself by name would show the same matrix again
+            choices: list[str | None] = [None, *(k for k in keys if k != self.model_a)]
             current = choices.index(self.model_b) if self.model_b in choices else 0
             nxt = choices[(current + 1) % len(choices)]
             panel.pick(model_b=nxt, same=nxt is None)

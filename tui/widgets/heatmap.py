@@ -36,7 +36,6 @@ from vitsee.engine.colormap import (
     ColorScale,
     Palette,
     detect_color_mode,
-    relative_luminance,
 )
 
 ZOOMS = ("fit", "1:1", "detail")
@@ -51,6 +50,11 @@ MAX_ROW_LABEL = 12
 MAX_COL_LABEL = 8
 MARKED = MISSING - 3  # the level of a marked cell (MISSING - 1 is "below the last row", - 2 non-finite)
 MARK_CHAR = "x"  # a marked cell without colour: not in the ASCII density ramp
+
+
+def cursor_mark(width: int) -> str:
+    """Return the glyphs drawn over the cursor cell: corner marks no value's half block looks like."""
+    return "+" if width == 1 else "[" + " " * (width - 2) + "]"
 
 
 def short_label(label: str) -> str:
@@ -185,7 +189,7 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
     | `heatmap--missing` | Cells not computed yet (colour = glyph, background = the hole). |
     | `heatmap--nonfinite` | Cells computed from NaN/Inf inputs (colour = glyph and half block). |
     | `heatmap--cursor` | The cursor where it is drawn with text attributes (values, ASCII). |
-    | `heatmap--ink-on-dark` / `heatmap--ink-on-light` | Text and the half-block cursor drawn on a dark / light level. |
+    | `heatmap--ink-on-dark` / `heatmap--ink-on-light` | Text and the cursor's corner marks drawn on a dark / light level. |
     """
 
     DEFAULT_CSS = """
@@ -587,7 +591,6 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
         per_line = layout.sub_rows_per_line
         sub_rows = [layout.shown_row_at(grid_y * per_line + i) for i in range(per_line)]
         cursor_shown = (cursor_row // layout.pool_rows, cursor_col // layout.pool_cols)
-        ink = self._cursor_ink(cursor_shown) if on_cursor_line else ""
 
         # Row label: of a row that starts on this line, the cursor's if it is one of them.
         label, label_style = "", self._style("heatmap--label")
@@ -611,7 +614,7 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
             cursor_here = tuple(
                 shown is not None and on_cursor_line and (shown, shown_col) == cursor_shown for shown in sub_rows
             )
-            text, style = self._cell_look(layout, sub_rows, shown_col, cursor_here, ink)
+            text, style = self._cell_look(layout, sub_rows, shown_col, cursor_here)
             text = text[max(scroll_x, left) - left : min(end_x, right) - left]
             if style == style_run:
                 text_run += text
@@ -624,7 +627,7 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
         return Strip(segments)
 
     def _cell_look(
-        self, layout: _Layout, sub_rows: list[int | None], shown_col: int, cursor_here: tuple[bool, ...], ink: str
+        self, layout: _Layout, sub_rows: list[int | None], shown_col: int, cursor_here: tuple[bool, ...]
     ) -> tuple[str, Style]:
         """Return the characters and style of one shown cell column on one line."""
         levels = tuple(MISSING - 1 if row is None else int(self._shown_levels[row, shown_col]) for row in sub_rows)
@@ -640,8 +643,8 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
             text = text.rjust(layout.cell_w)[-layout.cell_w:]
             key = ("detail", levels[0], cursor_here[0])
             return text, self._look(key, lambda: self._detail_look(levels[0], cursor_here[0]))[1]
-        key = (levels, cursor_here, layout.cell_w, ink if any(cursor_here) else "")
-        return self._look(key, lambda: self._block_look(levels, cursor_here, layout.cell_w, ink))
+        key = (levels, cursor_here, layout.cell_w)
+        return self._look(key, lambda: self._block_look(levels, cursor_here, layout.cell_w))
 
     def _look(self, key: tuple, make) -> tuple[str, Style]:
         look = self._looks.get(key)
@@ -649,18 +652,7 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
             look = self._looks[key] = make()
         return look
 
-    def _cursor_ink(self, cursor_shown: tuple[int, int]) -> str:
-        """Return the ink component that stands out from the cells around the cursor (not the one under it)."""
-        row, col = cursor_shown
-        around = self._shown_levels[max(row - 1, 0) : row + 2, max(col - 1, 0) : col + 2].astype(int)
-        mask = around >= 0
-        mask[min(row, 1), min(col, 1)] = False
-        if not mask.any():
-            return "heatmap--ink-on-dark"
-        light = relative_luminance(self.palette.rgb[around[mask]]).mean() > 0.179
-        return "heatmap--ink-on-light" if light else "heatmap--ink-on-dark"
-
-    def _block_look(self, levels: tuple[int, ...], cursor: tuple[bool, ...], width: int, ink: str) -> tuple[str, Style]:
+    def _block_look(self, levels: tuple[int, ...], cursor: tuple[bool, ...], width: int) -> tuple[str, Style]:
         """Return (text, style) for one shown cell: half blocks in colour, density characters without."""
         palette = self.palette
         beyond = MISSING - 1  # below the last matrix row
@@ -679,9 +671,7 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
         if all(level == NONFINITE for level in levels) and not any(cursor):
             return NONFINITE_GLYPH * width, Style(color=nonfinite.color, bgcolor=nonfinite.bgcolor)
 
-        def color(level: int, is_cursor: bool):
-            if is_cursor:
-                return self._style(ink).color
+        def color(level: int):
             if level in (MISSING, MARKED):  # a marked cell reads as a grey hole; the legend says which
                 return missing.bgcolor
             if level == NONFINITE:
@@ -690,8 +680,15 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
                 return self.rich_style.bgcolor
             return palette.colors[level]
 
+        if any(cursor):
+            # The cursor cell keeps its own colour as background under corner marks: a solid ink block read as a
+            # value (black is viridis' lowest). The other half-row on this text line yields to it for this cell.
+            level = levels[cursor.index(True)]
+            light = palette.is_light(level) if level >= 0 else False  # grey panel, red: both dark
+            ink = self._style("heatmap--ink-on-light" if light else "heatmap--ink-on-dark")
+            return cursor_mark(width), Style(color=ink.color, bgcolor=color(level), bold=True)
         upper, lower = levels
-        return UPPER_HALF * width, Style(color=color(upper, cursor[0]), bgcolor=color(lower, cursor[1]))
+        return UPPER_HALF * width, Style(color=color(upper), bgcolor=color(lower))
 
     def _detail_look(self, level: int, is_cursor: bool) -> tuple[str, Style]:
         """Return ('', style) for a value cell: its level as background, readable ink on top."""

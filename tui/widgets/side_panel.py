@@ -50,8 +50,8 @@ class SidePanel(Vertical):
         yield Label("Layers", id="label-layers")
         yield OptionList(id="layers")
 
-    def set_models(self, summary: StoreSummary) -> None:
-        """Offer the store's models; A starts on the first, B on 'same as A'."""
+    def set_models(self, summary: StoreSummary, model_a: str | None = None, model_b: str | None = None) -> None:
+        """Offer the store's models and show the picked A and B (B on 'same as A' when it is None)."""
         options = [(model_label(m.key), m.key) for m in summary.models]
         select_a = self.query_one("#model-a", Select)
         select_b = self.query_one("#model-b", Select)
@@ -59,8 +59,8 @@ class SidePanel(Vertical):
             select_a.set_options(options)
             select_b.set_options([("same as A", SAME_AS_A), *options])
             if options:
-                select_a.value = options[0][1]
-            select_b.value = SAME_AS_A
+                select_a.value = model_a if model_a in summary.keys else options[0][1]
+            select_b.value = model_b if model_b in summary.keys else SAME_AS_A
 
     @property
     def model_a(self) -> str | None:

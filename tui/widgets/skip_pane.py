@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 from textual.app import ComposeResult
+from textual.widgets import Label
 
 from vitsee.engine.colormap import ColorMode
 from vitsee.tui.messages import StatusChanged
@@ -24,11 +25,19 @@ class SkipPane(HeatmapPane):
     SkipPane {
         & Heatmap { height: 2fr; min-height: 6; }
         & LinePlot { height: 1fr; min-height: 7; }
+        & #skip-note { width: 1fr; height: auto; padding: 0 1; color: $warning; }
     }
     """
 
     def compose_body(self) -> ComposeResult:
+        yield Label("", id="skip-note")
         yield LinePlot(id="skip-plot", monochrome=self.color_mode is ColorMode.NONE)
+
+    @property
+    def init_note(self) -> str:
+        """Returns why model A's random init makes these ratios degenerate ('' when it does not)."""
+        loaded = self.loaded
+        return loaded.init_notes.get(loaded.view.models[0], "") if loaded is not None else ""
 
     def populate(self, loaded: LoadedView) -> None:
         view = loaded.view
@@ -43,6 +52,9 @@ class SkipPane(HeatmapPane):
             heatmap.set_cmap(self.cmap)
             heatmap.set_data(view.matrix, view.rows, view.cols, vmin=view.vmin, vmax=view.vmax,
                              nonfinite=view.nonfinite, nonfinite_text=view.nonfinite_text)
+        note = self.query_one("#skip-note", Label)
+        note.update(self.init_note)
+        note.display = bool(self.init_note)  # said where the "no finite ratio" cells show
         cls = np.asarray(view.extra["cls"], dtype=float)
         spatial = np.asarray(view.extra["spatial_mean"], dtype=float)
         extra = view.extra  # the intervals over images, absent for a result computed with --ci 0
@@ -65,7 +77,10 @@ class SkipPane(HeatmapPane):
         view = self.loaded.view
         value = heatmap.value_at(row, col)
         interval = view.interval_text(row, col) if value == value else ""
-        return f"{heatmap.row_labels[row]} x {heatmap.col_labels[col]}  ratio {heatmap.describe(row, col)}{interval}"
+        text = f"{heatmap.row_labels[row]} x {heatmap.col_labels[col]}  ratio {heatmap.describe(row, col)}{interval}"
+        if self.init_note and not (value == value and abs(value) < 1e4):  # the cell the note explains
+            text += "  " + self.init_note.partition(" (")[0].partition(",")[0]
+        return text
 
     def jump_to_layer(self, layer: str) -> bool:
         heatmap, view = self.heatmap, self.view
