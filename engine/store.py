@@ -849,30 +849,30 @@ class Store:
     ) -> str:
         """Adds a model to the store as a file of its own beside it (STORE.d/models), every array allocated
         and its blocks reserved before it is renamed into place; returns its key."""
-        if not self.writable:
-            raise VitseeError(f"{self.path} is open read-only: reopen it for writing to add a model")
-        key = record["key"]
-        if key in self.models:
-            raise VitseeError(f"model {key} is already in {self.path}: use another spec or --overwrite")
-        order = len(self.models)
-        final = self.sidecar / "models" / f"{urllib.parse.quote(key, safe='')}.h5"
 
-        def fill(f: h5py.File) -> None:
-            f.attrs["store_id"] = self.store_id
-            f.attrs["vitsee_model_file"] = FORMAT_VERSION
+        def fill(f: h5py.File, order: int) -> None:
             fill_model_group(f, record, layers, stats, input_shape, batch_size, dtype, self.n_images, order=order,
                              streaming=self.streaming)
             f.flush()
             _reserve(Path(f.filename), os.path.getsize(f.filename), self.path)
 
-        _write_file_atomically(final, fill, self.path)
-        self._model_files[key] = final
-        self._open_files[key] = _open_store_file(final, self._mode, what=f"model file of {self.path}")
-        return key
+        self._add_model_file(record["key"], fill)
+        return record["key"]
 
     def add_virtual_model(self, key: str, fill) -> None:
         """Adds a model whose datasets fill(group) makes (virtual datasets over torchrun shards) as a file
         of its own beside the store, like add_model."""
+
+        def fill_file(f: h5py.File, order: int) -> None:
+            fill(f)
+            f.attrs["order"] = order
+
+        self._add_model_file(key, fill_file)
+
+    def _add_model_file(self, key: str, fill) -> None:
+        """Writes STORE.d/models/KEY.h5 whole (fill(file, order) makes its content) and opens it as the model."""
+        if not self.writable:
+            raise VitseeError(f"{self.path} is open read-only: reopen it for writing to add a model")
         if key in self.models:
             raise VitseeError(f"model {key} is already in {self.path}: use another spec or --overwrite")
         order = len(self.models)
@@ -881,8 +881,7 @@ class Store:
         def fill_file(f: h5py.File) -> None:
             f.attrs["store_id"] = self.store_id
             f.attrs["vitsee_model_file"] = FORMAT_VERSION
-            fill(f)
-            f.attrs["order"] = order
+            fill(f, order)
 
         _write_file_atomically(final, fill_file, self.path)
         self._model_files[key] = final
