@@ -636,11 +636,11 @@ class HfdsSet(_TimmSet):
             self._labels = np.full(len(reader.dataset), -1, dtype=np.int64)
 
     def _build(self):
-        offline = "keep it in the Hugging Face cache (~/.cache/huggingface) and set HF_HUB_OFFLINE=1 to use it offline"
+        offline = "offline, it must be in the Hugging Face cache (~/.cache/huggingface) with HF_HUB_OFFLINE=1 set"
         if importlib.util.find_spec("datasets") is None:
             raise VitseeError(
                 f"hfds/{self.name} needs Hugging Face's datasets package, which is not installed: "
-                f"pip install datasets ({offline})"
+                f"pip install datasets; {offline}"
             )
         from timm.data import create_dataset
 
@@ -649,7 +649,7 @@ class HfdsSet(_TimmSet):
         except Exception as exc:  # noqa: BLE001 -- datasets raises its own zoo for a name or split it cannot get
             raise VitseeError(
                 f"cannot load Hugging Face dataset {self.name} split {self.split} ({brief(exc)}): check the name "
-                f"and split, or {offline}"
+                f"and split; {offline}"
             ) from exc
 
     def __len__(self) -> int:
