@@ -1,15 +1,19 @@
 """Image sets vitsee can read, addressed by a dataset spec string, and the choice of which images to use.
 
-Specs: `digits`, `samples`, `synthetic`, `imagefolder:PATH`, `cifar10:PATH`, `cifar100:PATH`, `npz:PATH`;
-a bare existing folder or .npz file is recognised by itself. Every set gives RGB PIL images in a fixed
+Specs: `digits`, `samples`, `synthetic`, `imagefolder:PATH`, `cifar10:PATH`, `cifar100:PATH`, `npz:PATH`,
+and timm's own datasets (`timm.data.create_dataset`, never downloading): `torch/cifar10:ROOT`,
+`torch/cifar100:ROOT`, `tar:PATH.tar`, `hfds/NAME[:SPLIT]`; a bare existing folder, .npz or .tar file is
+recognised by itself. Every set gives RGB PIL images in a fixed
 order and integer labels (-1 where a set has none).
 """
 from __future__ import annotations
 
 import builtins
 import codecs
+import importlib.util
 import os
 import pickle
+import tarfile
 import zipfile
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
@@ -22,13 +26,14 @@ from PIL import Image
 from .errors import VitseeError, brief
 
 BUILTIN_DATASETS = ("digits", "samples", "synthetic")
-PATH_DATASETS = ("imagefolder", "cifar10", "cifar100", "npz")
+PATH_DATASETS = ("imagefolder", "cifar10", "cifar100", "npz", "tar")
 # what PIL raises for a file it cannot decode (SyntaxError for some broken PNG chunks)
 UNREADABLE_IMAGE = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
 DATASET_HELP = (
     "digits, samples, synthetic, imagefolder:PATH, cifar10:PATH, cifar100:PATH, npz:PATH, "
-    "or an existing folder / .npz file"
+    "torch/cifar10:ROOT, torch/cifar100:ROOT, tar:PATH.tar, hfds/NAME[:SPLIT], "
+    "or an existing folder / .npz / .tar file"
 )
 
 
@@ -481,6 +486,180 @@ def _npz_labels(path: Path, labels: np.ndarray, n_images: int) -> np.ndarray:
     return out
 
 
+# --- timm's datasets ------------------------------------------------------------------------------
+
+
+class _TimmSet(ImageSet):
+    """A set read through `timm.data.create_dataset`. The timm dataset is built lazily and left out of
+    the pickle (loader workers get the set pickled: an open tar file cannot travel, CIFAR's arrays need
+    not), so each process builds its own."""
+
+    _ds = None
+
+    @abstractmethod
+    def _build(self):
+        """Returns the timm / torchvision dataset, or raises a VitseeError saying why it cannot be had."""
+
+    @property
+    def ds(self):
+        if self._ds is None:
+            self._ds = self._build()
+        return self._ds
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("_ds", None)
+        return state
+
+    def labels(self) -> np.ndarray:
+        return self._labels
+
+
+def _open_image(fileobj, what: str, way_out: str) -> Image.Image:
+    """Returns the image in a file object as RGB, or raises a VitseeError naming `what`."""
+    try:
+        with Image.open(fileobj) as img:
+            return img.convert("RGB")
+    except UNREADABLE_IMAGE as exc:
+        raise VitseeError(f"cannot read image {what} ({brief(exc)}): {way_out}") from exc
+
+
+class TarSet(_TimmSet):
+    """A .tar holding one folder per class, read by timm's tar reader: images in timm's (natural) path
+    order, the label is the class folder, known from the member names without decoding an image."""
+
+    def __init__(self, path: Path):
+        if not path.is_file() or not tarfile.is_tarfile(path):
+            raise VitseeError(f"tar:{path} is not a tar file: give a .tar holding one folder per class of images")
+        self.path = path
+        self.spec = f"tar:{path}"
+        reader = self.ds.reader
+        names = [reader.class_idx_to_name[k] for k in range(len(reader.class_idx_to_name))]
+        self._labels = np.asarray(reader.targets, dtype=np.int64)
+        if names == [""]:  # images at the top of the tar, in no class folder: the set has no labels
+            names, self._labels = None, np.full(len(self._labels), -1, dtype=np.int64)
+        self.class_names = names
+
+    def _build(self):
+        from timm.data import create_dataset
+
+        try:
+            return create_dataset("", root=str(self.path))
+        except ValueError as exc:  # timm unpacks an empty sample list
+            raise VitseeError(
+                f"no images found in {self.path}: the tar needs one folder per class holding image files"
+            ) from exc
+        except (tarfile.TarError, OSError) as exc:
+            raise VitseeError(f"cannot read {self.path} as a tar ({brief(exc)}): re-create the archive") from exc
+
+    def __len__(self) -> int:
+        return len(self._labels)
+
+    def _member(self, i: int):
+        # the reader, not timm's ImageDataset: that one silently hands over the next image when one is broken
+        fileobj, _ = self.ds.reader[int(i)]
+        return fileobj, f"{self.ds.reader.samples[int(i)][0].name} in {self.path}"
+
+    def image(self, i: int) -> Image.Image:
+        fileobj, what = self._member(i)
+        return _open_image(fileobj, what, "remove or replace it in the tar")
+
+    def check_readable(self, indices: np.ndarray) -> None:
+        """Raises a VitseeError naming the first image of `indices` whose header is not an image's."""
+        for i in indices:
+            fileobj, what = self._member(i)
+            try:
+                with Image.open(fileobj):
+                    pass
+            except UNREADABLE_IMAGE as exc:
+                raise VitseeError(f"cannot read image {what} ({brief(exc)}): remove or replace it in the tar") from exc
+
+
+TORCH_CIFAR = {"cifar10": ("cifar-10-batches-py", "cifar-10-python.tar.gz"),
+               "cifar100": ("cifar-100-python", "cifar-100-python.tar.gz")}
+
+
+class TorchCifarSet(_TimmSet):
+    """torchvision's CIFAR-10/100 from a local root, never downloaded: the test split first, then the
+    training split (the order of `cifar10:PATH`). torchvision md5-checks every file before unpickling it."""
+
+    def __init__(self, root: Path, variant: str):
+        folder, archive = TORCH_CIFAR[variant]
+        if root.name == folder:  # the extracted folder itself was given
+            root = root.parent
+        self.root, self.variant = root, variant
+        self._missing = (f"torch/{variant}:{root} does not hold {folder}/ with torchvision's md5-checked files, and "
+                         f"vitsee never downloads: extract {archive} into {root}")
+        if not root.is_dir():
+            raise VitseeError(f"torch/{variant} root folder {root} does not exist, and vitsee never downloads: "
+                              f"give the folder holding {folder}/ (extract {archive} there)")
+        self.spec = f"torch/{variant}:{root}"
+        test, train = self.ds
+        self._n_test = len(test)
+        # the targets lists torchvision keeps: no image is decoded for them
+        self._labels = np.concatenate([np.asarray(test.targets), np.asarray(train.targets)]).astype(np.int64)
+        self.class_names = [str(c) for c in test.classes]
+
+    def _build(self):
+        from timm.data import create_dataset
+
+        parts = []
+        for split in ("validation", "train"):
+            try:
+                parts.append(create_dataset(f"torch/{self.variant}", root=str(self.root), split=split, download=False))
+            except RuntimeError as exc:  # torchvision: "Dataset not found or corrupted"
+                raise VitseeError(self._missing) from exc
+        return parts
+
+    def __len__(self) -> int:
+        return len(self._labels)
+
+    def image(self, i: int) -> Image.Image:
+        test, train = self.ds
+        img, _ = test[i] if i < self._n_test else train[i - self._n_test]
+        return img.convert("RGB")
+
+
+class HfdsSet(_TimmSet):
+    """A Hugging Face dataset split through timm's reader, from the Hub or the local cache. Labels come
+    from the label column, without decoding an image."""
+
+    def __init__(self, name: str, split: str):
+        self.name, self.split = name, split
+        self.spec = f"hfds/{name}:{split}"
+        reader = self.ds.reader
+        names = sorted(reader.class_to_idx or {}, key=lambda n: reader.class_to_idx[n])
+        self.class_names = [str(n) for n in names] or None
+        if reader.label_key in reader.dataset.column_names:
+            self._labels = np.asarray(reader.dataset[reader.label_key], dtype=np.int64)
+        else:
+            self._labels = np.full(len(reader.dataset), -1, dtype=np.int64)
+
+    def _build(self):
+        offline = "offline, it must be in the Hugging Face cache (~/.cache/huggingface) with HF_HUB_OFFLINE=1 set"
+        if importlib.util.find_spec("datasets") is None:
+            raise VitseeError(
+                f"hfds/{self.name} needs Hugging Face's datasets package, which is not installed: "
+                f"pip install datasets; {offline}"
+            )
+        from timm.data import create_dataset
+
+        try:
+            return create_dataset(f"hfds/{self.name}", split=self.split)
+        except Exception as exc:  # noqa: BLE001 -- datasets raises its own zoo for a name or split it cannot get
+            raise VitseeError(
+                f"cannot load Hugging Face dataset {self.name} split {self.split} ({brief(exc)}): check the name "
+                f"and split; {offline}"
+            ) from exc
+
+    def __len__(self) -> int:
+        return len(self._labels)
+
+    def image(self, i: int) -> Image.Image:
+        fileobj, _ = self.ds.reader[int(i)]
+        return _open_image(fileobj, f"{i} of hfds/{self.name}:{self.split}", "check the dataset's image column")
+
+
 # --- specs ----------------------------------------------------------------------------------------
 
 
@@ -493,7 +672,18 @@ def open_dataset(spec: str) -> ImageSet:
         return SamplesSet()
     if spec == "synthetic":
         return SyntheticSet()
+    if spec[:5].lower() == "hfds/":
+        name, _, split = spec[5:].partition(":")
+        if not name:
+            raise VitseeError(f"'{spec}' names no dataset: use hfds/NAME[:SPLIT], e.g. hfds/uoft-cs/cifar10:test")
+        return HfdsSet(name, split or "train")
     kind, sep, rest = spec.partition(":")
+    if kind[:6].lower() == "torch/":
+        variant = kind[6:].lower()
+        if variant not in TORCH_CIFAR or not sep or not rest:
+            raise VitseeError(f"unknown dataset '{spec}': vitsee reads torch/cifar10:ROOT and torch/cifar100:ROOT "
+                              "(ROOT: the folder holding the extracted archive)")
+        return TorchCifarSet(Path(os.path.expanduser(rest)).resolve(), variant)
     if sep and kind in PATH_DATASETS:
         path = Path(os.path.expanduser(rest)).resolve()
         if not path.exists():
@@ -504,6 +694,8 @@ def open_dataset(spec: str) -> ImageSet:
             return ImageFolderSet(path)
         if kind in ("cifar10", "cifar100"):
             return CifarSet(path, kind)
+        if kind == "tar":
+            return TarSet(path)
         return NpzSet(path)
     path = Path(os.path.expanduser(spec))
     if path.exists():
@@ -516,6 +708,8 @@ def open_dataset(spec: str) -> ImageSet:
             return ImageFolderSet(path)
         if path.suffix == ".npz":
             return NpzSet(path)
+        if path.suffix.lower() == ".tar":
+            return TarSet(path)
     raise VitseeError(f"unknown dataset '{spec}': use one of {DATASET_HELP}")
 
 

@@ -146,3 +146,142 @@ def test_selection_first_n_or_seeded_shuffle():
     assert not np.array_equal(a, select_indices(100, 10, shuffle_seed=4))
     with pytest.raises(VitseeError, match="--n-images 11 asks for more images than the dataset holds \\(10\\)"):
         select_indices(10, 11)
+
+
+# --- timm's datasets: tar, torchvision CIFAR, Hugging Face ---------------------------------------------
+
+
+def _write_class_tar(tmp_path, n_per_class: int = 3, classes=("dogs", "cats", "birds")):
+    """Writes PNGs CLASS/K.png (one flat colour coding class and k) into a folder and a tar of it; returns
+    (tar path, folder, {colour: (class, k)})."""
+    import tarfile
+
+    folder, colours = tmp_path / "imgs", {}
+    for c, cls in enumerate(classes):
+        (folder / cls).mkdir(parents=True)
+        for k in range(n_per_class):
+            colour = (40 * c + 10, 20 * k + 5, 200)
+            Image.fromarray(np.full((9, 7, 3), colour, dtype=np.uint8)).save(folder / cls / f"{k}.png")
+            colours[colour] = (cls, k)
+    tar_path = tmp_path / "set.tar"
+    with tarfile.open(tar_path, "w") as tf:
+        for cls in classes:
+            tf.add(folder / cls, arcname=cls)
+    return tar_path, folder, colours
+
+
+def test_tar_of_class_folders_gives_each_written_image_once_with_its_folder_label(tmp_path):
+    tar_path, _, colours = _write_class_tar(tmp_path)
+    d = open_dataset(f"tar:{tar_path}")
+    assert d.spec == f"tar:{tar_path.resolve()}" and len(d) == 9
+    assert d.class_names == ["birds", "cats", "dogs"]
+    seen = []
+    for i in range(len(d)):
+        img = d.image(i)
+        assert img.mode == "RGB" and img.size == (7, 9)
+        cls, k = colours[tuple(int(v) for v in np.asarray(img)[0, 0])]
+        assert d.labels()[i] == d.class_names.index(cls)
+        seen.append((cls, k))
+    assert sorted(seen) == sorted(colours.values())
+    assert open_dataset(str(tar_path)).spec == d.spec  # a bare .tar is recognised
+    d.check_readable(np.arange(len(d)))
+
+
+def test_tar_set_pickles_without_its_open_tar_and_reads_after(tmp_path):
+    tar_path, _, _ = _write_class_tar(tmp_path, n_per_class=2)
+    d = open_dataset(f"tar:{tar_path}")
+    first = np.asarray(d.image(0))  # opens the tar inside timm's reader
+    back = pickle.loads(pickle.dumps(d))
+    assert np.array_equal(np.asarray(back.image(0)), first) and np.array_equal(back.labels(), d.labels())
+
+
+def test_tar_that_is_not_one_or_has_no_images_is_named(tmp_path):
+    (tmp_path / "x.tar").write_bytes(b"not a tar at all" * 100)
+    with pytest.raises(VitseeError, match="is not a tar file"):
+        open_dataset(f"tar:{tmp_path / 'x.tar'}")
+    import tarfile
+
+    (tmp_path / "notes.txt").write_text("hi")
+    with tarfile.open(tmp_path / "empty.tar", "w") as tf:
+        tf.add(tmp_path / "notes.txt", arcname="cls/notes.txt")
+    with pytest.raises(VitseeError, match="no images found in .*empty.tar"):
+        open_dataset(str(tmp_path / "empty.tar"))
+
+
+def _fake_torchvision_cifar10(root, per_batch: int = 2):
+    """Writes cifar-10-batches-py/ in torchvision's layout (latin1-readable pickles); returns
+    (images in vitsee's order: test, then data_batch_1..5, labels)."""
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(3)
+    images, labels = [], []
+    for part in ["test_batch"] + [f"data_batch_{k}" for k in range(1, 6)]:
+        data = rng.integers(0, 256, size=(per_batch, 3072), dtype=np.uint8)
+        part_labels = [int(v) for v in rng.integers(0, 10, size=per_batch)]
+        with open(folder / part, "wb") as fh:
+            pickle.dump({"data": data, "labels": part_labels}, fh)
+        images.append(data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
+        labels += part_labels
+    with open(folder / "batches.meta", "wb") as fh:
+        pickle.dump({"label_names": [f"c{k}" for k in range(10)]}, fh)
+    return np.concatenate(images), labels
+
+
+def test_torch_cifar10_from_a_local_root_gives_test_then_train(tmp_path, monkeypatch):
+    from torchvision.datasets import CIFAR10
+
+    images, labels = _fake_torchvision_cifar10(tmp_path)
+    # torchvision md5-checks the real archive's files; these fake ones pass only with the check patched
+    monkeypatch.setattr(CIFAR10, "_check_integrity", lambda self: True)
+    monkeypatch.setattr("torchvision.datasets.cifar.check_integrity", lambda *a, **k: True)
+    d = open_dataset(f"torch/cifar10:{tmp_path}")
+    assert d.spec == f"torch/cifar10:{tmp_path.resolve()}" and len(d) == 12
+    assert list(d.labels()) == labels and d.class_names == [f"c{k}" for k in range(10)]
+    for i in (0, 1, 2, 11):
+        img = d.image(i)
+        assert img.mode == "RGB" and np.array_equal(np.asarray(img), images[i])
+    # the extracted folder itself is taken for its parent
+    assert open_dataset(f"torch/cifar10:{tmp_path / 'cifar-10-batches-py'}").spec == d.spec
+
+
+def test_torch_cifar_never_downloads_a_missing_or_unchecked_root(tmp_path):
+    with pytest.raises(VitseeError, match=r"root folder .*nowhere does not exist, and vitsee never downloads") as e:
+        open_dataset(f"torch/cifar100:{tmp_path / 'nowhere'}")
+    assert "\n" not in str(e.value) and "cifar-100-python" in str(e.value)
+    _fake_torchvision_cifar10(tmp_path)  # files that fail torchvision's md5 check
+    with pytest.raises(VitseeError, match="never downloads: extract cifar-10-python.tar.gz"):
+        open_dataset(f"torch/cifar10:{tmp_path}")
+    assert not list(tmp_path.glob("*.tar.gz"))
+    with pytest.raises(VitseeError, match="torch/cifar10:ROOT"):
+        open_dataset("torch/mnist:/tmp")
+
+
+def test_hfds_without_the_datasets_package_names_the_install(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "datasets" else real(name, *a))
+    with pytest.raises(VitseeError) as e:
+        open_dataset("hfds/uoft-cs/cifar10:test")
+    msg = str(e.value)
+    assert "\n" not in msg and "hfds/uoft-cs/cifar10" in msg and "pip install datasets" in msg
+    assert "HF_HUB_OFFLINE" in msg
+
+
+def test_extract_reads_a_tar_spec_end_to_end_as_the_same_images_in_a_folder(tmp_path, capsys):
+    from conftest import IMG, VIT, run_cli
+    from vitsee.engine.store import Store
+
+    tar_path, folder, _ = _write_class_tar(tmp_path, n_per_class=2)
+    common = ["--model", VIT, "--batch-size", "3", "--img-size", str(IMG), "--device", "cpu", "--quiet"]
+    code, _, err = run_cli(["extract", tmp_path / "t.h5", "--dataset", f"tar:{tar_path}", "--workers", "1", *common],
+                           capsys)
+    assert code == 0, err
+    code, _, err = run_cli(["extract", tmp_path / "f.h5", "--dataset", str(folder), "--workers", "0", *common], capsys)
+    assert code == 0, err
+    with Store.open(tmp_path / "t.h5") as t, Store.open(tmp_path / "f.h5") as f:
+        assert t.dataset_spec == f"tar:{tar_path.resolve()}" and t.n_images == 6
+        assert list(t.labels) == [0, 0, 1, 1, 2, 2] and t.class_names == ["birds", "cats", "dogs"]
+        model = t.models[0]
+        for layer in t.layers(model):
+            assert np.array_equal(t.activations(model, layer), f.activations(model, layer)), layer
