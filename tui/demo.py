@@ -135,10 +135,8 @@ def _trained_choice(plan: DemoPlan, device: str, folder: Path, pretrained: dict[
     tag = f"{plan.train_dataset}{plan.train_img_size}-{_recipe_tag(plan, drafts)}-s{plan.train_seed}"
     training = tuple(run(d.model, d.model_args, folder / f"demo-{d.model}-{tag}.safetensors") for d in drafts)
     test_set = folder / f"demo-{plan.train_dataset}-test-s{plan.train_seed}.npz"
-    # workers=0: 359 digits decode in no time, and a loader worker forked from the app (Textual's and torch's
-    # threads running) once died at start-up in the full test suite, whose SIGCHLD then took the app down
     config = ExtractConfig(store=folder / f"demo-trained-{tag}.h5", models=[f"{t.model}@{t.out}" for t in training],
-                           dataset=f"npz:{test_set}", batch_size=plan.batch_size, device=device, workers=0)
+                           dataset=f"npz:{test_set}", batch_size=plan.batch_size, device=device)
     return DemoChoice(config, pretrained, analysis, training)
 
 

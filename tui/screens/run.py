@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
@@ -121,6 +121,11 @@ class RunScreen(Screen):
             def progress(event: Progress) -> None:
                 self.post_message(RunEvent(event.stage, event.done, event.total, event.message))
 
+            if cfg.workers is None:
+                # images decode in this process: a loader worker forked from the app (Textual's and torch's
+                # threads running) now and then died at start-up in full test runs, and torch's SIGCHLD handler
+                # then raised inside the app's event loop; heavy runs belong to `vitsee extract`
+                cfg = replace(cfg, workers=0)
             result = run_extraction(cfg, progress, self.cancel_event)
         except VitseeError as exc:
             self.post_message(RunEnded(Path(self.plan.config.store) if self.plan else Path("."), error=str(exc)))
