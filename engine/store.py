@@ -609,14 +609,7 @@ class Store:
 
     def activations(self, model: str, layer: str, rows: slice | np.ndarray | None = None) -> np.ndarray:
         """Returns a layer's activations as float32: all finished rows, or the rows asked for."""
-        ds = self._layer(model, layer)
-        done = self.rows_done(model)
-        if rows is None:
-            return ds[:done].astype(np.float32)
-        if isinstance(rows, slice):
-            start, stop, step = rows.indices(done)
-            return ds[start:stop:step].astype(np.float32)
-        return read_rows(ds, np.asarray(rows), limit=done).astype(np.float32)
+        return self._finished(model, self._layer(model, layer), rows)
 
     def iter_batches(
         self, model: str, layers: Sequence[str] | None = None, batch_size: int = 256, order: np.ndarray | None = None
@@ -636,13 +629,7 @@ class Store:
     def model_input(self, model: str, rows: slice | np.ndarray | None = None) -> np.ndarray:
         """Returns the preprocessed model input (N, 3, H, W) as float32."""
         self._require_activations("the model input cannot be read")
-        ds = self._model(model)["input"]
-        done = self.rows_done(model)
-        if rows is None:
-            return ds[:done].astype(np.float32)
-        if isinstance(rows, slice):
-            return ds[rows][: max(0, done - (rows.start or 0))].astype(np.float32)
-        return read_rows(ds, np.asarray(rows), limit=done).astype(np.float32)
+        return self._finished(model, self._model(model)["input"], rows)
 
     # --- head outputs (head-level CKA, engine/analyses/heads.py) ------------------------------------
 
@@ -661,12 +648,17 @@ class Store:
                 f"no head outputs of '{block}' stored for {self.resolve_model(model)} (stored: "
                 f"{', '.join(self.head_blocks(model)) or 'none'}): re-extract the ViT with this vitsee, without --streaming"
             )
-        ds = group["heads"][block]
+        return self._finished(model, group["heads"][block], rows)
+
+    def _finished(self, model: str, ds: h5py.Dataset, rows: slice | np.ndarray | None) -> np.ndarray:
+        """Returns a per-image dataset's finished rows as float32: all of them, a slice of them, or those asked for
+        (a row not extracted yet is an error naming the way out)."""
         done = self.rows_done(model)
         if rows is None:
             return ds[:done].astype(np.float32)
         if isinstance(rows, slice):
-            return ds[rows][: max(0, done - (rows.start or 0))].astype(np.float32)
+            start, stop, step = rows.indices(done)
+            return ds[start:stop:step].astype(np.float32)
         return read_rows(ds, np.asarray(rows), limit=done).astype(np.float32)
 
     def stats(self, model: str) -> list[str]:
