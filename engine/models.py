@@ -210,18 +210,26 @@ class Point:
 
 
 def _vit_points(model: nn.Module, granularity: str) -> list[Point]:
-    points = [Point("patch_embed", "patch_embed")]
+    def sublayers(b: str) -> list[Point]:
+        return [
+            Point(f"{b}.norm1", f"{b}.norm1"),
+            Point(f"{b}.attn", f"{b}.attn"),
+            # the residual stream after the attention sublayer is exactly what norm2 reads
+            Point(f"{b}.resid1", f"{b}.norm2", "input"),
+            Point(f"{b}.norm2", f"{b}.norm2"),
+            Point(f"{b}.mlp.act", f"{b}.mlp.act"),
+        ]
+
+    return _token_block_points(model, "patch_embed", sublayers if granularity == "sublayers" else None)
+
+
+def _token_block_points(model: nn.Module, stem: str, sublayers) -> list[Point]:
+    """Returns the stem, each of model.blocks (after its sublayers(b) points, when given) and the final norm."""
+    points = [Point(stem, stem)]
     for i in range(len(model.blocks)):
         b = f"blocks.{i}"
-        if granularity == "sublayers":
-            points += [
-                Point(f"{b}.norm1", f"{b}.norm1"),
-                Point(f"{b}.attn", f"{b}.attn"),
-                # the residual stream after the attention sublayer is exactly what norm2 reads
-                Point(f"{b}.resid1", f"{b}.norm2", "input"),
-                Point(f"{b}.norm2", f"{b}.norm2"),
-                Point(f"{b}.mlp.act", f"{b}.mlp.act"),
-            ]
+        if sublayers is not None:
+            points += sublayers(b)
         points.append(Point(b, b))
     if isinstance(getattr(model, "norm", None), nn.Module):
         points.append(Point("norm", "norm"))
@@ -249,21 +257,16 @@ def _resnet_points(model: nn.Module, granularity: str) -> list[Point]:
 
 
 def _mixer_points(model: nn.Module, granularity: str) -> list[Point]:
-    points = [Point("stem", "stem")]
-    for i in range(len(model.blocks)):
-        b = f"blocks.{i}"
-        if granularity == "sublayers":
-            # mlp_tokens works on the transposed (B, C, T) stream: its output is not kept, the stream after it is
-            points += [
-                Point(f"{b}.norm1", f"{b}.norm1"),
-                Point(f"{b}.resid1", f"{b}.norm2", "input"),  # the stream after token mixing
-                Point(f"{b}.norm2", f"{b}.norm2"),
-                Point(f"{b}.mlp_channels.act", f"{b}.mlp_channels.act"),
-            ]
-        points.append(Point(b, b))
-    if isinstance(getattr(model, "norm", None), nn.Module):
-        points.append(Point("norm", "norm"))
-    return points
+    def sublayers(b: str) -> list[Point]:
+        # mlp_tokens works on the transposed (B, C, T) stream: its output is not kept, the stream after it is
+        return [
+            Point(f"{b}.norm1", f"{b}.norm1"),
+            Point(f"{b}.resid1", f"{b}.norm2", "input"),  # the stream after token mixing
+            Point(f"{b}.norm2", f"{b}.norm2"),
+            Point(f"{b}.mlp_channels.act", f"{b}.mlp_channels.act"),
+        ]
+
+    return _token_block_points(model, "stem", sublayers if granularity == "sublayers" else None)
 
 
 def _swin_points(model: nn.Module, granularity: str) -> list[Point]:
