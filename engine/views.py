@@ -258,6 +258,13 @@ def _request(store: Store, text: str) -> _Request:
     return _Request(kind, keys, args[1] if spec.layer and len(args) > 1 else None)
 
 
+def resolve_view(path: str | Path, text: str) -> tuple[str, list[str], str | None]:
+    """Returns (kind, store keys, layer) of a view string for the store at path (model prefixes resolved)."""
+    with Store.open(path) as store:
+        request = _request(store, text)
+    return request.kind, request.keys, request.layer
+
+
 def cached_params(store: Store, text: str, cfg: AnalyzeConfig | None = None) -> dict | None:
     """Returns the parameters of the cached result that serves a view, or None when it must be computed.
 

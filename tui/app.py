@@ -1,9 +1,12 @@
 """`vitsee-tui`: explore a store's analyses in the terminal (over SSH, in tmux), export what you see.
 
     vitsee-tui [STORE] [--export-dir DIR] [--no-mouse] [--color auto|truecolor|256|16|none] [--demo]
+    vitsee-tui --show-config
+    vitsee-tui STORE --snapshot VIEW --out screen.svg [--size 120x40]
 
 With a STORE it opens on the CKA view of its first model; without one it lists the stores in the current
-folder and offers a new run; --demo builds (once) and opens a small store of a ViT and a ResNet.
+folder and offers a new run; --demo builds (once) and opens a small store of a ViT and a ResNet. Settings
+and key remaps come from $XDG_CONFIG_HOME/vitsee/config.toml (see tui/config.py); flags override them.
 """
 
 from __future__ import annotations
@@ -16,13 +19,15 @@ from typing import TYPE_CHECKING, ClassVar
 from textual.app import App
 from textual.binding import Binding, BindingType
 
-from vitsee.engine.colormap import ColorMode, detect_color_mode
+from vitsee.engine.colormap import ColorMode
 from vitsee.engine.errors import VitseeError
 from vitsee.tui.commands import VitseeCommands
+from vitsee.tui.config import COLOR_CHOICES, Settings, load_settings
 from vitsee.tui.options import COLORMAPS, AppOptions
 
 if TYPE_CHECKING:
     from vitsee.engine.analyze import AnalyzeConfig
+    from vitsee.tui.snapshot import SnapshotPlan
 
 
 class VitseeApp(App):
@@ -38,11 +43,15 @@ class VitseeApp(App):
                 tooltip="Open the command palette: open store, switch view or models, export, zoom"),
     ]
 
-    def __init__(self, store: Path | None = None, *, options: AppOptions | None = None, demo: bool = False) -> None:
+    def __init__(self, store: Path | None = None, *, options: AppOptions | None = None, demo: bool = False,
+                 keymap: dict[str, str] | None = None, snapshot: SnapshotPlan | None = None) -> None:
         super().__init__()
         self.options = options or AppOptions()
         self.store = store
         self.demo = demo
+        self.snapshot = snapshot  # --snapshot: open on its view, screenshot it, quit
+        if keymap:
+            self.set_keymap(keymap)
 
     def on_mount(self) -> None:
         if self.demo:
@@ -70,6 +79,10 @@ class VitseeApp(App):
         from vitsee.tui.screens.explorer import ExplorerScreen
 
         screen = ExplorerScreen(Path(path), self.options, analyse_all=analyse_all, note=note, analysis=analysis)
+        if self.snapshot is not None:
+            from vitsee.tui.snapshot import prepare
+
+            prepare(self.snapshot, screen)
         if replace:
             self.switch_screen(screen)
             return
@@ -111,40 +124,92 @@ class VitseeApp(App):
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    # settings default to None, "not given", so a value from the config file stands unless a flag overrides it
     parser = argparse.ArgumentParser(
         prog="vitsee-tui", description="Explore a vitsee store in the terminal: CKA, attention distances, "
-        "probes, skip ratios, spatial maps; export any view to PNG + JSON.",
+        "probes, skip ratios, spatial maps; export any view to PNG + JSON. Settings and key remaps: "
+        "$XDG_CONFIG_HOME/vitsee/config.toml (flags override it; --show-config says what is in effect).",
     )
     parser.add_argument("store", nargs="?", type=Path, help="a store made by `vitsee extract` (default: pick one)")
-    parser.add_argument("--export-dir", type=Path, default=Path("vitsee-exports"),
+    parser.add_argument("--export-dir", type=Path, default=None,
                         help="where `e` writes PNG + JSON (default ./vitsee-exports)")
-    parser.add_argument("--no-mouse", action="store_true", help="turn mouse reporting off (slow links, tmux copy mode)")
-    parser.add_argument("--color", default="auto", choices=["auto", "truecolor", "256", "16", "none"],
+    parser.add_argument("--no-mouse", dest="mouse", action="store_false", default=None,
+                        help="turn mouse reporting off (slow links, tmux copy mode)")
+    parser.add_argument("--color", default=None, choices=list(COLOR_CHOICES),
                         help="heatmap colours (default auto: COLORTERM/TERM; NO_COLOR means none)")
-    parser.add_argument("--cmap", default="viridis", choices=list(COLORMAPS), help="heatmap colormap")
+    parser.add_argument("--cmap", default=None, choices=list(COLORMAPS), help="heatmap colormap (default viridis)")
     parser.add_argument("--demo", action="store_true",
                         help="open the demo store (built on first use from built-in images and two small models)")
-    parser.add_argument("--device", default="auto", help="device for analyses not cached yet: auto, cpu, cuda[:N]")
+    parser.add_argument("--device", default=None, help="device for analyses not cached yet: auto, cpu, cuda[:N]")
+    parser.add_argument("--config", type=Path, default=None,
+                        help="the config file to read (default $XDG_CONFIG_HOME/vitsee/config.toml)")
+    parser.add_argument("--show-config", action="store_true",
+                        help="print each setting, its value and where it came from, and the key remaps; then exit")
+    parser.add_argument("--snapshot", metavar="VIEW", default=None,
+                        help="render VIEW (cka:A:B, attention:MODEL, ... or a kind such as attention) once its data "
+                        "is drawn, write the screen to --out as SVG and exit")
+    parser.add_argument("--out", type=Path, default=None, help="the SVG file --snapshot writes")
+    parser.add_argument("--size", default=None, help="the terminal size --snapshot renders at (default 120x40)")
     return parser.parse_args(argv)
 
 
-def build_app(args: argparse.Namespace) -> VitseeApp:
+def read_settings(args: argparse.Namespace) -> Settings:
+    """Returns the settings: the flags given over the config file over the defaults."""
+    flags = {"colormap": args.cmap, "color": args.color, "mouse": args.mouse, "export_dir": args.export_dir,
+             "device": args.device}
+    return load_settings(flags, path=args.config)
+
+
+def build_app(args: argparse.Namespace, settings: Settings | None = None) -> VitseeApp:
     """Returns the app the arguments describe (a VitseeError for a bad value)."""
-    color_mode = detect_color_mode() if args.color == "auto" else ColorMode.parse(args.color)
-    options = AppOptions(color_mode=color_mode, export_dir=args.export_dir, cmap=args.cmap, device=args.device)
+    settings = settings or read_settings(args)
     if args.store is not None and args.demo:
         raise VitseeError("give a STORE or --demo, not both")
-    return VitseeApp(args.store, options=options, demo=args.demo)
+    snapshot = None
+    if args.snapshot is not None:
+        from vitsee.tui.snapshot import plan_snapshot
+
+        if args.store is None or args.demo:
+            raise VitseeError("--snapshot needs a STORE: vitsee-tui STORE --snapshot VIEW --out screen.svg")
+        snapshot = plan_snapshot(args.store, args.snapshot, args.out, args.size or "120x40")
+    elif args.out is not None or args.size is not None:
+        raise VitseeError(f"{'--out' if args.out is not None else '--size'} goes with --snapshot VIEW: add it, "
+                          "or drop the flag")
+    options = settings.options()
+    if snapshot is not None and settings["color"] == "auto":
+        options.color_mode = ColorMode.TRUECOLOR  # an SVG shows every colour, whatever terminal runs this
+    return VitseeApp(args.store, options=options, demo=args.demo, keymap=settings.keymap(),
+                     snapshot=snapshot)
+
+
+def fail(message: str) -> None:
+    """Prints a user's error in one line, as the vitsee CLI does, and exits 2."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
-        app = build_app(args)
+        settings = read_settings(args)
+        if args.show_config:
+            print(settings.describe())
+            sys.exit(0)
+        app = build_app(args, settings)
     except VitseeError as exc:
-        print(f"vitsee-tui: {exc}", file=sys.stderr)
-        sys.exit(2)
-    app.run(mouse=not args.no_mouse)
+        fail(str(exc))
+    if app.snapshot is not None:
+        from vitsee.tui.snapshot import take
+
+        plan = app.snapshot
+        app.run(headless=True, size=plan.size, mouse=False, auto_pilot=lambda pilot: take(plan, pilot))
+        if plan.error is not None:
+            fail(plan.error)
+        if plan.spec is None:  # the app stopped before the view was drawn: Textual printed why
+            sys.exit(app.return_code or 1)
+        print(f"wrote {plan.out} ({plan.spec} at {plan.size[0]}x{plan.size[1]})")
+        sys.exit(0)
+    app.run(mouse=settings["mouse"])
     sys.exit(app.return_code or 0)
 
 

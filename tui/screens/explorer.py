@@ -119,6 +119,7 @@ class ExplorerScreen(Screen):
         self.kind = "cka"
         self.model_a: str | None = None
         self.model_b: str | None = None
+        self.keep_model_b = False  # set before opening (a snapshot of cka:A): no A x B on first load
         self.spatial_layer: dict[str, str] = {}
         self.erf_layer: dict[str, str] = {}
         self._views: dict[str, object] = {}  # spec -> LoadedView, kept so switching back costs nothing
@@ -135,9 +136,9 @@ class ExplorerScreen(Screen):
         with Horizontal(id="explorer-body"):
             yield SidePanel(id="side-panel")
             with Vertical(id="main"):
-                yield ViewTabs()
+                yield ViewTabs(active=self.kind)  # a snapshot opens on its own view
                 yield TaskBar(id="view-task")
-                with ContentSwitcher(initial="pane-cka", id="panes"):
+                with ContentSwitcher(initial=f"pane-{self.kind}", id="panes"):
                     for kind in KINDS:
                         yield PANES[kind](self.options.color_mode, self.options.cmap)
         yield TaskBar(id="background-task")
@@ -186,7 +187,7 @@ class ExplorerScreen(Screen):
             self.model_a = summary.models[0].key
         if self.model_b not in summary.keys:
             self.model_b = None
-        if first and self.model_b is None:  # two models: the cross-model matrix is the interesting first view
+        if first and self.model_b is None and not self.keep_model_b:  # two models: the cross-model matrix is the interesting first view
             self.model_b = next((k for k in summary.keys if k != self.model_a), None)
         self.query_one(SidePanel).set_models(summary, self.model_a, self.model_b)
         if summary.problem and first:

@@ -14,6 +14,7 @@ from vitsee.engine.colormap import ColorMode
 from vitsee.tui.results import LoadedView
 from vitsee.tui.widgets.heatmap import short_label
 from vitsee.tui.widgets.line_plot import LinePlot, Series
+from vitsee.tui.widgets.probe_table import ProbeTable
 from vitsee.tui.widgets.view_pane import ViewPane
 
 BEST = "\u2605"  # ★
@@ -43,7 +44,7 @@ class ProbesPane(ViewPane):
     """
 
     def compose_body(self) -> ComposeResult:
-        table: DataTable = DataTable(id="probes-table", cursor_type="cell", zebra_stripes=True)
+        table: DataTable = ProbeTable(id="probes-table", cursor_type="cell", zebra_stripes=True)
         yield table
         yield LinePlot(id="probes-plot", monochrome=self.color_mode is ColorMode.NONE)
 

@@ -15,6 +15,6 @@ class ViewTabs(Tabs, can_focus=False):
     ViewTabs { height: 2; }
     """
 
-    def __init__(self) -> None:
+    def __init__(self, active: str = "cka") -> None:
         tabs = [Tab(f"{i} {label}", id=f"tab-{kind}") for i, (kind, label) in enumerate(VIEW_LABELS.items(), start=1)]
-        super().__init__(*tabs, id="view-tabs")
+        super().__init__(*tabs, id="view-tabs", active=f"tab-{active}")

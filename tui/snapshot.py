@@ -1,0 +1,136 @@
+"""`vitsee-tui STORE --snapshot VIEW --out screen.svg`: the screen the app would show for a view, as an SVG.
+
+The real app runs headless at the asked size and opens the store on the view; an auto-pilot waits until the
+view's numbers are on screen (a view not cached yet is computed first, as the app would), then writes the
+screenshot and quits. A view that cannot be shown ends the run with the reason the app would show.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from vitsee.engine.errors import VitseeError
+from vitsee.tui.widgets.view_tabs import VIEW_LABELS
+
+if TYPE_CHECKING:
+    from textual.pilot import Pilot
+
+    from vitsee.tui.screens.explorer import ExplorerScreen
+
+SIZE = re.compile(r"(\d+)x(\d+)")
+MIN_SIZE = (40, 12)
+POLL_SECONDS = 0.05
+
+
+@dataclass
+class SnapshotPlan:
+    """What to render: a view kind, the models (and layer) it names, where the SVG goes, at what size."""
+
+    store: Path
+    view: str
+    kind: str
+    keys: list[str]  # resolved store keys; empty: the app's default models
+    layer: str | None
+    out: Path
+    size: tuple[int, int]
+    error: str | None = None  # why the view could not be shown (set by the pilot)
+    spec: str | None = None  # the view the SVG shows
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """Returns (columns, rows) of a size such as 120x40."""
+    match = SIZE.fullmatch(text.strip().lower())
+    if match is None:
+        raise VitseeError(f"--size {text}: give COLUMNSxROWS, such as 120x40")
+    size = (int(match[1]), int(match[2]))
+    if size[0] < MIN_SIZE[0] or size[1] < MIN_SIZE[1]:
+        raise VitseeError(f"--size {text}: the app needs at least {MIN_SIZE[0]}x{MIN_SIZE[1]}")
+    return size
+
+
+def plan_snapshot(store: Path, view: str, out: Path | None, size: str) -> SnapshotPlan:
+    """Returns the plan for a snapshot, the view's models resolved in the store (a VitseeError for a bad
+    view, size or store)."""
+    if out is None:
+        raise VitseeError("--snapshot needs --out FILE.svg: where to write the screenshot")
+    if out.suffix.lower() != ".svg":
+        raise VitseeError(f"--out {out}: the snapshot is an SVG: name the file *.svg")
+    columns_rows = parse_size(size)
+    if ":" not in view:
+        if view not in VIEW_LABELS:
+            raise VitseeError(f"--snapshot {view}: unknown view: give a kind ({', '.join(VIEW_LABELS)}) "
+                              "or a view such as cka:MODEL_A:MODEL_B")
+        from vitsee.engine.store import Store
+
+        with Store.open(store):  # a missing or broken store is one line now, not an empty screenshot
+            pass
+        return SnapshotPlan(store, view, view, [], None, out, columns_rows)
+    from vitsee.engine.views import resolve_view
+
+    kind, keys, layer = resolve_view(store, view)
+    return SnapshotPlan(store, view, kind, keys, layer, out, columns_rows)
+
+
+def prepare(plan: SnapshotPlan, screen: ExplorerScreen) -> None:
+    """Sets the explorer, before it opens the store, on the plan's view and models."""
+    screen.kind = plan.kind
+    if not plan.keys:
+        return
+    a = screen.model_a = plan.keys[0]
+    if plan.kind in ("cka", "heads"):
+        screen.model_b = plan.keys[1] if len(plan.keys) > 1 else None
+        screen.keep_model_b = True  # cka:A is A with itself, not the A x B the app opens on
+    if plan.layer and plan.kind == "spatial":
+        screen.spatial_layer[a] = plan.layer
+    if plan.layer and plan.kind == "erf":
+        screen.erf_layer[a] = plan.layer
+
+
+def _state(plan: SnapshotPlan, screen) -> tuple[str, str]:
+    """Returns ('ready' | 'waiting' | 'failed', the view spec or why not) for the explorer's current view."""
+    from vitsee.tui.screens.explorer import ExplorerScreen
+
+    if not isinstance(screen, ExplorerScreen):
+        return "waiting", ""
+    busy = any(w.group in ("summary", "view") and not w.is_finished for w in screen.workers)
+    spec, reason = screen.spec_for(plan.kind)
+    if spec is None:
+        opening = screen.summary is None and screen._failure is None  # noqa: SLF001 (the store is still being read)
+        return ("waiting" if opening or busy else "failed"), reason
+    pane = screen.pane(plan.kind)
+    if pane.loaded is not None and pane.loaded.spec == spec:
+        return "ready", spec
+    if busy:
+        return "waiting", spec
+    return "failed", str(pane.query_one(".pane--message").render())
+
+
+async def take(plan: SnapshotPlan, pilot: Pilot) -> None:
+    """Waits until the view is drawn, writes the SVG and exits the app (return code 0, or 2 with plan.error)."""
+    app = pilot.app
+    while True:
+        await pilot.pause(POLL_SECONDS)
+        state, text = _state(plan, app.screen)
+        if state == "failed":  # a worker that just finished may have a message on its way: read it first
+            await pilot.pause()
+            state, text = _state(plan, app.screen)
+        if state == "ready":
+            break
+        if state == "failed":
+            plan.error = f"{plan.store}: cannot show {plan.view}: {text}"
+            app.exit(return_code=2)
+            return
+    plan.spec = text
+    await pilot.wait_for_scheduled_animations()
+    app.clear_notifications()  # toasts ("computed and cached ...") would cover the view in a report
+    await pilot.pause()
+    svg = app.export_screenshot(title=f"vitsee-tui {plan.store.name} {plan.spec}")
+    plan.out.parent.mkdir(parents=True, exist_ok=True)
+    partial = plan.out.with_name(f".{plan.out.name}.{time.time_ns()}.part")
+    partial.write_text(svg, encoding="utf-8")
+    partial.replace(plan.out)  # a reader never sees half an SVG
+    app.exit(return_code=0)
