@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # these machines have no network: fail fast, never retry
 os.environ.setdefault("VITSEE_TEST", "1")
+# the app reads $XDG_CONFIG_HOME/vitsee/config.toml: tests (and the app they start) never see the user's
+os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="vitsee-test-config-")
 
 VIT = "test_vit@random:0"
 RESNET = "test_resnet@random:0"

@@ -350,12 +350,19 @@ def check_keymap(path: Path, keys: Mapping[str, Value]) -> None:
                 other = taken.get(key)
                 if other is not None and (remapped or other in keys):
                     mine, theirs = (binding_id, other) if remapped else (other, binding_id)
-                    via = "" if keys[mine].source == str(path) else f" ({keys[mine].source})"
+                    if theirs in keys and keys[theirs].source == str(path):  # blame the file's line first
+                        mine, theirs = theirs, mine
                     raise VitseeError(
-                        f"{path}: [keys] '{mine}' = '{keys[mine].value}'{via} takes '{key}', which "
-                        f"{_name(theirs)} already uses in {owner.rpartition('.')[2]}: pick another key, or remap "
-                        f"{_name(theirs)} too")
+                        f"{path}: [keys] '{mine}' = '{keys[mine].value}'{_via(path, keys, mine)} takes '{key}', "
+                        f"which {_name(theirs)}{_via(path, keys, theirs)} already uses in "
+                        f"{owner.rpartition('.')[2]}: pick another key, or remap {_name(theirs)} too")
                 taken[key] = binding_id
+
+
+def _via(path: Path, keys: Mapping[str, Value], binding_id: str) -> str:
+    """Returns ' (preset vim)' for a remap the file did not make itself ('' otherwise)."""
+    source = keys[binding_id].source if binding_id in keys else str(path)
+    return "" if source == str(path) else f" ({source})"
 
 
 def _name(binding_id: str) -> str:
