@@ -281,3 +281,30 @@ def test_a_snapshot_of_a_missing_store_or_without_out_is_one_line_and_exit_2(tmp
     assert code == 2 and err == "error: --snapshot needs --out FILE.svg: where to write the screenshot\n"
     code, _, err = run_main([tmp_path / "nope.h5", "--size", "80x24"], capsys)
     assert code == 2 and err.startswith("error: --size goes with --snapshot VIEW")
+
+
+# --- the README's Settings section ---------------------------------------------------------------------------------
+
+
+def readme_settings() -> str:
+    text = (Path(__file__).parent.parent / "README.md").read_text()
+    return text[text.index("### Settings"):text.index("## The command line")]
+
+
+def test_the_readmes_example_file_is_valid_and_means_what_it_says(tmp_path):
+    section = readme_settings()
+    example = section[section.index("```toml") + len("```toml"):section.index("```", section.index("```toml") + 7)]
+    write_config(tmp_path, example)
+    settings = load_settings()
+    assert (settings["colormap"], settings["color"], settings["mouse"], settings["preset"]) == ("magma", "256", False, "vim")
+    assert settings.keymap()["explorer.export"] == "E,ctrl+e"
+
+
+def test_the_readme_lists_every_binding_id():
+    section = re.sub(r"\s+", " ", readme_settings())
+    listed = set()
+    for prefix, names in re.findall(r"`(\w+)\.` ([a-z_ ]+?)(?:;|\.)", section):
+        listed |= {f"{prefix}.{name}" for name in names.split()}
+    listed |= set(re.findall(r"`(\w+\.\w+)`", section))
+    ids = {i for owner in binding_table().values() for i in owner if not i.startswith("\x00")}
+    assert ids <= listed, sorted(ids - listed)
