@@ -38,6 +38,8 @@ class DistancePlot(Widget, can_focus=True):
         Binding("right,l", "move(0, 1)", "Farther head", show=False, id="attention.right", tooltip="Head with the next longer distance"),
         Binding("home", "jump(0)", "First block", show=False, id="attention.first", tooltip="Jump to the first block"),
         Binding("end", "jump(-1)", "Last block", show=False, id="attention.last", tooltip="Jump to the last block"),
+        Binding("enter", "select", "Select", id="attention.select",
+                tooltip="Open the distance per image of the head under the cursor"),
     ]
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {
@@ -72,6 +74,17 @@ class DistancePlot(Widget, can_focus=True):
 
     class CursorMoved(Message):
         """A block or head was picked."""
+
+        def __init__(self, plot: DistancePlot, block: int, head: int) -> None:
+            super().__init__()
+            self.plot, self.block, self.head = plot, block, head
+
+        @property
+        def control(self) -> DistancePlot:
+            return self.plot
+
+    class HeadSelected(Message):
+        """Enter was pressed on a head."""
 
         def __init__(self, plot: DistancePlot, block: int, head: int) -> None:
             super().__init__()
@@ -142,6 +155,10 @@ class DistancePlot(Widget, can_focus=True):
     def action_jump(self, block: int) -> None:
         if self.distances.size:
             self.cursor = (block % self.distances.shape[0], self.cursor[1])
+
+    def action_select(self) -> None:
+        if self.distances.size:
+            self.post_message(self.HeadSelected(self, *self.cursor))
 
     def render(self) -> Text:
         width, height = self.size.width, self.size.height
