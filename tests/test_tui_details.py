@@ -246,4 +246,4 @@ async def test_help_on_a_detail_names_the_detail_and_the_key_that_closes_it(stor
         await pilot.pause()
         text = app.screen.text()
         assert text.startswith("Help: Skip ratio of one token: token CLS: ")
-        assert "Close this detail" in text and "esc / enter / q" in text
+        assert "Close this detail" in text and "esc / \u23ce / q  Close this detail" in text

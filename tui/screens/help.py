@@ -21,7 +21,7 @@ MOVES = ("up", "down", "left", "right", "page_up", "page_down", "first", "last",
          "scroll_bottom", "focus_next", "focus_previous")
 KEY_WIDTH = 12  # the widest key ('shift+home', '0-9 a-z') and the legend's marks line up across groups
 VIEW_IDS = ("explorer.panel", "explorer.cmap")
-APP_IDS = ("explorer.open", "explorer.new_run", "explorer.cancel")
+APP_IDS = ("explorer.open", "explorer.new_run", "explorer.cancel", "detail.help")
 SCREEN_TITLES = {  # the screens without a help_context of their own, in the user's words
     "StartScreen": "Start: pick a store or begin a run",
     "NewRunScreen": "New run: models, images and layers",
@@ -43,8 +43,8 @@ class KeyHelp:
 def key_group(binding: Binding) -> str:
     """Returns the group a binding belongs to: Move, Views, Models, This view or App."""
     bid, action = binding.id or "", binding.action
-    name = bid.rpartition(".")[2] if bid else action.partition("(")[0]
-    if bid.startswith("app.") or bid in APP_IDS or action in ("quit", "app.quit", "command_palette", "app.command_palette"):
+    name = (bid or action.partition("(")[0]).rpartition(".")[2]
+    if bid.startswith("app.") or bid in APP_IDS or name in ("quit", "command_palette", "copy_text", "help"):
         return "App"
     if bid.startswith("explorer.view_") or bid in VIEW_IDS:
         return "Views"
