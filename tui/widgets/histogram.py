@@ -92,6 +92,8 @@ class Histogram(Widget):
         lo_text, hi_text = f"{lo:g}", f"{hi:.0f} {self.unit}".strip()
         axis_line[: len(lo_text)] = lo_text
         axis_line[len(axis_line) - len(hi_text):] = hi_text
+        for x in line_xs:  # also under the bars: a value inside the tallest bar would show nowhere else
+            axis_line[x] = VALUE_LINE
         text.append(" " * AXIS_WIDTH + "".join(axis_line)[: plot_w], axis)
         text.append("\n")
         caption = Text(" " * AXIS_WIDTH, no_wrap=True, overflow="crop")
