@@ -12,7 +12,7 @@ from test_tui import make_app, settle, store, view_shown  # noqa: F401  (store: 
 from test_tui_paper import paper_store  # noqa: F401  (the store with Heads and ERF results)
 
 import vitsee.tui.screens.view_detail as details
-from conftest import VIT
+from conftest import RESNET, VIT
 from vitsee.engine.store import Store
 from vitsee.tui.screens.explorer import ExplorerScreen
 from vitsee.tui.screens.help import HelpScreen
@@ -101,6 +101,25 @@ async def test_enter_on_a_probe_row_opens_its_per_token_accuracy_map(store, tmp_
         assert f"spatial tokens: mean {tokens[1:].mean():.4f}" in facts
         assert np.isclose(tokens[1:].mean(), view.matrix[row, view.cols.index("tokens (mean)")])  # the table's column
         await closes_with(pilot, "q")
+
+
+async def test_enter_on_a_resnet_probe_row_says_why_it_has_no_token_map(store, tmp_path):
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, view_shown("cka"))
+        await pilot.press("a", "3")  # model A: the ResNet
+        await settle(pilot, lambda a: a.screen.pane("probes").loaded is not None
+                     and a.screen.pane("probes").view.models == [RESNET])
+        view = app.screen.pane("probes").view
+        await pilot.press("down", "enter")
+        await pilot.pause()
+        detail = app.screen
+        assert isinstance(detail, details.TextDetail)
+        assert title_of(detail) == f"{view.rows[1]}: linear probe accuracy"
+        facts = facts_of(detail)
+        assert f"GAP {view.matrix[1, view.cols.index('GAP')]:.4f}" in facts
+        assert f"no per-token probes for {view.rows[1]}" in facts
+        await closes_with(pilot, "enter")
 
 
 async def test_enter_on_a_skip_cell_opens_the_tokens_ratio_curve_across_sublayers(store, tmp_path):

@@ -63,7 +63,7 @@ class DetailScreen(ModalScreen[None]):
         & .detail--caption { color: $text-muted; width: 1fr; }
         & LinePlot { height: 9; }
         & Histogram { height: 10; }
-        & Heatmap { height: auto; max-height: 24; }
+        & Heatmap { max-height: 60vh; }  /* a 64x64 ERF scrolls inside; the frame's hint stays on screen at 80x24 */
         & .detail--hint { color: $text-muted; text-align: right; width: 1fr; }
     }
     """
@@ -209,7 +209,7 @@ class MapDetail(DetailScreen):
                           vmax=self.vmax, cmap=self.cmap, color_mode=self.color_mode, value_name=self.value_name,
                           zoom="detail", id="detail-map")
         heatmap.set_reactive(Heatmap.cursor, self.cursor)
-        heatmap.styles.height = min(rows, 20) + 2  # one line per row at this zoom, the labels and the legend
+        heatmap.styles.height = rows + 2  # one line per row at this zoom, the labels and the legend
         yield heatmap
 
     def legend(self) -> list[tuple[str, str]]:
