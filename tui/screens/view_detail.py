@@ -217,14 +217,21 @@ class MapDetail(DetailScreen):
                 ("[ ]", "the cell the view's cursor was on (arrows move here; z: pooled / 1:1)")]
 
 
+def readouts_text(view, row: int) -> str:
+    """Returns a probe row's readouts as the status line words them: 'CLS 0.5000 [0.31, 0.69]  GAP ...'."""
+    def one(c: int) -> str:
+        interval = view.interval_text(row, c) if math.isfinite(view.matrix[row, c]) else ""
+        return f"{view.cols[c]} {view.cell_text(row, c)}{interval}"
+
+    return "  ".join(one(c) for c in range(len(view.cols)))
+
+
 def probe_token_detail(loaded: LoadedView, row: int, **kwargs) -> DetailScreen:
     """Returns the detail of a probe row: its readouts, and the accuracy of the probe of every token as a map."""
     view = loaded.view
     layer = view.rows[row]
-    readouts = "  ".join(f"{col} {view.cell_text(row, c)}{view.interval_text(row, c) if math.isfinite(view.matrix[row, c]) else ''}"
-                         for c, col in enumerate(view.cols))
     chance = view.extra.get("chance")
-    facts = f"{readouts}" + (f"\nchance {float(chance):.3f}" if chance is not None else "")
+    facts = readouts_text(view, row) + (f"\nchance {float(chance):.3f}" if chance is not None else "")
     maps = view.extra.get("token_maps") or {}
     if layer not in maps:
         why = (f"no per-token probes: {layer} is wider than {view.params.get('max_token_dim')} channels "
@@ -236,8 +243,10 @@ def probe_token_detail(loaded: LoadedView, row: int, **kwargs) -> DetailScreen:
     grid = accuracy[prefix:].reshape(gh, gw)
     if prefix:
         facts += "\nprefix tokens (CLS first): " + ", ".join(number(float(a), 3) for a in accuracy[:prefix])
-    facts += f"\nspatial tokens: mean {number(float(grid.mean()), 4)}, best r{int(np.nanargmax(grid)) // gw}c{int(np.nanargmax(grid)) % gw} " \
-             f"{number(float(np.nanmax(grid)), 3)}"
+    if np.isfinite(grid).any():
+        best = int(np.nanargmax(grid))
+        facts += (f"\nspatial tokens: mean {number(float(np.nanmean(grid)), 4)}, "
+                  f"best r{best // gw}c{best % gw} {number(float(grid.flat[best]), 3)}")
     return MapDetail(loaded, f"{layer}: test accuracy of a probe on each token", grid, (0, 0), value_name="accuracy",
                      vmin=0.0, vmax=1.0, facts=facts, caption=f"{gh}x{gw} token grid, one linear probe per position",
                      help_text="Per-token probe accuracy", **kwargs)
@@ -312,8 +321,10 @@ def skip_token_detail(loaded: LoadedView, row: int, col: int, **kwargs) -> Detai
     if len(spatial) == len(values):  # the reference the view's own plot draws
         series.append(Series("spatial tokens (mean)", spatial))
     finite = np.isfinite(values)
-    facts = (f"{view.rows[row]}: {view.cell_text(row, col)}{view.interval_text(row, col) if finite[row] else ''}"
-             + (f"; largest {number(float(np.nanmax(values)), 3)} at {view.rows[int(np.nanargmax(values))]}" if finite.any() else ""))
+    facts = f"{view.rows[row]}: {view.cell_text(row, col)}{view.interval_text(row, col) if finite[row] else ''}"
+    if finite.any():
+        top = int(np.nanargmax(values))
+        facts += f"; largest {number(float(values[top]), 3)} at {view.rows[top]}"
     return CurveDetail(loaded, f"{token}: ||z||/||f(z)|| across the sublayers", series, list(view.rows), values, row,
                        facts=facts, hline=1.0, hline_name="ratio 1", help_text="Skip ratio of one token", **kwargs)
 
@@ -337,7 +348,8 @@ def spatial_token_detail(loaded: LoadedView, token: int, grid: tuple[int, int], 
     gh, gw = grid
     values = np.asarray(view.matrix[token], dtype=float)
     name = f"r{token // gw}c{token % gw}"
-    facts = f"own patch {name}: CKA {view.cell_text(token, token)}{view.interval_text(token, token) if math.isfinite(values[token]) else ''}"
+    interval = view.interval_text(token, token) if math.isfinite(values[token]) else ""
+    facts = f"own patch {name}: CKA {view.cell_text(token, token)}{interval}"
     if np.isfinite(values).any():
         peak = int(np.nanargmax(values))
         facts += f"; peak patch r{peak // gw}c{peak % gw} {values[peak]:.4f}"
