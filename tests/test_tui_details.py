@@ -266,3 +266,34 @@ async def test_help_on_a_detail_names_the_detail_and_the_key_that_closes_it(stor
         text = app.screen.text()
         assert text.startswith("Help: Skip ratio of one token: token CLS: ")
         assert "Close this detail" in text and "esc / \u23ce / q  Close this detail" in text
+
+
+async def test_closing_a_head_detail_before_its_distances_arrive_leaves_the_app_running(store, tmp_path):
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await open_view(pilot, "attention")
+        await pilot.press("enter", "escape")  # the worker may still be reading
+        await settle(pilot)
+        assert isinstance(app.screen, ExplorerScreen) and app.is_running
+
+
+async def test_help_of_every_view_says_what_enter_does_there_and_explains_its_marks(store, tmp_path):
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, view_shown("cka"))
+        for kind, key in [("cka", "1"), ("probes", "3"), ("skip", "4"), ("spatial", "5")]:
+            await pilot.press(key)
+            await settle(pilot, view_shown(kind))
+            pane = app.screen.pane(kind)
+            await pilot.press("question_mark")
+            await pilot.pause()
+            help_screen = app.screen
+            assert help_screen.title_text.startswith(f"{pane.label} view (")
+            text = help_screen.text()
+            for description in pane.key_help.values():
+                assert description in text, (kind, description)
+            assert help_screen.legend == pane.legend() and len(help_screen.legend) >= 4
+            if kind == "cka":
+                assert "p > 0.05" in dict(help_screen.legend)["x"]
+            await pilot.press("escape")
+            await pilot.pause()

@@ -147,10 +147,14 @@ class HeadDistanceDetail(DetailScreen):
             self.app.call_from_thread(self._show, distances)
 
     def _failed(self, error: str) -> None:
+        if not self.is_attached:  # closed while the worker read
+            return
         self.query_one(TaskBar).stop()
         self.query_one("#detail-legend", Static).update(f"cannot read the distances per image: {error}")
 
     def _show(self, distances: np.ndarray) -> None:
+        if not self.is_attached:
+            return
         self.query_one(TaskBar).stop()
         self.distances = np.asarray(distances, dtype=np.float64)
         finite = self.distances[np.isfinite(self.distances)]

@@ -4,7 +4,8 @@ Each head is a dot at its mean distance (a digit where several share a character
 distance is a dotted column, and a cursor picks a block (up/down) and one of its heads (left/right, in
 sorted order, as the paper plots them). With intervals of the mean over images, the head under the cursor
 gets a whisker ├──┤ from its low to its high end on its row (one whisker only: a block's heads share a row,
-their whiskers would run into one line), and a caption line says what the interval is.
+their whiskers would run into one line), and a caption line says what the interval is. Enter posts
+HeadSelected for the head under the cursor (the attention view opens its distance per image).
 """
 
 from __future__ import annotations
