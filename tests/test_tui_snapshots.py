@@ -56,3 +56,18 @@ def test_pair_detail_snapshot(store, tmp_path, snap_compare):
 def test_no_colour_at_80x24_snapshot(store, tmp_path, snap_compare):
     app = make_app(store, tmp_path, color=ColorMode.NONE)
     assert snap_compare(app, terminal_size=(80, 24), run_before=opened_on("cka", "down", "right"))
+
+
+def test_help_of_the_attention_view_at_80x24_snapshot(store, tmp_path, snap_compare):
+    app = make_app(store, tmp_path)
+    assert snap_compare(app, terminal_size=(80, 24), run_before=opened_on("attention", "down", "question_mark"))
+
+
+def test_skip_token_detail_at_80x24_snapshot(store, tmp_path, snap_compare):
+    app = make_app(store, tmp_path)
+    assert snap_compare(app, terminal_size=(80, 24), run_before=opened_on("skip", "down", "right", "right", "enter"))
+
+
+def test_head_distance_detail_at_80x24_snapshot(store, tmp_path, snap_compare):
+    app = make_app(store, tmp_path)
+    assert snap_compare(app, terminal_size=(80, 24), run_before=opened_on("attention", "down", "right", "enter"))

@@ -112,12 +112,12 @@ class VitseeApp(App):
     demo_overrides: ClassVar[dict] = {}  # tests make the demo small
 
     def action_help(self) -> None:
-        from vitsee.tui.screens.help import HelpScreen, describe_bindings
+        from vitsee.tui.screens.help import HelpScreen, describe_bindings, help_context
 
         if isinstance(self.screen, HelpScreen):
             return
-        where = type(self.screen.focused).__name__ if self.screen.focused is not None else type(self.screen).__name__
-        self.push_screen(HelpScreen(describe_bindings(self.screen), title=f"Keys ({where} has the focus)"))
+        title, descriptions, legend = help_context(self.screen)  # the shown view's words and marks
+        self.push_screen(HelpScreen(describe_bindings(self.screen, descriptions), title=title, legend=legend))
 
 
 # --- command line ----------------------------------------------------------------------------------------

@@ -27,6 +27,8 @@ if TYPE_CHECKING:  # the engine pulls in torch (seconds): imported by the worker
     from vitsee.engine import analyze as an
     from vitsee.engine.analyses.base import Step
     from vitsee.engine.store import Store
+    import numpy as np
+
     from vitsee.engine.views import View
 
 StepFn = Callable[["Step"], None]
@@ -153,6 +155,7 @@ class LoadedView:
     seconds: float
     shapes: dict[str, dict[str, tuple[int, ...]]]  # model -> layer -> per-image shape
     init_notes: dict[str, str] = field(default_factory=dict)  # model -> why its random init looks degenerate
+    path: Path | None = None  # the store it came from (a detail reads per-image numbers from it)
 
 
 class StoreAccess:
@@ -241,7 +244,17 @@ def read_view(path: str | Path, spec: str, base: an.AnalyzeConfig, progress: Ste
         with Store.open(path) as store:
             shapes = {m: {layer: store.layer_shape(m, layer) for layer in store.layers(m)} for m in view.models}
             notes = {m: note for m in view.models if (note := random_init_note(store.model_info(m)))}
-    return LoadedView(spec, view, not cached, time.perf_counter() - start, shapes, notes)
+    return LoadedView(spec, view, not cached, time.perf_counter() - start, shapes, notes, Path(path))
+
+
+def read_head_distances(path: str | Path, model: str, block: int, head: int) -> np.ndarray:
+    """Returns the (N,) mean attention distance in px of one head (its index in the model, not the sorted one)
+    per image, as the extraction recorded it (the attention view holds only the means and a histogram)."""
+    from vitsee.engine.store import Store
+
+    with ACCESS.read(), Store.open(path) as store:
+        distances = store.attention_distance(model)  # (N, blocks, heads)
+    return distances[:, block, head]
 
 
 # --- export ---------------------------------------------------------------------------------------------

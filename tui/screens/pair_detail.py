@@ -28,6 +28,7 @@ class PairDetailScreen(ModalScreen[None]):
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape,enter,q", "dismiss", "Close", id="detail.close", tooltip="Close the pair detail"),
+        Binding("question_mark", "app.help", "Help", id="detail.help", tooltip="List the keys and marks of this detail"),
     ]
 
     DEFAULT_CSS = """
@@ -76,6 +77,13 @@ class PairDetailScreen(ModalScreen[None]):
             yield Label(f"{col_layer} against every row layer ({model_a})", classes="detail--caption")
             yield LinePlot(id="detail-col")
             yield Label("Esc closes", classes="detail--hint")
+
+    def help_context(self) -> tuple[str, dict[str, str], list[tuple[str, str]]]:
+        """Returns what the help screen says here: its title, key descriptions, the glyph legend."""
+        view = self.loaded.view
+        return (f"CKA of one layer pair: {view.rows[self.row]} x {view.cols[self.col]}", {},
+                [("\u2812\u2812", "the CKA of the row layer with every column layer, and of the column layer with every row layer"),
+                 ("\u25b2", "the other layer of the pair")])
 
     def on_mount(self) -> None:
         view = self.loaded.view

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 from textual.app import ComposeResult
 from textual.widget import Widget
 
 from vitsee.tui.results import LoadedView
-from vitsee.tui.widgets.distance_plot import DistancePlot
+from vitsee.tui.widgets.distance_plot import DOT, NONFINITE, UNIFORM, WHISKER, WHISKER_HIGH, WHISKER_LOW, DistancePlot
 from vitsee.tui.widgets.histogram import Histogram
 from vitsee.tui.widgets.view_pane import ViewPane
 
@@ -18,6 +20,9 @@ class AttentionPane(ViewPane):
 
     kind = "attention"
     label = "Attention"
+    key_help: ClassVar[dict[str, str]] = {
+        "attention.select": "Open the head under the cursor: its distance per image as a histogram, with its mean",
+    }
 
     DEFAULT_CSS = """
     AttentionPane {
@@ -50,6 +55,25 @@ class AttentionPane(ViewPane):
             + (f" ({left_out} non-finite left out)" if left_out > 0 else ""),
         )
         self.post_status()
+
+    def legend(self) -> list[tuple[str, str]]:
+        view = self.view
+        uniform = f" ({view.extra['uniform_px']:.1f} px here)" if view is not None else ""
+        return [
+            (DOT, "one head at its mean attention distance (over spatial queries and images); a row is a block"),
+            ("2-9", "that many heads fall on one character"),
+            (f"{UNIFORM}  \u25b2", f"the distance of uniform attention over the grid{uniform}: left of it is local"),
+            (WHISKER_LOW + WHISKER + WHISKER_HIGH, "whisker: the interval of the mean over images, for the head under the cursor"),
+            (NONFINITE, "a head whose distance is NaN/Inf (non-finite activations), at the right end"),
+            ("reversed", "the head under the cursor; the highlighted row is its block"),
+            ("\u2581\u2583\u2588", "below: every head and image of the block, binned by distance; \u2502\u25b2 uniform attention"),
+        ]
+
+    def on_distance_plot_head_selected(self, message: DistancePlot.HeadSelected) -> None:
+        message.stop()
+        from vitsee.tui.screens.view_detail import HeadDistanceDetail
+
+        self.push_detail(HeadDistanceDetail, message.block, message.head)
 
     @property
     def selection(self) -> tuple[int, int] | None:

@@ -9,7 +9,7 @@ from textual.binding import Binding, BindingType
 
 from vitsee.tui.messages import StatusChanged
 from vitsee.tui.results import LoadedView
-from vitsee.tui.widgets.heatmap import Heatmap
+from vitsee.tui.widgets.heatmap import MARK_CHAR, Heatmap
 from vitsee.tui.widgets.view_pane import HeatmapPane
 
 
@@ -24,6 +24,9 @@ class CkaPane(HeatmapPane):
                 tooltip="Mark the cells whose permutation p-value is above 0.05 (not significant)"),
     ]
     marks_on = False
+    key_help: ClassVar[dict[str, str]] = {
+        "heatmap.select": "Open the layer pair under the cursor: its CKA, both layers' shapes, its row and column",
+    }
 
     def compose_body(self) -> ComposeResult:
         yield from ()
@@ -53,6 +56,9 @@ class CkaPane(HeatmapPane):
             return
         self.marks_on = not self.marks_on
         heatmap.set_marks(view.not_significant() if self.marks_on else None)
+
+    def legend(self) -> list[tuple[str, str]]:
+        return super().legend() + [(MARK_CHAR, "p > 0.05: not significant under the permutation null (n shows or hides)")]
 
     def on_heatmap_cursor_moved(self, message: Heatmap.CursorMoved) -> None:
         message.stop()

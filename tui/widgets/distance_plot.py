@@ -4,7 +4,8 @@ Each head is a dot at its mean distance (a digit where several share a character
 distance is a dotted column, and a cursor picks a block (up/down) and one of its heads (left/right, in
 sorted order, as the paper plots them). With intervals of the mean over images, the head under the cursor
 gets a whisker ├──┤ from its low to its high end on its row (one whisker only: a block's heads share a row,
-their whiskers would run into one line), and a caption line says what the interval is.
+their whiskers would run into one line), and a caption line says what the interval is. Enter posts
+HeadSelected for the head under the cursor (the attention view opens its distance per image).
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ class DistancePlot(Widget, can_focus=True):
         Binding("right,l", "move(0, 1)", "Farther head", show=False, id="attention.right", tooltip="Head with the next longer distance"),
         Binding("home", "jump(0)", "First block", show=False, id="attention.first", tooltip="Jump to the first block"),
         Binding("end", "jump(-1)", "Last block", show=False, id="attention.last", tooltip="Jump to the last block"),
+        Binding("enter", "select", "Select", id="attention.select",
+                tooltip="Open the distance per image of the head under the cursor"),
     ]
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {
@@ -72,6 +75,17 @@ class DistancePlot(Widget, can_focus=True):
 
     class CursorMoved(Message):
         """A block or head was picked."""
+
+        def __init__(self, plot: DistancePlot, block: int, head: int) -> None:
+            super().__init__()
+            self.plot, self.block, self.head = plot, block, head
+
+        @property
+        def control(self) -> DistancePlot:
+            return self.plot
+
+    class HeadSelected(Message):
+        """Enter was pressed on a head."""
 
         def __init__(self, plot: DistancePlot, block: int, head: int) -> None:
             super().__init__()
@@ -142,6 +156,10 @@ class DistancePlot(Widget, can_focus=True):
     def action_jump(self, block: int) -> None:
         if self.distances.size:
             self.cursor = (block % self.distances.shape[0], self.cursor[1])
+
+    def action_select(self) -> None:
+        if self.distances.size:
+            self.post_message(self.HeadSelected(self, *self.cursor))
 
     def render(self) -> Text:
         width, height = self.size.width, self.size.height

@@ -24,6 +24,9 @@ class ErfPane(HeatmapPane):
     kind = "erf"
     label = "ERF"
 
+    key_help: ClassVar[dict[str, str]] = {
+        "heatmap.select": "Open the ERF at full size with each pixel's value (log10 or percent, as coloured)",
+    }
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("g", "toggle_log", "Log scale", id="erf.log", tooltip="Colour the ERF by log10 (it spans decades) or linearly"),
     ]
@@ -75,6 +78,19 @@ class ErfPane(HeatmapPane):
         self.log_scale = not self.log_scale
         if self.loaded is not None:
             self.populate(self.loaded)
+
+    def legend(self) -> list[tuple[str, str]]:
+        marks = super().legend()
+        marks[1] = ("[ ]  +", "the input pixel under the cursor (the status line gives its share)")
+        scale = (f"log colours: log10 of each pixel's share, down to {DECADES} decades below the peak" if self.log_scale
+                 else "linear colours: each pixel's share of the total")
+        return marks + [("g", scale + " (g switches)")]
+
+    def on_heatmap_cell_selected(self, message: Heatmap.CellSelected) -> None:
+        message.stop()
+        from vitsee.tui.screens.view_detail import erf_detail
+
+        self.push_detail(erf_detail, (message.row, message.col), self.log_scale, DECADES)
 
     def on_heatmap_cursor_moved(self, message: Heatmap.CursorMoved) -> None:
         message.stop()

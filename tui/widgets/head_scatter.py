@@ -32,6 +32,8 @@ class HeadScatter(Widget, can_focus=True):
         Binding("]", "layer(1)", "Next layer", id="heads.next_layer", tooltip="Plot the CKA with the other model's next layer"),
         Binding("[", "layer(-1)", "Prev layer", show=False, id="heads.prev_layer",
                 tooltip="Plot the CKA with the other model's previous layer"),
+        Binding("enter", "select", "Select", id="heads.select",
+                tooltip="Open the CKA of the head under the cursor with every layer of the other model"),
     ]
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {"head-scatter--point", "head-scatter--cursor", "head-scatter--axis"}
@@ -51,6 +53,17 @@ class HeadScatter(Widget, can_focus=True):
 
     class CursorMoved(Message):
         """A head or the plotted layer was picked."""
+
+        def __init__(self, plot: HeadScatter, row: int, column: int) -> None:
+            super().__init__()
+            self.plot, self.row, self.column = plot, row, column
+
+        @property
+        def control(self) -> HeadScatter:
+            return self.plot
+
+    class HeadSelected(Message):
+        """Enter was pressed on a head."""
 
         def __init__(self, plot: HeadScatter, row: int, column: int) -> None:
             super().__init__()
@@ -100,6 +113,10 @@ class HeadScatter(Widget, can_focus=True):
     def action_layer(self, step: int) -> None:
         if self.matrix.size:
             self.column = (self.column + step) % self.matrix.shape[1]
+
+    def action_select(self) -> None:
+        if self.matrix.size:
+            self.post_message(self.HeadSelected(self, self.cursor, self.column))
 
     def render(self) -> Text:
         width, height = self.size.width, self.size.height

@@ -3,6 +3,8 @@ distance; local heads resemble a ResNet's lower layers, global ones do not."""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 from textual.app import ComposeResult
 from textual.widget import Widget
@@ -18,6 +20,9 @@ class HeadsPane(ViewPane):
 
     kind = "heads"
     label = "Heads"
+    key_help: ClassVar[dict[str, str]] = {
+        "heads.select": "Open the head under the cursor: its CKA with every layer of the other model",
+    }
 
     DEFAULT_CSS = """
     HeadsPane {
@@ -49,6 +54,16 @@ class HeadsPane(ViewPane):
         message.stop()
         self._note()
         self.post_status()
+
+    def legend(self) -> list[tuple[str, str]]:
+        return [("0-9 a-z", "a head, drawn as its block's number: x its mean attention distance, y its CKA with the layer"),
+                ("reversed", "the head under the cursor (the status line names it)")]
+
+    def on_head_scatter_head_selected(self, message: HeadScatter.HeadSelected) -> None:
+        message.stop()
+        from vitsee.tui.screens.view_detail import heads_layer_detail
+
+        self.push_detail(heads_layer_detail, message.row, message.column)
 
     @property
     def selection(self) -> tuple[int, int] | None:

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import numpy as np
 from rich.text import Text
 from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
 from textual.widget import Widget
 from textual.widgets import DataTable
 
 from vitsee.engine.colormap import ColorMode
 from vitsee.tui.results import LoadedView
 from vitsee.tui.widgets.heatmap import short_label
-from vitsee.tui.widgets.line_plot import LinePlot, Series
+from vitsee.tui.widgets.line_plot import BAND, LinePlot, Series
 from vitsee.tui.widgets.probe_table import ProbeTable
 from vitsee.tui.widgets.view_pane import ViewPane
 
@@ -29,12 +31,24 @@ def best_rows(matrix: np.ndarray) -> list[int | None]:
     return out
 
 
+class ProbeTable(DataTable):
+    """The accuracy table; Enter opens the probe detail of the layer under the cursor (the footer says so)."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("enter", "select_cursor", "Select", id="probes.select",
+                tooltip="Open the layer under the cursor: its readouts and the accuracy of a probe on each token"),
+    ]
+
+
 class ProbesPane(ViewPane):
     """A table of accuracy per layer x readout with each column's best marked ★, and the same numbers
     as lines against depth, chance level dotted."""
 
     kind = "probes"
     label = "Probes"
+    key_help: ClassVar[dict[str, str]] = {
+        "probes.select": "Open the layer under the cursor: its readouts and the accuracy of a probe on each token",
+    }
 
     DEFAULT_CSS = """
     ProbesPane {
@@ -80,6 +94,23 @@ class ProbesPane(ViewPane):
         message.stop()
         self.query_one(LinePlot).set_mark(message.coordinate.row)
         self.post_status()
+
+    def legend(self) -> list[tuple[str, str]]:
+        return [
+            (BEST, "the best layer of the readout (column)"),
+            ("skipped", "not fitted: the layer's features hold NaN/Inf"),
+            ("\u2013", "no such readout for this layer"),
+            ("\u2812\u2812 \u2824\u2824", "below: each readout's accuracy against depth (the legend names them)"),
+            (BAND, "band: the exact binomial interval of an accuracy on the test images"),
+            ("\u2508\u2508", "chance level"),
+            ("\u25b2", "the layer under the cursor"),
+        ]
+
+    def on_data_table_cell_selected(self, message: DataTable.CellSelected) -> None:
+        message.stop()
+        from vitsee.tui.screens.view_detail import probe_token_detail
+
+        self.push_detail(probe_token_detail, message.coordinate.row)
 
     @property
     def selection(self) -> tuple[int, int] | None:

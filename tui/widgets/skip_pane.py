@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 from textual.app import ComposeResult
 from textual.widgets import Label
@@ -10,7 +12,7 @@ from vitsee.engine.colormap import ColorMode
 from vitsee.tui.messages import StatusChanged
 from vitsee.tui.results import LoadedView
 from vitsee.tui.widgets.heatmap import Heatmap, short_label
-from vitsee.tui.widgets.line_plot import LinePlot, Series
+from vitsee.tui.widgets.line_plot import BAND, LinePlot, Series
 from vitsee.tui.widgets.view_pane import HeatmapPane
 
 
@@ -20,6 +22,9 @@ class SkipPane(HeatmapPane):
 
     kind = "skip"
     label = "Skip"
+    key_help: ClassVar[dict[str, str]] = {
+        "heatmap.select": "Open the ratio curve of the token under the cursor across the sublayers",
+    }
 
     DEFAULT_CSS = """
     SkipPane {
@@ -63,6 +68,20 @@ class SkipPane(HeatmapPane):
                              extra.get("spatial_ci_low"), extra.get("spatial_ci_high")))
         self.query_one(LinePlot).plot(series, [short_label(r) for r in view.rows], mark=heatmap.cursor[0],
                                       hline=1.0, hline_name="ratio 1", caption=view.interval_caption())
+
+    def legend(self) -> list[tuple[str, str]]:
+        return super().legend() + [
+            ("\u2812\u2812 \u2824\u2824", "below: the CLS token and the mean over spatial tokens, sublayer by sublayer"),
+            ("\u2508\u2508", "a ratio of 1: the skip and the branch are equally large"),
+            (BAND, "the interval of the mean over images (the caption gives its level)"),
+            ("\u25b2", "the sublayer under the cursor"),
+        ]
+
+    def on_heatmap_cell_selected(self, message: Heatmap.CellSelected) -> None:
+        message.stop()
+        from vitsee.tui.screens.view_detail import skip_token_detail
+
+        self.push_detail(skip_token_detail, message.row, message.col)
 
     def on_heatmap_cursor_moved(self, message: Heatmap.CursorMoved) -> None:
         message.stop()

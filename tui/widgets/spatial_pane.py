@@ -3,6 +3,8 @@ input patch; the cursor walks over the image grid and the map is that token's.""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 from textual.app import ComposeResult
 from textual.widgets import Label
@@ -22,6 +24,13 @@ class SpatialPane(HeatmapPane):
 
     kind = "spatial"
     label = "Spatial"
+    key_help: ClassVar[dict[str, str]] = {
+        "heatmap.select": "Open the map of the token under the cursor at full size, with its values",
+        "heatmap.up": "Move to the token one row up (its map is shown)",
+        "heatmap.down": "Move to the token one row down (its map is shown)",
+        "heatmap.left": "Move to the token one column left (its map is shown)",
+        "heatmap.right": "Move to the token one column right (its map is shown)",
+    }
 
     DEFAULT_CSS = """
     SpatialPane {
@@ -85,6 +94,18 @@ class SpatialPane(HeatmapPane):
             self.token = token
             message.heatmap.set_data(self.token_map(token), **self.token_marks(token))
         self.post_message(StatusChanged(self.kind, self.status_text()))
+
+    def legend(self) -> list[tuple[str, str]]:
+        marks = super().legend()
+        marks[1] = ("[ ]  +", "the token position whose map is shown: its colours are its CKA with each input patch")
+        return marks
+
+    def on_heatmap_cell_selected(self, message: Heatmap.CellSelected) -> None:
+        message.stop()
+        from vitsee.tui.screens.view_detail import spatial_token_detail
+
+        if self.view is not None:
+            self.push_detail(spatial_token_detail, self.token, self.grid)
 
     @property
     def selection(self) -> tuple[int, int] | None:

@@ -10,10 +10,10 @@ from textual.containers import Vertical
 from textual.widget import Widget
 from textual.widgets import Label, Static
 
-from vitsee.engine.colormap import ColorMode
+from vitsee.engine.colormap import ASCII_RAMP, ColorMode
 from vitsee.tui.messages import StatusChanged
 from vitsee.tui.results import LoadedView
-from vitsee.tui.widgets.heatmap import Heatmap
+from vitsee.tui.widgets.heatmap import MISSING_GLYPH, NONFINITE_ASCII, NONFINITE_GLYPH, UPPER_HALF, Heatmap
 
 if TYPE_CHECKING:
     from vitsee.engine.views import View
@@ -24,6 +24,7 @@ class ViewPane(Vertical):
 
     kind: ClassVar[str] = ""
     label: ClassVar[str] = ""
+    key_help: ClassVar[dict[str, str]] = {}  # binding id -> what the key does in this view, for the help screen
 
     DEFAULT_CSS = """
     ViewPane {
@@ -123,6 +124,15 @@ class ViewPane(Vertical):
     def set_cmap(self, cmap: str) -> None:
         self.cmap = cmap
 
+    def legend(self) -> list[tuple[str, str]]:
+        """Returns (glyph, what it means) for each mark this view draws, for the help screen."""
+        return []
+
+    def push_detail(self, make, *args) -> None:
+        """Opens the detail `make(loaded, *args, ...)` returns, drawn with the pane's colours."""
+        if self.loaded is not None:
+            self.app.push_screen(make(self.loaded, *args, color_mode=self.color_mode, cmap=self.cmap))
+
     def toggle_zoom(self) -> bool:
         """Cycles the zoom of the view's heatmap; returns False when the view has none."""
         return False
@@ -149,6 +159,18 @@ class HeatmapPane(ViewPane):
         super().set_cmap(cmap)
         if self.heatmap is not None:
             self.heatmap.set_cmap(cmap)
+
+    def legend(self) -> list[tuple[str, str]]:
+        plain = self.color_mode is ColorMode.NONE
+        marks = [("[ ]  +", "the cell under the cursor: corner marks (+ on a narrow cell), its own colour left visible"),
+                 (NONFINITE_ASCII if plain else NONFINITE_GLYPH, "computed, but from NaN/Inf inputs (the status line says how many images)"),
+                 (MISSING_GLYPH, "not computed yet")]
+        if plain:
+            marks.insert(0, (ASCII_RAMP.strip(), "no colour: a denser character is a higher value (the bottom line gives the range)"))
+        else:
+            marks.insert(0, (UPPER_HALF, "two rows per character when pooled: the upper half one row, the lower half the next"))
+        marks.append(("bottom line", "the zoom, then the colour ramp from its lowest to its highest value"))
+        return marks
 
     def toggle_zoom(self) -> bool:
         if self.heatmap is None:
