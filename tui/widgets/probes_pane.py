@@ -8,7 +8,6 @@ from typing import ClassVar
 import numpy as np
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.binding import Binding, BindingType
 from textual.widget import Widget
 from textual.widgets import DataTable
 
@@ -29,15 +28,6 @@ def best_rows(matrix: np.ndarray) -> list[int | None]:
         finite = np.isfinite(col)
         out.append(int(np.nanargmax(np.where(finite, col, -np.inf))) if finite.any() else None)
     return out
-
-
-class ProbeTable(DataTable):
-    """The accuracy table; Enter opens the probe detail of the layer under the cursor (the footer says so)."""
-
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("enter", "select_cursor", "Select", id="probes.select",
-                tooltip="Open the layer under the cursor: its readouts and the accuracy of a probe on each token"),
-    ]
 
 
 class ProbesPane(ViewPane):
