@@ -56,3 +56,9 @@ def test_pair_detail_snapshot(store, tmp_path, snap_compare):
 def test_no_colour_at_80x24_snapshot(store, tmp_path, snap_compare):
     app = make_app(store, tmp_path, color=ColorMode.NONE)
     assert snap_compare(app, terminal_size=(80, 24), run_before=opened_on("cka", "down", "right"))
+
+
+def test_256_colour_snapshot(store, tmp_path, snap_compare):
+    # tmux without COLORTERM (`vitsee-tui --color 256`): mid-range viridis stays blue-green, never xterm grey 242/243
+    app = make_app(store, tmp_path, color=ColorMode.COLORS_256)
+    assert snap_compare(app, terminal_size=SIZE, run_before=opened_on("cka", "down", "down", "right"))
