@@ -369,12 +369,6 @@ def monotone_match(target_rgb: np.ndarray, candidates_rgb: np.ndarray, min_step:
     return order[np.array(chain)[slot]]
 
 
-def chroma(rgb: np.ndarray) -> np.ndarray:
-    """Return CIELAB chroma C*ab (0 for greys) of uint8 sRGB colours (..., 3)."""
-    lab = _to_lab(rgb)
-    return np.hypot(lab[..., 1], lab[..., 2])
-
-
 def is_grey(rgb: np.ndarray) -> np.ndarray:
     """Return True for the colours (..., 3) whose red, green and blue are equal."""
     rgb = np.asarray(rgb)
