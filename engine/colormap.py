@@ -38,12 +38,25 @@ MISSING = -1  # the level of a NaN cell (a value not computed yet)
 ASCII_RAMP = " .:-=+*#%@"
 ASCII_MISSING = "?"
 
-# Smallest CIELAB lightness step between neighbouring distinct colours of a downgraded ramp. The 256
-# palette has colours to spare, so every level gets its own, 1 L* lighter than the last at least (a
-# larger step pulls 32-level ramps far off their hues); among the 16 ANSI colours several sit at almost
-# the same lightness (bright black and bright red differ by 0.1 L*), and a step of 5 keeps only those a
-# reader can still put in order: 9 of them.
+# Smallest CIELAB lightness step between neighbouring distinct colours of a downgraded ramp. In the 256
+# palette a level that changes colour gets one at least 1 L* lighter; among the 16 ANSI colours several
+# sit at almost the same lightness (bright black and bright red differ by 0.1 L*), and a step of 5 keeps
+# only those a reader can still put in order: 9 of them.
 MIN_LIGHTNESS_STEP = {"256": 1.0, "16": 5.0}
+
+# The xterm cube has 6 steps per channel, so only about a dozen of its entries lie near the viridis curve.
+# Giving each of 24-32 levels its own entry forced the ramp through greys and far hues (mid viridis went
+# to greys 242/243, magma and cividis crossed 90-100 degrees of hue); a level may instead repeat the
+# colour of the level below, at this cost in CIELAB Delta E (about one just-noticeable difference),
+# so that a new colour is taken whenever one is nearly as close.
+REPEAT_COST_256 = 3.0
+# A colour with at least this CIELAB chroma C*ab is never drawn as a grey (232-255, or the cube's equal-RGB
+# entries): the middle of cividis (C* under 6) is grey and may be, the middle of viridis (C* 25) is teal.
+GREY_CHROMA = 10.0
+# A heatmap is read by lightness first, so a lightness error counts 1.5 times in the ramp's Delta E:
+# with plain Delta E the darkest cividis level (L* 14) went to an entry at L* 38 and the ramp lost a
+# quarter of its range; at 1.5 it keeps it, and no level strays further in hue (at most 45 degrees).
+LIGHTNESS_WEIGHT = 1.5
 
 
 class ColorMode(str, Enum):
@@ -281,7 +294,7 @@ def palette(cmap: str = "viridis", levels: int = DEFAULT_LEVELS, mode: ColorMode
         colors = tuple("#{:02x}{:02x}{:02x}".format(*map(int, rgb)) for rgb in target)
         return Palette(mode, colors, target, chars)
     if mode is ColorMode.COLORS_256:
-        picks = monotone_match(target, XTERM_256_RGB, MIN_LIGHTNESS_STEP["256"])
+        picks = nearest_monotone_ramp(target, XTERM_256_RGB, MIN_LIGHTNESS_STEP["256"], REPEAT_COST_256)
         return Palette(mode, tuple(f"color({16 + i})" for i in picks), XTERM_256_RGB[picks], chars)
     if mode is ColorMode.COLORS_16:
         picks = monotone_match(target, ANSI_16_RGB, MIN_LIGHTNESS_STEP["16"])
@@ -331,7 +344,9 @@ def monotone_match(target_rgb: np.ndarray, candidates_rgb: np.ndarray, min_step:
     k = min(n, longest_chain(light, min_step))
     slot = np.arange(n) * k // n  # which step of the ramp each target level falls on
 
-    distance = np.linalg.norm(target_lab[:, None, :] - cand_lab[None, :, :], axis=-1)  # (n, m)
+    gap = target_lab[:, None, :] - cand_lab[None, :, :]  # (n, m, 3)
+    gap[..., 0] *= LIGHTNESS_WEIGHT
+    distance = np.linalg.norm(gap, axis=-1)  # (n, m)
     cost = np.zeros((k, len(cand_lab)))
     np.add.at(cost, slot, distance)  # (k, m): cost of putting candidate c at ramp step j
 
@@ -352,6 +367,53 @@ def monotone_match(target_rgb: np.ndarray, candidates_rgb: np.ndarray, min_step:
         chain.append(int(back[j, chain[-1]]))
     chain.reverse()
     return order[np.array(chain)[slot]]
+
+
+def is_grey(rgb: np.ndarray) -> np.ndarray:
+    """Return True for the colours (..., 3) whose red, green and blue are equal."""
+    rgb = np.asarray(rgb)
+    return rgb.max(axis=-1) == rgb.min(axis=-1)
+
+
+def nearest_monotone_ramp(target_rgb: np.ndarray, candidates_rgb: np.ndarray, min_step: float,
+                          repeat_cost: float) -> np.ndarray:
+    """Return, per target colour, the index of a candidate: the ramp nearest the targets in CIELAB (lightness
+    weighted by LIGHTNESS_WEIGHT) whose lightness never falls.
+
+    A level either repeats the candidate of the level below (paying `repeat_cost`) or takes one at least
+    `min_step` L* lighter. Targets with clear chroma (GREY_CHROMA) never take a grey candidate, however
+    close its lightness. Dynamic programming over the candidates sorted by lightness: the total Delta E
+    of the ramp is the least of all ramps that keep these rules.
+    """
+    target_lab, cand_lab = _to_lab(target_rgb), _to_lab(candidates_rgb)
+    order = np.argsort(cand_lab[:, 0], kind="stable")
+    cand_lab, light = cand_lab[order], cand_lab[order, 0]
+    gap = target_lab[:, None, :] - cand_lab[None, :, :]  # (n, m, 3)
+    gap[..., 0] *= LIGHTNESS_WEIGHT
+    distance = np.linalg.norm(gap, axis=-1)  # (n, m)
+    chromatic = np.hypot(target_lab[:, 1], target_lab[:, 2]) >= GREY_CHROMA
+    distance[np.ix_(chromatic, is_grey(np.asarray(candidates_rgb)[order]))] = np.inf
+
+    # the candidates at least min_step darker than candidate c are, by lightness, a prefix: [0, prefix_end[c])
+    prefix_end = np.searchsorted(light, light - min_step, side="right")  # (m,)
+    n, m = distance.shape
+    best = distance[0].copy()  # best[c]: least cost of levels 0..j with level j on candidate c
+    back = np.zeros((n, m), dtype=np.int64)
+    for j in range(1, n):
+        prefix_min, prefix_arg = np.minimum.accumulate(best), _running_argmin(best)
+        step_up = np.full(m, np.inf)
+        reachable = prefix_end > 0
+        step_up[reachable] = prefix_min[prefix_end[reachable] - 1]
+        repeat = best + repeat_cost
+        stays = repeat <= step_up  # on a tie keep the colour: fewer changes for the same fit
+        back[j] = np.where(stays, np.arange(m), prefix_arg[np.maximum(prefix_end - 1, 0)])
+        best = distance[j] + np.where(stays, repeat, step_up)
+    if not np.isfinite(best).any():  # a bug: the cube always has a non-grey entry at or above any lightness
+        raise RuntimeError("no monotone ramp exists for these candidates")
+    chain = [int(np.argmin(best))]
+    for j in range(n - 1, 0, -1):
+        chain.append(int(back[j, chain[-1]]))
+    return order[np.array(chain[::-1])]
 
 
 def _running_argmin(values: np.ndarray) -> np.ndarray:

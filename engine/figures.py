@@ -12,10 +12,14 @@ colour range and the colormap asked for:
 - spatial: one token's CKA map over the input patches with the token's own cell outlined (Fig. 9, 10), and
   a few other tokens' maps for comparison.
 
-Orientation: heatmaps whose rows are layers (cka, skip) put row 0 at the bottom left, as the paper does,
-so depth grows up and to the right. The terminal (`vitsee show`, the TUI) draws row 0 at the top because
-text is read top-down; both name every layer on the axis, so they read alike. Spatial maps are pictures
-of the input: grid row 0 is at the top everywhere.
+Orientation: heatmaps whose rows are layers (cka, skip, heads) put row 0 at the bottom left, as the paper
+does, so depth grows up and to the right. The terminal (`vitsee show`, the TUI) draws row 0 at the top
+because text is read top-down; both name every layer on the axis, and the figure's caption says which way
+up it is (ORIENTATION). Spatial maps are pictures of the input: grid row 0 is at the top everywhere.
+
+Every text lies inside the figure, whatever the names: titles, subtitles and captions are wrapped to the
+figure's width as the renderer measures them, and axes titles and axis labels longer than their axes are
+wrapped once the layout has placed the axes (`_fit_axes_texts`).
 
 A selection (row, col) is a cell of `view.matrix`: it is outlined (gid "selection") and its value written
 beside it; for attention the row picks the block of the histogram, for probes the layer of the token map,
@@ -24,7 +28,7 @@ for spatial the token whose map is drawn.
 from __future__ import annotations
 
 import math
-import textwrap
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +36,7 @@ from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import Colormap, LogNorm, Normalize
 from matplotlib.figure import Figure
+from matplotlib.font_manager import FontProperties
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import FuncFormatter
 
@@ -46,6 +51,13 @@ MARK = "#e8112d"  # the selection: a red that stands out on viridis, magma and c
 BAD = "0.85"  # cells not computed (NaN)
 NONFINITE = "#b2182b"  # cells computed from NaN/Inf inputs (View.nonfinite): drawn over the grey
 LINE_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd")  # readouts: categorical, unlike the heatmaps
+MARGIN_PT = 8  # kept clear at the left and right edges by the figure's own lines of text
+ORIENTATION = "layer 0 at the bottom, as in the paper; the app draws it at the top"
+WORD_BREAKS = "_.@:-/,;"  # where a name too long for a line is cut
+TICK_ROOM_PT = TICK_PT * 1.45  # along its axis, a layer's tick label needs this much room to stay apart
+MAX_LEGEND_BLOCKS = 12  # more blocks than this: a colour bar says which colour is which block
+# the layer labels each axis was given (_layer_ticks), thinned again once the layout has sized the axes
+_LAYER_LABELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def figure_for(view: View, selection: tuple[int, int] | None = None, cmap: str = "viridis") -> Figure:
@@ -55,13 +67,14 @@ def figure_for(view: View, selection: tuple[int, int] | None = None, cmap: str =
     fig = draw(view, selection, _colormap(cmap))
     note = view.nonfinite_note() if view.kind != "probes" else ""
     if note:  # under the axes: which cells are non-finite, in the figure itself
-        lines = textwrap.wrap(note, int(fig.get_figwidth() * 72 / (0.55 * TICK_PT)))
-        fig.text(0.01, 0.005, "\n".join(lines), fontsize=TICK_PT, color=NONFINITE, ha="left", va="bottom",
-                 gid="nonfinite-note")
+        lines = wrap_to_width(fig, note, TICK_PT)
+        fig.text(MARGIN_PT / 72 / fig.get_figwidth(), 0.005, "\n".join(lines), fontsize=TICK_PT, color=NONFINITE,
+                 ha="left", va="bottom", gid="nonfinite-note")
         engine = fig.get_layout_engine()
         left, bottom, width, height = engine.get()["rect"]
         room = (len(lines) * TICK_PT * 1.3 + 4) / (fig.get_figheight() * 72)
         engine.set(rect=(left, bottom + room, width, height - room))
+    _fit_axes_texts(fig)
     return fig
 
 
@@ -101,16 +114,18 @@ def _cka(view: View, selection, cmap: Colormap) -> Figure:
         r, c = selection
         _mark_cell(ax, r, c, f"{view.rows[r]} x {view.cols[c]}\n{view.value_name} {view.cell_text(r, c, 3)}"
                    f"{view.interval_text(r, c)}", toward=(n_cols / 2 - c, n_rows / 2 - r), cell_pt=330 / max(n_rows, n_cols))
-    _caption(fig, view, "hatched: not significant (p > 0.05)" if weak is not None and weak.any() else "")
+    _caption(fig, view, "hatched: not significant (p > 0.05)" if weak is not None and weak.any() else "",
+             orientation=True)
     return fig
 
 
-def _caption(fig: Figure, view: View, note: str = "") -> None:
-    """Writes under the figure what its intervals and p-values are (nothing when the result has none)."""
-    text = "; ".join(t for t in (view.interval_caption(), note) if t)
+def _caption(fig: Figure, view: View, note: str = "", orientation: bool = False) -> None:
+    """Writes under the figure which way up its layers are (heatmaps of layers), what its intervals and
+    p-values are, and `note`; nothing when there is nothing to say."""
+    text = "; ".join(t for t in (ORIENTATION if orientation else "", view.interval_caption(), note) if t)
     if text:
-        width = int(fig.get_figwidth() * 72 / (0.55 * CAPTION_PT))
-        fig.supxlabel("\n".join(textwrap.wrap(text, width)), fontsize=CAPTION_PT, color="0.3")
+        caption = fig.supxlabel("\n".join(wrap_to_width(fig, text, CAPTION_PT)), fontsize=CAPTION_PT, color="0.3")
+        caption.set_gid("caption")
 
 
 def _attention(view: View, selection, cmap: Colormap) -> Figure:
@@ -298,6 +313,7 @@ def _skip(view: View, selection, cmap: Colormap) -> Figure:
     curves.set_xlim(-0.5, n_rows - 0.5)
     curves.set_xlabel("sublayer" if n_cols > 1 else "block")
     curves.set_ylabel("||z|| / ||f(z)||")
+    _caption(fig, view, orientation=True)
     return fig
 
 
@@ -432,7 +448,17 @@ def _heads(view: View, selection, cmap: Colormap) -> Figure:
                    gid="selection")
     ax.set_xlabel("mean attention distance (px)")
     ax.set_ylabel(f"CKA with {view.models[-1]} {view.cols[col]}")
-    ax.legend(fontsize=TICK_PT, ncol=2 if len(blocks) > 6 else 1)
+    if len(blocks) <= MAX_LEGEND_BLOCKS:
+        ax.legend(fontsize=TICK_PT, ncol=2 if len(blocks) > 6 else 1)
+    else:  # a legend of 24 blocks is taller than the plot: the blocks' colours as a bar of block numbers
+        from matplotlib.cm import ScalarMappable
+        from matplotlib.colors import ListedColormap
+
+        bar = fig.colorbar(ScalarMappable(Normalize(-0.5, len(blocks) - 0.5), ListedColormap(colours)), ax=ax,
+                           label="block", shrink=0.85, pad=0.01)
+        ticks = np.arange(0, len(blocks), math.ceil(len(blocks) / 12))
+        bar.set_ticks(ticks, labels=[str(blocks[i]) for i in ticks])
+        bar.ax.tick_params(labelsize=TICK_PT)
     if not np.isfinite(distance).any():
         ax.text(0.5, 0.5, "no attention distances recorded", ha="center", va="center", transform=ax.transAxes)
 
@@ -450,6 +476,7 @@ def _heads(view: View, selection, cmap: Colormap) -> Figure:
         n_rows, n_cols = view.matrix.shape
         _mark_cell(heat, r, c, f"{view.rows[r]} x {view.cols[c]}\nCKA {_fmt(view.value(r, c))}",
                    toward=(n_cols / 2 - c, n_rows / 2 - r), cell_pt=280 / max(n_rows, n_cols))
+    _caption(fig, view, orientation=True)
     return fig
 
 
@@ -482,10 +509,8 @@ def _new_figure(view: View, size: tuple[float, float]) -> Figure:
     """Returns an empty Agg figure with the view's title and subtitle across the top."""
     fig = Figure(figsize=size, layout="constrained")
     FigureCanvasAgg(fig)
-    width_pt = size[0] * 72
-    # characters of a line: a glyph of the figure's sans-serif is about 0.55 of its point size wide
-    title = textwrap.wrap(view.title, int(width_pt / (0.6 * TITLE_PT))) or [""]
-    subtitle = textwrap.wrap(view.subtitle, int(width_pt / (0.55 * SUBTITLE_PT))) if view.subtitle else []
+    title = wrap_to_width(fig, view.title, TITLE_PT, weight="bold") or [""]
+    subtitle = wrap_to_width(fig, view.subtitle, SUBTITLE_PT)
     top_pt = 6
     for line in title:
         fig.text(0.5, 1 - (top_pt + TITLE_PT) / (size[1] * 72), line, ha="center", va="baseline",
@@ -499,10 +524,86 @@ def _new_figure(view: View, size: tuple[float, float]) -> Figure:
     return fig
 
 
+def wrap_to_width(fig: Figure, text: str, fontsize: float, width_px: float | None = None,
+                  weight: str = "normal") -> list[str]:
+    """Returns `text` cut into lines that each measure at most width_px (default: the figure's width less
+    MARGIN_PT on each side) in fig's renderer: at spaces, or inside a word too long for a line of its own.
+
+    Measured, not counted: a character count per line clipped subtitles of wide glyphs at both edges.
+    """
+    if width_px is None:
+        width_px = fig.bbox.width - 2 * MARGIN_PT * fig.dpi / 72
+    renderer = fig.canvas.get_renderer()
+    font = FontProperties(size=fontsize, weight=weight)
+
+    def fits(line: str) -> bool:
+        return renderer.get_text_width_height_descent(line, font, ismath=False)[0] <= width_px
+
+    lines: list[str] = []
+    for paragraph in text.split("\n"):
+        line = ""
+        for word in paragraph.split():
+            candidate = f"{line} {word}" if line else word
+            if fits(candidate):
+                line = candidate
+                continue
+            if line:
+                lines.append(line)
+            while not fits(word) and len(word) > 1:  # a word wider than a line (a model name): cut it
+                cut = max(1, next(i for i in range(1, len(word) + 1) if not fits(word[:i])) - 1)
+                # after its last '_', '.', '@', ... that fits, so that 'augreg_in21k' breaks as 'augreg_' 'in21k'
+                seps = [i + 1 for i, ch in enumerate(word[:cut]) if ch in WORD_BREAKS and i + 1 < cut]
+                cut = seps[-1] if seps and seps[-1] > cut // 3 else cut
+                lines.append(word[:cut])
+                word = word[cut:]
+            line = word
+        if line:
+            lines.append(line)
+    return lines
+
+
+def _fit_axes_texts(fig: Figure) -> None:
+    """Wraps every axes title and axis label that is longer than its axes (as laid out) onto more lines.
+
+    Runs the layout once to know each axes' size (lengths of texts need no positions, so nothing is drawn);
+    saving the figure lays it out again with the new lines.
+    """
+    fig.get_layout_engine().execute(fig)
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        box = ax.get_window_extent(renderer)
+        for axis, length_px in ((ax.xaxis, box.width), (ax.yaxis, box.height)):
+            if axis in _LAYER_LABELS:  # the first guess at the axis's length was too long: fewer labels
+                labels, rotate = _LAYER_LABELS[axis]
+                step = _tick_step(len(labels), length_px * 72 / fig.dpi)
+                ticks = axis.get_ticklocs()
+                if len(ticks) > 1 and step > ticks[1] - ticks[0]:
+                    _set_layer_ticks(axis, labels, rotate, step)
+        for text, room in ((ax.title, box.width), (ax.xaxis.label, box.width), (ax.yaxis.label, box.height)):
+            if not text.get_visible() or not text.get_text():
+                continue
+            extent = text.get_window_extent(renderer)
+            length = extent.height if text is ax.yaxis.label else extent.width
+            if length > room:
+                props = text.get_fontproperties()
+                text.set_text("\n".join(wrap_to_width(fig, text.get_text(), props.get_size_in_points(), room,
+                                                       weight=props.get_weight())))
+
+
 def _layer_ticks(axis, labels: list[str], room_in: float, rotate: bool = False) -> None:
-    """Labels every cell of an axis with its name, or every Nth when too many to read (first always)."""
-    fit = max(2, int(room_in * 72 / (TICK_PT * 1.45)))
-    step = max(1, math.ceil(len(labels) / fit))
+    """Labels every cell of an axis with its name, or every Nth when too many to read (first always).
+
+    `room_in` is a first guess at the axis's length; `_fit_axes_texts` thins again at its laid-out length."""
+    _LAYER_LABELS[axis] = (labels, rotate)
+    _set_layer_ticks(axis, labels, rotate, step=_tick_step(len(labels), room_in * 72))
+
+
+def _tick_step(n_labels: int, length_pt: float) -> int:
+    """Returns every how many cells a label goes on an axis length_pt long."""
+    return max(1, math.ceil(n_labels / max(2, int(length_pt / TICK_ROOM_PT))))
+
+
+def _set_layer_ticks(axis, labels: list[str], rotate: bool, step: int) -> None:
     ticks = np.arange(0, len(labels), step)
     axis.set_ticks(ticks, labels=[labels[i] for i in ticks], fontsize=TICK_PT)
     if rotate:

@@ -15,7 +15,7 @@ from PIL import Image
 from conftest import RESNET, VIT, run_cli
 from vitsee.engine.analyze import AnalyzeConfig
 from vitsee.engine.errors import VitseeError
-from vitsee.engine.figures import figure_for, spatial_centre_token, token_grid
+from vitsee.engine.figures import ORIENTATION, figure_for, spatial_centre_token, token_grid, wrap_to_width
 from vitsee.engine.export import write_view
 from vitsee.engine.views import View, load_view
 
@@ -288,3 +288,181 @@ def test_a_png_and_its_json_come_from_the_same_selection(views, tmp_path):
     payload = json.loads(write_view(view, tmp_path / "x.json", selection=(1, 4)).read_text())
     assert payload["selection"]["value"] == view.value(1, 4)
     assert (payload["selection"]["row_label"], payload["selection"]["col_label"]) == ("blocks.0", "blocks.3")
+
+
+# --- every text inside the figure (issue 13.11) -------------------------------------------------------
+
+LONG_A = "vit_large_patch16_384.augreg_in21k_ft_in1k@random"  # long timm names as a store keys them
+LONG_B = "resnetv2_152x2_bit.goog_in21k_ft_in1k@weights"
+STATS = {"ci": 0.95, "permutations": 199}
+
+
+def _subtitle(*models: str) -> str:
+    """The subtitle load_view writes: each model's weights, then the images."""
+    return ("; ".join(f"{m}: random init (seed 0)" for m in models)
+            + "; 2560 images of npz:/mnt/shared/Datasets/ImageNet/ILSVRC2012_VALIDATION_MAXRES_WITH_BOXES_AND_MASKS_FROM_THE_2026_RELABELLING_WMW.npz")
+
+
+def _names(prefix: str, n: int) -> list[str]:
+    return [f"{prefix}.{i}.attn.proj_drop_path" if i % 3 else f"{prefix}.{i}" for i in range(n)]
+
+
+def long_view(kind: str, n: int = 24) -> View:
+    """Returns a view of `kind` with long model and layer names and many layers (n), drawn from seeded noise."""
+    rng = np.random.default_rng(0)
+    if kind in ("cka", "ckax"):
+        rows, cols = _names("blocks", n), _names("stages.3.blocks", n + 13) if kind == "ckax" else _names("blocks", n)
+        models = [LONG_A, LONG_B] if kind == "ckax" else [LONG_A, LONG_A]
+        matrix = rng.uniform(0, 1, (len(rows), len(cols)))
+        title = f"CKA {LONG_A} (rows) x {LONG_B} (cols)" if kind == "ckax" else f"CKA {LONG_A}"
+        return View("cka", "cka:x", title, _subtitle(*dict.fromkeys(models)), matrix, rows, cols, "CKA", 0.0, 1.0,
+                    params={"stats": STATS}, extra={"n_batches": 4}, models=models, ci_low=matrix - 0.05,
+                    ci_high=matrix + 0.05, p_value=rng.uniform(0, 0.06, matrix.shape))
+    if kind == "attention":
+        blocks, heads, bins = _names("blocks", n), 16, 30
+        mean = np.sort(rng.uniform(10, 110, (n, heads)), axis=1)
+        counts = np.stack([rng.multinomial(2560 * heads, np.full(bins, 1 / bins)) for _ in range(n)])
+        extra = {"std_px": rng.uniform(1, 20, (n, heads)), "hist_counts": counts,
+                 "hist_edges": np.linspace(0, 120, bins + 1), "uniform_px": 85.3}
+        return View("attention", "attention:x", f"Mean attention distance {LONG_A}", _subtitle(LONG_A), mean, blocks,
+                    [f"head {h}" for h in range(heads)], "distance (px)", 0.0, 120.0, params={"n_images": 2560},
+                    extra=extra, models=[LONG_A], n_images=2560)
+    if kind == "probes":
+        layers = _names("blocks", n)
+        matrix = rng.uniform(0.1, 1.0, (n, 3))
+        maps = {layers[-1]: rng.uniform(0, 1, 1 + 14 * 14)}
+        extra = {"chance": 0.1, "token_maps": maps, "token_prefix": {layers[-1]: 1}, "grid": [14, 14]}
+        return View("probes", "probes:x", f"Linear probe test accuracy {LONG_A}", _subtitle(LONG_A), matrix, layers,
+                    ["CLS", "GAP", "tokens (mean)"], "accuracy", 0.0, 1.0, params={"n_train": 2048, "n_test": 512},
+                    extra=extra, models=[LONG_A])
+    if kind == "skip":
+        rows = [f"blocks.{i // 2}.{'attn' if i % 2 == 0 else 'mlp'}" for i in range(2 * n)]
+        cols = ["CLS"] + [f"token {t}" for t in range(196)]
+        matrix = rng.uniform(0.5, 40, (len(rows), len(cols)))
+        return View("skip", "skip:x", f"Skip-connection norm ratio ||z||/||f(z)|| {LONG_A}", _subtitle(LONG_A), matrix,
+                    rows, cols, "ratio", 0.5, 40.0, extra={"cls": matrix[:, 0], "spatial_mean": matrix[:, 1:].mean(1)},
+                    models=[LONG_A])
+    if kind == "spatial":
+        g = 14
+        tokens = [f"token {i} (row {i // g}, col {i % g})" for i in range(g * g)]
+        patches = [f"patch {i}" for i in range(g * g)]
+        return View("spatial", "spatial:x", f"Spatial localisation {LONG_A} blocks.23.attn.proj_drop_path",
+                    _subtitle(LONG_A), rng.uniform(0, 1, (g * g, g * g)), tokens, patches, "CKA", 0.0, 1.0,
+                    extra={"grid": [g, g]}, models=[LONG_A])
+    if kind == "heads":
+        n_heads = 12
+        rows = [f"blocks.{b}.head.{h}" for b in range(n) for h in range(n_heads)]
+        cols = _names("stages.3.blocks", n)
+        extra = {"distance_px": rng.uniform(5, 110, len(rows)), "block": np.repeat(np.arange(n), n_heads),
+                 "scatter_col": 3}
+        return View("heads", "heads:x", f"Head-level CKA {LONG_A} heads (rows) x {LONG_B} (cols)",
+                    _subtitle(LONG_A, LONG_B), rng.uniform(0, 1, (len(rows), len(cols))), rows, cols, "CKA", 0.0, 1.0,
+                    extra=extra, models=[LONG_A, LONG_B])
+    if kind == "erf":
+        layers = ["patch_embed", "blocks.7.attn.proj_drop_path", "blocks.15.mlp.fc2_with_a_long_name", "norm"]
+        maps = {layer: rng.uniform(0, 1, (96, 96)) ** 8 for layer in layers}
+        return View("erf", "erf:x", f"Effective receptive field {LONG_A} {layers[-1]}", _subtitle(LONG_A), maps["norm"],
+                    [str(i) for i in range(96)], [str(j) for j in range(96)], "ERF", 0.0, None,
+                    params={"layer": "norm"}, extra={"depth_layers": layers, "depth_maps": maps}, models=[LONG_A])
+    raise KeyError(kind)
+
+
+FIT_KINDS = ("cka", "ckax", "attention", "probes", "skip", "spatial", "heads", "erf")
+
+
+def drawn_texts(fig) -> list:
+    """Returns every non-empty visible Text the figure draws: figure texts, titles, axis labels, tick labels
+    inside the axis's view (matplotlib keeps labels of ticks it does not draw), legends, annotations."""
+    from matplotlib.text import Text
+
+    texts = []
+    for artist in fig.findobj(Text):
+        if not artist.get_visible() or not artist.get_text().strip():
+            continue
+        texts.append(artist)
+    drawn_ticks = set()
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            low, high = sorted(axis.get_view_interval())
+            for ticks in (axis.get_major_ticks(), axis.get_minor_ticks()):
+                for tick in ticks:
+                    if low - 1e-9 <= tick.get_loc() <= high + 1e-9:
+                        drawn_ticks.update((id(tick.label1), id(tick.label2)))
+    tick_labels = {id(t.label1) for ax in fig.axes for axis in (ax.xaxis, ax.yaxis)
+                   for t in axis.get_major_ticks() + axis.get_minor_ticks()}
+    tick_labels |= {id(t.label2) for ax in fig.axes for axis in (ax.xaxis, ax.yaxis)
+                    for t in axis.get_major_ticks() + axis.get_minor_ticks()}
+    return [t for t in texts if id(t) not in tick_labels or id(t) in drawn_ticks]
+
+
+def texts_outside(fig) -> list[str]:
+    """Returns '<text>: <extent>' for every drawn text whose window extent leaves the figure (1 px slack)."""
+    fig.canvas.draw()  # the layout engine places everything at draw time
+    renderer = fig.canvas.get_renderer()
+    box = fig.bbox
+    out = []
+    for text in drawn_texts(fig):
+        extent = text.get_window_extent(renderer)
+        if extent.x0 < box.x0 - 1 or extent.y0 < box.y0 - 1 or extent.x1 > box.x1 + 1 or extent.y1 > box.y1 + 1:
+            out.append(f"{text.get_text()[:60]!r}: x {extent.x0:.0f}..{extent.x1:.0f}, y {extent.y0:.0f}..{extent.y1:.0f}"
+                       f" of {box.width:.0f} x {box.height:.0f}")
+    return out
+
+
+@pytest.mark.parametrize("kind", FIT_KINDS)
+def test_every_text_of_a_figure_with_long_names_and_many_layers_lies_inside_it(kind):
+    view = long_view(kind)
+    for selection in (None, (view.matrix.shape[0] - 1, view.matrix.shape[1] - 1)):
+        outside = texts_outside(figure_for(view, selection=selection))
+        assert not outside, (selection, outside)
+
+
+@pytest.mark.parametrize("name", VIEWS)
+def test_every_text_of_the_stores_figures_lies_inside_them(views, name):
+    view = views[name]
+    assert not texts_outside(figure_for(view, selection=(view.matrix.shape[0] - 1, 0)))
+
+
+@pytest.mark.parametrize("kind", ["cka", "ckax", "skip", "heads"])
+def test_layer_heatmaps_say_in_their_caption_that_layer_0_is_at_the_bottom(kind):
+    fig = figure_for(long_view(kind, n=8))
+    (caption,) = with_gid(fig, "caption")
+    assert caption.get_text().replace("\n", " ").startswith(ORIENTATION)
+    heatmap = axes(fig, "heatmap")
+    assert heatmap.images[0].origin == "lower" and heatmap.get_ylim()[0] < heatmap.get_ylim()[1]
+
+
+@pytest.mark.parametrize("kind", ["attention", "probes", "spatial", "erf"])
+def test_figures_without_layer_rows_make_no_orientation_claim(kind):
+    assert not any(ORIENTATION in t.get_text().replace("\n", " ") for t in drawn_texts(figure_for(long_view(kind, n=8))))
+
+
+@pytest.mark.parametrize("kind", ["ckax", "skip", "heads"])
+def test_layer_tick_labels_of_a_crowded_heatmap_do_not_overlap(kind):
+    fig = figure_for(long_view(kind))
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    ax = axes(fig, "heatmap")
+    for axis in (ax.xaxis, ax.yaxis):
+        low, high = sorted(axis.get_view_interval())
+        labels = [t.label1 for t in axis.get_major_ticks() if low <= t.get_loc() <= high and t.label1.get_text()]
+        extents = [t.get_window_extent(renderer) for t in labels]
+        assert len(extents) >= 5
+        for a, b in zip(extents, extents[1:]):
+            gap = b.y0 - a.y1 if axis is ax.yaxis else b.x0 - a.x1
+            assert gap >= 0, (kind, [t.get_text() for t in labels])
+
+
+def test_wrapped_lines_measure_at_most_the_width_and_keep_every_character():
+    fig = figure_for(long_view("probes", n=4))
+    renderer = fig.canvas.get_renderer()
+    text = f"{LONG_A}: random init (seed 0); {LONG_B}_{LONG_A}_{LONG_B}; 2560 images of WWWWMMMM cifar10:/data/x"
+    from matplotlib.font_manager import FontProperties
+
+    for width in (120.0, 300.0):
+        lines = wrap_to_width(fig, text, 8, width)
+        assert len(lines) > 2
+        widths = [renderer.get_text_width_height_descent(line, FontProperties(size=8), ismath=False)[0] for line in lines]
+        assert max(widths) <= width
+        assert "".join(lines).replace(" ", "") == text.replace(" ", "")
+    assert wrap_to_width(fig, "short", 8, 300.0) == ["short"]

@@ -394,3 +394,9 @@ def test_snapshot_truecolor_fit(snap_compare):
 def test_snapshot_no_colour_fit(snap_compare):
     app = HeatmapApp(SNAP_MATRIX, SNAP_LABELS, SNAP_LABELS, color_mode="none", title="vit_b16 x vit_b16")
     assert snap_compare(app, press=["down", "down", "right"], terminal_size=(80, 24))
+
+
+def test_snapshot_256_colour_fit(snap_compare):
+    # tmux without COLORTERM: mid-range viridis must stay blue-green here, not turn grey (issue 13.3)
+    app = HeatmapApp(SNAP_MATRIX, SNAP_LABELS, SNAP_LABELS, color_mode="256", title="vit_b16 x vit_b16")
+    assert snap_compare(app, press=["down", "down", "right"], terminal_size=(80, 24))

@@ -71,3 +71,9 @@ def test_skip_token_detail_at_80x24_snapshot(store, tmp_path, snap_compare):
 def test_head_distance_detail_at_80x24_snapshot(store, tmp_path, snap_compare):
     app = make_app(store, tmp_path)
     assert snap_compare(app, terminal_size=(80, 24), run_before=opened_on("attention", "down", "right", "enter"))
+
+
+def test_256_colour_snapshot(store, tmp_path, snap_compare):
+    # tmux without COLORTERM (`vitsee-tui --color 256`): mid-range viridis stays blue-green, never xterm grey 242/243
+    app = make_app(store, tmp_path, color=ColorMode.COLORS_256)
+    assert snap_compare(app, terminal_size=SIZE, run_before=opened_on("cka", "down", "down", "right"))
