@@ -36,6 +36,7 @@ from .errors import VitseeError
 from .extract_plan import (DTYPES, ExtractConfig, ExtractResult, ModelPlan, Progress, ProgressFn, _check_disk, _estimate,
                            _release, plan)
 from .recorders import ActivationRecorder, HeadOutputRecorder, fp16_note
+from .run_config import run_record
 from .store import LayerSpec, Store
 from .writer import BatchWriter, NonfiniteLog, _Batch, _HostCopies, _StreamedBatch
 
@@ -180,12 +181,14 @@ def run_extraction(
             messages.append(note)
             emit(Progress("plan", message=note))
 
+        record = run_record(cfg, selection.images.spec, [(mp.record["spec"], mp.key) for mp in plans])
         if existing is None:
             if lock is None:
                 lock = store_mod.WriteLock(store_path)
             with store_mod.creating(store_path, overwrite=cfg.overwrite, lock=lock) as h5:
                 images = selection.images
                 store_mod.write_images(h5, images.spec, selection.indices, selection.labels, images.class_names, selection.shuffle_seed)
+                h5.attrs["run_config"] = store_mod._json(record)  # `vitsee extract STORE` resumes from it
                 if cfg.shard is not None:
                     h5.attrs["shard"] = store_mod._json(cfg.shard.__dict__)
                 for mp in plans:
@@ -197,7 +200,8 @@ def run_extraction(
         else:
             for mp in plans:
                 if mp.new:
-                    existing.add_model(mp.record, mp.layers, mp.stats, mp.input_shape, mp.batch_size, cfg.dtype)
+                    existing.add_model(mp.record, mp.layers, mp.stats, mp.input_shape, mp.batch_size, cfg.dtype,
+                                       run_config=record)
         run_pass = _streaming_pass if cfg.streaming else _extract_pass
         nonfinite = NonfiniteLog(store_path, plans, cfg.shard.start if cfg.shard is not None else 0)
         processed, bytes_written, cancelled = run_pass(existing, selection, plans, device, cfg, emit, cancel, nonfinite)
