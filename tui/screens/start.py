@@ -81,6 +81,10 @@ class StartScreen(Screen):
     def on_mount(self) -> None:
         self.action_rescan()
 
+    def on_screen_resume(self) -> None:
+        if self.is_mounted:  # back from a run or a store: a store may have been made or finished meanwhile
+            self.action_rescan()
+
     def action_rescan(self) -> None:
         stores = find_stores(self.options.folder)
         found = self.query("#stores")
@@ -88,6 +92,7 @@ class StartScreen(Screen):
             return
         option_list = found.first(OptionList)
         option_list.clear_options()
+        self.incomplete.clear()
         if stores:
             option_list.add_options([Option(store_line(p), id=str(p)) for p in stores])
             option_list.highlighted = 0
