@@ -100,9 +100,9 @@ def extract(
     --model, `vitsee extract STORE` finishes the run STORE records)."""
     from . import distributed
     from .distributed import is_secondary
-    from .extract import run_extraction
+    from .extract import resume_extraction, run_extraction
     from .extract_plan import ExtractConfig
-    from .run_config import plan_resume, resume_extraction
+    from .run_config import plan_resume
     from .threads import set_compute_threads
 
     quiet = quiet or is_secondary()  # under torchrun rank 0 speaks for the run

@@ -36,7 +36,7 @@ from .errors import VitseeError
 from .extract_plan import (DTYPES, ExtractConfig, ExtractResult, ModelPlan, Progress, ProgressFn, _check_disk, _estimate,
                            _release, plan)
 from .recorders import ActivationRecorder, HeadOutputRecorder, fp16_note
-from .run_config import run_record
+from .run_config import Resume, run_record
 from .store import LayerSpec, Store
 from .writer import BatchWriter, NonfiniteLog, _Batch, _HostCopies, _StreamedBatch
 
@@ -218,6 +218,25 @@ def run_extraction(
         emit(Progress("warning", message=warning))
     emit(Progress("done", done=processed, total=n, message=f"{processed} images in {seconds:.1f} s"))
     return ExtractResult(store_path, [mp.key for mp in plans], processed, seconds, bytes_written, cancelled, messages)
+
+
+def resume_extraction(resume: Resume, progress: ProgressFn | None = None, cancel: threading.Event | None = None,
+                      driver=None) -> ExtractResult:
+    """Returns the ExtractResult of the resumed run(s) (run_config.plan_resume), each run by driver
+    (run_extraction unless given, e.g. the torchrun one); cancelled when one was, the rest then not started."""
+    driver = driver or run_extraction
+    total = ExtractResult(resume.store, [], 0, 0.0, 0, messages=[resume.describe()])
+    for cfg in resume.configs:
+        result = driver(cfg, progress=progress, cancel=cancel)
+        total.models += result.models
+        total.images_processed += result.images_processed
+        total.seconds += result.seconds
+        total.bytes_written += result.bytes_written
+        total.messages += result.messages
+        if result.cancelled:
+            total.cancelled = True
+            break
+    return total
 
 
 def _loader(selection: Selection, group: Sequence[ModelPlan], batches: list[list[int]], device: torch.device,

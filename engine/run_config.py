@@ -5,16 +5,14 @@ everything `vitsee extract` was given that decides what is stored: the models' s
 absolute paths), the dataset (its canonical spec), the number of images and the shuffle seed, the batch size,
 the image size, the layers, the dtype and streaming; plus the device it ran on, which changes no stored value
 and which a resume may replace (loader workers are not recorded: the resuming machine picks its own). `vitsee extract STORE` with no model rebuilds the run
-from that record (`plan_resume`) and finishes its missing batches (`resume_extraction`), as the app's Resume
-does. Stores made before runs were recorded open as before; only resuming them needs the original command.
+from that record (`plan_resume`) and finishes its missing batches (`extract.resume_extraction`), as the
+app's Resume does. Stores made before runs were recorded open as before; only resuming them needs the original command.
 
 No torch at import: `vitsee info` reads records through this module.
 """
 from __future__ import annotations
 
 import shlex
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -110,6 +108,8 @@ def plan_resume(store: Path | str, given: dict | None = None, *, device: str | N
                           "store records; to start over, give the models again with --overwrite")
     with Store.open(path) as s:
         records = _records(s)
+        if not records and s.complete:  # an older store, or one stitched from torchrun shards: nothing to do
+            return Resume(path, s.n_images)
         if not records:
             models = " ".join(f"--model {s.model_info(k)['spec']}" for k in s.models)
             raise VitseeError(f"{path} records no run configuration (made by an older vitsee): resume it with the "
@@ -202,28 +202,3 @@ def _same(name: str, value, recorded, n_images: int) -> bool:
     if name == "streaming":
         return bool(value) == bool(recorded)
     return value == recorded
-
-
-ProgressFn = Callable[[object], None]
-
-
-def resume_extraction(resume: Resume, progress: ProgressFn | None = None, cancel: threading.Event | None = None,
-                      driver: Callable | None = None):
-    """Runs the resumed run(s) with driver (run_extraction unless given, e.g. the torchrun one); returns the
-    ExtractResult of all of them (cancelled when one was, the rest then not started)."""
-    from .extract import run_extraction
-    from .extract_plan import ExtractResult
-
-    driver = driver or run_extraction
-    total = ExtractResult(resume.store, [], 0, 0.0, 0, messages=[resume.describe()])
-    for cfg in resume.configs:
-        result = driver(cfg, progress=progress, cancel=cancel)
-        total.models += result.models
-        total.images_processed += result.images_processed
-        total.seconds += result.seconds
-        total.bytes_written += result.bytes_written
-        total.messages += result.messages
-        if result.cancelled:
-            total.cancelled = True
-            break
-    return total

@@ -234,5 +234,9 @@ def test_an_old_store_without_a_record_is_told_the_way_out_and_a_missing_one_too
                            f"command that made it, `vitsee extract {old} --model {VIT}` with its other options")
     code, out, _ = run_cli(["info", old], capsys)
     assert "incomplete (rerun the `vitsee extract` command that made it to resume)" in out.splitlines()[0]
+    with h5py.File(old, "r+") as f:  # an old store that is complete needs no record to say so
+        f[f"models/{VIT}/done"][:] = 1
+    code, _, err = run_cli(["extract", old], capsys)
+    assert code == 0 and err.strip() == f"{old} is complete: every model has all 48 images; nothing to resume"
     code, _, err = run_cli(["extract", tmp_path / "none.h5"], capsys)
     assert code == 2 and f"{tmp_path / 'none.h5'} does not exist: give --model NAME to create it" in err

@@ -83,7 +83,9 @@ class RunScreen(Screen):
         self.cancel_event = threading.Event()
         self.plan: RunPlan | None = None
         self.running = True  # False once the run ended cancelled or failed (a finished one opens the store)
-        self.resuming = False  # the next run resumes the store's recorded run
+        # the next run resumes the store's recorded run: set once an extraction stopped cancelled (it had made
+        # the store or its model files); otherwise (cancelled in training, failed in planning) the plan runs again
+        self.resuming = False
 
     def compose(self) -> ComposeResult:
         with Vertical(id="run"):
@@ -114,10 +116,9 @@ class RunScreen(Screen):
         self.query_one("#run-stage", Label).update("cancelling after the current batch \u2026")
 
     def action_resume(self) -> None:
-        """Runs again: the store's recorded run once the store exists, else the plan from the start."""
+        """Runs again: the store's recorded run once an extraction was cancelled, else the plan from the start."""
         if self.running:
             return
-        self.resuming = self.plan is not None and self.plan.store.exists()
         self.cancel_event = threading.Event()
         self._set_running(True)
         self.query_one("#run-stage", Label).update("resuming \u2026")
@@ -125,12 +126,10 @@ class RunScreen(Screen):
 
     def action_leave(self) -> None:
         """Back to the screen the run was started from (the start screen when it was the first)."""
-        if len(self.app.screen_stack) > 2:
-            self.app.pop_screen()
-            return
-        from vitsee.tui.screens.start import StartScreen
-
-        self.app.switch_screen(StartScreen(self.options))
+        first = len(self.app.screen_stack) <= 2  # started by `vitsee-tui --demo`: nothing below but the default
+        self.app.pop_screen()
+        if first:
+            self.app.show_start()
 
     def _set_running(self, running: bool) -> None:
         self.running = running
@@ -179,6 +178,7 @@ class RunScreen(Screen):
                 # then raised inside the app's event loop; heavy runs belong to `vitsee extract`
                 cfg = replace(cfg, workers=0)
             result = run_extraction(cfg, progress, self.cancel_event)
+            self.resuming = result.cancelled
         except VitseeError as exc:
             self.post_message(RunEnded(self.plan.store if self.plan else Path("."), error=str(exc)))
             return
@@ -192,7 +192,8 @@ class RunScreen(Screen):
 
     def _resume(self, store: Path, progress):
         """Returns the result of resuming the store's recorded run (None when it was complete already)."""
-        from vitsee.engine.run_config import plan_resume, resume_extraction
+        from vitsee.engine.extract import resume_extraction
+        from vitsee.engine.run_config import plan_resume
 
         # images decode in this process, as for a new run (see below)
         resume = plan_resume(store, workers=0)
