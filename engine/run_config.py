@@ -115,11 +115,11 @@ def plan_resume(store: Path | str, given: dict | None = None, *, device: str | N
             raise VitseeError(f"{path} records no run configuration (made by an older vitsee): resume it with the "
                               f"command that made it, `vitsee extract {path} {models}` with its other options")
         resume = Resume(path, s.n_images)
-        for record, _keys in records:
+        for record in records:
             _check_given(path, given, record, s.n_images)
-        claimed: set[str] = set()
-        for record, keys in records:
-            todo = _unfinished(s, record, keys, claimed)
+        claimed: set[str] = set()  # a model resumes with the run that made it, the first record naming it
+        for record in records:
+            todo = _unfinished(s, record, claimed)
             claimed |= {m["key"] for m in record["models"]}
             if todo:
                 for m in todo:
@@ -128,16 +128,12 @@ def plan_resume(store: Path | str, given: dict | None = None, *, device: str | N
     return resume
 
 
-def _records(s) -> list[tuple[dict, list[str]]]:
-    """Returns the store's run records, the one that made it first, each with the models stored under it."""
-    found: dict[str, tuple[dict, list[str]]] = {}
-    main = s.run_config()
-    if main is not None:
-        found[_key(main)] = (main, [])
-    for key in s.models:
-        record = s.run_config(key)
+def _records(s) -> list[dict]:
+    """Returns the store's distinct run records: the one that made it, then those of runs that added models."""
+    found: dict[str, dict] = {}
+    for record in [s.run_config(), *(s.run_config(key) for key in s.models)]:
         if record is not None:
-            found.setdefault(_key(record), (record, []))[1].append(key)
+            found.setdefault(_key(record), record)
     return list(found.values())
 
 
@@ -147,7 +143,7 @@ def _key(record: dict) -> str:
     return json.dumps(record, sort_keys=True)
 
 
-def _unfinished(s, record: dict, keys: list[str], claimed: set[str]) -> list[dict]:
+def _unfinished(s, record: dict, claimed: set[str]) -> list[dict]:
     """Returns the record's models with rows left to extract (a streaming run's pass needs all its models)."""
     todo = [m for m in record["models"] if m["key"] not in claimed
             and (m["key"] not in s.models or not s.is_complete(m["key"]))]
