@@ -78,8 +78,9 @@ def _progress_bar(quiet: bool):
 
 @app.command()
 def extract(
+    ctx: typer.Context,
     store: Annotated[Path, typer.Argument(help="HDF5 store to create, resume or append to")],
-    model: Annotated[list[str], typer.Option("--model", "-m", help="NAME[.TAG][@pretrained|@random[:SEED]|@PATH]; repeat for several")],
+    model: Annotated[list[str], typer.Option("--model", "-m", help="NAME[.TAG][@pretrained|@random[:SEED]|@PATH]; repeat for several; none: resume the run STORE records")] = [],  # noqa: B006
     dataset: Annotated[str, typer.Option(help="digits | samples | synthetic | imagefolder:PATH | cifar10:PATH | cifar100:PATH | npz:PATH")] = "samples",
     n_images: Annotated[Optional[int], typer.Option("--n-images", "-n", help="how many images (default: all)")] = None,
     batch_size: Annotated[int, typer.Option(help="images per forward pass and per stored chunk")] = 64,
@@ -95,27 +96,38 @@ def extract(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
     threads: Annotated[Optional[int], typer.Option(help="CPU compute threads (default: the usable cores other processes leave free)")] = None,
 ) -> None:
-    """Run models over images and store layer activations and per-image statistics (resumable)."""
+    """Run models over images and store layer activations and per-image statistics (resumable: with no
+    --model, `vitsee extract STORE` finishes the run STORE records)."""
     from . import distributed
     from .distributed import is_secondary
-    from .extract import run_extraction
+    from .extract import resume_extraction, run_extraction
     from .extract_plan import ExtractConfig
+    from .run_config import plan_resume
     from .threads import set_compute_threads
 
-    cfg = ExtractConfig(
-        store=store, models=model, dataset=dataset, n_images=n_images, batch_size=batch_size, device=device,
-        layers=layers, img_size=img_size, dtype=dtype, shuffle_seed=shuffle_seed, overwrite=overwrite,
-        force=force, workers=workers, streaming=streaming,
-    )
     quiet = quiet or is_secondary()  # under torchrun rank 0 speaks for the run
+    # under torchrun (WORLD_SIZE > 1) each process extracts a shard and rank 0 stitches them
+    driver = distributed.extract_sharded if distributed.current() is not None else run_extraction
+    if not model:
+        resume = plan_resume(store, _typed_options(ctx), device=_typed(ctx, "device", device), workers=workers, force=force)
+        if not quiet:
+            err.print(resume.describe(), highlight=False, soft_wrap=True)
+        if resume.complete:
+            return
+        run = lambda progress: resume_extraction(resume, progress=progress, driver=driver)  # noqa: E731
+    else:
+        cfg = ExtractConfig(
+            store=store, models=model, dataset=dataset, n_images=n_images, batch_size=batch_size, device=device,
+            layers=layers, img_size=img_size, dtype=dtype, shuffle_seed=shuffle_seed, overwrite=overwrite,
+            force=force, workers=workers, streaming=streaming,
+        )
+        run = lambda progress: driver(cfg, progress=progress)  # noqa: E731
     set_compute_threads(threads)
     on_event, bar = _progress_bar(quiet)
     try:
-        # under torchrun (WORLD_SIZE > 1) each process extracts a shard and rank 0 stitches them
-        sharded = distributed.current() is not None
-        result = (distributed.extract_sharded if sharded else run_extraction)(cfg, progress=on_event)
+        result = run(on_event)
     except KeyboardInterrupt:
-        err.print("interrupted: finished batches are kept; rerun the same command to resume", highlight=False)
+        err.print(f"interrupted: finished batches are kept; resume with `vitsee extract {store}`", highlight=False)
         raise typer.Exit(130) from None
     finally:
         if isinstance(bar, _NoBar) or bar.live.is_started:
@@ -126,6 +138,21 @@ def extract(
             f"wrote {result.store}: {', '.join(result.models)}; {result.images_processed} images in "
             f"{result.seconds:.1f} s ({rate:.1f} img/s)", highlight=False,
         )
+
+
+def _typed(ctx: typer.Context, name: str, value):
+    """Returns value if the user typed the option (or set it in the environment), else None."""
+    source = ctx.get_parameter_source(name)  # typer's own copy of click's ParameterSource: compare by name
+    return None if source is None or source.name == "DEFAULT" else value
+
+
+def _typed_options(ctx: typer.Context) -> dict:
+    """Returns {flag: value} of the options a resume checks against the store's record that the user typed."""
+    from .run_config import RECORDED_OPTIONS
+
+    typed = {flag: _typed(ctx, name, ctx.params[name]) for flag, name in RECORDED_OPTIONS.items()}
+    typed["--overwrite"] = _typed(ctx, "overwrite", ctx.params["overwrite"])
+    return {flag: value for flag, value in typed.items() if value is not None}
 
 
 def _train_bar(quiet: bool):
@@ -221,12 +248,20 @@ def train(
 @app.command()
 def info(store: Annotated[Path, typer.Argument(help="a store made by `vitsee extract`")]) -> None:
     """Print what a store holds: images, models, layers with shapes and sizes, statistics, results."""
+    from rich.markup import escape
+
     from .init_notes import random_init_note
+    from .run_config import command_line
     from .store import Store, human_bytes
 
     with Store.open(store) as s:
-        status = "complete" if s.complete else "[yellow]incomplete[/] (rerun the same `vitsee extract` to resume)"
-        out.print(f"[bold]{store}[/]  {human_bytes(store.stat().st_size)} on disk, {status}")
+        record = s.run_config()
+        resume = (f"resume it with `vitsee extract {store}`" if record is not None
+                  else "rerun the `vitsee extract` command that made it to resume")
+        status = "complete" if s.complete else f"[yellow]incomplete[/] ({escape(resume)})"
+        out.print(f"[bold]{escape(str(store))}[/]  {human_bytes(store.stat().st_size)} on disk, {status}", highlight=False)
+        if record is not None:
+            out.print(f"made by: {escape(command_line(store, record))}", highlight=False)
         side = s.files_beside()
         if side["files"]:
             out.print(f"beside it in {s.sidecar.name}/: {side['models']} appended model file(s), {side['results']} cached "

@@ -36,6 +36,7 @@ from .errors import VitseeError
 from .extract_plan import (DTYPES, ExtractConfig, ExtractResult, ModelPlan, Progress, ProgressFn, _check_disk, _estimate,
                            _release, plan)
 from .recorders import ActivationRecorder, HeadOutputRecorder, fp16_note
+from .run_config import Resume, run_record
 from .store import LayerSpec, Store
 from .writer import BatchWriter, NonfiniteLog, _Batch, _HostCopies, _StreamedBatch
 
@@ -180,12 +181,14 @@ def run_extraction(
             messages.append(note)
             emit(Progress("plan", message=note))
 
+        record = run_record(cfg, selection.images.spec, [(mp.record["spec"], mp.key) for mp in plans])
         if existing is None:
             if lock is None:
                 lock = store_mod.WriteLock(store_path)
             with store_mod.creating(store_path, overwrite=cfg.overwrite, lock=lock) as h5:
                 images = selection.images
                 store_mod.write_images(h5, images.spec, selection.indices, selection.labels, images.class_names, selection.shuffle_seed)
+                h5.attrs["run_config"] = store_mod._json(record)  # `vitsee extract STORE` resumes from it
                 if cfg.shard is not None:
                     h5.attrs["shard"] = store_mod._json(cfg.shard.__dict__)
                 for mp in plans:
@@ -197,7 +200,8 @@ def run_extraction(
         else:
             for mp in plans:
                 if mp.new:
-                    existing.add_model(mp.record, mp.layers, mp.stats, mp.input_shape, mp.batch_size, cfg.dtype)
+                    existing.add_model(mp.record, mp.layers, mp.stats, mp.input_shape, mp.batch_size, cfg.dtype,
+                                       run_config=record)
         run_pass = _streaming_pass if cfg.streaming else _extract_pass
         nonfinite = NonfiniteLog(store_path, plans, cfg.shard.start if cfg.shard is not None else 0)
         processed, bytes_written, cancelled = run_pass(existing, selection, plans, device, cfg, emit, cancel, nonfinite)
@@ -214,6 +218,25 @@ def run_extraction(
         emit(Progress("warning", message=warning))
     emit(Progress("done", done=processed, total=n, message=f"{processed} images in {seconds:.1f} s"))
     return ExtractResult(store_path, [mp.key for mp in plans], processed, seconds, bytes_written, cancelled, messages)
+
+
+def resume_extraction(resume: Resume, progress: ProgressFn | None = None, cancel: threading.Event | None = None,
+                      driver=None) -> ExtractResult:
+    """Returns the ExtractResult of the resumed run(s) (run_config.plan_resume), each run by driver
+    (run_extraction unless given, e.g. the torchrun one); cancelled when one was, the rest then not started."""
+    driver = driver or run_extraction
+    total = ExtractResult(resume.store, [], 0, 0.0, 0, messages=[resume.describe()])
+    for cfg in resume.configs:
+        result = driver(cfg, progress=progress, cancel=cancel)
+        total.models += result.models
+        total.images_processed += result.images_processed
+        total.seconds += result.seconds
+        total.bytes_written += result.bytes_written
+        total.messages += result.messages
+        if result.cancelled:
+            total.cancelled = True
+            break
+    return total
 
 
 def _loader(selection: Selection, group: Sequence[ModelPlan], batches: list[list[int]], device: torch.device,

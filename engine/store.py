@@ -1,7 +1,8 @@
 """The HDF5 store: one file per run holding images, per-model activations and statistics, and results.
 
 Layout
-    /                      attrs: vitsee_format, created, versions
+    /                      attrs: vitsee_format, created, versions, run_config (json: the `vitsee extract` run that
+                           made the store, see run_config.py; absent in stores made before it was recorded)
     /images/index          (N,) int64   which images of the dataset, in run order
     /images/label          (N,) int64   -1 where the dataset has no labels
                            attrs: dataset (canonical spec), shuffle_seed, class_names (json)
@@ -32,7 +33,7 @@ again except in place:
                             built under a temporary name and renamed into place; attrs: store_id (random hex)
     STORE.d/lock            the one-writer lock (see store_lock.py)
     STORE.d/models/K.h5     a model appended later (K = its key, %-quoted): the group layout above at the file's
-                            root, attrs store_id and order; allocated in full under a temporary name, then renamed
+                            root, attrs store_id, order and run_config (the run that added it); allocated in full under a temporary name, then renamed
     STORE.d/results/A/I.h5  one cached result of analysis A (I = hash of its parameters): arrays at the root,
                             attrs params, provenance, store_id; written under a temporary name, then renamed
 Every data array a run fills is allocated in full when its file is made (HDF5 early allocation, and the
@@ -511,6 +512,15 @@ class Store:
         info.update(batch_size=int(group.attrs["batch_size"]), dtype=str(group.attrs["dtype"]))
         return info
 
+    def run_config(self, model: str | None = None) -> dict | None:
+        """Returns the recorded configuration of the run that made the store (or that added `model` to it),
+        None for a store made before runs were recorded (see run_config.py)."""
+        attrs = self.file.attrs
+        if model is not None and self.resolve_model(model) in self._open_files:
+            attrs = self._open_files[self.resolve_model(model)].attrs
+        text = attrs.get("run_config")
+        return None if text is None else json.loads(text)
+
     def layers(self, model: str) -> list[str]:
         """Returns the stored layer names in forward order."""
         return json.loads(self._model(model).attrs["layers"])
@@ -604,7 +614,8 @@ class Store:
             if done < self.n_images:
                 raise VitseeError(
                     f"{self.path}: {m} has {done} of {self.n_images} images extracted (the run was interrupted): "
-                    "rerun the same `vitsee extract` command to resume"
+                    + (f"resume it with `vitsee extract {self.path}`" if self.run_config(m) is not None
+                       else "rerun the same `vitsee extract` command to resume")
                 )
 
     def activations(self, model: str, layer: str, rows: slice | np.ndarray | None = None) -> np.ndarray:
@@ -838,11 +849,15 @@ class Store:
         input_shape: tuple[int, ...],
         batch_size: int,
         dtype: str,
+        run_config: dict | None = None,
     ) -> str:
         """Adds a model to the store as a file of its own beside it (STORE.d/models), every array allocated
-        and its blocks reserved before it is renamed into place; returns its key."""
+        and its blocks reserved before it is renamed into place; returns its key. run_config: the record of
+        the run adding it, so that run can be resumed from the store alone."""
 
         def fill(f: h5py.File, order: int) -> None:
+            if run_config is not None:
+                f.attrs["run_config"] = _json(run_config)
             fill_model_group(f, record, layers, stats, input_shape, batch_size, dtype, self.n_images, order=order,
                              streaming=self.streaming)
             f.flush()

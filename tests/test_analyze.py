@@ -193,7 +193,7 @@ def test_an_incomplete_store_is_refused_with_the_way_out(store, tmp_path, capsys
     with Store.open(cut) as s:
         assert not s.complete and s.rows_done(VIT) == 16
     code, _, err = run_cli(["analyze", cut, "--cka", "--quiet"], capsys)
-    assert code == 2 and "16 of 48 images" in err and "rerun the same `vitsee extract`" in err
+    assert code == 2 and "16 of 48 images" in err and f"resume it with `vitsee extract {cut}`" in err
 
 
 @pytest.mark.parametrize(

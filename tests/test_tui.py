@@ -334,7 +334,7 @@ async def test_an_incomplete_store_says_how_far_extraction_got_and_how_to_resume
     app = make_app(path, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
-        message = "extraction incomplete: 32 of 48 images; rerun vitsee extract to resume"
+        message = f"extraction incomplete: 32 of 48 images; R resumes it (or `vitsee extract {path}`)"
         assert (message, "error") in notifications(app)
         await pilot.press("a")  # the ResNet's views say it too instead of failing
         await settle(pilot)

@@ -41,6 +41,8 @@ class VitseeApp(App):
         Binding("question_mark", "help", "Help", id="app.help", tooltip="List the keys that work here"),
         Binding("ctrl+p", "command_palette", "Commands", show=False, id="app.command_palette",
                 tooltip="Open the command palette: open store, switch view or models, export, zoom"),
+        Binding("R", "resume", "Resume", id="app.resume",
+                tooltip="Resume the open store's interrupted extraction (as `vitsee extract STORE` does)"),
     ]
 
     def __init__(self, store: Path | None = None, *, options: AppOptions | None = None, demo: bool = False,
@@ -92,6 +94,38 @@ class VitseeApp(App):
             self.switch_screen(screen)
         else:
             self.push_screen(screen)
+
+    def resume_store(self, path: Path) -> None:
+        """Resume the run a store records (an interrupted extraction) in a run screen over this one."""
+        from vitsee.tui.screens.run import RunPlan, RunScreen
+
+        def prepare() -> RunPlan:  # in the run's worker
+            from vitsee.engine.analyze import AnalyzeConfig
+
+            return RunPlan(None, AnalyzeConfig(device=self.options.device), resume=Path(path))
+
+        self.push_screen(RunScreen(self.options, prepare, f"Resuming the extraction into {path}"))
+
+    def _incomplete_store(self) -> Path | None:
+        """Returns the path of the store the explorer shows when its extraction is unfinished, else None."""
+        from vitsee.tui.screens.explorer import ExplorerScreen
+
+        screen = self.screen
+        summary = getattr(screen, "summary", None) if isinstance(screen, ExplorerScreen) else None
+        if summary is None or not summary.models or all(m.rows_done >= summary.n_images for m in summary.models):
+            return None
+        return screen.path
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Resume shows on an explorer of an incomplete store only."""
+        if action == "resume":
+            return self._incomplete_store() is not None
+        return True
+
+    def action_resume(self) -> None:
+        path = self._incomplete_store()
+        if path is not None:
+            self.resume_store(path)
 
     def open_demo(self) -> None:
         from vitsee.tui import demo

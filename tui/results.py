@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # the engine pulls in torch (seconds): imported by the worker
     from vitsee.engine.views import View
 
 StepFn = Callable[["Step"], None]
-INCOMPLETE_HINT = "rerun vitsee extract to resume"
+INCOMPLETE_HINT = "R resumes it"  # the app's Resume (app.py), the engine call of `vitsee extract STORE`
 
 
 @dataclass
@@ -79,7 +79,8 @@ class StoreSummary:
         if not unfinished:
             return None
         m = min(unfinished, key=lambda m: m.rows_done)
-        return f"extraction incomplete: {m.rows_done} of {self.n_images} images; {INCOMPLETE_HINT}"
+        return (f"extraction incomplete: {m.rows_done} of {self.n_images} images; {INCOMPLETE_HINT} "
+                f"(or `vitsee extract {self.path}`)")
 
 
 def weights_text(weights: dict) -> str:

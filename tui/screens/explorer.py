@@ -34,7 +34,7 @@ from vitsee.tui.messages import (
     ViewLoaded,
 )
 from vitsee.tui.options import COLORMAPS, AppOptions
-from vitsee.tui.results import Cancelled, StoreSummary, export_view, read_summary, read_view
+from vitsee.tui.results import INCOMPLETE_HINT, Cancelled, StoreSummary, export_view, read_summary, read_view
 from vitsee.tui.widgets.attention_pane import AttentionPane
 from vitsee.tui.widgets.cka_pane import CkaPane
 from vitsee.tui.widgets.erf_pane import ErfPane
@@ -266,7 +266,7 @@ class ExplorerScreen(Screen):
             m = summary.model(key)
             if m.rows_done < summary.n_images:
                 return None, (f"{key}: extraction incomplete: {m.rows_done} of {summary.n_images} images; "
-                              "rerun vitsee extract to resume")
+                              f"{INCOMPLETE_HINT} (or `vitsee extract {self.path}`)")
         model = summary.model(a)
         if kind == "cka":
             return (f"cka:{a}:{b}" if b and b != a else f"cka:{a}"), ""

@@ -1,7 +1,8 @@
 """An extraction running in a thread worker: what it plans (size on disk), loading, images done; cancellable.
 
 When it ends the store opens in the explorer, which then caches every view in the background, so views
-fill in as their results arrive. A cancelled run keeps its finished batches: running it again resumes.
+fill in as their results arrive. A cancelled run keeps its finished batches: r resumes it here (the engine call
+of `vitsee extract STORE`, from the run the store records) and Esc goes back to where the run was started.
 """
 
 from __future__ import annotations
@@ -35,15 +36,21 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class RunPlan:
-    """What to extract, how to analyse it afterwards, and a note for the explorer (the demo's weights)."""
+    """What to extract (a config, or a store whose recorded run to resume), how to analyse it afterwards,
+    and a note for the explorer (the demo's weights)."""
 
-    config: ExtractConfig
+    config: ExtractConfig | None
     analysis: AnalyzeConfig
     note: str | None = None
     reuse_complete: bool = False  # open an existing complete store as it is (the demo)
     # work before the extraction (the demo trains its models): called with a progress callback for engine
     # TrainEvents and the cancel event
     before: Callable[[Callable, threading.Event], None] | None = None
+    resume: Path | None = None  # resume the run this store records, as `vitsee extract STORE` does
+
+    @property
+    def store(self) -> Path:
+        return Path(self.resume if self.config is None else self.config.store)
 
 
 class RunScreen(Screen):
@@ -51,7 +58,10 @@ class RunScreen(Screen):
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("x,escape", "cancel", "Cancel", id="run.cancel",
-                tooltip="Stop after the current batch; finished batches are kept and a rerun resumes"),
+                tooltip="Stop after the current batch; finished batches are kept and r resumes"),
+        Binding("r", "resume", "Resume", id="run.resume",
+                tooltip="Resume the stopped run: extract the batches it has not finished"),
+        Binding("escape", "leave", "Back", id="run.back", tooltip="Leave the stopped run: back to where it was started"),
     ]
 
     DEFAULT_CSS = """
@@ -72,6 +82,10 @@ class RunScreen(Screen):
         self.title_text = title
         self.cancel_event = threading.Event()
         self.plan: RunPlan | None = None
+        self.running = True  # False once the run ended cancelled or failed (a finished one opens the store)
+        # the next run resumes the store's recorded run: set once an extraction stopped cancelled (it had made
+        # the store or its model files); otherwise (cancelled in training, failed in planning) the plan runs again
+        self.resuming = False
 
     def compose(self) -> ComposeResult:
         with Vertical(id="run"):
@@ -87,11 +101,39 @@ class RunScreen(Screen):
     def on_unmount(self) -> None:
         self.cancel_event.set()  # quitting mid-run: stop at the next batch, keep what is written
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Cancel while the run goes; Resume and Back once it stopped."""
+        if action == "cancel":
+            return self.running
+        if action in ("resume", "leave"):
+            return not self.running
+        return True
+
     def action_cancel(self) -> None:
         if self.cancel_event.is_set():
             return
         self.cancel_event.set()
         self.query_one("#run-stage", Label).update("cancelling after the current batch \u2026")
+
+    def action_resume(self) -> None:
+        """Runs again: the store's recorded run once an extraction was cancelled, else the plan from the start."""
+        if self.running:
+            return
+        self.cancel_event = threading.Event()
+        self._set_running(True)
+        self.query_one("#run-stage", Label).update("resuming \u2026")
+        self._run()
+
+    def action_leave(self) -> None:
+        """Back to the screen the run was started from (the start screen when it was the first)."""
+        first = len(self.app.screen_stack) <= 2  # started by `vitsee-tui --demo`: nothing below but the default
+        self.app.pop_screen()
+        if first:
+            self.app.show_start()
+
+    def _set_running(self, running: bool) -> None:
+        self.running = running
+        self.refresh_bindings()
 
     @work(thread=True, group="run", exit_on_error=False)
     def _run(self) -> None:
@@ -101,10 +143,21 @@ class RunScreen(Screen):
             from vitsee.engine.threads import set_compute_threads
 
             set_compute_threads()  # the free cores, as `vitsee extract` takes them
-            plan = self.plan = self.prepare()
+            first = self.plan is None
+            plan = self.plan = self.plan or self.prepare()
+
+            def progress(event: Progress) -> None:
+                self.post_message(RunEvent(event.stage, event.done, event.total, event.message))
+
+            if plan.config is None or self.resuming:
+                result = self._resume(plan.store, progress)
+                if result is not None and not worker.is_cancelled:
+                    self.post_message(RunEnded(result.store, cancelled=result.cancelled))
+                return
             cfg = plan.config
-            self.post_message(RunEvent("plan", text=f"store {cfg.store}"))
-            if plan.note:
+            if first:
+                self.post_message(RunEvent("plan", text=f"store {cfg.store}"))
+            if plan.note and first:
                 self.post_message(RunEvent("plan", text=plan.note))
             if plan.reuse_complete and Path(cfg.store).exists():
                 summary = read_summary(cfg.store)
@@ -116,10 +169,8 @@ class RunScreen(Screen):
             if plan.before is not None:
                 plan.before(self._post_train_event, self.cancel_event)
                 if self.cancel_event.is_set():
+                    self.post_message(RunEnded(Path(cfg.store), cancelled=True))
                     return
-
-            def progress(event: Progress) -> None:
-                self.post_message(RunEvent(event.stage, event.done, event.total, event.message))
 
             if cfg.workers is None:
                 # images decode in this process: a loader worker forked from the app (Textual's and torch's
@@ -127,16 +178,30 @@ class RunScreen(Screen):
                 # then raised inside the app's event loop; heavy runs belong to `vitsee extract`
                 cfg = replace(cfg, workers=0)
             result = run_extraction(cfg, progress, self.cancel_event)
+            self.resuming = result.cancelled
         except VitseeError as exc:
-            self.post_message(RunEnded(Path(self.plan.config.store) if self.plan else Path("."), error=str(exc)))
+            self.post_message(RunEnded(self.plan.store if self.plan else Path("."), error=str(exc)))
             return
         except Exception as exc:  # a bug: one line, the traceback in the log
             log.exception("extraction")
-            self.post_message(RunEnded(Path(self.plan.config.store) if self.plan else Path("."),
+            self.post_message(RunEnded(self.plan.store if self.plan else Path("."),
                                        error=f"extraction failed: {brief(exc)}"))
             return
         if not worker.is_cancelled:
             self.post_message(RunEnded(result.store, cancelled=result.cancelled))
+
+    def _resume(self, store: Path, progress):
+        """Returns the result of resuming the store's recorded run (None when it was complete already)."""
+        from vitsee.engine.extract import resume_extraction
+        from vitsee.engine.run_config import plan_resume
+
+        # images decode in this process, as for a new run (see below)
+        resume = plan_resume(store, workers=0)
+        self.post_message(RunEvent("plan", text=resume.describe()))
+        if resume.complete:
+            self.post_message(RunEnded(store))
+            return None
+        return resume_extraction(resume, progress, self.cancel_event)
 
     def _post_train_event(self, event) -> None:
         """Posts an engine TrainEvent as a RunEvent: 'train' steps move the bar, epochs and plans are log lines."""
@@ -170,15 +235,22 @@ class RunScreen(Screen):
 
     def on_run_ended(self, message: RunEnded) -> None:
         if message.error:
+            self._set_running(False)
             self.query_one("#run-stage", Label).update(message.error)
             self.query_one(RichLog).write(f"error: {message.error}")
             self.notify(message.error, severity="error", timeout=12)
             return
         if message.cancelled:
-            text = f"cancelled: finished batches are kept in {message.store}; run it again to resume"
+            self._set_running(False)
+            text = f"cancelled: finished batches are kept in {message.store}; r resumes, Esc goes back"
             self.query_one("#run-stage", Label).update(text)
+            self.query_one(RichLog).write(text)
             self.notify(text, severity="warning", timeout=10)
             return
         plan = self.plan
+        stack = self.app.screen_stack
+        below = stack[-2] if len(stack) > 2 else None
+        if getattr(below, "path", None) == message.store:  # resumed from that store's explorer: replace it
+            self.app.pop_screen()
         self.app.open_store(message.store, analyse_all=True, analysis=plan.analysis if plan else None,
                             note=plan.note if plan else None, replace=True)

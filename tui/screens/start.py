@@ -1,4 +1,5 @@
-"""The start screen: the stores in the current folder (newest first), a path to open, a new run, the demo."""
+"""The start screen: the stores in the current folder (newest first, an interrupted one marked and resumable
+with R), a path to open, a new run, the demo."""
 
 from __future__ import annotations
 
@@ -6,14 +7,15 @@ import time
 from pathlib import Path
 from typing import ClassVar
 
-from textual import on
+from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Input, Label, OptionList
-from textual.widgets.option_list import Option
+from textual.widgets.option_list import Option, OptionDoesNotExist
 
+from vitsee.engine.errors import VitseeError
 from vitsee.engine.store import human_bytes
 from vitsee.tui.options import AppOptions
 
@@ -40,6 +42,8 @@ class StartScreen(Screen):
         Binding("n", "new_run", "New run", id="start.new_run", tooltip="Extract a new store: models, images, layers"),
         Binding("d", "demo", "Demo", id="start.demo", tooltip="Open the demo store (built on first use)"),
         Binding("r", "rescan", "Rescan", id="start.rescan", tooltip="Look for stores in the folder again"),
+        Binding("R", "resume", "Resume", id="start.resume",
+                tooltip="Resume the highlighted store's interrupted extraction (as `vitsee extract STORE` does)"),
         Binding("escape", "back", "Back", show=False, id="start.back", tooltip="Back to the store that was open"),
     ]
 
@@ -60,6 +64,7 @@ class StartScreen(Screen):
     def __init__(self, options: AppOptions) -> None:
         super().__init__()
         self.options = options
+        self.incomplete: set[str] = set()  # option ids (paths) of stores whose extraction is unfinished
 
     def compose(self) -> ComposeResult:
         with Vertical(id="start"):
@@ -76,6 +81,10 @@ class StartScreen(Screen):
     def on_mount(self) -> None:
         self.action_rescan()
 
+    def on_screen_resume(self) -> None:
+        if self.is_mounted:  # back from a run or a store: a store may have been made or finished meanwhile
+            self.action_rescan()
+
     def action_rescan(self) -> None:
         stores = find_stores(self.options.folder)
         found = self.query("#stores")
@@ -83,13 +92,58 @@ class StartScreen(Screen):
             return
         option_list = found.first(OptionList)
         option_list.clear_options()
+        self.incomplete.clear()
         if stores:
             option_list.add_options([Option(store_line(p), id=str(p)) for p in stores])
             option_list.highlighted = 0
             option_list.focus()
+            self._mark_incomplete(stores)
         else:
             option_list.add_option(Option("no .h5 stores here: start a new run (n) or open the demo (d)", disabled=True))
             self.query_one("#new-run", Button).focus()
+
+    @work(thread=True, exclusive=True, group="store-status", exit_on_error=False)
+    def _mark_incomplete(self, stores: list[Path]) -> None:
+        """Reads each store's done rows (h5py, off the event loop) and marks the unfinished ones."""
+        from vitsee.engine.store import Store
+
+        for path in stores:
+            try:
+                with Store.open(path) as s:
+                    done = min((s.rows_done(m) for m in s.models), default=s.n_images)
+                    n = s.n_images
+            except (VitseeError, OSError):  # not a store, or being replaced: listed as it is
+                continue
+            if done < n:
+                self.app.call_from_thread(self._mark, path, f"incomplete {done}/{n}, R resumes")
+
+    def _mark(self, path: Path, text: str) -> None:
+        option_list = self.query_one("#stores", OptionList)
+        try:
+            option_list.replace_option_prompt(str(path), f"{store_line(path)}  {text}")
+        except OptionDoesNotExist:  # rescanned meanwhile
+            return
+        self.incomplete.add(str(path))
+        self.refresh_bindings()
+
+    def _highlighted_store(self) -> str | None:
+        option = self.query_one("#stores", OptionList).highlighted_option
+        return option.id if option is not None else None
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Resume shows while an unfinished store is highlighted."""
+        if action == "resume":
+            return bool(self.query("#stores")) and self._highlighted_store() in self.incomplete
+        return True
+
+    @on(OptionList.OptionHighlighted, "#stores")
+    def _highlight_changed(self) -> None:
+        self.refresh_bindings()
+
+    def action_resume(self) -> None:
+        path = self._highlighted_store()
+        if path in self.incomplete:
+            self.app.resume_store(Path(path))
 
     @on(OptionList.OptionSelected, "#stores")
     def _open_selected(self, event: OptionList.OptionSelected) -> None:
