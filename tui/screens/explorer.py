@@ -35,18 +35,12 @@ from vitsee.tui.messages import (
 )
 from vitsee.tui.options import COLORMAPS, AppOptions
 from vitsee.tui.results import Cancelled, StoreSummary, export_view, read_summary, read_view
-from vitsee.tui.widgets.attention_pane import AttentionPane
-from vitsee.tui.widgets.cka_pane import CkaPane
-from vitsee.tui.widgets.erf_pane import ErfPane
-from vitsee.tui.widgets.heads_pane import HeadsPane
-from vitsee.tui.widgets.probes_pane import ProbesPane
+from vitsee.tui.widgets.panes import KINDS, PANES, VIEW_LABELS
 from vitsee.tui.widgets.side_panel import SidePanel, model_label
-from vitsee.tui.widgets.skip_pane import SkipPane
-from vitsee.tui.widgets.spatial_pane import SpatialPane
 from vitsee.tui.widgets.status_line import StatusLine
 from vitsee.tui.widgets.task_bar import TaskBar
-from vitsee.tui.widgets.view_pane import ViewPane
-from vitsee.tui.widgets.view_tabs import VIEW_LABELS, ViewTabs
+from vitsee.tui.widgets.view_pane import Place, ViewPane
+from vitsee.tui.widgets.view_tabs import ViewTabs
 
 if TYPE_CHECKING:
     from vitsee.engine.analyses.base import Step
@@ -55,11 +49,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-KINDS = tuple(VIEW_LABELS)
-PANES: dict[str, type[ViewPane]] = {
-    "cka": CkaPane, "attention": AttentionPane, "probes": ProbesPane, "skip": SkipPane, "spatial": SpatialPane,
-    "heads": HeadsPane, "erf": ErfPane,
-}
+
+
+def view_bindings() -> list[Binding]:
+    """Returns a number key per pane, in REGISTRY order: 1 CKA, 2 Attention, ..."""
+    return [Binding(str(i), f"show_view('{kind}')", pane.label, show=False, id=f"explorer.view_{kind}",
+                    tooltip=pane.tooltip or f"Show the {pane.label} view")
+            for i, (kind, pane) in enumerate(PANES.items(), start=1) if i <= 9]
 
 
 class ExplorerScreen(Screen):
@@ -68,19 +64,7 @@ class ExplorerScreen(Screen):
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (110, "-wide")]
     AUTO_FOCUS = ""  # the view takes the focus once its numbers are in, not the first model picker
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("1", "show_view('cka')", "CKA", show=False, id="explorer.view_cka", tooltip="Show the CKA heatmap"),
-        Binding("2", "show_view('attention')", "Attention", show=False, id="explorer.view_attention",
-                tooltip="Show the mean attention distances per head and block"),
-        Binding("3", "show_view('probes')", "Probes", show=False, id="explorer.view_probes",
-                tooltip="Show the linear probe accuracies"),
-        Binding("4", "show_view('skip')", "Skip", show=False, id="explorer.view_skip",
-                tooltip="Show the skip-connection norm ratios"),
-        Binding("5", "show_view('spatial')", "Spatial", show=False, id="explorer.view_spatial",
-                tooltip="Show the spatial localisation maps"),
-        Binding("6", "show_view('heads')", "Heads", show=False, id="explorer.view_heads",
-                tooltip="Show each ViT head's CKA with another model against its attention distance"),
-        Binding("7", "show_view('erf')", "ERF", show=False, id="explorer.view_erf",
-                tooltip="Show the effective receptive fields"),
+        *view_bindings(),
         Binding("a", "cycle_model('a')", "Model A", id="explorer.model_a", tooltip="Show the next model as model A (rows)"),
         Binding("b", "cycle_model('b')", "Model B", id="explorer.model_b",
                 tooltip="Compare model A with the next model in the CKA view (columns)"),
@@ -135,7 +119,7 @@ class ExplorerScreen(Screen):
         with Horizontal(id="explorer-body"):
             yield SidePanel(id="side-panel")
             with Vertical(id="main"):
-                yield ViewTabs()
+                yield ViewTabs(VIEW_LABELS)
                 yield TaskBar(id="view-task")
                 with ContentSwitcher(initial="pane-cka", id="panes"):
                     for kind in KINDS:

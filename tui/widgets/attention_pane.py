@@ -18,6 +18,7 @@ class AttentionPane(ViewPane):
 
     kind = "attention"
     label = "Attention"
+    tooltip = "Show the mean attention distances per head and block"
 
     DEFAULT_CSS = """
     AttentionPane {

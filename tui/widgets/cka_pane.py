@@ -18,6 +18,7 @@ class CkaPane(HeatmapPane):
 
     kind = "cka"
     label = "CKA"
+    tooltip = "Show the CKA heatmap"
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("n", "toggle_marks", "Mark n.s.", id="cka.marks", show=False,  # the help screen lists it; the
                 # footer at 80 columns has no room left (Help would drop off)

@@ -23,6 +23,7 @@ class ErfPane(HeatmapPane):
 
     kind = "erf"
     label = "ERF"
+    tooltip = "Show the effective receptive fields"
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("g", "toggle_log", "Log scale", id="erf.log", tooltip="Colour the ERF by log10 (it spans decades) or linearly"),

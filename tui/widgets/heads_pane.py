@@ -18,6 +18,7 @@ class HeadsPane(ViewPane):
 
     kind = "heads"
     label = "Heads"
+    tooltip = "Show each ViT head's CKA with another model against its attention distance"
 
     DEFAULT_CSS = """
     HeadsPane {

@@ -34,6 +34,7 @@ class ProbesPane(ViewPane):
 
     kind = "probes"
     label = "Probes"
+    tooltip = "Show the linear probe accuracies"
 
     DEFAULT_CSS = """
     ProbesPane {

@@ -20,6 +20,7 @@ class SkipPane(HeatmapPane):
 
     kind = "skip"
     label = "Skip"
+    tooltip = "Show the skip-connection norm ratios"
 
     DEFAULT_CSS = """
     SkipPane {

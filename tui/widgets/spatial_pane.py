@@ -22,6 +22,7 @@ class SpatialPane(HeatmapPane):
 
     kind = "spatial"
     label = "Spatial"
+    tooltip = "Show the spatial localisation maps"
 
     DEFAULT_CSS = """
     SpatialPane {
