@@ -6,6 +6,7 @@ ERFs cached); what the screen shows is checked against the store's own views.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from conftest import RESNET, VIT
@@ -149,3 +150,160 @@ async def test_colon_lists_every_view_with_the_current_models_and_goes_to_the_on
         await pilot.pause()
         await pilot.press("escape")
         assert isinstance(app.screen, ExplorerScreen) and app.screen.kind == "skip"
+
+
+# --- the layer-pair dossier -------------------------------------------------------------------------------------
+
+
+async def open_dossier(pilot, row_layer: str, col_layer: str):
+    """From the opening ViT x ResNet CKA: put the cursor on (row_layer, col_layer), press d, wait for the sections."""
+    from vitsee.tui.screens.dossier import DossierScreen
+
+    app = pilot.app
+    await search(pilot, row_layer)
+    await search(pilot, col_layer)
+    await pilot.press("escape", "d")
+    await settle(pilot, lambda a: isinstance(a.screen, DossierScreen) and a.screen.dossier is not None)
+    return app.screen
+
+
+def section_texts(dossier_screen) -> dict[tuple[str, str], str]:
+    """Returns (kind, model) -> the section's title and lines as the screen shows them."""
+    out = {}
+    for widget in dossier_screen.query("DossierSection"):
+        text = "\n".join(str(w.render()) for w in widget.query("Label, Static"))
+        out[(widget.target.kind, widget.target.model)] = text
+    return out
+
+
+async def test_d_opens_the_dossier_of_the_cka_cell_with_every_analysis_of_both_layers(store, tmp_path):
+    from vitsee.engine.views import load_view
+
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, view_shown("cka"))
+        cka = app.screen.pane("cka").view
+        dossier = await open_dossier(pilot, "blocks.5", "layer4.0")
+        r, c = cka.rows.index("blocks.5"), cka.cols.index("layer4.0")
+        assert (dossier.row, dossier.col) == (r, c)
+        texts = section_texts(dossier)
+        assert texts[("cka", VIT)].startswith(f"CKA {cka.matrix[r, c]:.4f}{cka.interval_text(r, c)}")
+        assert [p.mark for p in dossier.query("LinePlot")] == [c, r]  # the pair marked in its row and column
+        # the ViT block's heads, nearest first, as the attention view has them (with their intervals)
+        attention = load_view(store, f"attention:{VIT}")
+        b = attention.rows.index("blocks.5")
+        order = attention.extra["head_order"][b]
+        heads = "  ".join(f"head {int(order[h]) + 1} {attention.matrix[b, h]:.1f} px "
+                          f"[{attention.ci_low[b, h]:.1f}, {attention.ci_high[b, h]:.1f}]" for h in range(2))
+        assert heads in texts[("attention", VIT)]
+        assert "not an attention block" not in texts[("attention", VIT)]
+        assert "does not apply to test_resnet (resnet)" in texts[("attention", RESNET)]
+        # both layers' probe accuracies with their exact binomial intervals
+        for model, layer in ((VIT, "blocks.5"), (RESNET, "layer4.0")):
+            probes = load_view(store, f"probes:{model}")
+            pr = probes.rows.index(layer)
+            for pc, readout in enumerate(probes.cols):
+                assert f"{readout} {probes.matrix[pr, pc]:.3f}{probes.interval_text(pr, pc)}" in texts[("probes", model)]
+        # skip ratios of the block's two sublayers, and the ResNet's note on its zero-initialised branches
+        skip = load_view(store, f"skip:{VIT}")
+        i = skip.rows.index("blocks.5.attn")
+        assert (f"blocks.5.attn: CLS {skip.extra['cls'][i]:.3g} [{skip.extra['cls_ci_low'][i]:.3g}, "
+                f"{skip.extra['cls_ci_high'][i]:.3g}]") in texts[("skip", VIT)]
+        assert "blocks.5.mlp: CLS " in texts[("skip", VIT)]
+        assert "timm initialises this branch to zero" in texts[("skip", RESNET)]
+        # the spatial maps the store caches (the last block of each); the ERFs it does not
+        spatial = load_view(store, f"spatial:{VIT}:blocks.5")
+        own = np.diag(spatial.matrix)
+        assert f"CKA of a token with its own patch: mean {np.nanmean(own):.3f}" in texts[("spatial", VIT)]
+        assert "map of token r2c2" in texts[("spatial", VIT)] and ("spatial", RESNET) in texts
+        assert f"not computed: vitsee analyze {store} --erf" in texts[("erf", VIT)]
+        assert f"not computed: vitsee analyze {store} --erf" in texts[("erf", RESNET)]
+        await pilot.press("escape")
+        assert isinstance(app.screen, ExplorerScreen)
+
+
+async def test_a_layer_whose_result_is_not_cached_says_how_to_compute_it(store, tmp_path):
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, view_shown("cka"))
+        texts = section_texts(await open_dossier(pilot, "blocks.2", "layer2.0"))
+        # the store caches spatial maps of the last blocks only
+        assert texts[("spatial", VIT)].endswith(f"not computed: vitsee analyze {store} --spatial --spatial-layer blocks.2")
+        assert texts[("spatial", RESNET)].endswith(
+            f"not computed: vitsee analyze {store} --spatial --spatial-layer layer2.0")
+
+
+async def test_enter_on_a_dossier_section_opens_its_full_view_at_that_layer(store, tmp_path):
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, view_shown("cka"))
+        dossier = await open_dossier(pilot, "blocks.3", "layer2.0")
+        sections = list(dossier.query("DossierSection"))
+        probes = next(s for s in sections if (s.target.kind, s.target.model) == ("probes", VIT))
+        probes.focus()
+        await pilot.press("enter")
+        await settle(pilot, view_shown("probes"))
+        screen = app.screen
+        pane = screen.pane("probes")
+        assert isinstance(screen, ExplorerScreen) and pane.view.models == [VIT]
+        assert pane.selection[0] == pane.view.rows.index("blocks.3")
+        assert status(app).startswith("blocks.3 CLS  accuracy ")
+        # the ResNet's skip ratios: the ResNet becomes model A, the ViT model B (the same pair, transposed)
+        await pilot.press("1")  # ViT x ResNet still
+        await settle(pilot, view_shown("cka"))
+        dossier = await open_dossier(pilot, "blocks.3", "layer2.0")
+        skip = next(s for s in dossier.query("DossierSection") if (s.target.kind, s.target.model) == ("skip", RESNET))
+        skip.focus()
+        await pilot.press("enter")
+        await settle(pilot, view_shown("skip"))
+        screen = app.screen
+        assert (screen.model_a, screen.model_b) == (RESNET, VIT)
+        heatmap = screen.pane("skip").heatmap
+        assert screen.pane("skip").view.rows[heatmap.cursor[0]] == "layer2.0"
+
+
+async def test_d_outside_the_cka_view_says_where_the_dossier_is(store, tmp_path):
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, view_shown("cka"))
+        await pilot.press("2", "d")
+        assert isinstance(app.screen, ExplorerScreen)
+        assert any("the dossier is of a CKA cell" in n.message for n in app._notifications)
+
+
+def test_the_erf_half_mass_radius_counts_pixels_outward_from_the_centre():
+    from vitsee.tui.dossier import erf_lines, half_mass_radius
+
+    erf = np.zeros((5, 5))
+    erf[2, 2] = 0.4  # centre (H // 2, W // 2)
+    erf[2, 3] = 0.1  # radius 1: 0.5 reached there
+    erf[0, 0] = 0.5  # radius hypot(2, 2)
+    assert half_mass_radius(erf) == 1.0
+    erf[2, 3] = 0.09
+    erf[0, 0] = 0.51
+    assert half_mass_radius(erf) == pytest.approx(np.hypot(2, 2))
+    # a uniform map: half of 64 pixels lie within the radius of the 32nd nearest pixel to (4, 4)
+    flat = np.full((8, 8), 1 / 64)
+    radii = np.sort(np.hypot(*np.mgrid[0:8, 0:8] - 4).ravel())
+    assert half_mass_radius(flat) == pytest.approx(radii[31])
+
+
+def test_the_spatial_summary_counts_tokens_whose_peak_is_their_own_patch():
+    from vitsee.engine.views import View
+    from vitsee.tui.dossier import spatial_lines
+
+    matrix = np.full((4, 4), 0.1)
+    matrix[0, 0], matrix[1, 1], matrix[2, 0] = 0.9, 0.8, 0.95  # token 2 peaks at patch 0, token 3 ties everywhere
+    view = View("spatial", "spatial:m:l", "", "", matrix, [f"t{i}" for i in range(4)], [f"p{i}" for i in range(4)],
+                "CKA", extra={"grid": [2, 2]})
+    lines = spatial_lines(view)
+    assert lines[0] == f"CKA of a token with its own patch: mean {np.mean([0.9, 0.8, 0.1, 0.1]):.3f}; " \
+                       "the peak is its own patch for 2 of 4 tokens"
+    assert lines[1].startswith("map of token r1c1")
+    assert lines[2:] == ["  ..", "  .."]  # token 3's map is flat: every cell at the bottom of the ramp
+
+
+def test_the_spatial_ramp_runs_from_the_maps_minimum_to_its_maximum_and_leaves_nan_blank():
+    from vitsee.tui.dossier import RAMP, ramp_rows
+
+    assert ramp_rows(np.array([[0.0, 1.0], [0.5, np.nan]])) == [RAMP[1] + RAMP[-1], RAMP[5] + " "]

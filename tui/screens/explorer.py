@@ -704,6 +704,44 @@ class ExplorerScreen(Screen):
 
         self.app.push_screen(JumpScreen(self.jump_targets(), self.kind), go)
 
+    # --- the layer-pair dossier ------------------------------------------------------------------------------
+
+    def action_dossier(self) -> None:
+        from vitsee.tui.screens.dossier import DossierScreen
+
+        pane = self.pane("cka")
+        if self.kind != "cka":
+            self.notify("the dossier is of a CKA cell: press 1, pick a cell, then d", severity="warning", timeout=4)
+            return
+        if pane.loaded is None or pane.selection is None or self.summary is None:
+            self.notify("nothing to show yet: wait for the CKA view to load", severity="warning", timeout=4)
+            return
+        row, col = pane.selection
+        screen = DossierScreen(self.path, self.summary, pane.loaded, row, col, self._config, self._views)
+        self.app.push_screen(screen, self._open_from_dossier)
+
+    def _open_from_dossier(self, target) -> None:
+        if target is not None:
+            self.open_at(target.kind, target.model, target.layer)
+
+    def open_at(self, kind: str, model: str, layer: str) -> None:
+        """Shows the view `kind` of `model` (as model A) with its cursor at `layer` (the map of it: spatial, ERF)."""
+        summary = self.summary
+        if summary is None or model not in summary.keys:
+            return
+        if kind != "cka" and model != self.model_a:
+            if self.model_b == model:  # B becomes the old A: the CKA view still shows the same two models
+                self.model_b = self.model_a
+            self.model_a = model
+            self.query_one(SidePanel).set_models(summary, self.model_a, self.model_b)
+        if kind == "spatial":
+            self.spatial_layer[model] = layer
+        elif kind == "erf":
+            self.erf_layer[model] = layer
+        elif kind != "cka":
+            self._pending = (kind, Place(layer))
+        self.show_view(kind)
+
     # --- export -------------------------------------------------------------------------------------------------
 
     def action_export(self) -> None:
