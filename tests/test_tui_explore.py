@@ -74,7 +74,7 @@ async def test_slash_searches_rows_and_columns_and_n_N_cycle_through_the_matches
         assert heatmap.cursor[0] == blocks[0]
         await pilot.press("n", "n")
         assert heatmap.cursor[0] == blocks[2]
-        assert "3 of 6: blocks.2" in str(screen.query_one("#search-count").render())
+        assert "3/6 blocks.2" in str(screen.query_one("#search-count").render())
         await pilot.press("N", "N", "N")
         assert heatmap.cursor[0] == blocks[-1]
         # Esc closes the search: the whole list again, and n is the CKA view's own key once more
@@ -124,6 +124,23 @@ async def test_search_in_the_probes_view_moves_the_table_and_the_plot_cursor(sto
         assert pane.selection[0] == pane.view.rows.index("blocks.3")
         assert app.screen.query_one("#probes-plot").mark == pane.view.rows.index("blocks.3")
         assert status(app).startswith("blocks.3 CLS  accuracy ")
+
+
+async def test_help_lists_the_search_jump_and_dossier_keys_and_new_run_on_ctrl_n(store, tmp_path):
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, view_shown("cka"))
+        await pilot.press("question_mark")
+        rows = {k.binding_id: k.keys for k in app.screen.keys}
+        assert rows["explorer.search"] == "/" and rows["explorer.jump"] == ":" and rows["explorer.dossier"] == "d"
+        assert rows["explorer.new_run"] == "^n" and rows["cka.marks"] == "n"
+        assert "explorer.next_match" not in rows  # n / N step through matches only while a search is open
+        await pilot.press("escape")
+        await search(pilot, "blocks")
+        await pilot.press("question_mark")
+        rows = {k.binding_id: k.keys for k in app.screen.keys}
+        assert rows["explorer.next_match"] == "n" and rows["explorer.previous_match"] == "N"
+        assert "cka.marks" not in rows and rows["explorer.close_search"] == "esc"
 
 
 # --- jump -----------------------------------------------------------------------------------------------------

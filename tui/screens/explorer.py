@@ -80,7 +80,7 @@ class ExplorerScreen(Screen):
                 tooltip="Extract another store (models, images, layers)"),
         Binding("slash", "search", "Search", show=False, id="explorer.search",
                 tooltip="Search this view's layers and the models (the side panel lists what matches); Enter moves "
-                        "the cursor to the first match"),
+                        "the cursor to the first match, n / N to the next / previous, Esc closes"),
         # priority, so that n passes the CKA view's n (mark n.s.) while a search is open; check_action lets the
         # key through to it (and to the search box, as a letter) otherwise
         Binding("n", "step_match(1)", "Next match", show=False, priority=True, id="explorer.next_match",
@@ -663,9 +663,9 @@ class ExplorerScreen(Screen):
         elif not matches:
             panel.show_count("no match in this view")
         elif self._match < 0:
-            panel.show_count(f"{len(matches)} match{'es' if len(matches) > 1 else ''}: Enter goes to the first")
+            panel.show_count(f"{len(matches)} match{'es' if len(matches) > 1 else ''} (Enter)")
         else:
-            panel.show_count(f"{self._match + 1} of {len(matches)}: {matches[self._match].name}  (n / N)")
+            panel.show_count(f"{self._match + 1}/{len(matches)} {matches[self._match].name}  n/N")
 
     def action_step_match(self, step: int) -> None:
         """Moves the cursor to the next (step 1) or previous (-1) match of the search, around the end."""
