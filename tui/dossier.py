@@ -209,7 +209,10 @@ def _section(kind, model, name, layer, info, summary, view_of) -> Section:
             return missing
         spec = f"erf:{model}:{layer}"
     elif kind not in info.views:
-        missing.lines = [f"does not apply to {name} ({info.family})" if kind != "probes" else "the images have no labels"]
+        if summary.streaming and kind in ("probes", "spatial"):
+            missing.lines = [f"a streaming store keeps no activations, which {kind} read"]
+        else:
+            missing.lines = [f"does not apply to {name} ({info.family})" if kind != "probes" else "the images have no labels"]
         return missing
     elif kind == "spatial":
         if layer not in info.spatial_layers:

@@ -91,7 +91,7 @@ class DossierScreen(ModalScreen[OpenView | None]):
         super().__init__()
         self.path, self.summary, self.cka, self.row, self.col = Path(path), summary, cka, row, col
         self.config = config
-        self.known = known
+        self.known = dict(known)  # a copy taken here: the explorer adds views while the worker reads
         self.dossier: Dossier | None = None
 
     def compose(self) -> ComposeResult:
