@@ -324,3 +324,16 @@ def test_the_spatial_ramp_runs_from_the_maps_minimum_to_its_maximum_and_leaves_n
     from vitsee.tui.dossier import RAMP, ramp_rows
 
     assert ramp_rows(np.array([[0.0, 1.0], [0.5, np.nan]])) == [RAMP[1] + RAMP[-1], RAMP[5] + " "]
+
+
+def test_a_layer_outside_every_block_has_no_head_distances_or_skip_ratios(store):
+    from vitsee.engine.views import load_view
+    from vitsee.tui.dossier import _section, block_of
+
+    attention, skip = load_view(store, f"attention:{VIT}"), load_view(store, f"skip:{VIT}")
+    assert block_of(attention.rows, "blocks.3.attn") == "blocks.3" and block_of(attention.rows, "blocks.30") is None
+    for layer in ("patch_embed", "norm"):
+        section = _section("attention", VIT, layer, "t", attention, "")
+        assert not section.available and section.lines == [f"{layer} is not an attention block (blocks.0 \u2026 blocks.5 are)"]
+        section = _section("skip", VIT, layer, "t", skip, "")
+        assert not section.available and section.lines == [f"{layer} has no residual sublayer"]

@@ -166,84 +166,84 @@ def _command(kind: str, store: Path, layer: str) -> str:
     return f"not computed: vitsee analyze {store} --{kind}{extra}"
 
 
+TITLES = {"attention": "Attention distances", "probes": "Linear probes", "skip": "Skip ratios \u2016z\u2016/\u2016f(z)\u2016",
+          "spatial": "Spatial map", "erf": "Effective receptive field"}
+
+
 def read_dossier(path: str | Path, summary: StoreSummary, cka: LoadedView, row: int, col: int,
                  config: Callable[[], AnalyzeConfig], known: dict[str, LoadedView] | None = None) -> Dossier:
     """Returns the dossier of CKA cell (row, col): per layer its head distances, probes, skip ratios, spatial map
     and ERF. Views in `known` or the cache are read; attention and skip summaries are computed when missing
     (they summarise statistics recorded at extraction); the rest say how to compute them."""
+    from vitsee.engine.init_notes import random_init_note
     from vitsee.engine.store import Store
-    from vitsee.engine.views import cached_params
+    from vitsee.engine.views import cached_params, load_view
 
     from vitsee.tui.results import ACCESS
 
     path, known = Path(path), dict(known or {})
     dossier = Dossier(cka, row, col)
-
-    def view_of(spec: str, kind: str) -> LoadedView | None:
-        if spec in known:
-            return known[spec]
-        with ACCESS.read(), Store.open(path) as store:
-            cached = cached_params(store, spec) is not None
-        if not cached and kind not in CHEAP:
-            return None
-        known[spec] = read_view(path, spec, config())
-        return known[spec]
-
-    for model, layer in dossier.sides:
-        info = summary.model(model)
-        name = model.partition("@")[0]
-        for kind in ("attention", "probes", "skip", "spatial", "erf"):
-            dossier.sections.append(_section(kind, model, name, layer, info, summary, view_of))
+    wanted = [(kind, model, layer, _spec(kind, model, layer, summary)) for model, layer in dossier.sides
+              for kind in TITLES]
+    specs = {spec for *_, (spec, _) in wanted if spec is not None and spec not in known}
+    with ACCESS.read(), Store.open(path) as store:  # one open for every check (each open verifies the file)
+        cached = {spec for spec in specs if cached_params(store, spec) is not None}
+        notes = {m: random_init_note(store.model_info(m)) or "" for m, _ in dossier.sides}
+    views: dict[str, View] = {spec: loaded.view for spec, loaded in known.items()}
+    for spec in sorted(specs):
+        if spec in cached:
+            with ACCESS.read():
+                views[spec] = load_view(path, spec)
+        elif spec.partition(":")[0] in CHEAP:
+            views[spec] = read_view(path, spec, config()).view
+    for kind, model, layer, (spec, why) in wanted:
+        title = f"{TITLES[kind]} \u00b7 {model.partition('@')[0]} {layer}"
+        if spec is None:
+            dossier.sections.append(Section(kind, model, layer, title, [why], False))
+        elif spec not in views:
+            dossier.sections.append(Section(kind, model, layer, title, [_command(kind, summary.path, layer)], False))
+        else:
+            dossier.sections.append(_section(kind, model, layer, title, views[spec], notes[model]))
     return dossier
 
 
-def _section(kind, model, name, layer, info, summary, view_of) -> Section:
-    """Returns one analysis's section for one layer: its numbers, why it does not apply, or how to compute it."""
-    title = {"attention": "Attention distances", "probes": "Linear probes", "skip": "Skip ratios \u2016z\u2016/\u2016f(z)\u2016",
-             "spatial": "Spatial map", "erf": "Effective receptive field"}[kind] + f" \u00b7 {name} {layer}"
-    missing = Section(kind, model, layer, title, [], False)
+def _spec(kind: str, model: str, layer: str, summary: StoreSummary) -> tuple[str | None, str]:
+    """Returns (the view that holds `kind` for this layer, '') or (None, why there is none)."""
+    info, name = summary.model(model), model.partition("@")[0]
     if kind == "erf":
-        if summary.streaming or layer not in info.erf_layers:
-            missing.lines = [f"{layer} has no centre position for a receptive field" if not summary.streaming
-                             else "a streaming store keeps no model input for ERFs"]
-            return missing
-        spec = f"erf:{model}:{layer}"
-    elif kind not in info.views:
+        if summary.streaming:
+            return None, "a streaming store keeps no model input for ERFs"
+        if layer not in info.erf_layers:
+            return None, f"{layer} has no centre position for a receptive field"
+        return f"erf:{model}:{layer}", ""
+    if kind not in info.views:
         if summary.streaming and kind in ("probes", "spatial"):
-            missing.lines = [f"a streaming store keeps no activations, which {kind} read"]
-        else:
-            missing.lines = [f"does not apply to {name} ({info.family})" if kind != "probes" else "the images have no labels"]
-        return missing
-    elif kind == "spatial":
+            return None, f"a streaming store keeps no activations, which {kind} read"
+        return None, f"does not apply to {name} ({info.family})" if kind != "probes" else "the images have no labels"
+    if kind == "spatial":
         if layer not in info.spatial_layers:
-            missing.lines = [f"{layer} has no token grid or feature map"]
-            return missing
-        spec = f"spatial:{model}:{layer}"
-    else:
-        spec = f"{kind}:{model}"
-    loaded = view_of(spec, kind)
-    if loaded is None:
-        missing.lines = [_command(kind, summary.path, layer)]
-        return missing
-    view = loaded.view
+            return None, f"{layer} has no token grid or feature map"
+        return f"spatial:{model}:{layer}", ""
+    return f"{kind}:{model}", ""
+
+
+def _section(kind: str, model: str, layer: str, title: str, view: View, note: str) -> Section:
+    """Returns one analysis's section for one layer from its view, or why the view has nothing for the layer."""
     if kind == "attention":
         block = block_of(list(view.rows), layer)
         if block is None:
-            missing.lines = [f"{layer} is not an attention block ({view.rows[0]} \u2026 {view.rows[-1]} are)"]
-            return missing
-        return Section(kind, model, block, title.replace(layer, block) if block != layer else title,
-                       attention_lines(view, block), True)
+            return Section(kind, model, layer, title,
+                           [f"{layer} is not an attention block ({view.rows[0]} \u2026 {view.rows[-1]} are)"], False)
+        return Section(kind, model, block, title.replace(layer, block), attention_lines(view, block), True)
     if kind == "probes":
         if layer not in view.rows:
-            missing.lines = [f"{layer} was not probed"]
-            return missing
+            return Section(kind, model, layer, title, [f"{layer} was not probed"], False)
         return Section(kind, model, layer, title, probe_lines(view, layer), True)
     if kind == "skip":
-        lines = skip_lines(view, layer, loaded.init_notes.get(model, ""))
-        if not lines or lines == [loaded.init_notes.get(model, "")]:
-            missing.lines = [f"{layer} has no residual sublayer"]
-            return missing
-        return Section(kind, model, layer, title, lines, True)
+        lines = skip_lines(view, layer)
+        if not lines:
+            return Section(kind, model, layer, title, [f"{layer} has no residual sublayer"], False)
+        return Section(kind, model, layer, title, lines + ([note] if note else []), True)
     if kind == "spatial":
         return Section(kind, model, layer, title, spatial_lines(view), True)
     return Section(kind, model, layer, title, erf_lines(view), True)
