@@ -655,8 +655,8 @@ class ExplorerScreen(Screen):
         else:
             self._count_matches()
 
-    def _count_matches(self) -> None:
-        matches = self.search_matches()
+    def _count_matches(self, matches: list[Place] | None = None) -> None:
+        matches = self.search_matches() if matches is None else matches
         panel = self.query_one(SidePanel)
         if not self._search:
             panel.show_count("")
@@ -683,7 +683,7 @@ class ExplorerScreen(Screen):
             self._pick_layer(place.name)
         elif not self.pane().go_to(place):
             self.notify(f"{place.name} is not in this view", severity="warning", timeout=3)
-        self._count_matches()
+        self._count_matches(matches)
 
     def jump_targets(self) -> list:
         """Returns every pane with what it shows for the current models (its view string, or why nothing)."""
