@@ -255,9 +255,9 @@ async def test_enter_on_a_dossier_section_opens_its_full_view_at_that_layer(stor
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot, view_shown("cka"))
         dossier = await open_dossier(pilot, "blocks.3", "layer2.0")
-        sections = list(dossier.query("DossierSection"))
-        probes = next(s for s in sections if (s.target.kind, s.target.model) == ("probes", VIT))
-        probes.focus()
+        assert app.focused.target.kind == "cka"
+        await pilot.press("down", "down")  # CKA, the ViT's head distances, its probes
+        assert (app.focused.target.kind, app.focused.target.model) == ("probes", VIT)
         await pilot.press("enter")
         await settle(pilot, view_shown("probes"))
         screen = app.screen

@@ -43,6 +43,10 @@ class DossierSection(Vertical, can_focus=True):
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("enter", "open", "Open view", id="dossier.open", tooltip="Open this section's full view at its layer"),
+        # here, not on the screen: the scrolling body between would take the arrows to scroll
+        Binding("down,j", "app.focus_next", "Next", show=False, id="dossier.next", tooltip="Go to the next section"),
+        Binding("up,k", "app.focus_previous", "Previous", show=False, id="dossier.previous",
+                tooltip="Go to the previous section"),
     ]
 
     class Opened(Message):
@@ -65,9 +69,6 @@ class DossierScreen(ModalScreen[OpenView | None]):
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape,q,d", "dismiss", "Close", id="dossier.close", tooltip="Close the dossier"),
-        Binding("down,j", "app.focus_next", "Next", show=False, id="dossier.next", tooltip="Go to the next section"),
-        Binding("up,k", "app.focus_previous", "Previous", show=False, id="dossier.previous",
-                tooltip="Go to the previous section"),
     ]
 
     DEFAULT_CSS = """
