@@ -130,7 +130,7 @@ class ExplorerScreen(Screen):
         self._polling = False
         self._search = ""  # the search text n / N step through the matches of ("" : no search)
         self._match = -1  # which of them the cursor is on
-        self._pending: tuple[str, Place] | None = None  # (kind, place): where the cursor goes once the current view's numbers arrive
+        self._pending: tuple[str, Place] | None = None  # (kind, place): the dossier's target, once its view is in
 
     # --- layout -------------------------------------------------------------------------------------------
 
