@@ -8,7 +8,6 @@ from pathlib import Path
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
 from vitsee.tui.widgets.side_panel import model_label
-from vitsee.tui.widgets.view_tabs import VIEW_LABELS
 
 
 class VitseeCommands(Provider):
@@ -17,6 +16,7 @@ class VitseeCommands(Provider):
     def _commands(self) -> list[tuple[str, object, str]]:
         from vitsee.tui.screens.explorer import ExplorerScreen
         from vitsee.tui.screens.start import find_stores
+        from vitsee.tui.widgets.panes import VIEW_LABELS
 
         app = self.app
         screen = self.screen

@@ -136,3 +136,11 @@ class LayerPicked(Message):
     """A layer was picked in the side panel: the view moves its selection there."""
 
     layer: str
+
+
+@dataclass
+class SearchChanged(Message):
+    """The side panel's search text changed (submitted: Enter was pressed): the view's cursor goes to a match."""
+
+    query: str
+    submitted: bool

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vitsee.engine.errors import VitseeError
-from vitsee.tui.widgets.view_tabs import VIEW_LABELS
+from vitsee.tui.widgets.panes import VIEW_LABELS
 
 if TYPE_CHECKING:
     from textual.pilot import Pilot

@@ -16,7 +16,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import ContentSwitcher, Footer, Label, Tabs
+from textual.widgets import ContentSwitcher, Footer, Input, Label, Tabs
 from textual.worker import get_current_worker
 
 from vitsee.engine.errors import VitseeError, brief
@@ -27,6 +27,7 @@ from vitsee.tui.messages import (
     LayerPicked,
     ModelsPicked,
     ResultCached,
+    SearchChanged,
     StatusChanged,
     SummaryFailed,
     SummaryLoaded,
@@ -35,18 +36,12 @@ from vitsee.tui.messages import (
 )
 from vitsee.tui.options import COLORMAPS, AppOptions
 from vitsee.tui.results import INCOMPLETE_HINT, Cancelled, StoreSummary, export_view, read_summary, read_view
-from vitsee.tui.widgets.attention_pane import AttentionPane
-from vitsee.tui.widgets.cka_pane import CkaPane
-from vitsee.tui.widgets.erf_pane import ErfPane
-from vitsee.tui.widgets.heads_pane import HeadsPane
-from vitsee.tui.widgets.probes_pane import ProbesPane
-from vitsee.tui.widgets.side_panel import SidePanel, model_label
-from vitsee.tui.widgets.skip_pane import SkipPane
-from vitsee.tui.widgets.spatial_pane import SpatialPane
+from vitsee.tui.widgets.panes import KINDS, PANES, VIEW_LABELS
+from vitsee.tui.widgets.side_panel import SidePanel, matches_query, model_label
 from vitsee.tui.widgets.status_line import StatusLine
 from vitsee.tui.widgets.task_bar import TaskBar
-from vitsee.tui.widgets.view_pane import ViewPane
-from vitsee.tui.widgets.view_tabs import VIEW_LABELS, ViewTabs
+from vitsee.tui.widgets.view_pane import Place, ViewPane
+from vitsee.tui.widgets.view_tabs import ViewTabs
 
 if TYPE_CHECKING:
     from vitsee.engine.analyses.base import Step
@@ -55,11 +50,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-KINDS = tuple(VIEW_LABELS)
-PANES: dict[str, type[ViewPane]] = {
-    "cka": CkaPane, "attention": AttentionPane, "probes": ProbesPane, "skip": SkipPane, "spatial": SpatialPane,
-    "heads": HeadsPane, "erf": ErfPane,
-}
+
+
+def view_bindings() -> list[Binding]:
+    """Returns a number key per pane, in REGISTRY order: 1 CKA, 2 Attention, ..."""
+    return [Binding(str(i), f"show_view('{kind}')", pane.label, show=False, id=f"explorer.view_{kind}",
+                    tooltip=pane.tooltip or f"Show the {pane.label} view")
+            for i, (kind, pane) in enumerate(PANES.items(), start=1) if i <= 9]
 
 
 class ExplorerScreen(Screen):
@@ -68,19 +65,7 @@ class ExplorerScreen(Screen):
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (110, "-wide")]
     AUTO_FOCUS = ""  # the view takes the focus once its numbers are in, not the first model picker
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("1", "show_view('cka')", "CKA", show=False, id="explorer.view_cka", tooltip="Show the CKA heatmap"),
-        Binding("2", "show_view('attention')", "Attention", show=False, id="explorer.view_attention",
-                tooltip="Show the mean attention distances per head and block"),
-        Binding("3", "show_view('probes')", "Probes", show=False, id="explorer.view_probes",
-                tooltip="Show the linear probe accuracies"),
-        Binding("4", "show_view('skip')", "Skip", show=False, id="explorer.view_skip",
-                tooltip="Show the skip-connection norm ratios"),
-        Binding("5", "show_view('spatial')", "Spatial", show=False, id="explorer.view_spatial",
-                tooltip="Show the spatial localisation maps"),
-        Binding("6", "show_view('heads')", "Heads", show=False, id="explorer.view_heads",
-                tooltip="Show each ViT head's CKA with another model against its attention distance"),
-        Binding("7", "show_view('erf')", "ERF", show=False, id="explorer.view_erf",
-                tooltip="Show the effective receptive fields"),
+        *view_bindings(),
         Binding("a", "cycle_model('a')", "Model A", id="explorer.model_a", tooltip="Show the next model as model A (rows)"),
         Binding("b", "cycle_model('b')", "Model B", id="explorer.model_b",
                 tooltip="Compare model A with the next model in the CKA view (columns)"),
@@ -91,8 +76,24 @@ class ExplorerScreen(Screen):
         Binding("ctrl+b", "toggle_panel", "Panel", show=False, id="explorer.panel",
                 tooltip="Show or hide the side panel (models and layers)"),
         Binding("o", "open_store", "Open", show=False, id="explorer.open", tooltip="Open another store"),
-        Binding("n", "new_run", "New run", show=False, id="explorer.new_run",
+        Binding("ctrl+n", "new_run", "New run", show=False, id="explorer.new_run",
                 tooltip="Extract another store (models, images, layers)"),
+        Binding("slash", "search", "Search", show=False, id="explorer.search",
+                tooltip="Search this view's layers and the models (the side panel lists what matches); Enter moves "
+                        "the cursor to the first match, n / N to the next / previous, Esc closes"),
+        # priority, so that n passes the CKA view's n (mark n.s.) while a search is open; check_action lets the
+        # key through to it (and to the search box, as a letter) otherwise
+        Binding("n", "step_match(1)", "Next match", show=False, priority=True, id="explorer.next_match",
+                tooltip="Move the cursor to the next match of the search"),
+        Binding("N", "step_match(-1)", "Previous match", show=False, priority=True, id="explorer.previous_match",
+                tooltip="Move the cursor to the previous match of the search"),
+        Binding("escape", "close_search", "Close search", show=False, id="explorer.close_search",
+                tooltip="Close the search and list every layer again"),
+        Binding("colon", "jump", "Jump", show=False, id="explorer.jump",
+                tooltip="List every view with what it shows for the current models, and go to the one picked"),
+        Binding("d", "dossier", "Dossier", show=False, id="explorer.dossier",
+                tooltip="In the CKA view: everything vitsee knows about the selected pair of layers (CKA, head "
+                        "distances, probes, skip ratios, spatial maps, ERFs)"),
         Binding("x", "cancel", "Cancel", show=False, id="explorer.cancel",
                 tooltip="Stop the analysis being computed (nothing half-done is kept)"),
     ]
@@ -128,6 +129,9 @@ class ExplorerScreen(Screen):
         self._failure: str | None = None  # why the store could not be opened: what every pane says
         self._poll = None  # the timer that watches an extraction in progress
         self._polling = False
+        self._search = ""  # the search text n / N step through the matches of ("" : no search)
+        self._match = -1  # which of them the cursor is on
+        self._pending: tuple[str, Place] | None = None  # (kind, place): the dossier's target, once its view is in
 
     # --- layout -------------------------------------------------------------------------------------------
 
@@ -136,7 +140,7 @@ class ExplorerScreen(Screen):
         with Horizontal(id="explorer-body"):
             yield SidePanel(id="side-panel")
             with Vertical(id="main"):
-                yield ViewTabs(active=self.kind)  # a snapshot opens on its own view
+                yield ViewTabs(VIEW_LABELS, active=self.kind)  # a snapshot opens on its own view
                 yield TaskBar(id="view-task")
                 with ContentSwitcher(initial=f"pane-{self.kind}", id="panes"):
                     for kind in KINDS:
@@ -328,6 +332,9 @@ class ExplorerScreen(Screen):
         self.query_one(StatusLine).show(self._status.get(kind, ""))
         self._update_side_panel()
         self._focus_view()
+        if self._search:  # the same search, over this view's layers
+            self._match = -1
+            self._count_matches()
 
     @on(Tabs.TabActivated, "#view-tabs")
     def _tab_activated(self, event: Tabs.TabActivated) -> None:
@@ -344,6 +351,7 @@ class ExplorerScreen(Screen):
             return
         if pane.loaded is not None and pane.loaded.spec == spec:
             pane.post_status()
+            self._go_pending(pane)
             return
         if spec in self._views:
             self._show(pane, self._views[spec])
@@ -363,6 +371,15 @@ class ExplorerScreen(Screen):
         if pane.kind == self.kind:
             self._update_side_panel()
             self._focus_view()
+            self.call_after_refresh(self._go_pending, pane)  # once a new heatmap is mounted
+
+    def _go_pending(self, pane: ViewPane) -> None:
+        """Moves the cursor to where the dossier asked to open this view, once its numbers are shown."""
+        pending = self._pending
+        if pending is not None and pending[0] == pane.kind and pane.loaded is not None:
+            self._pending = None
+            if not pane.go_to(pending[1]):
+                self.notify(f"{pending[1].name} is not in this view", severity="warning", timeout=3)
 
     def _focus_view(self) -> None:
         focused = self.focused
@@ -531,17 +548,23 @@ class ExplorerScreen(Screen):
         self._update_side_panel()
 
     def on_layer_picked(self, message: LayerPicked) -> None:
-        if self.kind == "spatial" and self.model_a is not None:
-            self.spatial_layer[self.model_a] = message.layer
-            self.request("spatial")
-        elif self.kind == "erf" and self.model_a is not None:
-            self.erf_layer[self.model_a] = message.layer
-            self.request("erf")
-        elif not self.pane().jump_to_layer(message.layer):
+        if not self._pick_layer(message.layer):
             self.notify(f"{message.layer} is not in this view", severity="warning", timeout=3)
         widget = self.pane().main_widget()
         if widget is not None:
             widget.focus()
+
+    def _pick_layer(self, layer: str) -> bool:
+        """Shows the map of `layer` (spatial, ERF) or moves the view's cursor to it; returns whether it could."""
+        if self.kind == "spatial" and self.model_a is not None:
+            self.spatial_layer[self.model_a] = layer
+            self.request("spatial")
+            return True
+        if self.kind == "erf" and self.model_a is not None:
+            self.erf_layer[self.model_a] = layer
+            self.request("erf")
+            return True
+        return self.pane().jump_to_layer(layer)
 
     def action_cycle_model(self, which: str) -> None:
         summary = self.summary
@@ -590,6 +613,135 @@ class ExplorerScreen(Screen):
 
         if not self._app_exiting():
             self.app.push_screen(NewRunScreen(self.options))
+
+    # --- search and jump ------------------------------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "step_match":  # n / N belong to the search only while one is open and the box is left
+            return bool(self._search) and not isinstance(self.focused, Input)
+        if action == "close_search":
+            return self.query_one(SidePanel).searching
+        return True
+
+    def action_search(self) -> None:
+        self.query_one(SidePanel).open_search()
+
+    def action_close_search(self) -> None:
+        self.query_one(SidePanel).close_search()
+        self._search, self._match = "", -1
+        self.refresh_bindings()
+        widget = self.pane().main_widget()
+        if widget is not None:
+            widget.focus()
+
+    def search_matches(self) -> list[Place]:
+        """Returns the places of the current view whose layer matches the search, in the order n visits them."""
+        if not self._search:
+            return []
+        if self.kind in ("spatial", "erf"):  # their side panel lists the layers a map can be of
+            places = [Place(layer, "layer") for layer in self.query_one(SidePanel).layer_names]
+        else:
+            places = self.pane().places()
+        return [place for place in places if matches_query(place.name, self._search)]
+
+    def on_search_changed(self, message: SearchChanged) -> None:
+        self._search, self._match = message.query, -1
+        self.refresh_bindings()
+        if message.submitted:
+            if self.search_matches():
+                widget = self.pane().main_widget()
+                if widget is not None:
+                    widget.focus()  # n / N step on from the view
+            self.action_step_match(1)
+        else:
+            self._count_matches()
+
+    def _count_matches(self, matches: list[Place] | None = None) -> None:
+        matches = self.search_matches() if matches is None else matches
+        panel = self.query_one(SidePanel)
+        if not self._search:
+            panel.show_count("")
+        elif not matches:
+            panel.show_count("no match in this view")
+        elif self._match < 0:
+            panel.show_count(f"{len(matches)} match{'es' if len(matches) > 1 else ''} (Enter)")
+        else:
+            panel.show_count(f"{self._match + 1}/{len(matches)} {matches[self._match].name}  n/N")
+
+    def action_step_match(self, step: int) -> None:
+        """Moves the cursor to the next (step 1) or previous (-1) match of the search, around the end."""
+        matches = self.search_matches()
+        if not matches:
+            models = [key for key in (self.summary.keys if self.summary else []) if matches_query(key, self._search)]
+            where = (f"; model {', '.join(models)} does: pick it in the side panel" if models else "")
+            self.notify(f"no layer of the {VIEW_LABELS.get(self.kind, self.kind)} view matches "
+                        f"'{self._search}'{where}", severity="warning", timeout=4)
+            self._count_matches()
+            return
+        self._match = (self._match + step) % len(matches) if self._match >= 0 or step > 0 else len(matches) - 1
+        place = matches[self._match]
+        if place.axis == "layer":
+            self._pick_layer(place.name)
+        elif not self.pane().go_to(place):
+            self.notify(f"{place.name} is not in this view", severity="warning", timeout=3)
+        self._count_matches(matches)
+
+    def jump_targets(self) -> list:
+        """Returns every pane with what it shows for the current models (its view string, or why nothing)."""
+        from vitsee.tui.screens.jump import JumpTarget
+
+        targets = []
+        for i, (kind, pane) in enumerate(PANES.items(), start=1):
+            spec, reason = self.spec_for(kind)
+            targets.append(JumpTarget(kind, str(i), pane.label, spec or reason.splitlines()[0]))
+        return targets
+
+    def action_jump(self) -> None:
+        from vitsee.tui.screens.jump import JumpScreen
+
+        def go(kind: str | None) -> None:
+            if kind is not None:
+                self.show_view(kind)
+
+        self.app.push_screen(JumpScreen(self.jump_targets(), self.kind), go)
+
+    # --- the layer-pair dossier ------------------------------------------------------------------------------
+
+    def action_dossier(self) -> None:
+        from vitsee.tui.screens.dossier import DossierScreen
+
+        pane = self.pane("cka")
+        if self.kind != "cka":
+            self.notify("the dossier is of a CKA cell: press 1, pick a cell, then d", severity="warning", timeout=4)
+            return
+        if pane.loaded is None or pane.selection is None or self.summary is None:
+            self.notify("nothing to show yet: wait for the CKA view to load", severity="warning", timeout=4)
+            return
+        row, col = pane.selection
+        screen = DossierScreen(self.path, self.summary, pane.loaded, row, col, self._config, self._views)
+        self.app.push_screen(screen, self._open_from_dossier)
+
+    def _open_from_dossier(self, target) -> None:
+        if target is not None:
+            self.open_at(target.kind, target.model, target.layer)
+
+    def open_at(self, kind: str, model: str, layer: str) -> None:
+        """Shows the view `kind` of `model` (as model A) with its cursor at `layer` (the map of it: spatial, ERF)."""
+        summary = self.summary
+        if summary is None or model not in summary.keys:
+            return
+        if kind != "cka" and model != self.model_a:
+            if self.model_b == model:  # B becomes the old A: the CKA view still shows the same two models
+                self.model_b = self.model_a
+            self.model_a = model
+            self.query_one(SidePanel).set_models(summary, self.model_a, self.model_b)
+        if kind == "spatial":
+            self.spatial_layer[model] = layer
+        elif kind == "erf":
+            self.erf_layer[model] = layer
+        elif kind != "cka":
+            self._pending = (kind, Place(layer))
+        self.show_view(kind)
 
     # --- export -------------------------------------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ class AttentionPane(ViewPane):
     key_help: ClassVar[dict[str, str]] = {
         "attention.select": "Open the head under the cursor: its distance per image as a histogram, with its mean",
     }
+    tooltip = "Show the mean attention distances per head and block"
 
     DEFAULT_CSS = """
     AttentionPane {

@@ -10,7 +10,7 @@ from textual.binding import Binding, BindingType
 from vitsee.tui.messages import StatusChanged
 from vitsee.tui.results import LoadedView
 from vitsee.tui.widgets.heatmap import MARK_CHAR, Heatmap
-from vitsee.tui.widgets.view_pane import HeatmapPane
+from vitsee.tui.widgets.view_pane import HeatmapPane, Place
 
 
 class CkaPane(HeatmapPane):
@@ -18,6 +18,7 @@ class CkaPane(HeatmapPane):
 
     kind = "cka"
     label = "CKA"
+    tooltip = "Show the CKA heatmap"
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("n", "toggle_marks", "Mark n.s.", id="cka.marks", show=False,  # the help screen lists it; the
                 # footer at 80 columns has no room left (Help would drop off)
@@ -86,4 +87,22 @@ class CkaPane(HeatmapPane):
         if heatmap is None or view is None or layer not in view.rows:
             return False
         heatmap.cursor = (view.rows.index(layer), heatmap.cursor[1])
+        return True
+
+    def places(self) -> list[Place]:
+        """Returns model A's row layers, then, across two models, model B's column layers."""
+        view = self.view
+        if view is None:
+            return []
+        rows = [Place(r) for r in view.rows]
+        # within one model the columns are the rows again: a second stop on each would only repeat it
+        return rows + [Place(c, "col") for c in view.cols] if len(set(view.models)) > 1 else rows
+
+    def go_to(self, place: Place) -> bool:
+        heatmap, view = self.heatmap, self.view
+        if place.axis != "col":
+            return self.jump_to_layer(place.name)
+        if heatmap is None or view is None or place.name not in view.cols:
+            return False
+        heatmap.cursor = (heatmap.cursor[0], view.cols.index(place.name))
         return True

@@ -23,6 +23,7 @@ class ErfPane(HeatmapPane):
 
     kind = "erf"
     label = "ERF"
+    tooltip = "Show the effective receptive fields"
 
     key_help: ClassVar[dict[str, str]] = {
         "heatmap.select": "Open the ERF at full size with each pixel's value (log10 or percent, as coloured)",

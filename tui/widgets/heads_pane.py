@@ -12,7 +12,7 @@ from textual.widgets import Label
 
 from vitsee.tui.results import LoadedView
 from vitsee.tui.widgets.head_scatter import HeadScatter
-from vitsee.tui.widgets.view_pane import ViewPane
+from vitsee.tui.widgets.view_pane import Place, ViewPane
 
 
 class HeadsPane(ViewPane):
@@ -23,6 +23,7 @@ class HeadsPane(ViewPane):
     key_help: ClassVar[dict[str, str]] = {
         "heads.select": "Open the head under the cursor: its CKA with every layer of the other model",
     }
+    tooltip = "Show each ViT head's CKA with another model against its attention distance"
 
     DEFAULT_CSS = """
     HeadsPane {
@@ -92,4 +93,20 @@ class HeadsPane(ViewPane):
         if view is None or layer not in view.cols:
             return False
         self.query_one(HeadScatter).column = view.cols.index(layer)
+        return True
+
+    def places(self) -> list[Place]:
+        """Returns the heads (blocks.B.head.H), then the other model's layers the scatter can plot against."""
+        view = self.view
+        if view is None:
+            return []
+        return [Place(r) for r in view.rows] + [Place(c, "col") for c in view.cols]
+
+    def go_to(self, place: Place) -> bool:
+        view = self.view
+        if place.axis == "col" or view is None:
+            return self.jump_to_layer(place.name)
+        if place.name not in view.rows:
+            return False
+        self.query_one(HeadScatter).cursor = view.rows.index(place.name)
         return True

@@ -39,6 +39,7 @@ class ProbesPane(ViewPane):
     key_help: ClassVar[dict[str, str]] = {
         "probes.select": "Open the layer under the cursor: its readouts and the accuracy of a probe on each token",
     }
+    tooltip = "Show the linear probe accuracies"
 
     DEFAULT_CSS = """
     ProbesPane {

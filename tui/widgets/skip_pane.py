@@ -25,6 +25,7 @@ class SkipPane(HeatmapPane):
     key_help: ClassVar[dict[str, str]] = {
         "heatmap.select": "Open the ratio curve of the token under the cursor across the sublayers",
     }
+    tooltip = "Show the skip-connection norm ratios"
 
     DEFAULT_CSS = """
     SkipPane {

@@ -31,6 +31,7 @@ class SpatialPane(HeatmapPane):
         "heatmap.left": "Move to the token one column left (its map is shown)",
         "heatmap.right": "Move to the token one column right (its map is shown)",
     }
+    tooltip = "Show the spatial localisation maps"
 
     DEFAULT_CSS = """
     SpatialPane {

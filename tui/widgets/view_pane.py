@@ -3,6 +3,7 @@ to show, the body, and the selection (the cell an export marks and the status li
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from textual.app import ComposeResult
@@ -19,12 +20,33 @@ if TYPE_CHECKING:
     from vitsee.engine.views import View
 
 
+PANE_CLASSES: dict[str, type[ViewPane]] = {}  # analysis name -> its pane; filled as each pane class is defined
+
+
+@dataclass(frozen=True)
+class Place:
+    """A place a view's cursor can go to: one of its row or column layers, or a layer the side panel picks."""
+
+    name: str  # the layer as timm names it: blocks.7, layer3.0, blocks.1.head.0
+    axis: str = "row"  # "row", "col", or "layer" (the spatial and ERF views: the layer the map is of)
+
+
 class ViewPane(Vertical):
-    """A view's pane: `show(loaded)` fills it, `show_message(text)` replaces it with a line of text."""
+    """A view's pane: `show(loaded)` fills it, `show_message(text)` replaces it with a line of text.
+
+    A subclass names the analysis it shows (`kind`, a name in engine/analyses REGISTRY) and so becomes that
+    analysis's pane: the explorer builds a tab for every registered analysis from PANE_CLASSES.
+    """
 
     kind: ClassVar[str] = ""
     label: ClassVar[str] = ""
     key_help: ClassVar[dict[str, str]] = {}  # binding id -> what the key does in this view, for the help screen
+    tooltip: ClassVar[str] = ""  # what its number key does, for the help screen
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.kind:  # HeatmapPane and other bases name no analysis
+            PANE_CLASSES[cls.kind] = cls
 
     DEFAULT_CSS = """
     ViewPane {
@@ -120,6 +142,15 @@ class ViewPane(Vertical):
         """Returns the layers the side panel offers for this view (default: the view's rows)."""
         view = self.view
         return list(view.rows) if view is not None else []
+
+    def places(self) -> list[Place]:
+        """Returns where search can move the cursor, in the order n steps through them (default: the side
+        panel's layers)."""
+        return [Place(layer) for layer in self.layer_choices()]
+
+    def go_to(self, place: Place) -> bool:
+        """Moves the cursor to a place from `places()`; returns whether it could."""
+        return self.jump_to_layer(place.name)
 
     def set_cmap(self, cmap: str) -> None:
         self.cmap = cmap
