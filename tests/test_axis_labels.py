@@ -15,8 +15,8 @@ RESNET = ["stem"] + [f"layer{s}.{b}" for s in range(1, 5) for b in range(3)]
 
 def occupied(axis: AxisLabels, gap: int) -> list[tuple[int, int, int]]:
     """Returns (line, first, one past last) of each placed label, widened by the gap, found independently."""
-    if axis.vertical:
-        return [(0, x, x + 1 + gap) for _, x, _ in axis.placed]
+    if axis.vertical:  # upright labels are one column each: they may stand side by side
+        return [(0, x, x + 1) for _, x, _ in axis.placed]
     return [(0, x, x + len(text) + gap) for _, x, text in axis.placed]
 
 

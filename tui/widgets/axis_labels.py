@@ -16,6 +16,7 @@ would touch are the ones left out, so the highlight never covers a neighbour.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -110,13 +111,19 @@ def _spans(texts: Sequence[str], positions: Sequence[int], width: int, centred: 
 
 def _place(order: Sequence[int], spans: Sequence[tuple[int, int]], gap: int) -> list[int]:
     """Returns the labels of `order` that can be placed in turn without coming closer than `gap` to one before."""
-    taken: list[tuple[int, int]] = []  # (first, one past last) of each placed label
+    starts: list[int] = []  # the placed labels' (first, one past last), sorted: only the neighbours can clash
+    ends: list[int] = []
     placed = []
     for i in order:
         start, extent = spans[i]
-        if all(start + extent + gap <= a or b + gap <= start for a, b in taken):
-            taken.append((start, start + extent))
-            placed.append(i)
+        k = bisect.bisect_right(starts, start)
+        if k > 0 and ends[k - 1] + gap > start:
+            continue
+        if k < len(starts) and start + extent + gap > starts[k]:
+            continue
+        starts.insert(k, start)
+        ends.insert(k, start + extent)
+        placed.append(i)
     return placed
 
 
@@ -173,7 +180,7 @@ def layout_axis_labels(
         positions: the cell along the axis of each label (its first cell, or its centre when `centred`).
         width: cells along the axis.
         cursor: the index whose label must be shown (the selected layer).
-        gap: blank cells kept between two labels.
+        gap: blank cells kept between two labels that run along the axis (upright ones may touch).
         max_lines: lines free under the axis; 2 or more allow vertical labels.
         max_chars: the longest a label may be (a gutter, a slot); default: the axis width.
         keep_ends: show the first and last label too when thinning (a line plot's x range).
@@ -188,10 +195,11 @@ def layout_axis_labels(
         if len(_place(everyone, spans, gap)) == len(labels):
             return AxisLabels(tuple((i, spans[i][0], texts[i]) for i in everyone))
     if max_lines >= MIN_CHARS:  # 3: downwards, one column each
-        texts = next((f for f in forms if max(map(len, f)) <= max_lines), None)
+        # upright text is slow to read: the short form at least, even where the labels as they are would fit
+        texts = next((f for f in (forms[1:] or forms) if max(map(len, f)) <= max_lines), None)
         if texts is not None:
             spans = _spans(texts, positions, width, centred, vertical=True)
-            if len(_place(everyone, spans, gap)) == len(labels):
+            if len(_place(everyone, spans, 0)) == len(labels):  # side by side, columns read apart
                 return AxisLabels(tuple((i, spans[i][0], texts[i]) for i in everyone), vertical=True)
     # 4: every k-th, in the form that shows the most (the least abbreviated of those)
     best: AxisLabels | None = None
@@ -201,3 +209,29 @@ def layout_axis_labels(
         if best is None or len(shown) > len(best.placed):
             best = AxisLabels(tuple((i, spans[i][0], texts[i]) for i in shown))
     return best
+
+
+def shared_line_labels(upper: Sequence[str], lower: Sequence[str], width: int) -> list[tuple[str, str, str]] | None:
+    """Returns, for rows drawn two to a line, one label per line naming both: (common part, upper's rest,
+    lower's rest), read as 'b.0.' 'attn' '/mlp'; None when some pair does not fit `width` in any form.
+
+    Every pair is written in the same form, the least abbreviated that lets them all fit.
+    """
+    if not upper:
+        return []
+    for form in _forms([*upper, *lower], width):
+        ups, lows = form[: len(upper)], form[len(upper):]
+        merged = [_merge(a, b) for a, b in zip(ups, lows)]
+        if all(len(p) + len(a) + len(b) <= width for p, a, b in merged):
+            return merged
+    return None
+
+
+def _merge(upper: str, lower: str) -> tuple[str, str, str]:
+    """Returns (common leading parts with their dot, upper's rest, '/' + lower's rest)."""
+    a, b = upper.split("."), lower.split(".")
+    common = 0
+    while common < min(len(a), len(b)) - 1 and a[common] == b[common]:
+        common += 1
+    prefix = ".".join(a[:common]) + ("." if common else "")
+    return prefix, ".".join(a[common:]), "/" + ".".join(b[common:])
