@@ -65,6 +65,16 @@ def test_a_long_first_label_no_longer_hides_the_next_blocks():
     assert texts[0] is not None and texts[0].startswith("pa")
 
 
+def test_a_module_path_is_thinned_rather_than_cut_where_its_tail_tells_it_apart():
+    # the cross-model columns at 80x24: 'l1.0' cut to 'l1…' could be any block of layer1
+    labels = ["maxpool", "layer1.0", "layer2.0", "layer3.0", "layer4.0"]
+    for cursor in range(5):
+        axis = layout_axis_labels(labels, [i * 4 for i in range(5)], 20, cursor, max_chars=12)
+        texts = [text for _, _, text in axis.placed]
+        assert axis.text_of(cursor) is not None
+        assert all(t == "maxpool" or t.startswith("max") or t in {"l1.0", "l2.0", "l3.0", "l4.0"} for t in texts)
+
+
 def test_abbreviation_is_one_rule_for_every_label():
     axis = layout_axis_labels(SKIP, [i * 8 for i in range(len(SKIP))], 8 * len(SKIP), cursor=3)
     texts = [text for _, _, text in axis.placed]

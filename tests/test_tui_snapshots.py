@@ -56,3 +56,19 @@ def test_pair_detail_snapshot(store, tmp_path, snap_compare):
 def test_no_colour_at_80x24_snapshot(store, tmp_path, snap_compare):
     app = make_app(store, tmp_path, color=ColorMode.NONE)
     assert snap_compare(app, terminal_size=(80, 24), run_before=opened_on("cka", "down", "right"))
+
+
+@pytest.mark.parametrize(
+    "kind, keys, size",
+    [
+        ("cka", ("b", "down", "right"), (160, 48)),  # model A with itself: every column label of a ViT
+        ("probes", ("down", "down"), (160, 48)),
+        ("skip", ("down", "right"), (160, 48)),
+        ("probes", ("down", "down"), (80, 24)),
+        ("skip", ("down", "right"), (80, 24)),
+    ],
+)
+def test_labels_stand_apart_snapshot(kind, keys, size, store, tmp_path, snap_compare):
+    """The axis labels at the smallest and a large terminal: none written over another (issue 13, point 9)."""
+    app = make_app(store, tmp_path)
+    assert snap_compare(app, terminal_size=size, run_before=opened_on(kind, *keys))

@@ -6,9 +6,9 @@ axis is labelled:
 
 1. every label, as it is, when all fit side by side;
 2. else every label in one consistent short form ('blocks.3' -> 'b.3'), shortened further if need be
-   (never below MIN_CHARS, where names stop telling layers apart);
+   ('3.attn', 'patch…'), as long as the forms still tell every layer apart;
 3. else, when lines are free under the axis, every label written downwards, one column each;
-4. else every k-th label in the short form, k as small as lets them stand apart.
+4. else every k-th label, k as small as lets them stand apart, in the form that shows the most.
 
 The cursor's label is always shown, in the same form as the others, in a slot of its own: the labels it
 would touch are the ones left out, so the highlight never covers a neighbour.
@@ -17,6 +17,7 @@ would touch are the ones left out, so the highlight never covers a neighbour.
 from __future__ import annotations
 
 import bisect
+import functools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -127,30 +128,36 @@ def _place(order: Sequence[int], spans: Sequence[tuple[int, int]], gap: int) -> 
     return placed
 
 
-def _thinned(texts: Sequence[str], spans: Sequence[tuple[int, int]], gap: int, cursor: int | None,
-             keep_ends: bool) -> list[int]:
-    """Returns the indices shown: every k-th from the first (k as small as lets them all stand apart),
-    the cursor's first, and the first and last when `keep_ends`."""
-    n = len(texts)
+def _stride(n: int, spans: Sequence[tuple[int, int]], gap: int) -> list[int]:
+    """Returns every k-th index from the first, k as small as lets them all stand apart."""
     for stride in range(1, n + 1):
         grid = list(range(0, n, stride))
         if len(_place(grid, spans, gap)) == len(grid):
-            break
+            return grid
+    return [0]
+
+
+def _thinned(grid: list[int], spans: Sequence[tuple[int, int]], gap: int, cursor: int | None,
+             keep_ends: bool) -> list[int]:
+    """Returns the indices shown: the cursor's first, the first and last when `keep_ends`, then the grid's
+    that do not come too close to those."""
+    n = len(spans)
     priority = ([cursor] if cursor is not None else []) + ([0, n - 1] if keep_ends else [])
-    order = list(dict.fromkeys(priority + grid))
-    return sorted(_place(order, spans, gap))
+    return sorted(_place(list(dict.fromkeys(priority + grid)), spans, gap))
 
 
 def _forms(labels: Sequence[str], longest: int) -> list[list[str]]:
     """Returns the label sets to try, each one rule applied to every label, from the labels as they are to
     the shortest: initials ('blocks.3.attn' -> 'b.3.attn'), then leading parts dropped ('3.attn'), then
-    the short form cut to a width ('b.3.a…'); a rule that would make two layers read alike ends the list."""
+    single words cut to a width ('patch…'); a rule that would make two layers read alike is left out."""
     short = [short_label(label) for label in labels]
     candidates = [list(labels), short]
     for drop in range(1, max(label.count(".") for label in short) + 1):
         candidates.append([".".join(s.split(".")[min(drop, s.count(".")):]) for s in short])
     for width in range(max(map(len, short)) - 1, MIN_CHARS - 1, -1):
-        candidates.append([s if len(s) <= width else s[: width - 1] + "\u2026" for s in short])
+        # only single words are cut ('patch_embed' -> 'patch…'): a module path's tail is what tells it apart
+        # ('l1.0' cut to 'l1…' could be any block of layer1), so it is thinned out rather than cut
+        candidates.append([s if len(s) <= width or "." in s else s[: width - 1] + "\u2026" for s in short])
     distinct = len(set(labels))
     forms: list[list[str]] = []
     for form in candidates:
@@ -181,13 +188,25 @@ def layout_axis_labels(
         width: cells along the axis.
         cursor: the index whose label must be shown (the selected layer).
         gap: blank cells kept between two labels that run along the axis (upright ones may touch).
-        max_lines: lines free under the axis; 2 or more allow vertical labels.
+        max_lines: lines free under the axis; MIN_CHARS or more allow vertical labels.
         max_chars: the longest a label may be (a gutter, a slot); default: the axis width.
         keep_ends: show the first and last label too when thinning (a line plot's x range).
     """
     if not labels or width <= 0:
         return AxisLabels(())
-    longest = min(width, max_chars or width)
+    plan = _plan(tuple(labels), tuple(positions), width, centred, gap, max_lines, min(width, max_chars or width))
+    if isinstance(plan, AxisLabels):
+        return plan
+    texts, spans, grid = plan
+    shown = _thinned(list(grid), spans, gap, cursor, keep_ends)
+    return AxisLabels(tuple((i, spans[i][0], texts[i]) for i in shown))
+
+
+@functools.lru_cache(maxsize=64)
+def _plan(labels: tuple[str, ...], positions: tuple[int, ...], width: int, centred: bool, gap: int,
+          max_lines: int, longest: int) -> AxisLabels | tuple[list[str], list[tuple[int, int]], tuple[int, ...]]:
+    """Returns what does not depend on the cursor (a cursor move in a 200-column heatmap repeats the rest
+    only): every label placed (cases 1-3), or the form, spans and grid to thin with (case 4)."""
     forms = _forms(labels, longest)
     everyone = list(range(len(labels)))
     for texts in forms:  # 1, 2: all shown, in the least abbreviated form that allows it
@@ -201,13 +220,14 @@ def layout_axis_labels(
             spans = _spans(texts, positions, width, centred, vertical=True)
             if len(_place(everyone, spans, 0)) == len(labels):  # side by side, columns read apart
                 return AxisLabels(tuple((i, spans[i][0], texts[i]) for i in everyone), vertical=True)
-    # 4: every k-th, in the form that shows the most (the least abbreviated of those)
-    best: AxisLabels | None = None
+    # 4: every k-th, in the form whose grid shows the most (the least abbreviated of those), chosen without
+    # the cursor so that the form stays put while the cursor moves
+    best = None
     for texts in forms:
         spans = _spans(texts, positions, width, centred, vertical=False)
-        shown = _thinned(texts, spans, gap, cursor, keep_ends)
-        if best is None or len(shown) > len(best.placed):
-            best = AxisLabels(tuple((i, spans[i][0], texts[i]) for i in shown))
+        grid = _stride(len(texts), spans, gap)
+        if best is None or len(grid) > len(best[2]):
+            best = (texts, spans, tuple(grid))
     return best
 
 
