@@ -174,7 +174,8 @@ class ExplorerScreen(Screen):
         self.notify(message.error, severity="error", timeout=10)
 
     def _show_title(self) -> None:
-        """Puts the longest title that fits the bar: every model's weights in full, else in a word, else names."""
+        """Puts the longest title that fits the bar: every model's weights in full, else in a word, else the
+        model names alone."""
         summary = self.summary
         if summary is None:
             return
@@ -186,7 +187,8 @@ class ExplorerScreen(Screen):
             + ", ".join(model_label(m.key, width=0) for m in summary.models),
         ]
         room = self.size.width - 2  # the bar's padding
-        self.query_one("#title-bar", Label).update(next((t for t in titles if len(t) <= room), titles[-1]))
+        # none fits (a long dataset path): the full title, cut at the end, as before
+        self.query_one("#title-bar", Label).update(next((t for t in titles if len(t) <= room), titles[0]))
 
     def on_resize(self) -> None:
         self._show_title()

@@ -55,7 +55,6 @@ NONFINITE_ASCII = "!"
 NONFINITE = MISSING - 2  # its level (MISSING - 1 is "below the last row")
 FOOTER_LINES = 2  # column labels (more lines when they stand upright), legend
 MAX_ROW_LABEL = 12
-MAX_COL_LABEL = 8
 MARKED = MISSING - 3  # the level of a marked cell (MISSING - 1 is "below the last row", - 2 non-finite)
 MARK_CHAR = "x"  # a marked cell without colour: not in the ASCII density ramp
 
