@@ -236,8 +236,10 @@ async def test_the_cursor_cell_keeps_its_own_colour_under_corner_marks_no_value_
         # the cells around it are plain half blocks of their values
         char, style = style_at(heatmap.render_line(1), gutter(heatmap) + 2)
         assert char == UPPER_HALF and style.color.name == colors[levels[2, 2]]
-        label, label_style = style_at(heatmap.render_line(1), 0)
-        assert heatmap.render_line(1).text.startswith("blocks.2") and label_style.reverse
+        # rows 2 and 3 share the line: its label names both, the cursor's part highlighted
+        assert heatmap.render_line(1).text.startswith("blocks.2/3")
+        assert style_at(heatmap.render_line(1), len("blocks."))[1].reverse
+        assert not style_at(heatmap.render_line(1), 0)[1].reverse and not style_at(heatmap.render_line(1), 9)[1].reverse
         await pilot.press("end", "shift+end")  # (6, 8): the top level gets dark ink
         char, style = style_at(heatmap.render_line(3), gutter(heatmap) + 8)
         assert char == "+" and style.bgcolor.name == colors[levels[6, 8]] and style.color.name == "#000000"
@@ -277,7 +279,9 @@ async def test_no_colour_mode_draws_density_characters_and_no_colour_at_all():
         # the cursor is visible without colour: reversed
         _, style = style_at(lines[1], gutter(heatmap) + 2)
         assert style.reverse
-        assert "[" + "".join(heatmap.palette.chars) + "]" in lines[8].text  # the legend ramp
+        # 2-character cells are too narrow for 'l1.0': with lines free below, the labels stand upright
+        assert [line.text[gutter(heatmap) + 6] for line in lines[7:11]] == list("l2.0")
+        assert "[" + "".join(heatmap.palette.chars) + "]" in lines[11].text  # the legend ramp
 
 
 async def test_cells_not_computed_yet_get_a_neutral_glyph():
@@ -295,17 +299,19 @@ async def test_cells_not_computed_yet_get_a_neutral_glyph():
             )
 
 
-async def test_labels_fit_the_gutter_and_the_cursor_column_is_named_in_full():
+async def test_labels_fit_the_gutter_and_the_cursor_column_is_named_in_its_own_slot():
     app = HeatmapApp(zoom="1:1")
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("right", "right", "right", "right")
         heatmap = app.heatmap
-        assert heatmap.render_line(0).text.startswith("blocks.0 ")
-        labels = heatmap.render_line(4).text  # 7 rows -> 4 grid lines, then the column labels
-        assert "layer2.1" in labels
-        start = labels.index("layer2.1")
-        _, style = style_at(heatmap.render_line(4), start)
-        assert style.reverse
+        assert heatmap.render_line(0).text.startswith("blocks.0/1 ")  # two rows a line: the label names both
+        x = gutter(heatmap) + 4
+        # 7 rows -> 4 grid lines, then the column labels: one column each, written downwards, all nine there
+        lines = [heatmap.render_line(y) for y in range(4, 8)]
+        assert "".join(line.text[x] for line in lines) == "l2.1"
+        assert all(style_at(line, x)[1].reverse for line in lines)
+        assert not any(style_at(line, x - 1)[1].reverse or style_at(line, x + 1)[1].reverse for line in lines)
+        assert [line.text[gutter(heatmap):gutter(heatmap) + 9] for line in lines][0] == "lllllllll"
 
 
 def test_abbreviations_keep_the_distinctive_tail():
@@ -375,7 +381,7 @@ async def test_a_cursor_move_refreshes_only_small_regions():
         await pilot.press("right")
         del heatmap.refresh
         assert regions, "the move repainted nothing"
-        assert all(region.height == 1 for region in regions)
+        assert all(region.height == 1 or region.width == 1 for region in regions)  # upright labels: a column
         assert sum(region.area for region in set(regions)) <= 2 * (gutter(heatmap) + 1) + heatmap.size.width
 
 

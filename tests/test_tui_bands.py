@@ -22,7 +22,7 @@ from vitsee.engine.analyze import AnalyzeConfig, run_analyses
 from vitsee.engine.colormap import ColorMode
 from vitsee.tui.widgets.distance_plot import DistancePlot
 from vitsee.tui.widgets.heatmap import fit_labels
-from vitsee.tui.widgets.line_plot import AXIS_WIDTH, BAND, LinePlot, Series
+from vitsee.tui.widgets.line_plot import AXIS_WIDTH, BAND, MARKERS, LinePlot, Series
 
 WHISKER_GLYPHS = set("\u251c\u2500\u2524")  # ├ ─ ┤
 
@@ -69,11 +69,12 @@ def band_cells(series: list[Series], n: int, plot_w: int, plot_h: int, lo: float
 
 
 def assert_bands_drawn(lines: list[str], expected: set[tuple[int, int]], plot_h: int) -> None:
-    """Every band glyph lies in an interval, and every cell of an interval not taken by a curve is a band glyph."""
+    """Every band glyph lies in an interval, and every cell of an interval not taken by a curve (a braille
+    line, or without colour a series' marker glyph) is a band glyph."""
     area = [line[AXIS_WIDTH:] for line in lines[:plot_h]]
     drawn = {(r, c) for r, line in enumerate(area) for c, char in enumerate(line) if char == BAND}
     assert drawn and drawn <= expected
-    assert all(is_braille(area[r][c]) for r, c in expected - drawn)
+    assert all(is_braille(area[r][c]) or area[r][c] in MARKERS for r, c in expected - drawn)
 
 
 class PlotApp(App):

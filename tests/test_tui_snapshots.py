@@ -77,3 +77,19 @@ def test_256_colour_snapshot(store, tmp_path, snap_compare):
     # tmux without COLORTERM (`vitsee-tui --color 256`): mid-range viridis stays blue-green, never xterm grey 242/243
     app = make_app(store, tmp_path, color=ColorMode.COLORS_256)
     assert snap_compare(app, terminal_size=SIZE, run_before=opened_on("cka", "down", "down", "right"))
+
+
+@pytest.mark.parametrize(
+    "kind, keys, size",
+    [
+        ("cka", ("b", "down", "right"), (160, 48)),  # model A with itself: every column label of a ViT
+        ("probes", ("down", "down"), (160, 48)),
+        ("skip", ("down", "right"), (160, 48)),
+        ("probes", ("down", "down"), (80, 24)),
+        ("skip", ("down", "right"), (80, 24)),
+    ],
+)
+def test_labels_stand_apart_snapshot(kind, keys, size, store, tmp_path, snap_compare):
+    """The axis labels at the smallest and a large terminal: none written over another (issue 13, point 9)."""
+    app = make_app(store, tmp_path)
+    assert snap_compare(app, terminal_size=size, run_before=opened_on(kind, *keys))

@@ -178,15 +178,32 @@ class ExplorerScreen(Screen):
         self.query_one(StatusLine).show(message.error)
         self.notify(message.error, severity="error", timeout=10)
 
+    def _show_title(self) -> None:
+        """Puts the longest title that fits the bar: every model's weights in full, else in a word, else the
+        model names alone."""
+        summary = self.summary
+        if summary is None:
+            return
+        head = f" {self.path.name} \u00b7 {summary.n_images} images of {summary.dataset} \u00b7 "
+        titles = [
+            head + "; ".join(f"{model_label(m.key, width=0)}: {m.weights}" for m in summary.models),
+            head + ", ".join(model_label(m.key, width=200) for m in summary.models),  # 'test_vit (random)'
+            f" {self.path.name} \u00b7 {summary.n_images} {summary.dataset} \u00b7 "
+            + ", ".join(model_label(m.key, width=0) for m in summary.models),
+        ]
+        room = self.size.width - 2  # the bar's padding
+        # none fits (a long dataset path): the full title, cut at the end, as before
+        self.query_one("#title-bar", Label).update(next((t for t in titles if len(t) <= room), titles[0]))
+
+    def on_resize(self) -> None:
+        self._show_title()
+
     def on_summary_loaded(self, message: SummaryLoaded) -> None:
         first = self.summary is None
         summary = self.summary = message.summary
         self._failure = None
         self.query_one("#view-task", TaskBar).stop()
-        models = "; ".join(f"{model_label(m.key, width=0)}: {m.weights}" for m in summary.models)
-        self.query_one("#title-bar", Label).update(
-            f" {self.path.name} \u00b7 {summary.n_images} images of {summary.dataset} \u00b7 {models}"
-        )
+        self._show_title()
         if summary.models and (self.model_a is None or self.model_a not in summary.keys):
             self.model_a = summary.models[0].key
         if self.model_b not in summary.keys:

@@ -92,7 +92,9 @@ class RunScreen(Screen):
             yield Label(self.title_text, classes="run--title")
             yield Label("preparing \u2026", id="run-stage")
             yield ProgressBar(total=None, id="run-bar", show_eta=True)
-            yield RichLog(id="run-log", wrap=True, markup=False)
+            # RichLog renders every line at least min_width (78) wide: at 80x24, inside the padding and the
+            # border, the ends of the lines were cut off instead of wrapped
+            yield RichLog(id="run-log", wrap=True, markup=False, min_width=1)
         yield Footer()
 
     def on_mount(self) -> None:

@@ -37,6 +37,14 @@ from vitsee.engine.colormap import (
     Palette,
     detect_color_mode,
 )
+from vitsee.tui.widgets.axis_labels import (  # noqa: F401 (the panes import the label forms from here)
+    AxisLabels,
+    abbreviate_label,
+    fit_labels,
+    layout_axis_labels,
+    shared_line_labels,
+    short_label,
+)
 
 ZOOMS = ("fit", "1:1", "detail")
 UPPER_HALF = "\u2580"  # ▀
@@ -45,9 +53,8 @@ MISSING_GLYPH = "\u00b7"  # · a cell not computed yet
 NONFINITE_GLYPH = "\u00d7"  # × a cell computed from NaN/Inf inputs
 NONFINITE_ASCII = "!"
 NONFINITE = MISSING - 2  # its level (MISSING - 1 is "below the last row")
-FOOTER_LINES = 2  # column labels, legend
+FOOTER_LINES = 2  # column labels (more lines when they stand upright), legend
 MAX_ROW_LABEL = 12
-MAX_COL_LABEL = 8
 MARKED = MISSING - 3  # the level of a marked cell (MISSING - 1 is "below the last row", - 2 non-finite)
 MARK_CHAR = "x"  # a marked cell without colour: not in the ASCII density ramp
 
@@ -55,38 +62,6 @@ MARK_CHAR = "x"  # a marked cell without colour: not in the ASCII density ramp
 def cursor_mark(width: int) -> str:
     """Return the glyphs drawn over the cursor cell: corner marks no value's half block looks like."""
     return "+" if width == 1 else "[" + " " * (width - 2) + "]"
-
-
-def short_label(label: str) -> str:
-    """Return a module path with its leading parts cut to initials: 'blocks.11' -> 'b.11', 'layer2.1' -> 'l2.1'."""
-    parts = label.split(".")
-    for i, head in enumerate(parts[:-1]):
-        if head.isdigit():  # an index ('blocks.10.attn') is what tells layers apart: keep it whole
-            continue
-        digits = len(head) - len(head.rstrip("0123456789"))
-        parts[i] = head[:1] + (head[-digits:] if 0 < digits < len(head) else "")
-    return ".".join(parts)
-
-
-def abbreviate_label(label: str, width: int) -> str:
-    """Return `label` in at most `width` cells, keeping its distinctive tail ('blocks.11' -> 'b.11')."""
-    if len(label) <= width:
-        return label
-    if len(short := short_label(label)) <= width:
-        return short
-    parts = short.split(".")
-    while len(parts) > 1:  # then drop leading parts: 'b.3.attn' -> '3.attn'
-        parts.pop(0)
-        if len(text := ".".join(parts)) <= width:
-            return text
-    return ("\u2026" + label[-(width - 1):]) if width > 1 else label[-width:]
-
-
-def fit_labels(labels: Sequence[str], width: int) -> list[str]:
-    """Return the labels as they are if all fit in `width`, else all in short form (so they read alike)."""
-    if max(map(len, labels)) <= width:
-        return list(labels)
-    return [abbreviate_label(short_label(label), width) for label in labels]
 
 
 @dataclass(frozen=True)
@@ -438,24 +413,34 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
         inner = self.scrollable_content_region.size
         key = (self.zoom, self.color_mode, outer, inner, self._generation)
         if key != self._layout_key:
-            self._layout = self._compute_layout(outer, inner)
-            self._layout_key = key
-            self._shown_levels, self._shown_values = self._pool(self._layout)
-            self._col_label_places = self._place_col_labels(self._layout)
-            self._row_label_texts = fit_labels(self.row_labels, self._layout.gutter - 1)
+            layout = self._compute_layout(outer, inner)
+            shared = self._shared_row_labels(layout, outer)
+            if shared is not None and (gutter := max(len("".join(p)) for p in shared) + 1) > layout.gutter:
+                layout = self._compute_layout(outer, inner, gutter=gutter)  # two rows a line: a gutter naming both
+                if self._shared_row_labels(layout, outer) is None:
+                    shared = None
+            self._layout, self._layout_key = layout, key
+            self._row_texts = fit_labels(self.row_labels, layout.gutter - 1)
+            self._row_lines = self._place_row_labels(layout, shared)
+            self._shown_levels, self._shown_values = self._pool(layout)
+            self._col_axes: dict[int, AxisLabels] = {}
+            self._label_lines = self._col_axis(layout, self.cursor[1]).lines
             self._line_cache.clear()
-            layout = self._layout
-            self.virtual_size = Size(layout.gutter + layout.grid_width, layout.grid_lines + FOOTER_LINES)
+            self.virtual_size = Size(layout.gutter + layout.grid_width,
+                                     layout.grid_lines + self._label_lines + FOOTER_LINES - 1)
         return self._layout
 
-    def _compute_layout(self, outer: Size, inner: Size) -> _Layout:
+    def _row_label_width(self, outer: Size) -> int:
+        return min(MAX_ROW_LABEL, max(outer.width // 4, 3))
+
+    def _compute_layout(self, outer: Size, inner: Size, gutter: int | None = None) -> _Layout:
         rows, cols = self._matrix.shape
         zoom = self.zoom
         half_blocks = zoom != "detail" and self.color_mode is not ColorMode.NONE
         per_line = 2 if half_blocks else 1
         unit_w = 1 if half_blocks else 2  # characters per square cell: a character is about twice as tall as wide
-        label_w = max(map(len, fit_labels(self.row_labels, min(MAX_ROW_LABEL, max(outer.width // 4, 3)))))
-        gutter = label_w + 1
+        if gutter is None:
+            gutter = max(map(len, fit_labels(self.row_labels, self._row_label_width(outer)))) + 1
         view_lines = max(inner.height - FOOTER_LINES, 1)
         view_width = max(inner.width - gutter, 1)
         pool_rows = pool_cols = cell_h = 1
@@ -523,21 +508,47 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
             levels = np.where(marks & (levels != MISSING) & (levels != NONFINITE), MARKED, levels)
         return levels, values
 
-    def _place_col_labels(self, layout: _Layout) -> list[tuple[int, str]]:
-        """Return (x, text) of every k-th column label, k as small as lets them stand apart."""
-        chars_per_col = layout.cell_w / layout.pool_cols
-        # Wide cells (detail) label every column, in short form if need be; narrow ones every k-th.
-        labels = fit_labels(self.col_labels, int(chars_per_col) - 1 if chars_per_col >= 5 else MAX_COL_LABEL)
-        width = max(map(len, labels))
-        stride = max(1, math.ceil((width + 1) / chars_per_col))
-        placed: list[tuple[int, str]] = []
-        free_from = 0
-        for col in range(0, len(self.col_labels), stride):
-            x = layout.cell_span(col)[0]
-            if x >= free_from:
-                placed.append((x, text := labels[col]))
-                free_from = x + len(text) + 1
-        return placed
+    def _shared_row_labels(self, layout: _Layout, outer: Size) -> list[tuple[str, str, str]] | None:
+        """Return one label per grid line naming both rows drawn on it, or None (rows have lines of their own,
+        or the pairs do not fit the gutter)."""
+        rows = len(self.row_labels)
+        if not layout.half_blocks or layout.cell_h != 1 or layout.pool_rows != 1 or rows < 2:
+            return None
+        upper, lower = self.row_labels[0::2], self.row_labels[1::2]
+        shared = shared_line_labels(upper[: len(lower)], lower, self._row_label_width(outer))
+        if shared is not None and len(upper) > len(lower):  # an odd last row has its line to itself
+            shared.append(("", abbreviate_label(short_label(self.row_labels[-1]), self._row_label_width(outer)), ""))
+        return shared
+
+    def _place_row_labels(self, layout: _Layout,
+                          shared: list[tuple[str, str, str]] | None) -> dict[int, list[tuple[int | None, str]]]:
+        """Return, per grid line, its label as pieces (matrix row or None, text): the cursor's piece is the
+        one highlighted; a line without the cursor's piece shows the cursor's label instead, on its line."""
+        if shared is not None:
+            return {line: [(None, p), (2 * line, a)] + ([(None, "/"), (2 * line + 1, b[1:])] if b else [])
+                    for line, (p, a, b) in enumerate(shared)}
+        texts = self._row_texts
+        lines: dict[int, list[tuple[int | None, str]]] = {}
+        for row in range(0, len(self.row_labels), layout.pool_rows):  # a pooled cell: its first row names it
+            lines.setdefault(layout.cell_lines(row)[0], [(row, texts[row])])
+        return lines
+
+    def _col_axis(self, layout: _Layout, cursor_col: int) -> AxisLabels:
+        """Return the column labels for a cursor column: none overlaps another, the cursor's always shown."""
+        axis = self._col_axes.get(cursor_col)
+        if axis is None:
+            positions = [layout.cell_span(col)[0] for col in range(len(self.col_labels))]
+            # upright labels only where the grid leaves lines free below it (a fitted grid rarely does)
+            free = layout.view_lines + 1 - layout.grid_lines
+            axis = self._col_axes[cursor_col] = layout_axis_labels(
+                self.col_labels, positions, layout.grid_width, cursor_col, max_chars=MAX_ROW_LABEL,
+                max_lines=free if self._label_lines_allowed(layout) else 1)
+        return axis
+
+    def _label_lines_allowed(self, layout: _Layout) -> bool:
+        # every cursor must get the same number of label lines: vertical labels are only ever chosen when
+        # they show every label (then the choice does not depend on the cursor)
+        return layout.grid_lines <= layout.view_lines
 
     # --- Rendering ------------------------------------------------------------------------------------
 
@@ -573,10 +584,11 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
             on_line = first <= grid_y <= last
             key = ("grid", grid_y, scroll_x, layout.zoom, self.color_mode, self.cursor if on_line else None)
             render = lambda: self._render_grid_line(layout, grid_y, scroll_x, on_line)  # noqa: E731
-        elif y == label_y:
-            key = ("labels", scroll_x, layout.zoom, self.color_mode, cursor_col)
-            render = lambda: self._render_col_labels(layout, scroll_x)  # noqa: E731
-        elif y == label_y + 1:
+        elif y < label_y + self._label_lines:
+            line = y - label_y
+            key = ("labels", line, scroll_x, layout.zoom, self.color_mode, cursor_col)
+            render = lambda: self._render_col_labels(layout, scroll_x, line)  # noqa: E731
+        elif y == label_y + self._label_lines:
             key = ("legend", layout.zoom, self.color_mode, self.size.width, scroll_x, scroll_y)
             render = lambda: self._render_legend(layout)  # noqa: E731
         else:
@@ -592,19 +604,19 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
         sub_rows = [layout.shown_row_at(grid_y * per_line + i) for i in range(per_line)]
         cursor_shown = (cursor_row // layout.pool_rows, cursor_col // layout.pool_cols)
 
-        # Row label: of a row that starts on this line, the cursor's if it is one of them.
-        label, label_style = "", self._style("heatmap--label")
-        for sub_row, shown in enumerate(sub_rows):
-            if shown is None or (grid_y * per_line + sub_row) % layout.cell_h:
-                continue
-            if on_cursor_line and shown == cursor_shown[0]:
-                label, label_style = self._row_label_texts[cursor_row], self._style("heatmap--label-cursor")
-                break
-            label = label or self._row_label_texts[shown * layout.pool_rows]
-        segments = [
-            Segment(label.rjust(layout.gutter - 1), label_style),
-            Segment(" ", self._base_style),
-        ]
+        # Row label: the rows that start on this line; on the cursor's line, the cursor's piece highlighted
+        # (or the cursor's label alone, when this line's label does not name its row).
+        plain, highlight = self._style("heatmap--label"), self._style("heatmap--label-cursor")
+        pieces = self._row_lines.get(grid_y, [])
+        first_line = layout.cell_lines(cursor_row)[0]
+        if on_cursor_line and not any(row == cursor_row for row, _ in self._row_lines.get(first_line, [])):
+            # the cursor's row has no label of its own (pooled, or thinned): it takes its first line's
+            pieces = [(cursor_row, self._row_texts[cursor_row])] if grid_y == first_line else []
+        pad = layout.gutter - 1 - sum(len(text) for _, text in pieces)
+        segments = [Segment(" " * pad, plain)] if pad > 0 else []
+        segments += [Segment(text, highlight if on_cursor_line and row == cursor_row else plain)
+                     for row, text in pieces if text]
+        segments.append(Segment(" ", self._base_style))
 
         # Grid cells in view, one run per shown cell, merged when neighbours look the same.
         end_x = min(scroll_x + layout.view_width, layout.grid_width)
@@ -702,27 +714,23 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
             style = Style(color=ink.color, bgcolor=palette.colors[level])
         return "", (style + self._style("heatmap--cursor")) if is_cursor else style
 
-    def _render_col_labels(self, layout: _Layout, scroll_x: int) -> Strip:
-        """Return the column label line; the cursor column's label is drawn in full and hides its neighbours."""
+    def _render_col_labels(self, layout: _Layout, scroll_x: int, line: int) -> Strip:
+        """Return one column label line; the cursor column's label is highlighted in its own slot."""
         width = min(layout.view_width, layout.grid_width - scroll_x)
-        cursor_label = self.col_labels[self.cursor[1]][:width]
-        cursor_x = layout.cell_span(self.cursor[1])[0] - scroll_x
-        cursor_x = max(0, min(cursor_x, width - len(cursor_label)))
-        line = [" "] * width
-        for x, text in self._col_label_places:
-            x -= scroll_x
-            if x + len(text) < cursor_x or x > cursor_x + len(cursor_label):
-                for i, char in enumerate(text[: max(0, width - x)]):
-                    if x + i >= 0:
-                        line[x + i] = char
-        text = "".join(line)
+        axis = self._col_axis(layout, self.cursor[1])
+        text = axis.line_text(line, layout.grid_width)[scroll_x: scroll_x + width]
+        start = end = 0
+        for index, x, label in axis.placed:
+            if index == self.cursor[1] and (not axis.vertical or line < len(label)):
+                start, end = x - scroll_x, x - scroll_x + (1 if axis.vertical else len(label))
+        start, end = max(0, start), max(0, min(end, width))
         plain = self._style("heatmap--label")
         return Strip(
             [
                 Segment(" " * layout.gutter, self._base_style),
-                Segment(text[:cursor_x], plain),
-                Segment(cursor_label, self._style("heatmap--label-cursor")),
-                Segment(text[cursor_x + len(cursor_label) :], plain),
+                Segment(text[:start], plain),
+                Segment(text[start:end], self._style("heatmap--label-cursor")),
+                Segment(text[end:], plain),
             ]
         )
 
@@ -777,10 +785,14 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
         first, last = layout.cell_lines(cell[0])
         left, right = layout.cell_span(cell[1])
         top, height = first - scroll_y, last - first + 1
+        label_y = min(layout.grid_lines - scroll_y, layout.view_lines)
+        # upright labels only change in the cursor's column; labels along a line may move along the line
+        labels = (Region(layout.gutter + left - scroll_x, label_y, 1, self._label_lines) if self._label_lines > 1
+                  else Region(0, label_y, self.size.width, 1))
         return [
             Region(layout.gutter + left - scroll_x, top, right - left, height),
             Region(0, top, layout.gutter, height),
-            Region(0, min(layout.grid_lines - scroll_y, layout.view_lines), self.size.width, 1),
+            labels,
         ]
 
     def _scroll_to_cursor(self, center: bool = False) -> None:

@@ -2,8 +2,11 @@
 
 Each character cell holds 2 x 4 dots, so a 40 x 6 plot has 80 x 24 points of resolution. Used for a CKA
 row and column in the pair detail, accuracy against depth for the probes, CLS against spatial tokens for
-the skip ratios. Without colour the series after the first are drawn as dots at their samples only, so
-two curves can still be told apart. A series with an interval per sample (a probe's binomial interval, a
+the skip ratios. Each series has its own colour (a colour-blind-safe set, fixed: the theme's accent and
+warning are the same orange in textual-dark); without colour the series after the first are drawn as a
+glyph of their own at each sample (o, x, +), so the curves can still be told apart, and the legend
+shows each one's glyph. The y axis has a tick every few lines; the x labels are laid out by
+`layout_axis_labels`, the marked position's label highlighted in its own slot. A series with an interval per sample (a probe's binomial interval, a
 skip ratio's t interval) gets a band: a column of BAND glyphs from its low to its high end at each sample,
 behind the curve, and a caption line saying what the interval is.
 """
@@ -19,10 +22,14 @@ from rich.style import Style
 from rich.text import Text
 from textual.widget import Widget
 
+from vitsee.tui.widgets.axis_labels import layout_axis_labels
+
 BRAILLE = 0x2800
 # bit of the dot at (x in 0..1, y in 0..3, from the top) of a braille cell
 DOT_BITS = ((0x01, 0x02, 0x04, 0x40), (0x08, 0x10, 0x20, 0x80))
 AXIS_WIDTH = 6
+MARKERS = ("o", "x", "+")  # series 1, 2, 3 without colour: ASCII, so no terminal draws them double width
+TICK_EVERY = 3  # lines between y ticks
 SERIES_CLASSES = ("line-plot--series-0", "line-plot--series-1", "line-plot--series-2")
 BAND_CLASSES = ("line-plot--band-0", "line-plot--band-1", "line-plot--band-2")
 BAND = "\u2506"  # ┆ unlike the braille curves and the ┈ reference line, so it reads without colour
@@ -70,20 +77,23 @@ class LinePlot(Widget):
         "line-plot--axis",
         "line-plot--mark",
         "line-plot--hline",
+        "line-plot--mark-label",
     }
 
     DEFAULT_CSS = """
     LinePlot {
         height: 8;
-        & > .line-plot--series-0 { color: $accent; }
-        & > .line-plot--series-1 { color: $warning; }
-        & > .line-plot--series-2 { color: $success; }
-        & > .line-plot--band-0 { color: $accent 60%; }
-        & > .line-plot--band-1 { color: $warning 60%; }
-        & > .line-plot--band-2 { color: $success 60%; }
+        /* Okabe-Ito sky blue, orange, bluish green: apart for every kind of colour vision */
+        & > .line-plot--series-0 { color: #56b4e9; }
+        & > .line-plot--series-1 { color: #e69f00; }
+        & > .line-plot--series-2 { color: #009e73; }
+        & > .line-plot--band-0 { color: #56b4e9 60%; }
+        & > .line-plot--band-1 { color: #e69f00 60%; }
+        & > .line-plot--band-2 { color: #009e73 60%; }
         & > .line-plot--axis { color: $text-muted; }
-        & > .line-plot--mark { background: $boost; color: $foreground; text-style: bold; }
+        & > .line-plot--mark { background: $boost; text-style: bold; }
         & > .line-plot--hline { color: $text-muted; }
+        & > .line-plot--mark-label { color: $foreground; text-style: bold reverse; }
     }
     """
 
@@ -153,16 +163,16 @@ class LinePlot(Widget):
 
         cells = np.zeros((plot_h, plot_w), dtype=np.int32)
         owner = np.full((plot_h, plot_w), -1, dtype=np.int8)  # the series whose colour a cell takes
+        markers: dict[tuple[int, int], int] = {}  # (row, col) -> series drawn there as a glyph (no colour)
         band = self._band_cells(plot_h, plot_w, n, x_of, y_of)
         for index, series in enumerate(self.series):
             values = np.asarray(series.values, dtype=float)
-            dotted = self.monochrome and index > 0
             points = [(x_of(i), y_of(v)) for i, v in enumerate(values) if math.isfinite(v)]
+            if self.monochrome and index > 0:
+                markers.update({(y // 4, x // 2): index for x, y in points})
+                continue
             dots: list[tuple[int, int]] = []
             for k, (x, y) in enumerate(points):
-                if dotted:
-                    dots += [(x, y), (min(x + 1, dots_w - 1), y)]
-                    continue
                 dots.append((x, y))
                 if k + 1 < len(points):
                     x2, y2 = points[k + 1]
@@ -179,17 +189,22 @@ class LinePlot(Widget):
         mark_col = x_of(self.mark) // 2 if self.mark is not None and 0 <= self.mark < n else None
 
         axis = self.get_component_rich_style("line-plot--axis")
-        mark_style = self.get_component_rich_style("line-plot--mark")
+        mark = self.get_component_rich_style("line-plot--mark")
+        mark_style = Style(bgcolor=mark.bgcolor, bold=mark.bold)  # the curves keep their colours across the mark
         hline_style = self.get_component_rich_style("line-plot--hline")
         series_styles = [self.get_component_rich_style(SERIES_CLASSES[i % len(SERIES_CLASSES)]) for i in range(len(self.series))]
         band_styles = [self.get_component_rich_style(BAND_CLASSES[i % len(BAND_CLASSES)]) for i in range(len(self.series))]
         text = Text(no_wrap=True, overflow="crop")
+        ticks = self._y_ticks(plot_h, lo, hi)
         for row in range(plot_h):
-            tick = format_tick(hi) if row == 0 else format_tick(lo) if row == plot_h - 1 else ""
-            text.append(f"{tick:>{AXIS_WIDTH - 1}}\u2502", axis)
+            tick = ticks.get(row)
+            text.append(f"{format_tick(tick):>{AXIS_WIDTH - 1}}\u2524" if tick is not None else " " * (AXIS_WIDTH - 1) + "\u2502", axis)
             for col in range(plot_w):
                 bits = int(cells[row, col])
-                if bits:
+                if (row, col) in markers:
+                    index = markers[(row, col)]
+                    char, style = MARKERS[(index - 1) % len(MARKERS)], series_styles[index]
+                elif bits:
                     char, style = chr(BRAILLE + bits), series_styles[owner[row, col]]
                 elif band[row, col] >= 0:  # an interval covers the reference line: the interval shows
                     char, style = BAND, band_styles[band[row, col]]
@@ -201,7 +216,7 @@ class LinePlot(Widget):
                     style = style + mark_style
                 text.append(char, style)
             text.append("\n")
-        text.append(self._x_axis_line(plot_w, mark_col, n), axis)
+        text.append_text(self._x_axis_line(plot_w, n, axis))
         text.append("\n")
         text.append_text(self._legend(series_styles, hline_style, width))
         if bands:
@@ -242,27 +257,39 @@ class LinePlot(Widget):
         caption.truncate(width, overflow="ellipsis")
         return caption
 
-    def _x_axis_line(self, plot_w: int, mark_col: int | None, n: int) -> str:
-        """Return the x labels line: first and last label at the ends, the marked one under its column."""
-        line = [" "] * plot_w
-        first, last = (self.x_labels[0], self.x_labels[-1]) if self.x_labels else ("", "")
+    def _y_ticks(self, plot_h: int, lo: float, hi: float) -> dict[int, float]:
+        """Returns the value at each ticked line: the top (hi), the bottom (lo), and one every TICK_EVERY
+        lines between, each the value at its line's middle."""
+        ticks = {0: hi, plot_h - 1: lo}
+        dots_h = plot_h * 4
+        for row in range(TICK_EVERY, plot_h - 2, TICK_EVERY):
+            ticks[row] = hi - (4 * row + 1.5) / (dots_h - 1) * (hi - lo)
+        return ticks
 
-        def put(x: int, label: str) -> None:
-            x = max(0, min(x, plot_w - len(label)))
-            for i, char in enumerate(label[:plot_w]):
-                line[x + i] = char
-
-        put(0, first)
-        put(plot_w - len(last), last)
-        if mark_col is not None and self.mark is not None and self.mark < len(self.x_labels):
-            label = f"\u25b2{self.x_labels[self.mark]}"  # ▲
-            put(mark_col, label)
-        return " " * AXIS_WIDTH + "".join(line)
+    def _x_axis_line(self, plot_w: int, n: int, axis: Style) -> Text:
+        """Return the x labels line: the first, the last, every k-th between as fits, and the marked one
+        highlighted in its own slot; no label is written over another."""
+        line = Text(" " * AXIS_WIDTH, no_wrap=True, overflow="crop")
+        labels = self.x_labels[:n]
+        if not labels:
+            return line
+        positions = [(0 if n == 1 else round(i * (plot_w * 2 - 1) / (n - 1))) // 2 for i in range(len(labels))]
+        mark = self.mark if self.mark is not None and 0 <= self.mark < len(labels) else None
+        layout = layout_axis_labels(labels, positions, plot_w, mark, centred=True, keep_ends=True, max_chars=12)
+        text = layout.line_text(0, plot_w)
+        start = end = 0
+        for index, x, label in layout.placed:
+            if index == mark:
+                start, end = x, x + len(label)
+        line.append(text[:start], axis)
+        line.append(text[start:end], self.get_component_rich_style("line-plot--mark-label"))
+        line.append(text[end:], axis)
+        return line
 
     def _legend(self, styles: list[Style], hline_style: Style, width: int) -> Text:
         legend = Text(" " * AXIS_WIDTH, no_wrap=True, overflow="crop")
         for index, (series, style) in enumerate(zip(self.series, styles)):
-            glyph = "\u2824\u2824" if self.monochrome and index > 0 else "\u2812\u2812"  # dotted / solid
+            glyph = MARKERS[(index - 1) % len(MARKERS)] if self.monochrome and index > 0 else "\u2812\u2812"  # ⠒⠒ a line
             legend.append(f"{glyph} ", style)
             legend.append(f"{series.name}  ")
         if self.hline is not None and self.hline_name:

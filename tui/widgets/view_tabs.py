@@ -4,6 +4,26 @@ from __future__ import annotations
 
 from textual.widgets import Tab, Tabs
 
+# Shortened in this order while the row is wider than the pane (80 columns leave the tabs some 57): a row
+# that does not fit scrolls, and then the first tabs are cut off
+SHORT_LABELS = {"attention": "Attn", "spatial": "Spat", "probes": "Prob", "heads": "Head"}
+TAB_PADDING = 2
+
+
+def tab_labels(labels: dict[str, str], width: int) -> dict[str, str]:
+    """Returns each view's tab label ('2 Attention', or '2 Attn' where the row would not fit `width`)."""
+    names = dict(labels)
+
+    def row() -> int:
+        return sum(len(f"{i} {name}") + TAB_PADDING for i, name in enumerate(names.values(), start=1))
+
+    for kind, short in SHORT_LABELS.items():
+        if row() <= width:
+            break
+        if kind in names:
+            names[kind] = short
+    return {kind: f"{i} {name}" for i, (kind, name) in enumerate(names.items(), start=1)}
+
 
 class ViewTabs(Tabs, can_focus=False):
     """Tabs named '1 CKA', '2 Attention', ... whose ids are `tab-KIND`, one per pane in the order given."""
@@ -13,5 +33,12 @@ class ViewTabs(Tabs, can_focus=False):
     """
 
     def __init__(self, labels: dict[str, str], active: str = "cka") -> None:
+        self._labels = dict(labels)
         tabs = [Tab(f"{i} {label}", id=f"tab-{kind}") for i, (kind, label) in enumerate(labels.items(), start=1)]
         super().__init__(*tabs, id="view-tabs", active=f"tab-{active}")
+
+    def on_resize(self) -> None:
+        for kind, label in tab_labels(self._labels, self.size.width).items():
+            tab = self.query_one(f"#tab-{kind}", Tab)
+            if tab.label_text != label:
+                tab.label = label

@@ -1,0 +1,74 @@
+"""At 80x24 nothing on the explorer's header, tabs or the run log is cut off (issue 13, point 9)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from test_tui import analysed_copy, make_app, settle, view_shown
+from textual.app import App
+
+from vitsee.tui.messages import RunEvent
+from vitsee.tui.options import AppOptions
+from vitsee.tui.screens.run import RunScreen
+from vitsee.tui.widgets.panes import VIEW_LABELS
+from vitsee.tui.widgets.view_tabs import TAB_PADDING, tab_labels
+
+
+@pytest.fixture(scope="module")
+def store(tiny_store, tmp_path_factory):
+    return analysed_copy(tiny_store, tmp_path_factory.getbasetemp())
+
+
+def screen_text(app) -> list[str]:
+    return [strip.text for strip in app.screen._compositor.render_strips()]
+
+
+def test_tab_labels_shorten_only_as_far_as_the_row_needs():
+    assert tab_labels(VIEW_LABELS, 200) == {kind: f"{i} {name}" for i, (kind, name) in enumerate(VIEW_LABELS.items(), start=1)}
+    for width in (57, 60, 64):
+        labels = tab_labels(VIEW_LABELS, width)
+        assert sum(len(label) + TAB_PADDING for label in labels.values()) <= width
+        assert [label.split()[0] for label in labels.values()] == [str(i) for i in range(1, 8)]
+    assert tab_labels(VIEW_LABELS, 64)["attention"] == "2 Attn" and tab_labels(VIEW_LABELS, 64)["spatial"] == "5 Spatial"
+
+
+async def test_the_header_and_every_tab_fit_80_columns(store, tmp_path):
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, view_shown("cka"))
+        await pilot.press("4")  # the skip tab, far enough right that a row too wide scrolled the first tabs away
+        await settle(pilot, view_shown("skip"))
+        lines = screen_text(app)
+    assert "\u2026" not in lines[0] and "test_vit" in lines[0] and "test_resnet" in lines[0]
+    assert "48 images" in lines[0]
+    for i in range(1, 8):
+        assert f" {i} " in lines[1]
+    assert "1 CKA" in lines[1] and "7 ERF" in lines[1]
+
+
+async def test_the_run_log_wraps_long_lines_at_80x24_instead_of_cutting_them():
+    gate = threading.Event()
+
+    def prepare():  # holds the run at its start: the log is what this test reads
+        gate.wait(30)
+        raise RuntimeError("not run")
+
+    words = [f"w{i:02d}" for i in range(60)]  # where a line is cut, some word is missing
+    line = " ".join(words)
+
+    class RunApp(App):
+        def on_mount(self) -> None:
+            self.push_screen(RunScreen(AppOptions(), prepare, "New run"))
+
+    app = RunApp()
+    try:
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.pause()
+            for _ in range(20):  # more than the log shows: a scrollbar too
+                app.screen.post_message(RunEvent("plan", text=line))
+            await pilot.pause(0.3)
+            shown = " ".join(text.strip(" \u2502") for text in screen_text(app))
+    finally:
+        gate.set()
+    assert " ".join(words) in " ".join(shown.split())
