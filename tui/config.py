@@ -37,7 +37,7 @@ COLOR_CHOICES = ("auto", "truecolor", "256", "16", "none")
 DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?$")
 
 # What `preset = "vim"` adds, by Binding id. hjkl already move every cursor; this adds vim's jumps and pages,
-# hjkl in the probe table, and `:` for the command palette. The ERF log toggle leaves `g` (first row) to the
+# and hjkl in the probe table (`:` is already the explorer's jump overlay, vim's command line). The ERF log toggle leaves `g` (first row) to the
 # heatmap it sits around, which would otherwise hide it.
 PRESETS: dict[str, dict[str, str]] = {
     "vim": {
@@ -54,7 +54,6 @@ PRESETS: dict[str, dict[str, str]] = {
         "probes.left": "left,h",
         "probes.right": "right,l",
         "erf.log": "L",
-        "app.command_palette": "ctrl+p,colon",
     },
 }
 
