@@ -656,8 +656,8 @@ def _check_solvable(acc, l2) -> torch.Tensor:
     l2 = l2.expand(acc.n_probes, -1) if l2.ndim == 1 else l2  # (P, L)
     if l2.ndim != 2 or l2.shape[0] != acc.n_probes:
         raise ValueError(f"l2 must be (L,) or ({acc.n_probes}, L), got {tuple(l2.shape)}")
-    for value in l2.flatten().tolist():
-        _check_l2(value)
+    if not bool(torch.isfinite(l2).all() and (l2 > 0).all()):  # one check: P x L values, per-token probes
+        _check_l2(next(v for v in l2.flatten().tolist() if not (np.isfinite(v) and v > 0)))
     return l2
 
 
@@ -734,6 +734,26 @@ def _nonfinite_readouts(ds, readouts: dict[str, Callable[[np.ndarray], np.ndarra
     return {name: n for name, n in counts.items() if n}
 
 
+# A layer up to this size is read from the store once and its fit, holdout and test rows served from memory
+# (each part touches every HDF5 chunk, so streaming reads the layer three times); a larger one streams.
+LAYER_IN_MEMORY_BYTES = 256 * 2**20
+
+
+def _layer_batches(ds, fns: list[Callable[[np.ndarray], np.ndarray]], labels: np.ndarray, batch_size: int) -> BatchesFn:
+    """Returns the batches(mask) of fit_probes over one layer: (b, P, D) float32 features of every readout in
+    fns, side by side, and their labels."""
+    whole = ds[: len(labels)] if ds.size * ds.dtype.itemsize <= LAYER_IN_MEMORY_BYTES else None
+
+    def batches(mask):
+        rows = np.flatnonzero(mask)
+        for s in range(0, len(rows), batch_size):
+            r = rows[s : s + batch_size]
+            a = (whole[r] if whole is not None else read_rows(ds, r)).astype(np.float32)
+            yield np.concatenate([f(a) for f in fns], axis=1), labels[r]
+
+    return batches
+
+
 def probe_params(store: Store, key: str, cfg: AnalyzeConfig) -> dict:
     return _with_interval({"model": key, "n_images": store.n_images, "seed": cfg.seed, "tokens": cfg.probe_tokens,
                            "max_token_dim": cfg.probe_max_dim, "l2_ratios": [float(r) for r in L2_RATIOS]}, cfg)
@@ -768,36 +788,38 @@ def run_probes(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | 
     for li, layer in enumerate(layers):
         ds = store._layer(key, layer)
         readouts = _readouts(store, key, layer)
-        groups = [[n for n in readouts if n in ("cls", "gap", "flat")]]
+        names = [n for n in readouts if n in ("cls", "gap", "flat")]
         if cfg.probe_tokens and "tokens" in readouts:
             if ds.shape[-1] <= cfg.probe_max_dim:
-                groups.append(["tokens"])
+                names.append("tokens")
             else:
                 too_wide.append(layer)
         if nonfinite.get(layer):  # a ridge fit on NaN/Inf features has no answer: leave those readouts out
-            bad = _nonfinite_readouts(ds, {n: readouts[n] for group in groups for n in group}, cfg.batch_size)
+            bad = _nonfinite_readouts(ds, {n: readouts[n] for n in names}, cfg.batch_size)
             skipped += [(layer, name, count) for name, count in bad.items()]
-            groups = [[n for n in names if n not in bad] for names in groups]
-        for names in filter(None, groups):
-            fns = [readouts[n] for n in names]
+            names = [n for n in names if n not in bad]
+        _emit(progress, f"probes {key}", li * len(labels), len(layers) * len(labels), layer)
+        if names:
+            # one fit serves every readout of the layer (the probes are independent; they share D and the
+            # labels), so the layer is read once and each solve is one batched call
+            def read(done, total, li=li, layer=layer):
+                _emit(progress, f"probes {key}", li * len(labels) + done, len(layers) * len(labels), layer)
 
-            def batches(mask, fns=fns, ds=ds):
-                rows = np.flatnonzero(mask)
-                for s in range(0, len(rows), cfg.batch_size):
-                    r = rows[s : s + cfg.batch_size]
-                    a = read_rows(ds, r).astype(np.float32)
-                    yield np.concatenate([f(a) for f in fns], axis=1), labels[r]
-
-            res = fit_probes(batches, labels, seed=cfg.seed, device=device)
-            if names == ["tokens"]:
-                token_maps[layer] = res.test_accuracy
-            else:
-                for name, acc, pen in zip(names, res.test_accuracy, res.l2):
+            res = fit_probes(_layer_batches(ds, [readouts[n] for n in names], labels, cfg.batch_size), labels,
+                             seed=cfg.seed, device=device, progress=read)
+            start = 0
+            for name in names:
+                width = ds.shape[1] if name == "tokens" else 1  # tokens: one probe per token
+                accuracy, penalty = res.test_accuracy[start : start + width], res.l2[start : start + width]
+                start += width
+                if name == "tokens":
+                    token_maps[layer] = accuracy
+                else:
                     col = readout_names.index("gap" if name == "flat" else name)
-                    table[li, col] = acc
-                    l2[li, col] = pen
+                    table[li, col] = accuracy[0]
+                    l2[li, col] = penalty[0]
             split = res.split
-        _emit(progress, f"probes {key}", li + 1, len(layers), layer)
+        _emit(progress, f"probes {key}", (li + 1) * len(labels), len(layers) * len(labels), layer)
     arrays = {
         "accuracy": table,
         "l2": l2,
