@@ -54,6 +54,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--while-probes", action="store_true", help="key latency while a probe worker computes")
     parser.add_argument("--probe-store", type=Path, default=None,
                         help="store for --while-probes (default: benchmarks/probes.py's, built when missing)")
+    parser.add_argument("--no-worker", action="store_true", help="--while-probes without the worker: the baseline")
+    parser.add_argument("--same-priority", action="store_true",
+                        help="--while-probes with the worker at the event loop's CPU priority (as before)")
     parser.add_argument("--key-gap-ms", type=float, default=150.0, help="--while-probes: time between keys")
     return parser.parse_args()
 
@@ -214,7 +217,7 @@ def probe_job(store_path: Path):
     from vitsee.engine.analyze import AnalyzeConfig
     from vitsee.engine.store import Store
     from vitsee.engine.threads import set_compute_threads
-    from vitsee.tui.results import Cancelled
+    from vitsee.tui.results import Cancelled, yield_cpu_to_event_loop
 
     def compute(path, spec, cfg, progress=None, cancelled=lambda: False, warn=None):
         def step(event):
@@ -222,6 +225,8 @@ def probe_job(store_path: Path):
                 raise Cancelled(spec)
             progress(event)
 
+        if not ARGS.same_priority:
+            yield_cpu_to_event_loop()
         set_compute_threads()  # what read_view does before it computes
         while True:  # until the worker is cancelled (step raises Cancelled)
             with Store.writer(store_path) as store:
@@ -260,7 +265,8 @@ async def measure_while_probes() -> dict[str, list[float]]:
             moved.append(time.perf_counter())
 
         heatmap.watch_cursor = watch_cursor
-        screen._analyse_all(["probes:bench"])  # the app's own background worker, cancelled below
+        if not ARGS.no_worker:
+            screen._analyse_all(["probes:bench"])  # the app's own background worker, cancelled below
         bar = screen.query_one("#background-task", TaskBar)
         await asyncio.sleep(2.0)  # past the first layer: reading and solving
         for key in cursor_walk(ARGS.moves, ARGS.seed):
@@ -322,7 +328,7 @@ def report_while_probes() -> int:
     result = asyncio.run(measure_while_probes())
     ms = sorted(result["ms"])
     p50, p95 = statistics.median(ms), ms[int(0.95 * (len(ms) - 1))]
-    print(f"while a probe worker computes (load average {os.getloadavg()[0]:.1f}): {len(ms)} keys "
+    print(f"{'with no worker (baseline)' if ARGS.no_worker else 'while a probe worker computes'} (load average {os.getloadavg()[0]:.1f}): {len(ms)} keys "
           f"{ARGS.key_gap_ms:.0f} ms apart")
     print(f"  key -> frame with the moved cursor (ms)   p50 {p50:7.1f}   p95 {p95:7.1f}   max {ms[-1]:7.1f}")
     texts = [t for t in result["bar_texts"] if t]

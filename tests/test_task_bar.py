@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
+
 import pytest
 
 from conftest import VIT
 from test_tui import SIZE, make_app, settle, store, view_shown  # noqa: F401 (store: the analysed-store fixture)
 from vitsee.tui.messages import AnalysisStep
+from vitsee.tui.results import yield_cpu_to_event_loop
 from vitsee.tui.widgets.task_bar import EtaClock, StepThrottle, TaskBar, format_eta
 
 
@@ -66,3 +71,21 @@ async def test_probe_progress_reaches_the_task_bar_with_percentage_and_eta(store
         screen.post_message(AnalysisStep(f"probes:{VIT}", f"probes {VIT}", 480, 480, "norm"))
         await pilot.pause()
         assert "100%  ETA 0:00" in bar.text
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is Linux's")
+def test_a_computing_worker_thread_yields_the_cpu_and_the_event_loop_thread_keeps_its_priority():
+    seen = {}
+
+    def worker():
+        tid = threading.get_native_id()
+        before = os.getpriority(os.PRIO_PROCESS, tid)
+        seen["lowered"] = yield_cpu_to_event_loop(nice=3)
+        seen["change"] = os.getpriority(os.PRIO_PROCESS, tid) - before
+
+    main_before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert seen["lowered"] and seen["change"] == min(3, 19 - main_before)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == main_before
