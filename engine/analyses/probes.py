@@ -193,7 +193,7 @@ class ExampleAccumulator:
     Memory grows with the number of examples, so `new_accumulator` uses it only where n < D.
     """
 
-    def __init__(self, n_classes: int, device="cpu"):
+    def __init__(self, n_classes: int, device="cpu", reference: torch.Tensor | None = None):
         self.n_classes = int(n_classes)
         self.device = torch.device(device)
         self.count = 0
@@ -201,9 +201,11 @@ class ExampleAccumulator:
         self.blocks: list[torch.Tensor] = []  # (P, b, D) float64 batches minus reference
         self.block_sums: list[torch.Tensor] = []  # (P, D) the sum of each block over its examples
         self.y: list[torch.Tensor] = []  # (b,) labels
-        self.reference: torch.Tensor | None = None  # (P, D)
+        self.reference = reference  # (P, D); given: another accumulator's, so merging into it shifts nothing
         self.gram: torch.Tensor | None = None  # (P, m, m) of the examples of the first `gram_blocks` blocks
         self.gram_blocks = 0
+        # block index -> (P, b, m) its products with the first m examples, already computed when it was scored
+        self.known_cross: dict[int, torch.Tensor] = {}
 
     @property
     def n_probes(self) -> int:
@@ -224,12 +226,26 @@ class ExampleAccumulator:
             self.reference = x[:REFERENCE_ROWS].to(torch.float64).mean(0)  # (P, D)
         return self._keep(_probe_major(x, self.reference), y)
 
+    def update_scored(self, path: RidgePath, x, y) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return path.evaluate(x, y) after keeping the batch, its products with the path's examples computed
+        once for both (the path must be solved from the accumulator whose reference this one shares)."""
+        self.update(x, y)
+        block = self.blocks[-1]
+        cross = path.cross(block)  # (P, b, n) with the path's training examples, minus the same reference
+        self.known_cross[len(self.blocks) - 1] = cross
+        return path.evaluate_cross(cross, y)
+
     def merge(self, other: ExampleAccumulator) -> ExampleAccumulator:
         """Return self after adding the examples another accumulator has kept (e.g. a held-out part)."""
         if self.reference is None:
             self.reference = other.reference
-        for block, y in zip(other.blocks, other.y):
-            self._keep(block + (other.reference - self.reference)[:, None], y)
+        shared = other.reference is self.reference  # then the products it computed against self's examples hold
+        first, seen = len(self.blocks), self.count
+        for j, (block, y) in enumerate(zip(other.blocks, other.y)):
+            self._keep(block if shared else block + (other.reference - self.reference)[:, None], y)
+            cross = other.known_cross.get(j)
+            if shared and cross is not None and cross.shape[2] == seen and self.gram_blocks == first:
+                self.known_cross[first + j] = cross
         return self
 
     def feature_scale(self) -> torch.Tensor:
@@ -253,6 +269,9 @@ class ExampleAccumulator:
             l2=l2,
             examples=tuple(self.blocks),
             examples_mean=block_mean,
+            reference=self.reference,
+            gram_row_mean=self.gram.mean(2),  # (P, n): each example's product with the examples' mean
+            gram_mean=self.gram.mean((1, 2)),  # (P,): the mean's with itself
         )
 
     def _keep(self, block: torch.Tensor, y: torch.Tensor) -> ExampleAccumulator:
@@ -266,7 +285,8 @@ class ExampleAccumulator:
         return self
 
     def _centred_gram(self) -> torch.Tensor:
-        """Return (P, n, n) the Gram of the centred examples, after growing the kept Gram by the new blocks."""
+        """Return (P, n, n) the Gram of the centred examples, after growing the kept Gram (self.gram, of the
+        examples minus the reference) by the new blocks."""
         if self.gram_blocks < len(self.blocks):
             old = 0 if self.gram is None else self.gram.shape[1]
             gram = torch.empty(self.n_probes, self.count, self.count, dtype=torch.float64, device=self.device)
@@ -275,14 +295,22 @@ class ExampleAccumulator:
             starts = np.cumsum([0] + [len(y) for y in self.y])
             for j in range(self.gram_blocks, len(self.blocks)):  # new block j against every block up to it
                 cols = slice(starts[j], starts[j + 1])
-                for i in range(j + 1):
+                known = self.known_cross.pop(j, None)  # (P, b_j, old): scored against the old blocks already
+                if known is not None:
+                    gram[:, cols, :old] = known
+                    gram[:, :old, cols] = known.mT
+                for i in range(self.gram_blocks if known is not None else 0, j + 1):
                     rows = slice(starts[i], starts[i + 1])
                     cross = self.blocks[i] @ self.blocks[j].mT  # (P, b_i, b_j)
                     gram[:, rows, cols] = cross
                     gram[:, cols, rows] = cross.mT
             self.gram, self.gram_blocks = gram, len(self.blocks)
-        gram = self.gram
-        return gram - gram.mean(1, keepdim=True) - gram.mean(2, keepdim=True) + gram.mean((1, 2), keepdim=True)
+        return _centred(self.gram)
+
+
+def _centred(gram: torch.Tensor) -> torch.Tensor:
+    """Return H G H (P, n, n), H = I - 11'/n: the Gram of the examples less their mean."""
+    return gram - gram.mean(1, keepdim=True) - gram.mean(2, keepdim=True) + gram.mean((1, 2), keepdim=True)
 
 
 def solve_space(n_examples: int, n_features: int) -> str:
@@ -324,6 +352,9 @@ class RidgePath:
     # dual form: the training examples as (P, b, D) blocks, less any shift, and their mean (P, D) less the same
     examples: tuple[torch.Tensor, ...] | None = None
     examples_mean: torch.Tensor | None = None
+    reference: torch.Tensor | None = None  # (P, D) what the examples are less: mean_x = reference + examples_mean
+    gram_row_mean: torch.Tensor | None = None  # (P, n) and (P,): means of the Gram of the examples as kept,
+    gram_mean: torch.Tensor | None = None  # which centre a query's products with them (kernel centring)
 
     def basis(self) -> torch.Tensor:
         """Return (P, D, R) the directions the penalties shrink along: V (primal) or Xc'U (dual)."""
@@ -344,13 +375,28 @@ class RidgePath:
     def _scores(self, x) -> Iterator[torch.Tensor]:
         """Yields, penalty by penalty, the class scores (P, b, K) of a batch x (b, P, D) or (b, D)."""
         x = _as_tensor(x, self.eigvecs.device)
-        xc = _probe_major(x[:, None, :] if x.ndim == 2 else x, self.mean_x)  # (P, b, D), centred
+        x = x[:, None, :] if x.ndim == 2 else x  # (b, P, D)
         if self.examples is None:
-            z = xc @ self.eigvecs  # (P, b, D): centred x in the eigenbasis
-        else:  # through the kernel with the centred examples, (x - m)'(x_j - m), rather than a (P, D, n) basis
-            kernel = torch.cat([xc @ block.mT for block in self.examples], dim=2)  # (P, b, n)
-            kernel -= xc @ self.examples_mean[:, :, None]  # (P, b, 1): centres the examples
-            z = kernel @ self.eigvecs  # (P, b, n)
+            z = _probe_major(x, self.mean_x) @ self.eigvecs  # (P, b, D): centred x in the eigenbasis
+            yield from self._scores_in_basis(z)
+        else:
+            yield from self._scores_from_cross(self.cross(_probe_major(x, self.reference)))
+
+    def cross(self, block: torch.Tensor) -> torch.Tensor:
+        """Return (P, b, n) the products of a block (P, b, D), less the reference, with the kept examples (dual)."""
+        return torch.cat([block @ examples.mT for examples in self.examples], dim=2)
+
+    def evaluate_cross(self, cross: torch.Tensor, y) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return evaluate(x, y) for the batch x whose products with the kept examples are cross (dual)."""
+        return self._evaluate(self._scores_from_cross(cross), y)
+
+    def _scores_from_cross(self, cross: torch.Tensor) -> Iterator[torch.Tensor]:
+        # the kernel with the centred examples, (x - m)'(x_j - m), from the products with the kept ones: less
+        # x'm (the row's mean), m'x_j (the Gram's row mean) plus m'm, rather than through a (P, D, n) basis
+        kernel = cross - cross.mean(2, keepdim=True) - self.gram_row_mean[:, None, :] + self.gram_mean[:, None, None]
+        yield from self._scores_in_basis(kernel @ self.eigvecs)  # (P, b, n)
+
+    def _scores_in_basis(self, z: torch.Tensor) -> Iterator[torch.Tensor]:
         for j in range(self.l2.shape[1]):  # one penalty at a time keeps memory at (P, b, R)
             shrink = 1.0 / (self.eigvals + self.l2[:, j, None])  # (P, R)
             yield (z * shrink[:, None, :]) @ self.projected_xy + self.mean_y  # (P, b, K)
@@ -365,10 +411,13 @@ class RidgePath:
 
     def evaluate(self, x, y) -> tuple[torch.Tensor, torch.Tensor]:
         """Return (correct (P, L) int64, squared error (P, L) fp64 against the {-1, 1} one-hot targets)."""
+        return self._evaluate(self._scores(x), y)
+
+    def _evaluate(self, penalty_scores: Iterator[torch.Tensor], y) -> tuple[torch.Tensor, torch.Tensor]:
         y = _as_labels(y, self.eigvecs.device)  # (b,)
         targets = 2.0 * _one_hot(y, self.projected_xy.shape[-1]) - 1.0  # (b, K)
         correct, errors = [], []
-        for scores in self._scores(x):
+        for scores in penalty_scores:
             correct.append((scores.argmax(-1) == y).sum(-1))  # (P,)
             errors.append((scores - targets).square().sum((-2, -1)))  # (P,)
         return torch.stack(correct, dim=-1), torch.stack(errors, dim=-1)  # (P, L)
@@ -480,14 +529,18 @@ def fit_probes(
     _check_pass("fit", fit, labels[split.fit])
 
     grid = fit.solve(torch.as_tensor(ratios, device=fit.device) * fit.feature_scale()[:, None])  # (P, L)
-    holdout = type(fit)(n_classes, device)  # merged into fit below: the same form
     correct = torch.zeros(grid.l2.shape, dtype=torch.int64, device=fit.device)  # (P, L)
     squared = torch.zeros(grid.l2.shape, dtype=torch.float64, device=fit.device)  # (P, L)
+    if isinstance(fit, ExampleAccumulator):  # kept once; its products with the fit part serve scoring and refit
+        holdout = ExampleAccumulator(n_classes, device, reference=fit.reference)
+        score_and_keep = lambda x, y: holdout.update_scored(grid, x, y)  # noqa: E731
+    else:
+        holdout = RidgeAccumulator(n_classes, device)  # merged into fit below: the same form
+        score_and_keep = lambda x, y: (grid.evaluate(x, y), holdout.update(x, y))[0]  # noqa: E731
     for x, y in batches(split.mask("holdout")):
-        right, error = grid.evaluate(x, y)
+        right, error = score_and_keep(x, y)
         correct += right
         squared += error
-        holdout.update(x, y)
         read(len(y))
     _check_pass("holdout", holdout, labels[split.holdout])
     del grid  # frees the (P, D, R) eigenvectors before the refit needs its own
@@ -706,20 +759,24 @@ def _eye(n: int, like: torch.Tensor) -> torch.Tensor:
 
 
 def _readouts(store: Store, key: str, layer: str) -> dict[str, Callable[[np.ndarray], np.ndarray]]:
-    """Returns readout name -> function (b, ...) activations -> (b, P, D) features for the probes."""
+    """Returns readout name -> function (b, ...) activations -> (b, P, D) features for the probes.
+
+    Means are taken in float32 whatever the stored dtype (fp16 elements cast exactly, summed in float32: the
+    same numbers as casting the activations first); selections keep the stored dtype.
+    """
     layout = store.layer_layout(key, layer)
     prefix = store.layer_prefix_tokens(key, layer)
     if layout == "tokens":  # tokens x dim
         out = {}
         if prefix and has_cls_token(store.model_info(key)):  # registers lead the tokens too, but are no CLS
             out["cls"] = lambda a: a[:, None, 0, :]
-        out["gap"] = lambda a, p=prefix: a[:, None, p:, :].mean(axis=2)
+        out["gap"] = lambda a, p=prefix: a[:, None, p:, :].mean(axis=2, dtype=np.float32)
         out["tokens"] = lambda a: a
         return out
     if layout == "nchw":  # C x H x W
-        return {"gap": lambda a: a.mean(axis=(2, 3))[:, None, :]}
+        return {"gap": lambda a: a.mean(axis=(2, 3), dtype=np.float32)[:, None, :]}
     if layout == "nhwc":  # H x W x C (Swin)
-        return {"gap": lambda a: a.mean(axis=(1, 2))[:, None, :]}
+        return {"gap": lambda a: a.mean(axis=(1, 2), dtype=np.float32)[:, None, :]}
     return {"flat": lambda a: a.reshape(a.shape[0], 1, -1)}
 
 
@@ -748,8 +805,15 @@ def _layer_batches(ds, fns: list[Callable[[np.ndarray], np.ndarray]], labels: np
         rows = np.flatnonzero(mask)
         for s in range(0, len(rows), batch_size):
             r = rows[s : s + batch_size]
-            a = (whole[r] if whole is not None else read_rows(ds, r)).astype(np.float32)
-            yield np.concatenate([f(a) for f in fns], axis=1), labels[r]
+            a = whole[r] if whole is not None else read_rows(ds, r)  # (b, ...) as stored: fp16 by default
+            features = [f(a) for f in fns]  # (b, P_i, D) each
+            # probe-major, as the accumulators keep them: their cast to float64 is then one contiguous pass
+            out = np.empty((sum(f.shape[1] for f in features), len(r), features[0].shape[2]), dtype=np.float32)
+            start = 0
+            for f in features:
+                out[start : start + f.shape[1]] = f.transpose(1, 0, 2)  # casts fp16 exactly
+                start += f.shape[1]
+            yield out.transpose(1, 0, 2), labels[r]  # (b, P, D), a view
 
     return batches
 
