@@ -444,3 +444,19 @@ def test_run_probes_gives_each_readout_what_a_fit_of_that_readout_alone_gives(ti
     # progress in images read, per layer and per part (fit, holdout, test), ending at layers x images
     assert events[-1].done == events[-1].total == len(layers) * len(labels)
     assert len(events) >= 3 * len(layers) and all(a.done <= b.done for a, b in zip(events, events[1:]))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_dual_fit_on_ill_conditioned_features_chooses_what_the_primal_fit_chooses(seed):
+    """Features of rank 3 plus 1e-3 noise, on an offset of 1e3: eigenvalues spread over 1e12, where the grid's
+    smallest penalties act; the dual fit (kernel centring, scored products reused) must still agree."""
+    rng = np.random.default_rng(seed)
+    n, d = 40, 120
+    y = rng.integers(0, 3, n)
+    low_rank = (np.eye(3)[y] + 0.5 * rng.normal(size=(n, 3))) @ rng.normal(size=(3, d))
+    x = (low_rank + 1e-3 * rng.normal(size=(n, d)) + 1e3).astype(np.float32)[:, None, :]
+    primal, dual = (fit_probes(batches_from(x, y, batch_size=8), y, seed=seed, space=s) for s in ("primal", "dual"))
+    assert len(np.unique(primal.holdout_accuracy)) > 1  # the penalties make a difference to compare
+    np.testing.assert_array_equal(dual.holdout_accuracy, primal.holdout_accuracy)
+    np.testing.assert_array_equal(dual.l2_ratio, primal.l2_ratio)
+    np.testing.assert_array_equal(dual.test_accuracy, primal.test_accuracy)

@@ -223,7 +223,7 @@ class ExampleAccumulator:
         if len(y) == 0:
             return self
         if self.reference is None:
-            self.reference = x[:REFERENCE_ROWS].to(torch.float64).mean(0)  # (P, D)
+            self.reference = x[:REFERENCE_ROWS].mean(0, dtype=torch.float64)  # (P, D)
         return self._keep(_probe_major(x, self.reference), y)
 
     def update_scored(self, path: RidgePath, x, y) -> tuple[torch.Tensor, torch.Tensor]:
@@ -759,24 +759,20 @@ def _eye(n: int, like: torch.Tensor) -> torch.Tensor:
 
 
 def _readouts(store: Store, key: str, layer: str) -> dict[str, Callable[[np.ndarray], np.ndarray]]:
-    """Returns readout name -> function (b, ...) activations -> (b, P, D) features for the probes.
-
-    Means are taken in float32 whatever the stored dtype (fp16 elements cast exactly, summed in float32: the
-    same numbers as casting the activations first); selections keep the stored dtype.
-    """
+    """Returns readout name -> function (b, ...) float32 activations -> (b, P, D) features for the probes."""
     layout = store.layer_layout(key, layer)
     prefix = store.layer_prefix_tokens(key, layer)
     if layout == "tokens":  # tokens x dim
         out = {}
         if prefix and has_cls_token(store.model_info(key)):  # registers lead the tokens too, but are no CLS
             out["cls"] = lambda a: a[:, None, 0, :]
-        out["gap"] = lambda a, p=prefix: a[:, None, p:, :].mean(axis=2, dtype=np.float32)
+        out["gap"] = lambda a, p=prefix: a[:, None, p:, :].mean(axis=2)
         out["tokens"] = lambda a: a
         return out
     if layout == "nchw":  # C x H x W
-        return {"gap": lambda a: a.mean(axis=(2, 3), dtype=np.float32)[:, None, :]}
+        return {"gap": lambda a: a.mean(axis=(2, 3))[:, None, :]}
     if layout == "nhwc":  # H x W x C (Swin)
-        return {"gap": lambda a: a.mean(axis=(1, 2), dtype=np.float32)[:, None, :]}
+        return {"gap": lambda a: a.mean(axis=(1, 2))[:, None, :]}
     return {"flat": lambda a: a.reshape(a.shape[0], 1, -1)}
 
 
@@ -805,13 +801,13 @@ def _layer_batches(ds, fns: list[Callable[[np.ndarray], np.ndarray]], labels: np
         rows = np.flatnonzero(mask)
         for s in range(0, len(rows), batch_size):
             r = rows[s : s + batch_size]
-            a = whole[r] if whole is not None else read_rows(ds, r)  # (b, ...) as stored: fp16 by default
+            a = (whole[r] if whole is not None else read_rows(ds, r)).astype(np.float32)  # means in float32
             features = [f(a) for f in fns]  # (b, P_i, D) each
             # probe-major, as the accumulators keep them: their cast to float64 is then one contiguous pass
             out = np.empty((sum(f.shape[1] for f in features), len(r), features[0].shape[2]), dtype=np.float32)
             start = 0
             for f in features:
-                out[start : start + f.shape[1]] = f.transpose(1, 0, 2)  # casts fp16 exactly
+                out[start : start + f.shape[1]] = f.transpose(1, 0, 2)
                 start += f.shape[1]
             yield out.transpose(1, 0, 2), labels[r]  # (b, P, D), a view
 
