@@ -15,6 +15,8 @@ keys sent back to back would measure that cap instead of the widget.
     python benchmarks/tui.py --zoom 1:1 --color-mode 256 --moves 400
     python benchmarks/tui.py --widget             # the Heatmap alone
     python benchmarks/tui.py --while-probes       # key latency while a probe worker computes
+    python benchmarks/tui.py --while-probes --same-priority   # ... the worker at the event loop's priority
+    python benchmarks/tui.py --while-probes --no-worker       # ... the same keys with nothing computing
 
 Targets: median under 16 ms and under 4 KB per move; the exit status is 1 when a median misses them.
 

@@ -207,7 +207,7 @@ ACCESS = StoreAccess()
 
 # How much lower than the app's a computing worker's CPU priority is (nice; 19 the lowest). On a loaded CPU the
 # event loop thread and the worker's threads queue for the same cores; this lets the event loop go first, so
-# keys answer while probes compute (benchmarks/tui.py --while-probes: median 30 -> 15 ms on 2 loaded cores).
+# keys answer while probes compute (benchmarks/tui.py --while-probes: median 32-47 -> 16 ms, 2 cores at load 9).
 WORKER_NICE = 10
 
 
