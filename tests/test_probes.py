@@ -414,3 +414,49 @@ def test_the_warning_before_a_long_probe_job_names_the_ways_to_narrow_it(tiny_st
         monkeypatch.setattr(probes, "matmul_flops_per_s", lambda device="cpu": 1e6)
         run_probes(store, VIT, AnalyzeConfig(device="cpu", probe_tokens=False))
         assert probe_warning(store, VIT, AnalyzeConfig(device="cpu", probe_tokens=False)) is None  # cached: no work
+
+
+def test_run_probes_gives_each_readout_what_a_fit_of_that_readout_alone_gives(tiny_store, tmp_path):
+    """One fit per layer serves CLS, GAP and every token: the same choice and accuracy as fitting each apart."""
+    import shutil
+
+    from conftest import VIT
+    from vitsee.engine.analyses.probes import run_probes
+    from vitsee.engine.analyze import AnalyzeConfig
+    from vitsee.engine.store import Store
+
+    path = tmp_path / "copy.h5"
+    shutil.copy(tiny_store, path)
+    events = []
+    with Store.writer(path) as store:
+        key = store.resolve_model(VIT)
+        result = run_probes(store, VIT, AnalyzeConfig(device="cpu", recompute=True), progress=events.append)
+        labels, layers = store.labels, store.layers(key)
+        acts = {layer: store._layer(key, layer)[:].astype(np.float32) for layer in ("blocks.1", "blocks.4")}
+    for layer, a in acts.items():
+        li = layers.index(layer)
+        readouts = {"cls": a[:, 0], "gap": a[:, 1:].mean(axis=1), "tokens": a}  # one CLS token leads
+        alone = {name: fit_probes(batches_from(x, labels, batch_size=16), labels, seed=0) for name, x in readouts.items()}
+        for col, name in enumerate(("cls", "gap")):
+            assert result["accuracy"][li, col] == alone[name].test_accuracy[0]
+            np.testing.assert_allclose(result["l2"][li, col], alone[name].l2[0], rtol=1e-12)
+        np.testing.assert_array_equal(result[f"tokens/{layer}"], alone["tokens"].test_accuracy)
+    # progress in images read, per layer and per part (fit, holdout, test), ending at layers x images
+    assert events[-1].done == events[-1].total == len(layers) * len(labels)
+    assert len(events) >= 3 * len(layers) and all(a.done <= b.done for a, b in zip(events, events[1:]))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_dual_fit_on_ill_conditioned_features_chooses_what_the_primal_fit_chooses(seed):
+    """Features of rank 3 plus 1e-3 noise, on an offset of 1e3: eigenvalues spread over 1e12, where the grid's
+    smallest penalties act; the dual fit (kernel centring, scored products reused) must still agree."""
+    rng = np.random.default_rng(seed)
+    n, d = 40, 120
+    y = rng.integers(0, 3, n)
+    low_rank = (np.eye(3)[y] + 0.5 * rng.normal(size=(n, 3))) @ rng.normal(size=(3, d))
+    x = (low_rank + 1e-3 * rng.normal(size=(n, d)) + 1e3).astype(np.float32)[:, None, :]
+    primal, dual = (fit_probes(batches_from(x, y, batch_size=8), y, seed=seed, space=s) for s in ("primal", "dual"))
+    assert len(np.unique(primal.holdout_accuracy)) > 1  # the penalties make a difference to compare
+    np.testing.assert_array_equal(dual.holdout_accuracy, primal.holdout_accuracy)
+    np.testing.assert_array_equal(dual.l2_ratio, primal.l2_ratio)
+    np.testing.assert_array_equal(dual.test_accuracy, primal.test_accuracy)

@@ -193,7 +193,7 @@ class ExampleAccumulator:
     Memory grows with the number of examples, so `new_accumulator` uses it only where n < D.
     """
 
-    def __init__(self, n_classes: int, device="cpu"):
+    def __init__(self, n_classes: int, device="cpu", reference: torch.Tensor | None = None):
         self.n_classes = int(n_classes)
         self.device = torch.device(device)
         self.count = 0
@@ -201,9 +201,11 @@ class ExampleAccumulator:
         self.blocks: list[torch.Tensor] = []  # (P, b, D) float64 batches minus reference
         self.block_sums: list[torch.Tensor] = []  # (P, D) the sum of each block over its examples
         self.y: list[torch.Tensor] = []  # (b,) labels
-        self.reference: torch.Tensor | None = None  # (P, D)
+        self.reference = reference  # (P, D); given: another accumulator's, so merging into it shifts nothing
         self.gram: torch.Tensor | None = None  # (P, m, m) of the examples of the first `gram_blocks` blocks
         self.gram_blocks = 0
+        # block index -> (P, b, m) its products with the first m examples, already computed when it was scored
+        self.known_cross: dict[int, torch.Tensor] = {}
 
     @property
     def n_probes(self) -> int:
@@ -221,15 +223,29 @@ class ExampleAccumulator:
         if len(y) == 0:
             return self
         if self.reference is None:
-            self.reference = x[:REFERENCE_ROWS].to(torch.float64).mean(0)  # (P, D)
+            self.reference = x[:REFERENCE_ROWS].mean(0, dtype=torch.float64)  # (P, D)
         return self._keep(_probe_major(x, self.reference), y)
+
+    def update_scored(self, path: RidgePath, x, y) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return path.evaluate(x, y) after keeping the batch, its products with the path's examples computed
+        once for both (the path must be solved from the accumulator whose reference this one shares)."""
+        self.update(x, y)
+        block = self.blocks[-1]
+        cross = path.cross(block)  # (P, b, n) with the path's training examples, minus the same reference
+        self.known_cross[len(self.blocks) - 1] = cross
+        return path.evaluate_cross(cross, y)
 
     def merge(self, other: ExampleAccumulator) -> ExampleAccumulator:
         """Return self after adding the examples another accumulator has kept (e.g. a held-out part)."""
         if self.reference is None:
             self.reference = other.reference
-        for block, y in zip(other.blocks, other.y):
-            self._keep(block + (other.reference - self.reference)[:, None], y)
+        shared = other.reference is self.reference  # then the products it computed against self's examples hold
+        first, seen = len(self.blocks), self.count
+        for j, (block, y) in enumerate(zip(other.blocks, other.y)):
+            self._keep(block if shared else block + (other.reference - self.reference)[:, None], y)
+            cross = other.known_cross.get(j)
+            if shared and cross is not None and cross.shape[2] == seen and self.gram_blocks == first:
+                self.known_cross[first + j] = cross
         return self
 
     def feature_scale(self) -> torch.Tensor:
@@ -253,6 +269,9 @@ class ExampleAccumulator:
             l2=l2,
             examples=tuple(self.blocks),
             examples_mean=block_mean,
+            reference=self.reference,
+            gram_row_mean=self.gram.mean(2),  # (P, n): each example's product with the examples' mean
+            gram_mean=self.gram.mean((1, 2)),  # (P,): the mean's with itself
         )
 
     def _keep(self, block: torch.Tensor, y: torch.Tensor) -> ExampleAccumulator:
@@ -266,7 +285,8 @@ class ExampleAccumulator:
         return self
 
     def _centred_gram(self) -> torch.Tensor:
-        """Return (P, n, n) the Gram of the centred examples, after growing the kept Gram by the new blocks."""
+        """Return (P, n, n) the Gram of the centred examples, after growing the kept Gram (self.gram, of the
+        examples minus the reference) by the new blocks."""
         if self.gram_blocks < len(self.blocks):
             old = 0 if self.gram is None else self.gram.shape[1]
             gram = torch.empty(self.n_probes, self.count, self.count, dtype=torch.float64, device=self.device)
@@ -275,14 +295,22 @@ class ExampleAccumulator:
             starts = np.cumsum([0] + [len(y) for y in self.y])
             for j in range(self.gram_blocks, len(self.blocks)):  # new block j against every block up to it
                 cols = slice(starts[j], starts[j + 1])
-                for i in range(j + 1):
+                known = self.known_cross.pop(j, None)  # (P, b_j, old): scored against the old blocks already
+                if known is not None:
+                    gram[:, cols, :old] = known
+                    gram[:, :old, cols] = known.mT
+                for i in range(self.gram_blocks if known is not None else 0, j + 1):
                     rows = slice(starts[i], starts[i + 1])
                     cross = self.blocks[i] @ self.blocks[j].mT  # (P, b_i, b_j)
                     gram[:, rows, cols] = cross
                     gram[:, cols, rows] = cross.mT
             self.gram, self.gram_blocks = gram, len(self.blocks)
-        gram = self.gram
-        return gram - gram.mean(1, keepdim=True) - gram.mean(2, keepdim=True) + gram.mean((1, 2), keepdim=True)
+        return _centred(self.gram)
+
+
+def _centred(gram: torch.Tensor) -> torch.Tensor:
+    """Return H G H (P, n, n), H = I - 11'/n: the Gram of the examples less their mean."""
+    return gram - gram.mean(1, keepdim=True) - gram.mean(2, keepdim=True) + gram.mean((1, 2), keepdim=True)
 
 
 def solve_space(n_examples: int, n_features: int) -> str:
@@ -324,6 +352,9 @@ class RidgePath:
     # dual form: the training examples as (P, b, D) blocks, less any shift, and their mean (P, D) less the same
     examples: tuple[torch.Tensor, ...] | None = None
     examples_mean: torch.Tensor | None = None
+    reference: torch.Tensor | None = None  # (P, D) what the examples are less: mean_x = reference + examples_mean
+    gram_row_mean: torch.Tensor | None = None  # (P, n) and (P,): means of the Gram of the examples as kept,
+    gram_mean: torch.Tensor | None = None  # which centre a query's products with them (kernel centring)
 
     def basis(self) -> torch.Tensor:
         """Return (P, D, R) the directions the penalties shrink along: V (primal) or Xc'U (dual)."""
@@ -344,13 +375,28 @@ class RidgePath:
     def _scores(self, x) -> Iterator[torch.Tensor]:
         """Yields, penalty by penalty, the class scores (P, b, K) of a batch x (b, P, D) or (b, D)."""
         x = _as_tensor(x, self.eigvecs.device)
-        xc = _probe_major(x[:, None, :] if x.ndim == 2 else x, self.mean_x)  # (P, b, D), centred
+        x = x[:, None, :] if x.ndim == 2 else x  # (b, P, D)
         if self.examples is None:
-            z = xc @ self.eigvecs  # (P, b, D): centred x in the eigenbasis
-        else:  # through the kernel with the centred examples, (x - m)'(x_j - m), rather than a (P, D, n) basis
-            kernel = torch.cat([xc @ block.mT for block in self.examples], dim=2)  # (P, b, n)
-            kernel -= xc @ self.examples_mean[:, :, None]  # (P, b, 1): centres the examples
-            z = kernel @ self.eigvecs  # (P, b, n)
+            z = _probe_major(x, self.mean_x) @ self.eigvecs  # (P, b, D): centred x in the eigenbasis
+            yield from self._scores_in_basis(z)
+        else:
+            yield from self._scores_from_cross(self.cross(_probe_major(x, self.reference)))
+
+    def cross(self, block: torch.Tensor) -> torch.Tensor:
+        """Return (P, b, n) the products of a block (P, b, D), less the reference, with the kept examples (dual)."""
+        return torch.cat([block @ examples.mT for examples in self.examples], dim=2)
+
+    def evaluate_cross(self, cross: torch.Tensor, y) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return evaluate(x, y) for the batch x whose products with the kept examples are cross (dual)."""
+        return self._evaluate(self._scores_from_cross(cross), y)
+
+    def _scores_from_cross(self, cross: torch.Tensor) -> Iterator[torch.Tensor]:
+        # the kernel with the centred examples, (x - m)'(x_j - m), from the products with the kept ones: less
+        # x'm (the row's mean), m'x_j (the Gram's row mean) plus m'm, rather than through a (P, D, n) basis
+        kernel = cross - cross.mean(2, keepdim=True) - self.gram_row_mean[:, None, :] + self.gram_mean[:, None, None]
+        yield from self._scores_in_basis(kernel @ self.eigvecs)  # (P, b, n)
+
+    def _scores_in_basis(self, z: torch.Tensor) -> Iterator[torch.Tensor]:
         for j in range(self.l2.shape[1]):  # one penalty at a time keeps memory at (P, b, R)
             shrink = 1.0 / (self.eigvals + self.l2[:, j, None])  # (P, R)
             yield (z * shrink[:, None, :]) @ self.projected_xy + self.mean_y  # (P, b, K)
@@ -365,10 +411,13 @@ class RidgePath:
 
     def evaluate(self, x, y) -> tuple[torch.Tensor, torch.Tensor]:
         """Return (correct (P, L) int64, squared error (P, L) fp64 against the {-1, 1} one-hot targets)."""
+        return self._evaluate(self._scores(x), y)
+
+    def _evaluate(self, penalty_scores: Iterator[torch.Tensor], y) -> tuple[torch.Tensor, torch.Tensor]:
         y = _as_labels(y, self.eigvecs.device)  # (b,)
         targets = 2.0 * _one_hot(y, self.projected_xy.shape[-1]) - 1.0  # (b, K)
         correct, errors = [], []
-        for scores in self._scores(x):
+        for scores in penalty_scores:
             correct.append((scores.argmax(-1) == y).sum(-1))  # (P,)
             errors.append((scores - targets).square().sum((-2, -1)))  # (P,)
         return torch.stack(correct, dim=-1), torch.stack(errors, dim=-1)  # (P, L)
@@ -480,14 +529,18 @@ def fit_probes(
     _check_pass("fit", fit, labels[split.fit])
 
     grid = fit.solve(torch.as_tensor(ratios, device=fit.device) * fit.feature_scale()[:, None])  # (P, L)
-    holdout = type(fit)(n_classes, device)  # merged into fit below: the same form
     correct = torch.zeros(grid.l2.shape, dtype=torch.int64, device=fit.device)  # (P, L)
     squared = torch.zeros(grid.l2.shape, dtype=torch.float64, device=fit.device)  # (P, L)
+    if isinstance(fit, ExampleAccumulator):  # kept once; its products with the fit part serve scoring and refit
+        holdout = ExampleAccumulator(n_classes, device, reference=fit.reference)
+        score_and_keep = lambda x, y: holdout.update_scored(grid, x, y)  # noqa: E731
+    else:
+        holdout = RidgeAccumulator(n_classes, device)  # merged into fit below: the same form
+        score_and_keep = lambda x, y: (grid.evaluate(x, y), holdout.update(x, y))[0]  # noqa: E731
     for x, y in batches(split.mask("holdout")):
-        right, error = grid.evaluate(x, y)
+        right, error = score_and_keep(x, y)
         correct += right
         squared += error
-        holdout.update(x, y)
         read(len(y))
     _check_pass("holdout", holdout, labels[split.holdout])
     del grid  # frees the (P, D, R) eigenvectors before the refit needs its own
@@ -656,8 +709,8 @@ def _check_solvable(acc, l2) -> torch.Tensor:
     l2 = l2.expand(acc.n_probes, -1) if l2.ndim == 1 else l2  # (P, L)
     if l2.ndim != 2 or l2.shape[0] != acc.n_probes:
         raise ValueError(f"l2 must be (L,) or ({acc.n_probes}, L), got {tuple(l2.shape)}")
-    for value in l2.flatten().tolist():
-        _check_l2(value)
+    if not bool(torch.isfinite(l2).all() and (l2 > 0).all()):  # one check: P x L values, per-token probes
+        _check_l2(next(v for v in l2.flatten().tolist() if not (np.isfinite(v) and v > 0)))
     return l2
 
 
@@ -706,7 +759,7 @@ def _eye(n: int, like: torch.Tensor) -> torch.Tensor:
 
 
 def _readouts(store: Store, key: str, layer: str) -> dict[str, Callable[[np.ndarray], np.ndarray]]:
-    """Returns readout name -> function (b, ...) activations -> (b, P, D) features for the probes."""
+    """Returns readout name -> function (b, ...) float32 activations -> (b, P, D) features for the probes."""
     layout = store.layer_layout(key, layer)
     prefix = store.layer_prefix_tokens(key, layer)
     if layout == "tokens":  # tokens x dim
@@ -732,6 +785,33 @@ def _nonfinite_readouts(ds, readouts: dict[str, Callable[[np.ndarray], np.ndarra
             f = fn(a)
             counts[name] += int((~np.isfinite(f.reshape(len(f), -1)).all(axis=1)).sum())
     return {name: n for name, n in counts.items() if n}
+
+
+# A layer up to this size is read from the store once and its fit, holdout and test rows served from memory
+# (each part touches every HDF5 chunk, so streaming reads the layer three times); a larger one streams.
+LAYER_IN_MEMORY_BYTES = 256 * 2**20
+
+
+def _layer_batches(ds, fns: list[Callable[[np.ndarray], np.ndarray]], labels: np.ndarray, batch_size: int) -> BatchesFn:
+    """Returns the batches(mask) of fit_probes over one layer: (b, P, D) float32 features of every readout in
+    fns, side by side, and their labels."""
+    whole = ds[: len(labels)] if ds.size * ds.dtype.itemsize <= LAYER_IN_MEMORY_BYTES else None
+
+    def batches(mask):
+        rows = np.flatnonzero(mask)
+        for s in range(0, len(rows), batch_size):
+            r = rows[s : s + batch_size]
+            a = (whole[r] if whole is not None else read_rows(ds, r)).astype(np.float32)  # means in float32
+            features = [f(a) for f in fns]  # (b, P_i, D) each
+            # probe-major, as the accumulators keep them: their cast to float64 is then one contiguous pass
+            out = np.empty((sum(f.shape[1] for f in features), len(r), features[0].shape[2]), dtype=np.float32)
+            start = 0
+            for f in features:
+                out[start : start + f.shape[1]] = f.transpose(1, 0, 2)
+                start += f.shape[1]
+            yield out.transpose(1, 0, 2), labels[r]  # (b, P, D), a view
+
+    return batches
 
 
 def probe_params(store: Store, key: str, cfg: AnalyzeConfig) -> dict:
@@ -768,36 +848,38 @@ def run_probes(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | 
     for li, layer in enumerate(layers):
         ds = store._layer(key, layer)
         readouts = _readouts(store, key, layer)
-        groups = [[n for n in readouts if n in ("cls", "gap", "flat")]]
+        names = [n for n in readouts if n in ("cls", "gap", "flat")]
         if cfg.probe_tokens and "tokens" in readouts:
             if ds.shape[-1] <= cfg.probe_max_dim:
-                groups.append(["tokens"])
+                names.append("tokens")
             else:
                 too_wide.append(layer)
         if nonfinite.get(layer):  # a ridge fit on NaN/Inf features has no answer: leave those readouts out
-            bad = _nonfinite_readouts(ds, {n: readouts[n] for group in groups for n in group}, cfg.batch_size)
+            bad = _nonfinite_readouts(ds, {n: readouts[n] for n in names}, cfg.batch_size)
             skipped += [(layer, name, count) for name, count in bad.items()]
-            groups = [[n for n in names if n not in bad] for names in groups]
-        for names in filter(None, groups):
-            fns = [readouts[n] for n in names]
+            names = [n for n in names if n not in bad]
+        _emit(progress, f"probes {key}", li * len(labels), len(layers) * len(labels), layer)
+        if names:
+            # one fit serves every readout of the layer (the probes are independent; they share D and the
+            # labels), so the layer is read once and each solve is one batched call
+            def read(done, total, li=li, layer=layer):
+                _emit(progress, f"probes {key}", li * len(labels) + done, len(layers) * len(labels), layer)
 
-            def batches(mask, fns=fns, ds=ds):
-                rows = np.flatnonzero(mask)
-                for s in range(0, len(rows), cfg.batch_size):
-                    r = rows[s : s + cfg.batch_size]
-                    a = read_rows(ds, r).astype(np.float32)
-                    yield np.concatenate([f(a) for f in fns], axis=1), labels[r]
-
-            res = fit_probes(batches, labels, seed=cfg.seed, device=device)
-            if names == ["tokens"]:
-                token_maps[layer] = res.test_accuracy
-            else:
-                for name, acc, pen in zip(names, res.test_accuracy, res.l2):
+            res = fit_probes(_layer_batches(ds, [readouts[n] for n in names], labels, cfg.batch_size), labels,
+                             seed=cfg.seed, device=device, progress=read)
+            start = 0
+            for name in names:
+                width = ds.shape[1] if name == "tokens" else 1  # tokens: one probe per token
+                accuracy, penalty = res.test_accuracy[start : start + width], res.l2[start : start + width]
+                start += width
+                if name == "tokens":
+                    token_maps[layer] = accuracy
+                else:
                     col = readout_names.index("gap" if name == "flat" else name)
-                    table[li, col] = acc
-                    l2[li, col] = pen
+                    table[li, col] = accuracy[0]
+                    l2[li, col] = penalty[0]
             split = res.split
-        _emit(progress, f"probes {key}", li + 1, len(layers), layer)
+        _emit(progress, f"probes {key}", (li + 1) * len(labels), len(layers) * len(labels), layer)
     arrays = {
         "accuracy": table,
         "l2": l2,

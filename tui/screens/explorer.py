@@ -39,7 +39,7 @@ from vitsee.tui.results import INCOMPLETE_HINT, Cancelled, StoreSummary, export_
 from vitsee.tui.widgets.panes import KINDS, PANES, VIEW_LABELS
 from vitsee.tui.widgets.side_panel import SidePanel, matches_query, model_label
 from vitsee.tui.widgets.status_line import StatusLine
-from vitsee.tui.widgets.task_bar import TaskBar
+from vitsee.tui.widgets.task_bar import StepThrottle, TaskBar
 from vitsee.tui.widgets.view_pane import Place, ViewPane
 from vitsee.tui.widgets.view_tabs import ViewTabs
 
@@ -438,9 +438,11 @@ class ExplorerScreen(Screen):
     @work(thread=True, exclusive=True, group="view", exit_on_error=False)
     def _load(self, spec: str) -> None:
         worker = get_current_worker()
+        shown = StepThrottle()  # ~10 steps a second reach the event loop, however often the engine reports
 
         def progress(step: Step) -> None:
-            self.post_message(AnalysisStep(spec, step.analysis, step.done, step.total, step.message))
+            if shown(step.done, step.total):
+                self.post_message(AnalysisStep(spec, step.analysis, step.done, step.total, step.message))
 
         try:
             loaded = read_view(self.path, spec, self._config(), progress, cancelled=lambda: worker.is_cancelled,
@@ -520,8 +522,9 @@ class ExplorerScreen(Screen):
             if worker.is_cancelled:
                 break
 
-            def progress(step: Step, spec=spec) -> None:
-                self.post_message(AnalysisStep(spec, f"{step.analysis} ({index}/{len(specs)})", step.done, step.total, step.message))
+            def progress(step: Step, spec=spec, shown=StepThrottle()) -> None:
+                if shown(step.done, step.total):
+                    self.post_message(AnalysisStep(spec, f"{step.analysis} ({index}/{len(specs)})", step.done, step.total, step.message))
 
             try:
                 loaded = read_view(self.path, spec, self._config(), progress, cancelled=lambda: worker.is_cancelled,
