@@ -90,6 +90,7 @@ def extract(
     shuffle_seed: Annotated[Optional[int], typer.Option(help="take a seeded random subset instead of the first N")] = None,
     workers: Annotated[Optional[int], typer.Option(help="image loading processes (default: cores - 1, at most 4)")] = None,
     streaming: Annotated[bool, typer.Option(help="keep no activations: CKA (store order, this batch size) and statistics straight from the forward pass")] = False,
+    heads: Annotated[bool, typer.Option("--heads", help="with --streaming: also head-level CKA, each ViT head against the other models' layers (paper Fig. 5); without it head outputs are stored anyway")] = False,
     overwrite: Annotated[bool, typer.Option(help="replace an existing store")] = False,
     force: Annotated[bool, typer.Option(help="start even if the disk looks too small")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
@@ -105,7 +106,7 @@ def extract(
     cfg = ExtractConfig(
         store=store, models=model, dataset=dataset, n_images=n_images, batch_size=batch_size, device=device,
         layers=layers, img_size=img_size, dtype=dtype, shuffle_seed=shuffle_seed, overwrite=overwrite,
-        force=force, workers=workers, streaming=streaming,
+        force=force, workers=workers, streaming=streaming, heads=heads,
     )
     quiet = quiet or is_secondary()  # under torchrun rank 0 speaks for the run
     set_compute_threads(threads)
