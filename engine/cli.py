@@ -234,7 +234,8 @@ def info(store: Annotated[Path, typer.Argument(help="a store made by `vitsee ext
                       f"result file(s), {human_bytes(side['bytes'])} (move or copy the store and this folder together)",
                       highlight=False)
         if s.streaming:
-            out.print("streaming: activations not stored (statistics and CKA from the forward pass only)", highlight=False)
+            heads = " and head-level CKA" if s.streamed_heads() else ""  # extract --streaming --heads
+            out.print(f"streaming: activations not stored (statistics and CKA{heads} from the forward pass only)", highlight=False)
         if s.shard_files:
             size = sum(f.stat().st_size for f in s.shard_files)
             out.print(f"stitched from {len(s.shard_files)} torchrun shards in {s.shard_files[0].parent.name}/ "

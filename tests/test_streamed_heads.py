@@ -90,8 +90,11 @@ def test_streamed_head_cka_matches_a_per_head_numpy_reference(streamed, tiny_sto
             assert result["cka"][r, c] == pytest.approx(kl / np.sqrt(kk * ll), abs=TOLERANCE), (ROWS[r], layers[c])
 
 
-def test_streaming_heads_keeps_no_head_outputs_and_costs_no_disk(streamed, tmp_path):
+def test_streaming_heads_keeps_no_head_outputs_and_costs_no_disk(streamed, tmp_path, capsys):
     from vitsee.engine.extract_plan import estimate
+
+    code, out, _ = run_cli(["info", streamed], capsys)
+    assert code == 0 and "statistics and CKA and head-level CKA from the forward pass only" in out
 
     with h5py.File(streamed, "r", locking=False) as f:
         assert "heads" not in f[f"models/{VIT}"] and "acts" not in f[f"models/{VIT}"]
