@@ -120,6 +120,11 @@ def test_show_export_and_analyze_read_the_streamed_head_cka(streamed, tmp_path, 
         assert len(s.results("heads")) == 1  # nothing was computed again
 
 
+def test_a_resnet_of_a_streamed_heads_store_has_no_heads_of_its_own(streamed, capsys):
+    code, _, err = run_cli(["show", streamed, f"heads:{RESNET}:{VIT}"], capsys)
+    assert code == 2 and f"{RESNET} has no stored head outputs" in err and "ViT-like" in err
+
+
 def test_other_estimator_settings_on_a_streamed_store_name_the_streamed_ones(streamed, capsys):
     code, _, err = run_cli(["analyze", streamed, "--heads", "--batch-size", "8", "--quiet"], capsys)
     assert code == 2 and "Traceback" not in err

@@ -112,9 +112,9 @@ def pairs(store: Store) -> list[tuple[str, str]]:
     return out
 
 
-def _refuse_streaming(store: Store, vit: str | None = None) -> None:
-    """Refuses head-level CKA of a streaming store that did not accumulate it (for this ViT)."""
-    if store.streaming and not (store.head_blocks(vit) if vit else store.streamed_heads()):
+def _refuse_streaming(store: Store) -> None:
+    """Refuses head-level CKA of a streaming store that did not accumulate it (extracted without --heads)."""
+    if store.streaming and not store.streamed_heads():
         raise VitseeError(
             f"{store.path} was extracted with --streaming without --heads, which keeps no head outputs, so "
             "head-level CKA cannot be computed: re-extract with --streaming --heads (or without --streaming) into another store"
@@ -124,7 +124,7 @@ def _refuse_streaming(store: Store, vit: str | None = None) -> None:
 def heads_params(store: Store, vit: str, other: str, cfg) -> dict:
     """Returns the cache key of heads:VIT:OTHER: what it is about, and the CKA estimator's settings."""
     vit, other = store.resolve_model(vit), store.resolve_model(other)
-    _refuse_streaming(store, vit)
+    _refuse_streaming(store)
     blocks = store.head_blocks(vit)
     if not blocks:
         raise VitseeError(
