@@ -91,6 +91,7 @@ def extract(
     shuffle_seed: Annotated[Optional[int], typer.Option(help="take a seeded random subset instead of the first N")] = None,
     workers: Annotated[Optional[int], typer.Option(help="image loading processes (default: cores - 1, at most 4)")] = None,
     streaming: Annotated[bool, typer.Option(help="keep no activations: CKA (store order, this batch size) and statistics straight from the forward pass")] = False,
+    heads: Annotated[bool, typer.Option("--heads", help="with --streaming: also head-level CKA, each ViT head against the other models' layers (paper Fig. 5); without it head outputs are stored anyway")] = False,
     overwrite: Annotated[bool, typer.Option(help="replace an existing store")] = False,
     force: Annotated[bool, typer.Option(help="start even if the disk looks too small")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
@@ -119,7 +120,7 @@ def extract(
         cfg = ExtractConfig(
             store=store, models=model, dataset=dataset, n_images=n_images, batch_size=batch_size, device=device,
             layers=layers, img_size=img_size, dtype=dtype, shuffle_seed=shuffle_seed, overwrite=overwrite,
-            force=force, workers=workers, streaming=streaming,
+            force=force, workers=workers, streaming=streaming, heads=heads,
         )
         run = lambda progress: driver(cfg, progress=progress)  # noqa: E731
     set_compute_threads(threads)
@@ -268,7 +269,8 @@ def info(store: Annotated[Path, typer.Argument(help="a store made by `vitsee ext
                       f"result file(s), {human_bytes(side['bytes'])} (move or copy the store and this folder together)",
                       highlight=False)
         if s.streaming:
-            out.print("streaming: activations not stored (statistics and CKA from the forward pass only)", highlight=False)
+            heads = " and head-level CKA" if s.streamed_heads() else ""  # extract --streaming --heads
+            out.print(f"streaming: activations not stored (statistics and CKA{heads} from the forward pass only)", highlight=False)
         if s.shard_files:
             size = sum(f.stat().st_size for f in s.shard_files)
             out.print(f"stitched from {len(s.shard_files)} torchrun shards in {s.shard_files[0].parent.name}/ "

@@ -9,7 +9,8 @@ bounded queue keeps host memory flat. Progress and plan messages reach the calle
 With `streaming`, activations never leave the device: each batch's layers of every model go straight
 into one all-pairs CKA accumulator, and the store keeps the per-image statistics, the accumulator and,
 at the end, the CKA result (what `vitsee analyze --cka --shuffles 0` with the same batch size gives; the
-accumulation itself is in engine/analyses/cka.py).
+accumulation itself is in engine/analyses/cka.py). With `heads`, each ViT's per-head attention outputs go into
+its head-level CKA accumulator the same way (engine/analyses/heads.py) and are dropped after the batch.
 
 This module holds `run_extraction` and the passes; planning and the checks before a run are in
 engine/extract_plan.py, the writer thread and the host copies in engine/writer.py.
@@ -31,6 +32,7 @@ import torch
 from . import store as store_mod
 from .analyses.base import resolve_device
 from .analyses.cka import save_streamed_cka, stream_batch, streaming_accumulator
+from .analyses.heads import StreamedHeads, save_streamed_heads
 from .data import ImageSet, Selection, loader_batches
 from .errors import VitseeError
 from .extract_plan import (DTYPES, ExtractConfig, ExtractResult, ModelPlan, Progress, ProgressFn, _check_disk, _estimate,
@@ -133,6 +135,23 @@ def _cka_columns(plans: Sequence[ModelPlan]) -> list[tuple[str, str]]:
     return [(mp.key, layer.name) for mp in plans for layer in mp.layers]
 
 
+def _add_streamed_heads(h5, plans: Sequence[ModelPlan]) -> None:
+    """Allocates the head-level CKA accumulator of every ViT of a streaming run that records its heads: its
+    heads against every layer of the other models."""
+    for mp in plans:
+        rec = mp.head_recorder
+        if rec is not None:
+            columns = [c for c in _cka_columns(plans) if c[0] != mp.key]
+            blocks = [name.removeprefix(rec.PREFIX) for name in map(rec.name, rec._chosen())]
+            store_mod.add_streamed_heads_state(h5, mp.key, blocks, mp.loaded.num_heads, columns)
+
+
+def _head_outputs(stats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Takes a streamed batch's head outputs out of its statistics: {blocks.B: (b, heads, tokens, head_dim)}."""
+    prefix = HeadOutputRecorder.PREFIX
+    return {name.removeprefix(prefix): stats.pop(name) for name in [n for n in stats if n.startswith(prefix)]}
+
+
 def run_extraction(
     cfg: ExtractConfig, progress: ProgressFn | None = None, cancel: threading.Event | None = None
 ) -> ExtractResult:
@@ -196,6 +215,7 @@ def run_extraction(
                                                cfg.dtype, n, streaming=cfg.streaming)
                 if cfg.streaming:
                     store_mod.add_streaming_state(h5, _cka_columns(plans), cfg.batch_size)
+                    _add_streamed_heads(h5, plans)
             existing = Store.writer(store_path, rows=True, lock=lock)
         else:
             for mp in plans:
@@ -207,6 +227,7 @@ def run_extraction(
         processed, bytes_written, cancelled = run_pass(existing, selection, plans, device, cfg, emit, cancel, nonfinite)
         if cfg.streaming and not cancelled and existing.complete and cfg.shard is None:
             save_streamed_cka(existing)  # a shard's share is summed with the others' when they are stitched
+            save_streamed_heads(existing)
     finally:
         _release(plans, existing)
         if lock is not None:
@@ -306,6 +327,7 @@ def _streaming_pass(store, selection, plans, device, cfg, emit, cancel, nonfinit
     first = int(np.argmin(done)) if not done.all() else n_batches  # streaming writes batches in order
     columns = _cka_columns(plans)
     acc = streaming_accumulator(store, len(columns), device, first)
+    heads = StreamedHeads.resumed(store, device, first)  # one per ViT of a --heads run
     pending = list(range(first, n_batches))
     batches = [list(range(b * bs, min((b + 1) * bs, n))) for b in pending]
     processed, cancelled = 0, False
@@ -322,17 +344,20 @@ def _streaming_pass(store, selection, plans, device, cfg, emit, cancel, nonfinit
                 if cancel is not None and cancel.is_set():
                     cancelled = True
                     break
-                feats, stats, bad = [], {}, {}
+                feats, stats, bad, outputs = [], {}, {}, {}
                 for mp in plans:
                     acts, stats[mp.key] = _forward(mp, inputs[slot[mp.key]].to(device, non_blocking=True))
+                    outputs[mp.key] = _head_outputs(stats[mp.key])
                     bad[mp.key] = _nonfinite_rows(acts, mp.layers)
                     feats += [acts[layer.name] for layer in mp.layers]
                 state = stream_batch(acc, feats)
-                del feats
+                by_column = dict(zip(columns, feats))
+                head_states = {h.vit: h.update(outputs[h.vit], by_column) for h in heads}
+                del feats, by_column, outputs
                 copies.begin()
                 host = _StreamedBatch(b, {m: copies.to_host(v) for m, v in stats.items()},
                                       {m: copies.to_host({"c": c})["c"] for m, c in bad.items()},
-                                      copies.to_host({"state": state})["state"])
+                                      copies.to_host({"state": state})["state"], heads_states=copies.to_host(head_states))
                 host.ready = copies.ready()
                 writer.put(host)
                 rows = min(bs, n - b * bs)

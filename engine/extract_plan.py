@@ -47,6 +47,7 @@ class ExtractConfig:
     force: bool = False
     workers: int | None = None
     streaming: bool = False
+    heads: bool = False  # with streaming: accumulate head-level CKA (without, head outputs are stored anyway)
     shard: Shard | None = None  # set by the torchrun driver: this process extracts these rows into their own file
 
     def __post_init__(self):
@@ -63,6 +64,9 @@ class ExtractConfig:
             raise VitseeError(f"--batch-size must be at least 1, got {self.batch_size}")
         if self.dtype not in DTYPES:
             raise VitseeError(f"unknown --dtype '{self.dtype}': use float16 or float32")
+        if self.heads and self.streaming and len(self.models) == 1:
+            raise VitseeError(f"--heads compares a ViT's attention heads with another model's layers, and this "
+                              f"streaming run has one model ({self.models[0]}): add --model NAME (e.g. a ResNet) or leave out --heads")
 
 
 LAYER_GRANULARITIES = ("blocks", "sublayers")
@@ -143,6 +147,11 @@ class ModelPlan:
     def key(self) -> str:
         return self.loaded.key
 
+    @property
+    def head_recorder(self) -> HeadOutputRecorder | None:
+        """Returns the recorder of the model's per-head attention outputs, if it has one."""
+        return next((r for r in self.recorders if isinstance(r, HeadOutputRecorder)), None)
+
     def bytes(self, n_images: int, dtype: str, streaming: bool = False) -> int:
         if streaming:
             return estimate_bytes(n_images, [], dtype, self.stats)
@@ -202,6 +211,11 @@ def _check_same_mode(store: Store, cfg: ExtractConfig, keys: list[str]) -> None:
         raise VitseeError(
             f"{store.path} already holds activations; --streaming makes a store of its own: choose another path or --overwrite"
         )
+    if cfg.streaming and cfg.heads and not store.streamed_heads():
+        raise VitseeError(
+            f"{store.path} was streamed without --heads, and head-level CKA needs every batch from the first: "
+            "stream into another store (or --overwrite) with --heads, or leave out --heads to resume it"
+        )
     if cfg.streaming and store.models != keys:
         raise VitseeError(
             f"{store.path} streamed {', '.join(store.models)}; a streaming store cannot take other models "
@@ -248,7 +262,7 @@ def plan(cfg: ExtractConfig, device: torch.device, emit: ProgressFn,
             points = layer_points(loaded.model, loaded.family, layers_arg)
             transform = make_transform(loaded)
             recorders = default_recorders(loaded, points, torch_dtype)
-            if not cfg.streaming and HeadOutputRecorder.applies(loaded):  # head-level CKA (analyses/heads.py)
+            if _records_heads(cfg, loaded, existing):  # head-level CKA (analyses/heads.py)
                 recorders.append(HeadOutputRecorder(torch_dtype))
             for rec in recorders:
                 rec.attach(loaded)
@@ -272,14 +286,31 @@ def plan(cfg: ExtractConfig, device: torch.device, emit: ProgressFn,
                     recorders, stats = _without_heads(recorders, stats)
             else:
                 batch_size, done, new = cfg.batch_size, np.zeros(n_batches_default, dtype=bool), True
+            if cfg.streaming:  # head outputs feed the streamed head-level CKA and are not stored
+                stats = [s for s in stats if not s.name.startswith(HeadOutputRecorder.PREFIX)]
             plans.append(
                 ModelPlan(loaded, recorders, layer_specs, stats, tuple(example.shape[1:]), transform, batch_size, new, done, record)
+            )
+        if cfg.heads and not any(mp.head_recorder for mp in plans):
+            raise VitseeError(
+                f"--heads compares a ViT's attention heads with another model, and no model of this run "
+                f"({', '.join(keys)}) has attention heads (ViT-like models do): add a ViT with --model, or leave out --heads"
             )
     except BaseException:
         if existing is not None:
             existing.close()
         raise
     return selection, plans, existing
+
+
+def _records_heads(cfg: ExtractConfig, loaded: LoadedModel, existing: Store | None) -> bool:
+    """Whether a model's head outputs are recorded: always for a ViT-like model stored with activations; in a
+    streaming run only when it accumulates head-level CKA (asked with --heads, or resumed from a store that did)."""
+    if not HeadOutputRecorder.applies(loaded):
+        return False
+    if not cfg.streaming:
+        return True
+    return cfg.heads if existing is None else bool(existing.head_blocks(loaded.key))
 
 
 def _without_heads(recorders: list[Recorder], stats: list[ArraySpec]) -> tuple[list[Recorder], list[ArraySpec]]:

@@ -23,7 +23,8 @@ RECORD_VERSION = 1
 # --force, --quiet, change no stored value and may be given to a resume)
 RECORDED_OPTIONS = {"--dataset": "dataset", "--n-images": "n_images", "--batch-size": "batch_size",
                     "--layers": "layers", "--img-size": "img_size", "--dtype": "dtype",
-                    "--shuffle-seed": "shuffle_seed", "--streaming": "streaming"}
+                    "--shuffle-seed": "shuffle_seed", "--streaming": "streaming", "--heads": "heads"}
+FLAGS = ("streaming", "heads")  # on/off options: typed as the bare flag
 
 
 def run_record(cfg, dataset_spec: str, models: list[tuple[str, str]]) -> dict:
@@ -35,7 +36,7 @@ def run_record(cfg, dataset_spec: str, models: list[tuple[str, str]]) -> dict:
         "models": [{"spec": spec, "key": key} for spec, key in models],
         "dataset": dataset_spec, "n_images": cfg.n_images, "shuffle_seed": cfg.shuffle_seed,
         "batch_size": int(cfg.batch_size), "img_size": cfg.img_size, "layers": layers, "dtype": cfg.dtype,
-        "streaming": bool(cfg.streaming), "device": str(cfg.device),
+        "streaming": bool(cfg.streaming), "heads": bool(getattr(cfg, "heads", False)), "device": str(cfg.device),
     }
 
 
@@ -48,8 +49,8 @@ def command_line(store: Path | str, record: dict) -> str:
                 "dtype": "float16", "shuffle_seed": None}
     for flag, name in RECORDED_OPTIONS.items():
         value = record.get(name)
-        if name == "streaming":
-            words += ["--streaming"] if value else []
+        if name in FLAGS:
+            words += [flag] if value else []
         elif value != defaults[name]:
             words += [flag, ",".join(value) if isinstance(value, list) else str(value)]
     if record.get("device") not in (None, "auto"):
@@ -160,7 +161,7 @@ def _config(path: Path, record: dict, models: list[dict], device, workers, force
         store=path, models=[m["spec"] for m in models], dataset=record["dataset"], n_images=record["n_images"],
         batch_size=record["batch_size"], device=device or record.get("device") or "auto", layers=record["layers"],
         img_size=record["img_size"], dtype=record["dtype"], shuffle_seed=record["shuffle_seed"],
-        workers=workers, streaming=record["streaming"], force=force,
+        workers=workers, streaming=record["streaming"], heads=bool(record.get("heads", False)), force=force,
     )
 
 
@@ -171,8 +172,8 @@ def _check_given(path: Path, given: dict, record: dict, n_images: int) -> None:
         recorded = record.get(name)
         if _same(name, value, recorded, n_images):
             continue
-        if name == "streaming":
-            typed, shown = flag if value else "--no-streaming", flag if recorded else "no --streaming"
+        if name in FLAGS:
+            typed, shown = flag if value else f"--no-{name}", flag if recorded else f"no {flag}"
         else:
             recorded = n_images if name == "n_images" else recorded
             typed = f"{flag} {value}"
@@ -195,6 +196,6 @@ def _same(name: str, value, recorded, n_images: int) -> bool:
         from .data import open_dataset
 
         return open_dataset(value).spec == recorded
-    if name == "streaming":
+    if name in FLAGS:
         return bool(value) == bool(recorded)
     return value == recorded

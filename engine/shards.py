@@ -100,9 +100,11 @@ def stitch(path: str | Path, shard_paths: Sequence[Path], cfg, models: Sequence[
             _sum_streamed_states(h5, shard_paths)
     if cfg.streaming:
         from .analyses.cka import save_streamed_cka
+        from .analyses.heads import save_streamed_heads
 
         with Store.writer(path) as store:
             save_streamed_cka(store)
+            save_streamed_heads(store)
 
 
 def _check_shards(shard_paths: Sequence[Path], keys: Sequence[str], expected_run: str) -> list[tuple[int, int]]:
@@ -186,3 +188,21 @@ def _sum_streamed_states(h5: h5py.File, shard_paths: Sequence[Path]) -> None:
             batch_size = int(s.file["streaming/cka_state"].attrs["batch_size"])
     store_mod.add_streaming_state(h5, columns, batch_size)
     h5["streaming/cka_state"][:] = np.stack([total, total])
+    _sum_streamed_heads(h5, shard_paths)
+
+
+def _sum_streamed_heads(h5: h5py.File, shard_paths: Sequence[Path]) -> None:
+    """Gives the store each ViT's head-level CKA accumulator (extract --streaming --heads) as the sum of the
+    shards' (in rank order)."""
+    with Store.open(shard_paths[0]) as first:
+        layouts = first.streamed_heads()
+    for vit, layout in layouts.items():
+        total = None
+        for p in shard_paths:
+            with Store.open(p) as s:
+                state = s.streamed_heads_state(vit)
+                if state is None or s.streamed_heads().get(vit) != layout:
+                    raise VitseeError(f"shard {p} streamed other head-level CKA than the first shard: rerun with --overwrite")
+            total = state if total is None else total + state
+        store_mod.add_streamed_heads_state(h5, vit, layout["blocks"], layout["heads"], layout["columns"])
+        h5[f"streaming/heads/{vit}"][:] = np.stack([total, total])

@@ -21,7 +21,8 @@ A streaming store (`vitsee extract --streaming`, file attr streaming=1) has the 
 and input: each model group records its layers' per-image shapes and prefix tokens in attrs instead, and
 /streaming/cka_state (2, L*L + 1) holds the all-pairs CKA accumulator of the batches done so far (two
 slots, batch b writes slot b % 2 before `done` marks it, so the state of the last finished batch is never
-the one being overwritten).
+the one being overwritten). With `--heads`, /streaming/heads/<vit> (2, S) holds a ViT's head-level CKA accumulator
+the same way (attrs blocks, heads, columns: its heads against every layer of the run's other models).
 
 A store stitched from torchrun shards (file attr shards: json list of relative paths) holds the images and,
 per model, HDF5 virtual datasets over the shards' datasets of the same names; see shards.py. Readers use
@@ -645,7 +646,11 @@ class Store:
     # --- head outputs (head-level CKA, engine/analyses/heads.py) ------------------------------------
 
     def head_blocks(self, model: str) -> list[str]:
-        """Returns the blocks (blocks.B, forward order) whose per-head attention outputs are stored."""
+        """Returns the blocks (blocks.B, forward order) whose per-head attention outputs are stored, or, in a
+        streaming store, whose head-level CKA was accumulated (`extract --streaming --heads`)."""
+        if self.streaming:
+            layout = self.streamed_heads().get(self.resolve_model(model))
+            return list(layout["blocks"]) if layout else []
         group = self._model(model)
         if "heads" not in group:
             return []
@@ -653,6 +658,7 @@ class Store:
 
     def head_outputs(self, model: str, block: str, rows: slice | np.ndarray | None = None) -> np.ndarray:
         """Returns a block's per-head attention outputs (N, heads, spatial tokens, head_dim) as float32."""
+        self._require_activations("head outputs cannot be read")
         group = self._model(model)
         if block not in self.head_blocks(model):
             raise VitseeError(
@@ -839,6 +845,27 @@ class Store:
             return None
         return ds[(finished - 1) % 2].astype(np.float64), columns
 
+    def streamed_heads(self) -> dict[str, dict]:
+        """Returns {vit: {blocks, heads, columns}} of the head-level CKA a streaming run accumulates (empty
+        without `--heads`); columns are the [(model, layer)] of the other models its heads are compared with."""
+        if "streaming/heads" not in self.file:
+            return {}
+        out = {}
+        for vit, ds in self.file["streaming/heads"].items():
+            out[vit] = {"blocks": json.loads(ds.attrs["blocks"]), "heads": int(ds.attrs["heads"]),
+                        "columns": [tuple(c) for c in json.loads(ds.attrs["columns"])]}
+        return {vit: out[vit] for vit in self.models if vit in out}  # store order
+
+    def streamed_heads_state(self, vit: str) -> np.ndarray | None:
+        """Returns a ViT's head-level CKA accumulator after the last finished batch of a streaming run, or None
+        when nothing has been accumulated yet."""
+        saved = self.streamed_cka_state()  # the same batches, written in the same slot
+        if saved is None or f"streaming/heads/{vit}" not in self.file:
+            return None
+        done = min(self.rows_done(m) for m in self.models)
+        finished = -(-done // int(self.file["streaming/cka_state"].attrs["batch_size"]))
+        return self.file[f"streaming/heads/{vit}"][(finished - 1) % 2].astype(np.float64)
+
     # --- writing (extraction) -------------------------------------------------------------------
 
     def add_model(
@@ -915,13 +942,16 @@ class Store:
         group.file.flush()
 
     def write_streamed_batch(self, batch: int, stats: dict[str, dict[str, np.ndarray]],
-                             nonfinite: dict[str, Sequence[int]], cka_state: np.ndarray) -> None:
-        """Writes one batch of a streaming run (every model's statistics and the CKA accumulator after
-        it), then marks it done for every model once the data is flushed."""
+                             nonfinite: dict[str, Sequence[int]], cka_state: np.ndarray,
+                             heads_states: dict[str, np.ndarray] | None = None) -> None:
+        """Writes one batch of a streaming run (every model's statistics, the CKA accumulator and each ViT's
+        head-level CKA accumulator after it), then marks it done for every model once the data is flushed."""
         try:
             for model, values in stats.items():
                 self._write_rows(model, batch, {}, values, None, nonfinite[model])
             self.file["streaming/cka_state"][batch % 2] = cka_state
+            for vit, state in (heads_states or {}).items():
+                self.file[f"streaming/heads/{vit}"][batch % 2] = state
             self.file.flush()
         except OSError as exc:
             raise self._write_failed(self.file, batch, exc) from exc
@@ -1127,6 +1157,17 @@ def add_streaming_state(file: h5py.File, columns: Sequence[tuple[str, str]], bat
     ds = _early_dataset(group, "cka_state", (2, n * n + 1), "float64", 2)
     ds.attrs["columns"] = _json([list(c) for c in columns])
     ds.attrs["batch_size"] = int(batch_size)
+
+
+def add_streamed_heads_state(file: h5py.File, vit: str, blocks: Sequence[str], heads: int,
+                             columns: Sequence[tuple[str, str]]) -> None:
+    """Allocates the two slots of a ViT's head-level CKA accumulator in a new streaming store: its
+    len(blocks) * heads heads against the columns (every layer of the other models)."""
+    n = len(blocks) * heads + len(columns)
+    ds = _early_dataset(file.require_group("streaming/heads"), vit, (2, n * n + 1), "float64", 2)
+    ds.attrs["blocks"] = _json(list(blocks))
+    ds.attrs["heads"] = int(heads)
+    ds.attrs["columns"] = _json([list(c) for c in columns])
 
 
 def write_images(file: h5py.File, dataset: str, indices: np.ndarray, labels: np.ndarray, class_names, shuffle_seed) -> None:

@@ -7,7 +7,7 @@ import os
 import queue
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -46,13 +46,16 @@ class _StreamedBatch:
     nonfinite: dict[str, torch.Tensor]  # model -> (layers, b) per image
     cka_state: torch.Tensor
     ready: object = None
+    heads_states: dict[str, torch.Tensor] = field(default_factory=dict)  # ViT -> its head-level CKA accumulator
 
     def write(self, store: Store) -> int:
         stats = {m: {k: v.numpy() for k, v in values.items()} for m, values in self.stats.items()}
         state = self.cka_state.numpy()
+        heads = {vit: s.numpy() for vit, s in self.heads_states.items()}
         counts = {m: c.numpy().sum(axis=1).tolist() for m, c in self.nonfinite.items()}
-        store.write_streamed_batch(self.batch, stats, counts, state)
-        return state.nbytes + sum(v.nbytes for values in stats.values() for v in values.values())
+        store.write_streamed_batch(self.batch, stats, counts, state, heads)
+        return (state.nbytes + sum(s.nbytes for s in heads.values())
+                + sum(v.nbytes for values in stats.values() for v in values.values()))
 
 
 class BatchWriter:

@@ -115,16 +115,23 @@ def test_two_processes_give_the_cka_matrix_of_one(stitched, one_process):
 
 
 def test_streaming_under_two_processes_sums_the_shards_to_the_one_process_cka(tmp_path, one_process):
+    from vitsee.engine.analyses.heads import heads_params, run_heads
+
     path = tmp_path / "streamed.h5"
-    torchrun("extract", str(path), *RUN, "--streaming")
+    torchrun("extract", str(path), *RUN, "--streaming", "--heads")
     cfg = an.AnalyzeConfig(batch_size=16, shuffles=0, device="cpu", ci=0, permutations=0)  # a stream has no statistics
     with Store.writer(one_process) as s:
         expected = run_cka(s, cfg)
+        expected_heads = run_heads(s, VIT, RESNET, cfg)
     with Store.open(path) as s:
         assert s.streaming and s.complete
         got = s.get_result("cka", cka_params(s, cfg))
+        got_heads = s.get_result("heads", heads_params(s, VIT, RESNET, cfg))
         np.testing.assert_array_equal(s.stat(VIT, "skip_ratio_attn"), Store.open(one_process).stat(VIT, "skip_ratio_attn"))
     np.testing.assert_allclose(got["matrix"], expected["matrix"], rtol=0, atol=1e-12)
+    # each shard's head-level CKA sums are added up too (rank 0's batches then rank 1's: the sum order differs)
+    np.testing.assert_allclose(got_heads["cka"], expected_heads["cka"], rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(got_heads["distance_px"], expected_heads["distance_px"])
 
 
 def _copy_shards(stitched: Path, folder: Path) -> list[Path]:

@@ -9,6 +9,11 @@ accumulated only between the heads and the other model's layers.
 The pure core is `HeadCKA` (per-batch head outputs and layer activations in, a heads x layers matrix out);
 `run_heads` is the store-facing runner, `heads_params` its cache key, `view_fields` its view, `SPEC` its entry in
 the registry (engine/analyses/__init__.py).
+
+A streaming extraction with `--heads` keeps no head outputs: `StreamedHeads` adds each batch's heads to one HeadCKA
+per ViT (against every layer of the run's other models) as the forward pass makes them, the store keeps its state
+after every batch, and `save_streamed_heads` caches heads:VIT:OTHER for every other model under the key
+`analyze --heads --batch-size B --shuffles 0` gives, so views, export and the app find it like an analyzed one.
 """
 from __future__ import annotations
 
@@ -22,7 +27,7 @@ from ..errors import VitseeError
 from ..store import Store, read_rows
 
 # the shared plumbing of the store-facing runners (batches by global index, device, caching with provenance)
-from .base import Analysis, _check_ready, _device, _emit, _save, batch_plan
+from .base import Analysis, AnalyzeConfig, _check_ready, _device, _emit, _save, batch_plan
 from ..lazy import lazy_module
 
 torch = lazy_module("torch")  # reading a cached result needs numpy only; torch is imported by the first computation
@@ -96,7 +101,7 @@ class _LazyHead:
 
 
 def pairs(store: Store) -> list[tuple[str, str]]:
-    """Returns every (ViT with stored head outputs, other model) pair of the store."""
+    """Returns every (ViT with stored or streamed head outputs, other model) pair of the store."""
     vits = [m for m in store.models if store.head_blocks(m)]
     out = [(v, o) for v in vits for o in store.models if o != v]
     if not out:
@@ -108,17 +113,18 @@ def pairs(store: Store) -> list[tuple[str, str]]:
 
 
 def _refuse_streaming(store: Store) -> None:
-    if store.streaming:
+    """Refuses head-level CKA of a streaming store that did not accumulate it (extracted without --heads)."""
+    if store.streaming and not store.streamed_heads():
         raise VitseeError(
-            f"{store.path} was extracted with --streaming, which keeps no head outputs, so head-level CKA cannot be "
-            "computed: re-extract without --streaming into another store"
+            f"{store.path} was extracted with --streaming without --heads, which keeps no head outputs, so "
+            "head-level CKA cannot be computed: re-extract with --streaming --heads (or without --streaming) into another store"
         )
 
 
 def heads_params(store: Store, vit: str, other: str, cfg) -> dict:
     """Returns the cache key of heads:VIT:OTHER: what it is about, and the CKA estimator's settings."""
-    _refuse_streaming(store)
     vit, other = store.resolve_model(vit), store.resolve_model(other)
+    _refuse_streaming(store)
     blocks = store.head_blocks(vit)
     if not blocks:
         raise VitseeError(
@@ -153,6 +159,8 @@ def run_heads(store: Store, vit: str, other: str, cfg, progress=None) -> dict:
     cached = None if cfg.recompute else store.get_result(ANALYSIS, params)
     if cached is not None:
         return cached
+    if store.streaming:
+        return _streamed_heads(store, vit, other, cfg)
     device = _device(cfg.device)
     blocks, layers = params["blocks"], params["layers"]
     head_ds = [store._model(vit)["heads"][b] for b in blocks]
@@ -168,17 +176,107 @@ def run_heads(store: Store, vit: str, other: str, cfg, progress=None) -> dict:
             accumulators[k].update(heads, [read_rows(ds, rows) for ds in layer_ds])
             _emit(progress, f"heads {vit} x {other}", b + 1, len(plan))
         matrices = [acc.result() for acc in accumulators]
+    return _save(store, ANALYSIS, params, _result_arrays(store, params, n_heads, matrices))
+
+
+def _result_arrays(store: Store, params: dict, n_heads: int, matrices: Sequence[np.ndarray]) -> dict:
+    """Returns the cached arrays of heads:VIT:OTHER from one (heads, layers) CKA matrix per shuffle."""
+    blocks = params["blocks"]
     rows = [f"{block}.head.{h}" for block in blocks for h in range(n_heads)]
-    arrays = {
+    return {
         "cka": np.mean(matrices, axis=0),
         "shuffle_std": np.std(matrices, axis=0) if len(matrices) > 1 else np.zeros_like(matrices[0]),
         "rows": np.array(rows),
-        "cols": np.array(layers),
+        "cols": np.array(params["layers"]),
         "block": np.repeat([int(b.rsplit(".", 1)[1]) for b in blocks], n_heads),
         "head": np.tile(np.arange(n_heads), len(blocks)),
-        "distance_px": mean_distances(store, vit, blocks),
+        "distance_px": mean_distances(store, params["vit"], blocks),
     }
-    return _save(store, ANALYSIS, params, arrays)
+
+
+# --- streamed (extract --streaming --heads) ---------------------------------------------------------------------
+
+
+class StreamedHeads:
+    """The head-level CKA a streaming extraction accumulates for one ViT: every head of its recorded blocks
+    against every layer of the run's other models (`columns`, (model, layer) in store and forward order), one
+    HeadCKA whose `state` the store keeps after every batch. Nothing of a batch is kept after `update`."""
+
+    def __init__(self, vit: str, blocks: Sequence[str], n_heads: int, columns: Sequence[tuple[str, str]], device):
+        self.vit, self.blocks, self.n_heads = vit, list(blocks), int(n_heads)
+        self.columns = [tuple(c) for c in columns]
+        self.acc = HeadCKA(len(self.blocks) * self.n_heads, len(self.columns), device)
+
+    @classmethod
+    def resumed(cls, store: Store, device, first: int) -> list[StreamedHeads]:
+        """Returns the accumulators of a streaming store's ViTs (none without --heads), each resumed from the
+        store's copy of its state when `first` (the first batch still to run) is past the start."""
+        out = []
+        for vit, layout in store.streamed_heads().items():
+            streamed = cls(vit, layout["blocks"], layout["heads"], layout["columns"], device)
+            saved = store.streamed_heads_state(vit) if first > 0 else None
+            if saved is not None:
+                streamed.acc.acc.state.copy_(torch.as_tensor(saved))
+            out.append(streamed)
+        return out
+
+    def update(self, outputs: dict, feats: dict) -> torch.Tensor:
+        """Adds one batch: `outputs` the ViT's head outputs by block (b, heads, tokens, head_dim), `feats` every
+        layer's activations by (model, layer); returns a snapshot of the state to write."""
+        heads = [head for block in self.blocks for head in split_heads(outputs[block])]  # R x (b, tokens * head_dim)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a last batch under 4 images is skipped, as analyze does
+            self.acc.update(heads, [feats[c] for c in self.columns])
+        return self.acc.acc.state.clone()
+
+
+def streamed_heads_params(store: Store, vit: str, other: str) -> dict:
+    """Returns the cache key of a streaming store's heads:VIT:OTHER: that of `analyze --heads --shuffles 0` with
+    the extraction's batch size (the streamed CKA's batches)."""
+    batch_size = int(store.file["streaming/cka_state"].attrs["batch_size"])
+    return heads_params(store, vit, other, AnalyzeConfig(batch_size=batch_size, shuffles=0))
+
+
+def save_streamed_heads(store: Store, vits: Sequence[str] | None = None) -> list[dict]:
+    """Caches heads:VIT:OTHER for every streamed ViT (or those named) and every other model of a finished
+    streaming run, from the accumulators the store kept; returns the results."""
+    out = []
+    for vit, layout in store.streamed_heads().items():
+        if vits is not None and vit not in vits:
+            continue
+        state = store.streamed_heads_state(vit)
+        if state is None:
+            raise VitseeError(f"{store.path} has no finished batch to compute head-level CKA from: rerun the same "
+                              "`vitsee extract --streaming --heads` command")
+        streamed = StreamedHeads(vit, layout["blocks"], layout["heads"], layout["columns"], "cpu")
+        streamed.acc.acc.state = torch.as_tensor(state, dtype=torch.float64)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a batch under 4 images was skipped
+            matrix = streamed.acc.result()  # (heads, every layer of the other models)
+        for other in store.models:
+            if other == vit:
+                continue
+            params = streamed_heads_params(store, vit, other)
+            cols = [i for i, (model, _) in enumerate(streamed.columns) if model == other]
+            if [streamed.columns[i][1] for i in cols] != params["layers"]:
+                raise VitseeError(f"{store.path}: the streamed head-level CKA's layers of {other} do not match the "
+                                  "store's: re-extract it with --overwrite")
+            out.append(_save(store, ANALYSIS, params, _result_arrays(store, params, streamed.n_heads, [matrix[:, cols]])))
+    return out
+
+
+def _streamed_heads(store: Store, vit: str, other: str, cfg) -> dict:
+    """Returns the head-level CKA a streaming extraction cached, when the asked-for settings allow it; without
+    the head outputs no other estimate can be made."""
+    streamed = streamed_heads_params(store, vit, other)
+    if cfg.any_cka_estimate and not cfg.recompute:
+        cached = store.get_result(ANALYSIS, streamed)
+        return cached if cached is not None else next(r for r in save_streamed_heads(store, [vit]) if r["_params"]["other"] == other)
+    raise VitseeError(
+        f"{store.path} was extracted with --streaming: its head-level CKA was computed during extraction with batch "
+        f"size {streamed['batch_size']} in store order (--batch-size {streamed['batch_size']} --shuffles 0), and other "
+        "settings need the head outputs, which were not stored: re-extract without --streaming into another store"
+    )
 
 
 # --- the view ---------------------------------------------------------------------------------------------------
@@ -211,6 +309,6 @@ SPEC = Analysis(
     params=lambda store, keys, layer, cfg: heads_params(store, keys[0], keys[1], cfg),
     run=lambda store, keys, layer, cfg, progress=None: run_heads(store, keys[0], keys[1], cfg, progress),
     view=lambda result, keys, info, layer=None: view_fields(result, keys),
-    applies=lambda store, key: not store.streaming and bool(store.head_blocks(key)),  # the ViT side of a pair
+    applies=lambda store, key: bool(store.head_blocks(key)),  # the ViT side of a pair (stored or streamed heads)
     figure="heads", models=(2, 2), usage="heads:VIT:OTHER",
 )

@@ -319,10 +319,12 @@ class ExplorerScreen(Screen):
 
     def _paper_spec(self, kind: str, model, other: str | None) -> tuple[str | None, str]:
         summary = self.summary
-        if summary.streaming:
-            return None, (f"{summary.path.name} was extracted with streaming, which keeps no activations; "
-                          f"{'head outputs' if kind == 'heads' else 'the model input'} are needed: extract the run "
-                          "again, keeping activations, into another store")
+        if summary.streaming and kind == "heads" and not model.head_outputs and model.heads:  # streamed without --heads
+            return None, (f"{summary.path.name} was extracted with streaming without --heads, which keeps no head "
+                          "outputs: extract the run again with `--streaming --heads`, or keeping activations, into another store")
+        if summary.streaming and kind == "erf":  # a streamed --heads run's head-level CKA is cached: it is shown
+            return None, (f"{summary.path.name} was extracted with streaming, which keeps no activations; the model "
+                          "input is needed: extract the run again, keeping activations, into another store")
         if kind == "erf":
             if not model.erf_layers:
                 return None, f"{model.key} has no layer with a token grid or feature map for a receptive field"
