@@ -199,7 +199,6 @@ class ExampleAccumulator:
         self.count = 0
         self.class_counts = torch.zeros(self.n_classes, dtype=torch.int64, device=self.device)
         self.blocks: list[torch.Tensor] = []  # (P, b, D) float64 batches minus reference
-        self.block_sums: list[torch.Tensor] = []  # (P, D) the sum of each block over its examples
         self.y: list[torch.Tensor] = []  # (b,) labels
         self.reference = reference  # (P, D); given: another accumulator's, so merging into it shifts nothing
         self.gram: torch.Tensor | None = None  # (P, m, m) of the examples of the first `gram_blocks` blocks
@@ -253,23 +252,33 @@ class ExampleAccumulator:
         scale = torch.diagonal(self._centred_gram(), dim1=1, dim2=2).sum(1) / self.n_features  # tr(Xc'Xc) = tr(Xc Xc')
         return torch.where(scale > 0, scale, torch.ones_like(scale))
 
-    def solve(self, l2) -> RidgePath:
-        """Return the ridge solutions of all P probes for penalties l2: (L,) shared by all probes, or (P, L)."""
+    def solve(self, l2, factor: str = "eigh") -> RidgePath:
+        """Return the ridge solutions of all P probes for penalties l2: (L,) shared by all probes, or (P, L).
+
+        factor 'eigh' keeps the eigenbasis of the Gram, one decomposition for any number of penalties;
+        'cholesky' solves (G + l2 I) A = Yc once per penalty, far cheaper for the one penalty of a refit.
+        """
         l2 = _check_solvable(self, l2)  # (P, L)
-        eigvals, eigvecs = _eigh(self._centred_gram())  # (P, n), (P, n, n)
+        gram = self._centred_gram()  # (P, n, n)
         targets = 2.0 * _one_hot(torch.cat(self.y), self.n_classes) - 1.0  # (n, K)
         mean_y = targets.mean(0)
-        block_mean = torch.stack(self.block_sums).sum(0) / self.count  # (P, D), the mean of the kept blocks
+        dual_coef = _cholesky_dual_coef(gram, targets - mean_y, l2) if factor == "cholesky" else None
+        if dual_coef is None:  # asked for, or a penalty too small against the Gram for Cholesky in float64
+            eigvals, eigvecs = _eigh(gram)  # (P, n), (P, n, n)
+            eigvals = eigvals.clamp_min(0)  # the centring direction (1, .., 1) has eigenvalue 0, give or take 1e-15
+            projected_xy = eigvecs.mT @ (targets - mean_y)  # (P, n, K), U'Yc
+        else:
+            eigvals = eigvecs = projected_xy = None
         return RidgePath(
-            mean_x=self.reference + block_mean,
+            mean_x=None,  # reference + the examples' mean, computed from the examples if asked for
             mean_y=mean_y,
-            eigvals=eigvals.clamp_min(0),  # the centring direction (1, .., 1) has eigenvalue 0, give or take 1e-15
+            eigvals=eigvals,
             eigvecs=eigvecs,
-            projected_xy=eigvecs.mT @ (targets - mean_y),  # (P, n, K), U'Yc
+            projected_xy=projected_xy,
             l2=l2,
             examples=tuple(self.blocks),
-            examples_mean=block_mean,
             reference=self.reference,
+            dual_coef=dual_coef,
             gram_row_mean=self.gram.mean(2),  # (P, n): each example's product with the examples' mean
             gram_mean=self.gram.mean((1, 2)),  # (P,): the mean's with itself
         )
@@ -278,7 +287,6 @@ class ExampleAccumulator:
         if self.blocks and block.shape[::2] != self.blocks[0].shape[::2]:
             raise ValueError(f"batch has (P, D) = {tuple(block.shape[::2])}, earlier batches {tuple(self.blocks[0].shape[::2])}")
         self.blocks.append(block)
-        self.block_sums.append(block.sum(1))
         self.y.append(y)
         self.count += len(y)
         self.class_counts += torch.bincount(y, minlength=self.n_classes)
@@ -306,6 +314,19 @@ class ExampleAccumulator:
                     gram[:, cols, rows] = cross.mT
             self.gram, self.gram_blocks = gram, len(self.blocks)
         return _centred(self.gram)
+
+
+def _cholesky_dual_coef(gram: torch.Tensor, yc: torch.Tensor, l2: torch.Tensor) -> torch.Tensor | None:
+    """Return (P, L, n, K) A = (G + l2 I)^-1 Yc for each probe's L penalties, or None where G + l2 I is not
+    numerically positive definite (then the caller falls back to the eigendecomposition)."""
+    eye = _eye(gram.shape[-1], gram)
+    coefs = []
+    for j in range(l2.shape[1]):
+        factor, info = torch.linalg.cholesky_ex(gram + l2[:, j, None, None] * eye)  # (P, n, n)
+        if bool((info != 0).any()):
+            return None
+        coefs.append(torch.cholesky_solve(yc.expand(gram.shape[0], -1, -1), factor))  # (P, n, K)
+    return torch.stack(coefs, dim=1)
 
 
 def _centred(gram: torch.Tensor) -> torch.Tensor:
@@ -343,38 +364,55 @@ class RidgePath:
     so the largest is at least -1 + 2 / K_present.
     """
 
-    mean_x: torch.Tensor  # (P, D)
+    mean_x: torch.Tensor | None  # (P, D); None in dual form: feature_mean() computes it from the examples
     mean_y: torch.Tensor  # (K,)
-    eigvals: torch.Tensor  # (P, R)
-    eigvecs: torch.Tensor  # (P, D, R) primal: V; (P, n, n) dual: U
-    projected_xy: torch.Tensor  # (P, R, K), V'X'Y or U'Y
+    eigvals: torch.Tensor | None  # (P, R)
+    eigvecs: torch.Tensor | None  # (P, D, R) primal: V; (P, n, n) dual: U
+    projected_xy: torch.Tensor | None  # (P, R, K), V'X'Y or U'Y
     l2: torch.Tensor  # (P, L)
-    # dual form: the training examples as (P, b, D) blocks, less any shift, and their mean (P, D) less the same
+    # dual form: the training examples as (P, b, D) blocks, less any shift
     examples: tuple[torch.Tensor, ...] | None = None
-    examples_mean: torch.Tensor | None = None
-    reference: torch.Tensor | None = None  # (P, D) what the examples are less: mean_x = reference + examples_mean
+    reference: torch.Tensor | None = None  # (P, D) what the examples are less
     gram_row_mean: torch.Tensor | None = None  # (P, n) and (P,): means of the Gram of the examples as kept,
     gram_mean: torch.Tensor | None = None  # which centre a query's products with them (kernel centring)
+    # dual form solved by Cholesky instead (no eigenbasis): (P, L, n, K) A = (Gc + l2 I)^-1 Yc per penalty
+    dual_coef: torch.Tensor | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.mean_y.device
+
+    def feature_mean(self) -> torch.Tensor:
+        """Return (P, D) the mean of the training features."""
+        return self.mean_x if self.examples is None else self.reference + self._examples_mean()
+
+    def _examples_mean(self) -> torch.Tensor:
+        # the mean of the kept examples, less the reference: per block sums, then their sum
+        return torch.stack([block.sum(1) for block in self.examples]).sum(0) / sum(b.shape[1] for b in self.examples)
 
     def basis(self) -> torch.Tensor:
-        """Return (P, D, R) the directions the penalties shrink along: V (primal) or Xc'U (dual)."""
+        """Return (P, D, R) the directions the penalties shrink along: V (primal) or Xc'U (dual, eigh)."""
         if self.examples is None:
             return self.eigvecs
-        centred = torch.cat(self.examples, dim=1) - self.examples_mean[:, None]  # (P, n, D), Xc
-        return centred.mT @ self.eigvecs
+        return self._centred_examples().mT @ self.eigvecs
+
+    def _centred_examples(self) -> torch.Tensor:
+        return torch.cat(self.examples, dim=1) - self._examples_mean()[:, None]  # (P, n, D), Xc
 
     def coef(self) -> torch.Tensor:
         """Return the weights (P, L, D, K): scores = x @ coef + intercept."""
+        if self.dual_coef is not None:
+            return self._centred_examples().mT[:, None] @ self.dual_coef  # Xc'A
         shrink = 1.0 / (self.eigvals[:, None, :] + self.l2[:, :, None])  # (P, L, R)
         return self.basis()[:, None] @ (shrink[..., None] * self.projected_xy[:, None])  # (P, L, D, K)
 
     def intercept(self) -> torch.Tensor:
         """Return the intercepts (P, L, K), unpenalised: mean target minus mean feature times weights."""
-        return self.mean_y - (self.mean_x[:, None, None, :] @ self.coef()).squeeze(-2)  # (P, L, K)
+        return self.mean_y - (self.feature_mean()[:, None, None, :] @ self.coef()).squeeze(-2)  # (P, L, K)
 
     def _scores(self, x) -> Iterator[torch.Tensor]:
         """Yields, penalty by penalty, the class scores (P, b, K) of a batch x (b, P, D) or (b, D)."""
-        x = _as_tensor(x, self.eigvecs.device)
+        x = _as_tensor(x, self.device)
         x = x[:, None, :] if x.ndim == 2 else x  # (b, P, D)
         if self.examples is None:
             z = _probe_major(x, self.mean_x) @ self.eigvecs  # (P, b, D): centred x in the eigenbasis
@@ -394,7 +432,11 @@ class RidgePath:
         # the kernel with the centred examples, (x - m)'(x_j - m), from the products with the kept ones: less
         # x'm (the row's mean), m'x_j (the Gram's row mean) plus m'm, rather than through a (P, D, n) basis
         kernel = cross - cross.mean(2, keepdim=True) - self.gram_row_mean[:, None, :] + self.gram_mean[:, None, None]
-        yield from self._scores_in_basis(kernel @ self.eigvecs)  # (P, b, n)
+        if self.dual_coef is not None:
+            for j in range(self.l2.shape[1]):
+                yield kernel @ self.dual_coef[:, j] + self.mean_y  # (P, b, K)
+        else:
+            yield from self._scores_in_basis(kernel @ self.eigvecs)  # (P, b, n)
 
     def _scores_in_basis(self, z: torch.Tensor) -> Iterator[torch.Tensor]:
         for j in range(self.l2.shape[1]):  # one penalty at a time keeps memory at (P, b, R)
@@ -414,8 +456,8 @@ class RidgePath:
         return self._evaluate(self._scores(x), y)
 
     def _evaluate(self, penalty_scores: Iterator[torch.Tensor], y) -> tuple[torch.Tensor, torch.Tensor]:
-        y = _as_labels(y, self.eigvecs.device)  # (b,)
-        targets = 2.0 * _one_hot(y, self.projected_xy.shape[-1]) - 1.0  # (b, K)
+        y = _as_labels(y, self.device)  # (b,)
+        targets = 2.0 * _one_hot(y, len(self.mean_y)) - 1.0  # (b, K)
         correct, errors = [], []
         for scores in penalty_scores:
             correct.append((scores.argmax(-1) == y).sum(-1))  # (P,)
@@ -549,7 +591,9 @@ def fit_probes(
 
     train = fit.merge(holdout)
     l2 = torch.as_tensor(ratios[best], device=train.device) * train.feature_scale()  # (P,)
-    final = train.solve(l2[:, None])  # (P, 1)
+    # one penalty per probe: the dual refit factors G + l2 I by Cholesky rather than decomposing G again
+    dual = isinstance(train, ExampleAccumulator)
+    final = train.solve(l2[:, None], factor="cholesky") if dual else train.solve(l2[:, None])  # (P, 1)
     correct = torch.zeros_like(l2, dtype=torch.int64)
     n_test = 0
     for x, y in batches(split.mask("test")):
@@ -801,7 +845,7 @@ def _layer_batches(ds, fns: list[Callable[[np.ndarray], np.ndarray]], labels: np
         rows = np.flatnonzero(mask)
         for s in range(0, len(rows), batch_size):
             r = rows[s : s + batch_size]
-            a = (whole[r] if whole is not None else read_rows(ds, r)).astype(np.float32)  # means in float32
+            a = _float32(whole[r] if whole is not None else read_rows(ds, r))  # means in float32
             features = [f(a) for f in fns]  # (b, P_i, D) each
             # probe-major, as the accumulators keep them: their cast to float64 is then one contiguous pass
             out = np.empty((sum(f.shape[1] for f in features), len(r), features[0].shape[2]), dtype=np.float32)
@@ -812,6 +856,13 @@ def _layer_batches(ds, fns: list[Callable[[np.ndarray], np.ndarray]], labels: np
             yield out.transpose(1, 0, 2), labels[r]  # (b, P, D), a view
 
     return batches
+
+
+def _float32(a: np.ndarray) -> np.ndarray:
+    """Return the activations a as float32: the same values, fp16 converted by torch (10x numpy's astype)."""
+    if a.dtype == np.float16:
+        return torch.from_numpy(np.ascontiguousarray(a)).float().numpy()  # exact, like every fp16 -> fp32
+    return a.astype(np.float32)
 
 
 def probe_params(store: Store, key: str, cfg: AnalyzeConfig) -> dict:
