@@ -221,8 +221,10 @@ class ExampleAccumulator:
         y = _check_labels(x, y, self.n_classes, self.device)
         if len(y) == 0:
             return self
-        if self.reference is None:
-            self.reference = x[:REFERENCE_ROWS].mean(0, dtype=torch.float64)  # (P, D)
+        if self.reference is None:  # taken from the float64 copy: a second read of a strided float32 view cost more
+            block = _probe_major(x)
+            self.reference = block[:, :REFERENCE_ROWS].mean(1)  # (P, D)
+            return self._keep(block.sub_(self.reference[:, None]), y)
         return self._keep(_probe_major(x, self.reference), y)
 
     def update_scored(self, path: RidgePath, x, y) -> tuple[torch.Tensor, torch.Tensor]:
@@ -737,11 +739,11 @@ def _check_labels(x: torch.Tensor, y, n_classes: int, device) -> torch.Tensor:
     return y
 
 
-def _probe_major(x: torch.Tensor, minus: torch.Tensor) -> torch.Tensor:
+def _probe_major(x: torch.Tensor, minus: torch.Tensor | None = None) -> torch.Tensor:
     """Return x (b, P, D) of any float dtype as (P, b, D) float64 minus `minus` (P, D): one copy, then in place."""
-    out = torch.empty(x.shape[1], x.shape[0], x.shape[2], dtype=torch.float64, device=minus.device)
+    out = torch.empty(x.shape[1], x.shape[0], x.shape[2], dtype=torch.float64, device=x.device)
     out.copy_(x.transpose(0, 1))  # casts and transposes in one pass
-    return out.sub_(minus[:, None])
+    return out if minus is None else out.sub_(minus[:, None])
 
 
 def _check_solvable(acc, l2) -> torch.Tensor:
