@@ -1,5 +1,7 @@
 """Linear probes: the closed-form ridge classifier of the paper, matched against scikit-learn."""
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 import torch
@@ -508,3 +510,18 @@ def test_the_float32_read_of_fp16_activations_is_numpys_exact_cast():
         finite = np.isfinite(expected)
         np.testing.assert_array_equal(got[finite].view(np.uint32), expected[finite].view(np.uint32))  # bit for bit
         np.testing.assert_array_equal(got, expected)  # NaN where NaN (torch may quieten a signalling NaN's payload)
+
+
+def test_a_batch_of_eigenproblems_split_over_threads_decomposes_as_one_call(monkeypatch):
+    rng = np.random.default_rng(5)
+    a = torch.as_tensor(rng.normal(size=(70, 21, 30)))
+    grams = a @ a.mT  # (70, 21, 21) symmetric, rank-deficient like a centred Gram
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)  # three shares of 24, 24, 22 matrices
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    pools = []
+    monkeypatch.setattr(probes, "ThreadPoolExecutor", lambda n: pools.append(n) or ThreadPoolExecutor(n))
+    eigvals, eigvecs = probes._eigh(grams)
+    assert pools == [3]  # it did split
+    whole_vals, whole_vecs = torch.linalg.eigh(grams)  # the batch in one call, as before the split
+    assert torch.equal(eigvals, whole_vals) and torch.equal(eigvecs, whole_vecs)
+    np.testing.assert_allclose((eigvecs * eigvals[:, None]) @ eigvecs.mT, grams, atol=1e-10)

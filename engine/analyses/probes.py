@@ -19,6 +19,7 @@ comes last.
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
@@ -687,6 +688,10 @@ def _best_ratio(accuracy: np.ndarray, squared_error: np.ndarray) -> np.ndarray:
     return accuracy.shape[1] - 1 - np.argmax(lowest[:, ::-1], axis=1)  # the last, i.e. the largest penalty
 
 
+# A batch of fewer than twice this many eigenproblems is decomposed on one thread.
+EIGH_CHUNK = 16
+
+
 def _eigh(matrices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Return torch.linalg.eigh of a batch of symmetric matrices, one CPU thread per call.
 
@@ -699,7 +704,14 @@ def _eigh(matrices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return torch.linalg.eigh(matrices)
+        if threads < 2 or len(matrices) < 2 * EIGH_CHUNK:
+            return torch.linalg.eigh(matrices)
+        # torch loops over the batch on one thread: the compute threads it was given take a share each
+        # (torch releases the GIL; the shares give exactly what one call over the batch gives)
+        chunks = matrices.split(-(-len(matrices) // threads))
+        with ThreadPoolExecutor(threads) as pool:
+            parts = list(pool.map(torch.linalg.eigh, chunks))
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
     finally:
         torch.set_num_threads(threads)
 
