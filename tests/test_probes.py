@@ -525,3 +525,13 @@ def test_a_batch_of_eigenproblems_split_over_threads_decomposes_as_one_call(monk
     whole_vals, whole_vecs = torch.linalg.eigh(grams)  # the batch in one call, as before the split
     assert torch.equal(eigvals, whole_vals) and torch.equal(eigvecs, whole_vecs)
     np.testing.assert_allclose((eigvecs * eigvals[:, None]) @ eigvecs.mT, grams, atol=1e-10)
+
+
+@pytest.mark.parametrize("m, n", [(21, 21), (6, 26), (5, 5)])
+def test_the_example_products_equal_a_numpy_fp64_reference(m, n):
+    rng = np.random.default_rng(m * n)
+    a, b = rng.normal(size=(7, m, 300)) + 40.0, rng.normal(size=(7, n, 300)) + 40.0
+    got = probes._products(torch.as_tensor(a), torch.as_tensor(b))
+    assert got.dtype == torch.float64 and got.shape == (7, m, n)
+    expected = np.einsum("pid,pjd->pij", a, b)  # every product summed straight, no BLAS
+    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-13, atol=0)

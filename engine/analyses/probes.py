@@ -312,7 +312,7 @@ class ExampleAccumulator:
                     gram[:, :old, cols] = known.mT
                 for i in range(self.gram_blocks if known is not None else 0, j + 1):
                     rows = slice(starts[i], starts[i + 1])
-                    cross = self.blocks[i] @ self.blocks[j].mT  # (P, b_i, b_j)
+                    cross = _products(self.blocks[i], self.blocks[j])  # (P, b_i, b_j)
                     gram[:, rows, cols] = cross
                     gram[:, cols, rows] = cross.mT
             self.gram, self.gram_blocks = gram, len(self.blocks)
@@ -330,6 +330,21 @@ def _cholesky_dual_coef(gram: torch.Tensor, yc: torch.Tensor, l2: torch.Tensor) 
             return None
         coefs.append(torch.cholesky_solve(yc.expand(gram.shape[0], -1, -1), factor))  # (P, n, K)
     return torch.stack(coefs, dim=1)
+
+
+# Products of at least this many entries per probe go through numpy's BLAS on CPU (see _products).
+NUMPY_PRODUCTS_MIN = 100
+
+
+def _products(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Return a @ b.mT (P, m, n) for float64 batches a (P, m, D) and b (P, n, D).
+
+    On CPU, numpy's stacked product of these small, wide matrices is faster than torch's bmm where m x n is
+    not tiny (197 x 21 x 768 by its transpose: 6.6 against 9.5 ms; 5 x 5: 1.5 against 0.5 ms).
+    """
+    if a.device.type != "cpu" or a.shape[1] * b.shape[1] < NUMPY_PRODUCTS_MIN:
+        return a @ b.mT
+    return torch.from_numpy(np.matmul(a.numpy(), b.numpy().transpose(0, 2, 1)))
 
 
 def _centred(gram: torch.Tensor) -> torch.Tensor:
@@ -425,7 +440,7 @@ class RidgePath:
 
     def cross(self, block: torch.Tensor) -> torch.Tensor:
         """Return (P, b, n) the products of a block (P, b, D), less the reference, with the kept examples (dual)."""
-        return torch.cat([block @ examples.mT for examples in self.examples], dim=2)
+        return torch.cat([_products(block, examples) for examples in self.examples], dim=2)
 
     def evaluate_cross(self, cross: torch.Tensor, y) -> tuple[torch.Tensor, torch.Tensor]:
         """Return evaluate(x, y) for the batch x whose products with the kept examples are cross (dual)."""
