@@ -377,6 +377,8 @@ class RidgePath:
     With X'X = V diag(s) V', the weights at penalty l2 are W = V diag(1 / (s + l2)) V'X'Y, so each penalty of
     the grid costs a diagonal scaling, and predicting never needs the (P, L, D, K) weights themselves. The
     basis has R = D columns (primal: V, and V'X'Y) or R = n (dual: Xc'U and U'Y, see ExampleAccumulator).
+    A dual path solved by Cholesky (`ExampleAccumulator.solve(l2, factor='cholesky')`, the refit's one penalty)
+    keeps A = (Gc + l2 I)^-1 Yc per penalty instead of an eigenbasis: the same scores, kernel @ A, no basis().
     A class absent from training scores exactly -1 and is never predicted, as in scikit-learn: the scores of the
     present classes sum to 2 - K_present for every input (a linear fit keeps the targets' constant row sum),
     so the largest is at least -1 + 2 / K_present.
