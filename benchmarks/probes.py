@@ -16,6 +16,7 @@ analyses.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -92,7 +93,8 @@ def main() -> int:
         shapes = {tuple(store.layer_shape(key, layer)) for layer in store.layers(key)}
         n_layers = len(store.layers(key))
     print(f"{args.model}, {args.n_images} images at {args.img_size} px, {n_layers} layers {sorted(shapes)}, "
-          f"{args.device}, torch {torch.__version__}, {torch.get_num_threads()} threads", flush=True)
+          f"{args.device}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"load average {os.getloadavg()[0]:.2f}", flush=True)
     if args.space != "auto":
         probes.solve_space = lambda n_examples, n_features: args.space  # what new_accumulator asks
     cfg = AnalyzeConfig(device=args.device, recompute=True)
@@ -101,7 +103,7 @@ def main() -> int:
     best = time_analyses(path, cfg, args.repeats, args.budget_s)
     ratio = best["probes"] / best["cka"]
     print(f"probes ({args.space}) {best['probes']:.2f} s (estimated beforehand: {estimate:.1f} s), cka {best['cka']:.2f} s: "
-          f"probes/CKA {ratio:.1f}x (target: at most {TARGET:g}x)")
+          f"probes/CKA {ratio:.1f}x (target: at most {TARGET:g}x); load average {os.getloadavg()[0]:.2f}")
     return 0 if ratio <= TARGET else 1
 
 

@@ -1,5 +1,7 @@
 """Linear probes: the closed-form ridge classifier of the paper, matched against scikit-learn."""
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 import torch
@@ -189,6 +191,37 @@ def test_dual_path_scores_equal_a_numpy_fp64_ridge(n, d, offset):
         np.testing.assert_array_equal(path.predict(x[n:])[:, 0, j].numpy(), expected.argmax(1))
 
 
+@pytest.mark.parametrize("n, d", [(25, 300), (40, 60)])
+@pytest.mark.parametrize("offset", [0.0, 500.0])
+def test_cholesky_dual_solve_scores_equal_a_numpy_fp64_ridge_and_the_eigenbasis(n, d, offset):
+    x, y = random_problem(n + 40, d, 3, seed=d + 1, signal=0.3)
+    x = (x + offset).reshape(n + 40, 2, d // 2)  # P = 2 probes
+    l2 = torch.tensor([[1e-3, 1.0, 50.0], [1e-2, 3.0, 900.0]], dtype=torch.float64)  # (P, L), its own per probe
+    acc = ExampleAccumulator(3).update(x[:n], y[:n])
+    chol, eig = acc.solve(l2, factor="cholesky"), acc.solve(l2)
+    assert chol.dual_coef is not None and chol.eigvecs is None  # solved without an eigendecomposition
+    predicted, scores = chol.predict(x[n:]), list(chol._scores(x[n:]))  # (b, P, L), L x (P, b, K)
+    for p in range(2):
+        for j in range(3):
+            expected = numpy_ridge_scores(x[:n, p], y[:n], x[n:, p], float(l2[p, j]), 3)
+            np.testing.assert_allclose(scores[j][p].numpy(), expected, rtol=0, atol=1e-8 * (1 + offset))
+            np.testing.assert_array_equal(predicted[:, p, j].numpy(), expected.argmax(1))
+    torch.testing.assert_close(chol.coef(), eig.coef(), rtol=1e-8, atol=1e-9)
+    torch.testing.assert_close(chol.intercept(), eig.intercept(), rtol=1e-8, atol=1e-9 * (1 + offset))
+    correct, squared = chol.evaluate(x[n:], y[n:])
+    expected_correct, expected_squared = eig.evaluate(x[n:], y[n:])
+    np.testing.assert_array_equal(correct.numpy(), expected_correct.numpy())
+    np.testing.assert_allclose(squared.numpy(), expected_squared.numpy(), rtol=1e-9)
+
+
+def test_cholesky_falls_back_to_the_eigenbasis_where_the_penalty_is_too_small_to_factor():
+    x, y = random_problem(20, 50, 2, seed=3)
+    acc = ExampleAccumulator(2).update(x, y)
+    path = acc.solve([1e-300], factor="cholesky")  # G + l2 I is singular in float64: the centring direction
+    assert path.dual_coef is None and path.eigvecs is not None
+    torch.testing.assert_close(path.coef(), acc.solve([1e-300]).coef(), rtol=0, atol=0)
+
+
 def test_dual_and_primal_accumulators_hold_the_same_ridge_path():
     x, y = random_problem(30, 80, 4, seed=21)
     x = x.reshape(30, 2, 40) + 3.0  # P = 2 probes of 40 features
@@ -366,6 +399,12 @@ def test_ties_on_held_out_accuracy_go_to_the_lowest_squared_error_then_the_large
     accuracy = np.array([[0.5, 0.5, 0.5, 0.25], [0.0, 0.0, 0.0, 0.0], [0.1, 0.2, 0.2, 0.1]])
     error = np.array([[3.0, 1.0, 2.0, 0.5], [4.0, 4.0, 4.0, 4.0], [1.0, 9.0, 9.0, 1.0]])
     assert _best_ratio(accuracy, error).tolist() == [1, 3, 2]
+    # against the plain per-probe rule on many small grids full of ties
+    rng = np.random.default_rng(0)
+    accuracy, error = rng.integers(0, 4, (500, 6)) / 4, rng.integers(0, 3, (500, 6)).astype(float)
+    for p, best in enumerate(_best_ratio(accuracy, error)):
+        tied = np.flatnonzero(accuracy[p] == accuracy[p].max())
+        assert best == tied[error[p, tied] == error[p, tied].min()].max()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -460,3 +499,39 @@ def test_dual_fit_on_ill_conditioned_features_chooses_what_the_primal_fit_choose
     np.testing.assert_array_equal(dual.holdout_accuracy, primal.holdout_accuracy)
     np.testing.assert_array_equal(dual.l2_ratio, primal.l2_ratio)
     np.testing.assert_array_equal(dual.test_accuracy, primal.test_accuracy)
+
+
+def test_the_float32_read_of_fp16_activations_is_numpys_exact_cast():
+    bits = np.arange(2**16, dtype=np.uint16).view(np.float16).reshape(2, 128, 256)  # every fp16: subnormals, inf, nan
+    assert np.isfinite(bits).sum() == 65536 - 2048  # all but the 2 x 1024 infinities and NaNs
+    for a in (bits, bits[:, ::2], bits.astype(np.float32)):  # contiguous, strided, already float32
+        got, expected = probes._float32(a), a.astype(np.float32)
+        assert got.dtype == np.float32 and got.shape == a.shape
+        finite = np.isfinite(expected)
+        np.testing.assert_array_equal(got[finite].view(np.uint32), expected[finite].view(np.uint32))  # bit for bit
+        np.testing.assert_array_equal(got, expected)  # NaN where NaN (torch may quieten a signalling NaN's payload)
+
+
+def test_a_batch_of_eigenproblems_split_over_threads_decomposes_as_one_call(monkeypatch):
+    rng = np.random.default_rng(5)
+    a = torch.as_tensor(rng.normal(size=(70, 21, 30)))
+    grams = a @ a.mT  # (70, 21, 21) symmetric, rank-deficient like a centred Gram
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)  # three shares of 24, 24, 22 matrices
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    pools = []
+    monkeypatch.setattr(probes, "ThreadPoolExecutor", lambda n: pools.append(n) or ThreadPoolExecutor(n))
+    eigvals, eigvecs = probes._eigh(grams)
+    assert pools == [3]  # it did split
+    whole_vals, whole_vecs = torch.linalg.eigh(grams)  # the batch in one call, as before the split
+    assert torch.equal(eigvals, whole_vals) and torch.equal(eigvecs, whole_vecs)
+    np.testing.assert_allclose((eigvecs * eigvals[:, None]) @ eigvecs.mT, grams, atol=1e-10)
+
+
+@pytest.mark.parametrize("m, n", [(21, 21), (6, 26), (5, 5)])
+def test_the_example_products_equal_a_numpy_fp64_reference(m, n):
+    rng = np.random.default_rng(m * n)
+    a, b = rng.normal(size=(7, m, 300)) + 40.0, rng.normal(size=(7, n, 300)) + 40.0
+    got = probes._products(torch.as_tensor(a), torch.as_tensor(b))
+    assert got.dtype == torch.float64 and got.shape == (7, m, n)
+    expected = np.einsum("pid,pjd->pij", a, b)  # every product summed straight, no BLAS
+    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-13, atol=0)
