@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 from test_tui import analysed_copy, make_app, settle, view_shown
 from textual.app import App
@@ -11,6 +12,7 @@ from textual.app import App
 from vitsee.tui.messages import RunEvent
 from vitsee.tui.options import AppOptions
 from vitsee.tui.screens.run import RunScreen
+from vitsee.tui.widgets.fit import fit_caption, fit_parts
 from vitsee.tui.widgets.panes import VIEW_LABELS
 from vitsee.tui.widgets.view_tabs import TAB_PADDING, tab_labels
 
@@ -72,3 +74,47 @@ async def test_the_run_log_wraps_long_lines_at_80x24_instead_of_cutting_them():
     finally:
         gate.set()
     assert " ".join(words) in " ".join(shown.split())
+
+
+def test_fit_parts_keeps_whole_parts_and_cuts_only_a_first_part_too_long():
+    parts = ["blocks.0 head 1 (1/2 by distance)", "distance 82.2 px \u00b1 0.0", "mean in [82.2, 82.3]", "uniform 83.0 px"]
+    full = "  ".join(parts)
+    assert fit_parts(parts, len(full)) == full
+    assert fit_parts(parts, len(full) - 1) == "  ".join(parts[:3])
+    assert fit_parts(parts, len(parts[0]) + 5) == parts[0]
+    assert fit_parts(parts, 10) == "blocks.0 \u2026"
+    rng = np.random.default_rng(0)
+    for _ in range(200):  # never wider than asked, always whole leading parts (or the first one cut)
+        words = ["x" * int(n) for n in rng.integers(1, 12, size=int(rng.integers(1, 6)))]
+        width = int(rng.integers(1, 40))
+        shown = fit_parts(words, width)
+        assert len(shown) <= width
+        kept = shown.split("  ")
+        assert kept == words[:len(kept)] or (len(kept) == 1 and shown.endswith("\u2026"))
+
+
+def test_fit_caption_drops_the_lead_in_then_the_later_clauses_then_the_tests_name():
+    caption = "95% Student-t interval of the mean over 64 images; the images vary, the model is fixed"
+    assert fit_caption(caption, 200, "head: ") == "head: " + caption
+    assert fit_caption(caption, len(caption)) == caption
+    assert fit_caption(caption, 55) == "95% Student-t interval of the mean over 64 images"
+    assert fit_caption(caption, 45) == "95% interval of the mean over 64 images"
+    assert fit_caption(caption, 20) == "95% interval of the\u2026"
+
+
+async def test_the_attention_view_at_80x24_shows_whole_values_in_its_status_line_and_captions(store, tmp_path):
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, view_shown("cka"))
+        await pilot.press("2")
+        await settle(pilot, view_shown("attention"))
+        full = app.screen.pane("attention").status_text()
+        lines = screen_text(app)
+        region = app.screen.query_one("#status-line").region
+        shown = lines[region.y].strip()  # as drawn: a text too long for the line would be cropped there
+    assert len(full) > 78  # the case: the whole status does not fit 80 columns
+    kept = shown.split("  ")
+    assert kept == full.split("  ")[:len(kept)] and len(kept) >= 2, shown
+    assert "95% interval of the mean over 48 images" in "\n".join(lines)  # the whisker's caption, whole
+    histogram_caption = next(text for text in lines if "\u25b2 uniform" in text)
+    assert histogram_caption.rstrip().endswith(("blocks.0", "every head and image")), histogram_caption

@@ -20,6 +20,7 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import Widget
 
+from vitsee.tui.widgets.fit import fit_caption
 from vitsee.tui.widgets.heatmap import fit_labels
 
 DOT = "\u25cf"  # ●
@@ -226,7 +227,8 @@ class DistancePlot(Widget, can_focus=True):
         if caption_lines:
             line = Text(" " * gutter, no_wrap=True, overflow="crop")
             line.append(WHISKER_LOW + WHISKER + WHISKER_HIGH, whisker_style)
-            line.append(f" head under the cursor: {self.caption or 'interval'}")
+            room = width - line.cell_len - 1
+            line.append(" " + fit_caption(self.caption or "interval", room, "head under the cursor: "))
             line.truncate(width, overflow="ellipsis")
             text.append("\n")
             text.append_text(line)

@@ -10,6 +10,8 @@ from rich.style import Style
 from rich.text import Text
 from textual.widget import Widget
 
+from vitsee.tui.widgets.fit import fit_line
+
 EIGHTHS = " \u2581\u2582\u2583\u2584\u2585\u2586\u2587\u2588"  # ' ▁▂▃▄▅▆▇█'
 MARKER_LINE = "\u2502"  # │ the marked value, through the empty space above the bars
 VALUE_LINE = "\u2503"  # ┃ another value (a mean): heavier, so the two read apart without colour
@@ -100,9 +102,15 @@ class Histogram(Widget):
         if marker_x is not None:
             caption.append(" " * marker_x)
             caption.append(f"\u25b2 {self.marker_name}", marker)  # ▲
-            caption.append(f"   {self.caption}" if self.caption else "")
+            # the caption after the marker, or its head ('blocks.0' of 'blocks.0: every head and image'), or
+            # nothing: a caption cut mid-word reads as a different one
+            room = width - caption.cell_len - 3
+            for words in (self.caption, self.caption.split(":")[0]):
+                if words and len(words) <= room:
+                    caption.append(f"   {words}")
+                    break
         else:
-            caption.append(self.caption)
+            caption.append(fit_line(self.caption, width - caption.cell_len, sep=": "))
         caption.truncate(width)
         text.append_text(caption)
         return text

@@ -23,6 +23,7 @@ from rich.text import Text
 from textual.widget import Widget
 
 from vitsee.tui.widgets.axis_labels import layout_axis_labels
+from vitsee.tui.widgets.fit import fit_caption
 
 BRAILLE = 0x2800
 # bit of the dot at (x in 0..1, y in 0..3, from the top) of a braille cell
@@ -253,7 +254,7 @@ class LinePlot(Widget):
         for index, series in enumerate(self.series):
             if series.has_band:
                 caption.append(BAND, band_styles[index])
-        caption.append(f" {self.caption or 'interval'}")
+        caption.append(" " + fit_caption(self.caption or "interval", width - caption.cell_len - 1))
         caption.truncate(width, overflow="ellipsis")
         return caption
 
