@@ -96,6 +96,7 @@ def test_fit_parts_keeps_whole_parts_and_cuts_only_a_first_part_too_long():
 def test_fit_caption_drops_the_lead_in_then_the_later_clauses_then_the_tests_name():
     caption = "95% Student-t interval of the mean over 64 images; the images vary, the model is fixed"
     assert fit_caption(caption, 200, "head: ") == "head: " + caption
+    assert fit_caption(caption, 60, "head: ") == "head: 95% Student-t interval of the mean over 64 images"
     assert fit_caption(caption, len(caption)) == caption
     assert fit_caption(caption, 55) == "95% Student-t interval of the mean over 64 images"
     assert fit_caption(caption, 45) == "95% interval of the mean over 64 images"

@@ -93,7 +93,8 @@ def view_shown(kind: str):
 
 
 def status(app) -> str:
-    return str(app.screen.query_one("#status-line").render())
+    """Returns the status line's whole text (drawn fitted to its width: tests/test_layout_80x24.py)."""
+    return app.screen.query_one("#status-line").text
 
 
 def cka_status(exported: dict, row: int, col: int) -> str:

@@ -42,13 +42,16 @@ def crop(text: str, width: int) -> str:
 
 
 def fit_caption(caption: str, width: int, lead: str = "") -> str:
-    """Returns the longest of: `lead` + the caption, its leading whole clauses ('; '-separated), its first
-    clause without the test's name ('95% interval of the mean over 64 images': help names the test), or that
-    clause cut with '…', that fits `width` cells."""
-    first = caption.split("; ")[0]
-    candidates = [f"{lead}{caption}" if lead else caption]
+    """Returns the first that fits `width` cells of: `lead` + the caption; `lead` + its leading whole clauses
+    ('; '-separated); those clauses alone; the first clause without the test's name ('95% interval of the mean
+    over 64 images': help names the test); that clause cut with '…'."""
+    clauses = caption.split("; ")
+    first = clauses[0]
+    candidates = [f"{lead}{caption}"]
+    if cell_len(lead + first) <= width:
+        candidates.append(lead + fit_parts(clauses, width - cell_len(lead), "; "))
     if cell_len(first) <= width:
-        candidates.append(fit_parts(caption.split("; "), width, "; "))
+        candidates.append(fit_parts(clauses, width, "; "))
     for test in ("Student-t ", "Clopper-Pearson ", "bootstrap "):
         first = first.replace(test, "")
     candidates += [first, crop(first, width)]
