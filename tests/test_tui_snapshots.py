@@ -79,6 +79,12 @@ def test_256_colour_snapshot(store, tmp_path, snap_compare):
     assert snap_compare(app, terminal_size=SIZE, run_before=opened_on("cka", "down", "down", "right"))
 
 
+@pytest.mark.parametrize("size", [(80, 24), (160, 48)])
+def test_256_colour_snapshot_at_the_smallest_and_a_large_terminal(size, store, tmp_path, snap_compare):
+    app = make_app(store, tmp_path, color=ColorMode.COLORS_256)
+    assert snap_compare(app, terminal_size=size, run_before=opened_on("skip", "down", "right"))
+
+
 @pytest.mark.parametrize(
     "kind, keys, size",
     [
