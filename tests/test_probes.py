@@ -519,9 +519,11 @@ def test_a_batch_of_eigenproblems_split_over_threads_decomposes_as_one_call(monk
     monkeypatch.setattr(torch, "get_num_threads", lambda: 3)  # three shares of 24, 24, 22 matrices
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
     pools = []
-    monkeypatch.setattr(probes, "ThreadPoolExecutor", lambda n: pools.append(n) or ThreadPoolExecutor(n))
+    monkeypatch.setattr(probes, "ThreadPoolExecutor", lambda n, **kw: pools.append(n) or ThreadPoolExecutor(n, **kw))
+    monkeypatch.setattr(probes, "_EIGH_POOLS", {})
+    probes._eigh(grams[:40])
     eigvals, eigvecs = probes._eigh(grams)
-    assert pools == [3]  # it did split
+    assert pools == [3]  # it did split, and the second call reused the pool the first one started
     whole_vals, whole_vecs = torch.linalg.eigh(grams)  # the batch in one call, as before the split
     assert torch.equal(eigvals, whole_vals) and torch.equal(eigvecs, whole_vecs)
     np.testing.assert_allclose((eigvecs * eigvals[:, None]) @ eigvecs.mT, grams, atol=1e-10)
