@@ -778,10 +778,12 @@ def _check_labels(x: torch.Tensor, y, n_classes: int, device) -> torch.Tensor:
 
 
 def _probe_major(x: torch.Tensor, minus: torch.Tensor | None = None) -> torch.Tensor:
-    """Return x (b, P, D) of any float dtype as (P, b, D) float64 minus `minus` (P, D): one copy, then in place."""
+    """Return x (b, P, D) of any float dtype as (P, b, D) float64 minus `minus` (P, D), in one pass."""
     out = torch.empty(x.shape[1], x.shape[0], x.shape[2], dtype=torch.float64, device=x.device)
-    out.copy_(x.transpose(0, 1))  # casts and transposes in one pass
-    return out if minus is None else out.sub_(minus[:, None])
+    if minus is None:
+        return out.copy_(x.transpose(0, 1))  # casts and transposes in one pass
+    # cast, transpose and subtract in one pass (float64(x) - minus: what a copy and then sub_ give, bit for bit)
+    return torch.sub(x.transpose(0, 1), minus[:, None], out=out)
 
 
 def _check_solvable(acc, l2) -> torch.Tensor:
@@ -842,13 +844,20 @@ def _eye(n: int, like: torch.Tensor) -> torch.Tensor:
 # Store-facing runner
 
 
-def _readouts(store: Store, key: str, layer: str) -> dict[str, Callable[[np.ndarray], np.ndarray]]:
-    """Returns readout name -> function (b, ...) float32 activations -> (b, P, D) features for the probes."""
+def _readouts(store: Store, key: str, layer: str, prefix: int | None = None,
+              cls_token: bool | None = None) -> dict[str, Callable[[np.ndarray], np.ndarray]]:
+    """Returns readout name -> function (b, ...) float32 activations -> (b, P, D) features for the probes.
+
+    prefix (the layer's prefix tokens) and cls_token (whether the model has one) are read from the store unless
+    the caller, looping over layers, already has them (each store look-up resolves the model again).
+    """
     layout = store.layer_layout(key, layer)
-    prefix = store.layer_prefix_tokens(key, layer)
+    prefix = store.layer_prefix_tokens(key, layer) if prefix is None else prefix
     if layout == "tokens":  # tokens x dim
         out = {}
-        if prefix and has_cls_token(store.model_info(key)):  # registers lead the tokens too, but are no CLS
+        if cls_token is None and prefix:
+            cls_token = has_cls_token(store.model_info(key))
+        if prefix and cls_token:  # registers lead the tokens too, but are no CLS
             out["cls"] = lambda a: a[:, None, 0, :]
         out["gap"] = lambda a, p=prefix: a[:, None, p:, :].mean(axis=2)
         out["tokens"] = lambda a: a
@@ -936,9 +945,11 @@ def run_probes(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | 
     skipped: list[tuple[str, str, int]] = []  # (layer, readout, images): readouts with non-finite features
     nonfinite = store.nonfinite_counts(key)
     split = split_examples(len(labels), cfg.seed)  # what fit_probes draws with the same seed
+    prefixes = [store.layer_prefix_tokens(key, layer) for layer in layers]
+    cls_token = has_cls_token(store.model_info(key))
     for li, layer in enumerate(layers):
         ds = store._layer(key, layer)
-        readouts = _readouts(store, key, layer)
+        readouts = _readouts(store, key, layer, prefixes[li], cls_token)
         names = [n for n in readouts if n in ("cls", "gap", "flat")]
         if cfg.probe_tokens and "tokens" in readouts:
             if ds.shape[-1] <= cfg.probe_max_dim:
@@ -980,7 +991,7 @@ def run_probes(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | 
         "split_test": split.test,
         "chance": np.array(np.bincount(labels).max() / len(labels)),
         # how many prefix tokens (CLS, registers) lead each layer's token axis: 0 for the patch embedding
-        "token_prefix": np.array([store.layer_prefix_tokens(key, layer) for layer in layers]),
+        "token_prefix": np.array(prefixes),
         "tokens_too_wide": np.array(too_wide, dtype=str),
         # readouts not fitted because their features hold NaN/Inf, and in how many images
         "skipped_layer": np.array([x[0] for x in skipped], dtype=str),
