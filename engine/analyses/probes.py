@@ -204,6 +204,7 @@ class ExampleAccumulator:
         self.reference = reference  # (P, D); given: another accumulator's, so merging into it shifts nothing
         self.gram: torch.Tensor | None = None  # (P, m, m) of the examples of the first `gram_blocks` blocks
         self.gram_blocks = 0
+        self.centred_gram: torch.Tensor | None = None  # H gram H, for the same blocks (feature_scale and solve)
         # block index -> (P, b, m) its products with the first m examples, already computed when it was scored
         self.known_cross: dict[int, torch.Tensor] = {}
 
@@ -316,7 +317,8 @@ class ExampleAccumulator:
                     gram[:, rows, cols] = cross
                     gram[:, cols, rows] = cross.mT
             self.gram, self.gram_blocks = gram, len(self.blocks)
-        return _centred(self.gram)
+            self.centred_gram = _centred(gram)  # once per growth: feature_scale and solve both ask for it
+        return self.centred_gram
 
 
 def _cholesky_dual_coef(gram: torch.Tensor, yc: torch.Tensor, l2: torch.Tensor) -> torch.Tensor | None:
