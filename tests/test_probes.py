@@ -537,3 +537,29 @@ def test_the_example_products_equal_a_numpy_fp64_reference(m, n):
     assert got.dtype == torch.float64 and got.shape == (7, m, n)
     expected = np.einsum("pid,pjd->pij", a, b)  # every product summed straight, no BLAS
     np.testing.assert_allclose(got.numpy(), expected, rtol=1e-13, atol=0)
+
+
+@pytest.mark.parametrize("space", ["dual", "primal"])
+def test_penalties_scored_in_chunks_match_one_at_a_time_and_a_numpy_ridge(monkeypatch, space):
+    rng = np.random.default_rng(11)
+    n, d, p, k = 14, 9 if space == "primal" else 30, 3, 3
+    x, y = rng.normal(size=(n, p, d)) + 5.0, np.arange(n) % k
+    query = rng.normal(size=(4, p, d)) + 5.0
+    l2 = np.logspace(-3, 3, 7)
+    path = probes.new_accumulator(k, n, d, space=space).update(x, y).solve(l2)
+    z_values = p * len(query) * (n if space == "dual" else d)
+    one_at_a_time = []
+    for chunk in (1, 3, 7):  # 1: penalty by penalty, as before; 3: chunks of 3, 3, 1; 7: all at once
+        monkeypatch.setattr(probes, "SCORE_CHUNK_VALUES", chunk * z_values)
+        scores = [s.clone() for s in path._scores(query)]
+        assert len(scores) == len(l2)
+        if chunk == 1:
+            one_at_a_time = scores
+        assert all(torch.equal(a, b) for a, b in zip(scores, one_at_a_time))  # the same numbers, bit for bit
+    targets = 2.0 * np.eye(k)[y] - 1.0
+    for j, penalty in enumerate(l2):  # straightforward fp64 ridge per probe: centred, dual solve, intercept
+        for q in range(p):
+            xc, yc = x[:, q] - x[:, q].mean(0), targets - targets.mean(0)
+            w = xc.T @ np.linalg.solve(xc @ xc.T + penalty * np.eye(n), yc)
+            expected = (query[:, q] - x[:, q].mean(0)) @ w + targets.mean(0)
+            np.testing.assert_allclose(one_at_a_time[j][q].numpy(), expected, rtol=1e-9, atol=1e-10)
