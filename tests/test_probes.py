@@ -520,7 +520,7 @@ def test_a_batch_of_eigenproblems_split_over_threads_decomposes_as_one_call(monk
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
     pools = []
     monkeypatch.setattr(probes, "ThreadPoolExecutor", lambda n, **kw: pools.append(n) or ThreadPoolExecutor(n, **kw))
-    monkeypatch.setattr(probes, "_EIGH_POOLS", {})
+    monkeypatch.setattr(probes, "_COMPUTE_POOLS", {})
     probes._eigh(grams[:40])
     eigvals, eigvecs = probes._eigh(grams)
     assert pools == [3]  # it did split, and the second call reused the pool the first one started
@@ -563,3 +563,18 @@ def test_penalties_scored_in_chunks_match_one_at_a_time_and_a_numpy_ridge(monkey
             w = xc.T @ np.linalg.solve(xc @ xc.T + penalty * np.eye(n), yc)
             expected = (query[:, q] - x[:, q].mean(0)) @ w + targets.mean(0)
             np.testing.assert_allclose(one_at_a_time[j][q].numpy(), expected, rtol=1e-9, atol=1e-10)
+
+
+def test_products_split_over_threads_equal_one_call_and_a_numpy_reference(monkeypatch):
+    rng = np.random.default_rng(3)
+    a, b = rng.normal(size=(37, 21, 200)) + 40.0, rng.normal(size=(37, 6, 200)) + 40.0
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    whole = probes._products(torch.as_tensor(a), torch.as_tensor(b))  # one call, as before the split
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)  # three shares of 13, 13, 11 probes
+    calls = []
+    monkeypatch.setattr(probes, "_compute_pool", lambda n: calls.append(n) or ThreadPoolExecutor(n))
+    split = probes._products(torch.as_tensor(a), torch.as_tensor(b))
+    if probes._blas_controller() is not None:
+        assert calls == [3]  # it did split
+    assert torch.equal(split, whole)
+    np.testing.assert_allclose(split.numpy(), np.einsum("pid,pjd->pij", a, b), rtol=1e-13, atol=0)
