@@ -348,15 +348,19 @@ def _products(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return a @ b.mT
     x, y = a.numpy(), b.numpy().transpose(0, 2, 1)
     out = np.empty((x.shape[0], x.shape[1], y.shape[2]))
-    threads = torch.get_num_threads()
-    blas = _blas_controller() if threads >= 2 and len(x) >= 2 * PRODUCTS_CHUNK else None
+    threads, blas = torch.get_num_threads(), _blas_controller()
     if blas is None:
         np.matmul(x, y, out=out)
-    else:
-        # one share of the probes per compute thread, each product on one BLAS thread: OpenBLAS splits every
-        # 21 x 21 x 768 product over its own threads at a loss (197 of them: 5.9 ms, in two shares 3.1 ms)
-        shares = [slice(i, i + -(-len(x) // threads)) for i in range(0, len(x), -(-len(x) // threads))]
-        with blas.limit(limits=1, user_api="blas"):
+        return torch.from_numpy(out)
+    # each product on one BLAS thread: OpenBLAS spreads every 21 x 21 x 768 product over its own threads at a
+    # loss; with two or more compute threads, one share of the probes per thread instead (197: 5.9 ms in one
+    # call with OpenBLAS's threads, 3.1 ms in two shares)
+    with blas.limit(limits=1, user_api="blas"):
+        if threads < 2 or len(x) < 2 * PRODUCTS_CHUNK:
+            np.matmul(x, y, out=out)
+        else:
+            step = -(-len(x) // threads)
+            shares = [slice(i, i + step) for i in range(0, len(x), step)]
             list(_compute_pool(threads).map(lambda s: np.matmul(x[s], y[s], out=out[s]), shares))
     return torch.from_numpy(out)
 
