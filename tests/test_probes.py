@@ -578,3 +578,24 @@ def test_products_split_over_threads_equal_one_call_and_a_numpy_reference(monkey
         assert calls == [3]  # it did split
     assert torch.equal(split, whole)
     np.testing.assert_allclose(split.numpy(), np.einsum("pid,pjd->pij", a, b), rtol=1e-13, atol=0)
+
+
+def test_fits_sharing_a_workspace_reuse_its_buffers_and_score_what_fresh_ones_do():
+    rng = np.random.default_rng(8)
+    labels = np.arange(40) % 4
+    layers = [rng.normal(size=(40, 3, 90)) + 10.0 * i for i in range(3)]  # dual: 32 training images < 90
+
+    def batches_of(x):
+        return lambda mask: ((x[r], labels[r]) for r in np.array_split(np.flatnonzero(mask), 2) if len(r))
+
+    workspace = probes.Workspace()
+    for i, x in enumerate(layers):
+        shared = fit_probes(batches_of(x), labels, seed=1, workspace=workspace)
+        if i == 0:
+            first = {k: [b.data_ptr() for b in v] for k, v in workspace.taken.items()}
+        fresh = fit_probes(batches_of(x), labels, seed=1)
+        for field in ("holdout_accuracy", "l2_ratio", "l2", "test_accuracy"):
+            np.testing.assert_array_equal(getattr(shared, field), getattr(fresh, field))
+    # the fit's two blocks and the holdout's two, of the same shapes each time: the same four buffers
+    assert {k: [b.data_ptr() for b in v] for k, v in workspace.taken.items()} == first
+    assert sum(len(v) for v in first.values()) == 4

@@ -194,8 +194,10 @@ class ExampleAccumulator:
     Memory grows with the number of examples, so `new_accumulator` uses it only where n < D.
     """
 
-    def __init__(self, n_classes: int, device="cpu", reference: torch.Tensor | None = None):
+    def __init__(self, n_classes: int, device="cpu", reference: torch.Tensor | None = None,
+                 workspace: Workspace | None = None):
         self.n_classes = int(n_classes)
+        self.workspace = workspace  # where the kept blocks' buffers come from (None: new ones)
         self.device = torch.device(device)
         self.count = 0
         self.class_counts = torch.zeros(self.n_classes, dtype=torch.int64, device=self.device)
@@ -224,10 +226,14 @@ class ExampleAccumulator:
         if len(y) == 0:
             return self
         if self.reference is None:  # taken from the float64 copy: a second read of a strided float32 view cost more
-            block = _probe_major(x)
+            block = _probe_major(x, out=self._buffer(x))
             self.reference = block[:, :REFERENCE_ROWS].mean(1)  # (P, D)
             return self._keep(block.sub_(self.reference[:, None]), y)
-        return self._keep(_probe_major(x, self.reference), y)
+        return self._keep(_probe_major(x, self.reference, out=self._buffer(x)), y)
+
+    def _buffer(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Return the workspace's (P, b, D) float64 buffer for the batch x (b, P, D), or None without one."""
+        return None if self.workspace is None else self.workspace.take((x.shape[1], x.shape[0], x.shape[2]), x.device)
 
     def update_scored(self, path: RidgePath, x, y) -> tuple[torch.Tensor, torch.Tensor]:
         """Return path.evaluate(x, y) after keeping the batch, its products with the path's examples computed
@@ -397,13 +403,39 @@ def solve_space(n_examples: int, n_features: int) -> str:
     return "dual" if n_examples < n_features else "primal"
 
 
-def new_accumulator(n_classes: int, n_examples: int, n_features: int, device="cpu", space: str = "auto"):
-    """Return an empty accumulator for probes of n_features over n_examples, in `space` ('auto': the smaller)."""
+class Workspace:
+    """Float64 buffers for the examples the dual keeps, handed from one fit_probes call to the next (run_probes'
+    layers): writing a new 25 MB buffer first costs ~10 ms of page faults, five times the copy into it.
+
+    `begin` starts a fit: the buffers the previous fit took become free to take again (that fit's arrays must
+    no longer be in use), in the same order by shape; any it did not take again are dropped at the next begin.
+    """
+
+    def __init__(self):
+        self.free: dict[tuple, list[torch.Tensor]] = {}
+        self.taken: dict[tuple, list[torch.Tensor]] = {}
+
+    def begin(self) -> None:
+        self.free, self.taken = self.taken, {}
+
+    def take(self, shape: tuple[int, ...], device) -> torch.Tensor:
+        """Return a float64 buffer of `shape` on device, not handed out since the last begin."""
+        key = (tuple(shape), str(device))
+        free = self.free.get(key)
+        buffer = free.pop(0) if free else torch.empty(shape, dtype=torch.float64, device=device)
+        self.taken.setdefault(key, []).append(buffer)
+        return buffer
+
+
+def new_accumulator(n_classes: int, n_examples: int, n_features: int, device="cpu", space: str = "auto",
+                    workspace: Workspace | None = None):
+    """Return an empty accumulator for probes of n_features over n_examples, in `space` ('auto': the smaller);
+    a dual one takes its buffers from `workspace` where given."""
     if space == "auto":
         space = solve_space(n_examples, n_features)
     if space not in ("primal", "dual"):
         raise ValueError(f"space must be 'auto', 'primal' or 'dual', got {space!r}")
-    return (ExampleAccumulator if space == "dual" else RidgeAccumulator)(n_classes, device)
+    return ExampleAccumulator(n_classes, device, workspace=workspace) if space == "dual" else RidgeAccumulator(n_classes, device)
 
 
 # RidgePath scores this many values of z (P, b, R) times penalties at once, at most (2**22: 32 MB of float64).
@@ -601,6 +633,7 @@ def fit_probes(
     device="cpu",
     progress: ProgressFn | None = None,
     space: str = "auto",
+    workspace: Workspace | None = None,
 ) -> ProbeResult:
     """Return a ProbeResult for P probes over the n examples whose labels (n,) are given.
 
@@ -609,6 +642,7 @@ def fit_probes(
     and is merged into the statistics, which are solved again at the chosen penalties; the test part is scored.
     `space` 'auto' solves in the feature space (D x D) or the example space (n x n) of the training split,
     whichever is smaller (D from the first batch); 'primal' or 'dual' forces one. Both give the same solution.
+    A `workspace` lends the dual its buffers; it reuses those of the previous call given it (see Workspace).
     """
     labels = _to_numpy(labels).astype(np.int64)  # (n,)
     if labels.ndim != 1:
@@ -626,11 +660,13 @@ def fit_probes(
     for ratio in ratios:
         _check_l2(ratio)
     read = _ProgressCounter(progress, len(labels))
+    if workspace is not None:
+        workspace.begin()
 
     fit = None
     for x, y in batches(split.mask("fit")):
         if fit is None:  # the first batch tells the width; the training split's size is known from the split
-            fit = new_accumulator(n_classes, len(split.train), np.shape(x)[-1], device, space)
+            fit = new_accumulator(n_classes, len(split.train), np.shape(x)[-1], device, space, workspace)
         fit.update(x, y)
         read(len(y))
     fit = fit if fit is not None else new_accumulator(n_classes, len(split.train), 1, device, space)
@@ -640,7 +676,7 @@ def fit_probes(
     correct = torch.zeros(grid.l2.shape, dtype=torch.int64, device=fit.device)  # (P, L)
     squared = torch.zeros(grid.l2.shape, dtype=torch.float64, device=fit.device)  # (P, L)
     if isinstance(fit, ExampleAccumulator):  # kept once; its products with the fit part serve scoring and refit
-        holdout = ExampleAccumulator(n_classes, device, reference=fit.reference)
+        holdout = ExampleAccumulator(n_classes, device, reference=fit.reference, workspace=workspace)
         score_and_keep = lambda x, y: holdout.update_scored(grid, x, y)  # noqa: E731
     else:
         holdout = RidgeAccumulator(n_classes, device)  # merged into fit below: the same form
@@ -823,9 +859,11 @@ def _check_labels(x: torch.Tensor, y, n_classes: int, device) -> torch.Tensor:
     return y
 
 
-def _probe_major(x: torch.Tensor, minus: torch.Tensor | None = None) -> torch.Tensor:
-    """Return x (b, P, D) of any float dtype as (P, b, D) float64 minus `minus` (P, D), in one pass."""
-    out = torch.empty(x.shape[1], x.shape[0], x.shape[2], dtype=torch.float64, device=x.device)
+def _probe_major(x: torch.Tensor, minus: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Return x (b, P, D) of any float dtype as (P, b, D) float64 minus `minus` (P, D), in one pass (into out,
+    a contiguous (P, b, D) float64 buffer, where given)."""
+    if out is None:
+        out = torch.empty(x.shape[1], x.shape[0], x.shape[2], dtype=torch.float64, device=x.device)
     if minus is None:
         return out.copy_(x.transpose(0, 1))  # casts and transposes in one pass
     # cast, transpose and subtract in one pass (float64(x) - minus: what a copy and then sub_ give, bit for bit)
@@ -992,6 +1030,7 @@ def run_probes(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | 
     nonfinite = store.nonfinite_counts(key)
     split = split_examples(len(labels), cfg.seed)  # what fit_probes draws with the same seed
     prefixes = [store.layer_prefix_tokens(key, layer) for layer in layers]
+    workspace = Workspace()  # the layers' fits reuse one set of buffers (most layers have the same shape)
     cls_token = has_cls_token(store.model_info(key))
     for li, layer in enumerate(layers):
         ds = store._layer(key, layer)
@@ -1014,7 +1053,7 @@ def run_probes(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | 
                 _emit(progress, f"probes {key}", li * len(labels) + done, len(layers) * len(labels), layer)
 
             res = fit_probes(_layer_batches(ds, [readouts[n] for n in names], labels, cfg.batch_size), labels,
-                             seed=cfg.seed, device=device, progress=read)
+                             seed=cfg.seed, device=device, progress=read, workspace=workspace)
             start = 0
             for name in names:
                 width = ds.shape[1] if name == "tokens" else 1  # tokens: one probe per token
