@@ -519,9 +519,11 @@ def test_a_batch_of_eigenproblems_split_over_threads_decomposes_as_one_call(monk
     monkeypatch.setattr(torch, "get_num_threads", lambda: 3)  # three shares of 24, 24, 22 matrices
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
     pools = []
-    monkeypatch.setattr(probes, "ThreadPoolExecutor", lambda n: pools.append(n) or ThreadPoolExecutor(n))
+    monkeypatch.setattr(probes, "ThreadPoolExecutor", lambda n, **kw: pools.append(n) or ThreadPoolExecutor(n, **kw))
+    monkeypatch.setattr(probes, "_COMPUTE_POOLS", {})
+    probes._eigh(grams[:40])
     eigvals, eigvecs = probes._eigh(grams)
-    assert pools == [3]  # it did split
+    assert pools == [3]  # it did split, and the second call reused the pool the first one started
     whole_vals, whole_vecs = torch.linalg.eigh(grams)  # the batch in one call, as before the split
     assert torch.equal(eigvals, whole_vals) and torch.equal(eigvecs, whole_vecs)
     np.testing.assert_allclose((eigvecs * eigvals[:, None]) @ eigvecs.mT, grams, atol=1e-10)
@@ -535,3 +537,65 @@ def test_the_example_products_equal_a_numpy_fp64_reference(m, n):
     assert got.dtype == torch.float64 and got.shape == (7, m, n)
     expected = np.einsum("pid,pjd->pij", a, b)  # every product summed straight, no BLAS
     np.testing.assert_allclose(got.numpy(), expected, rtol=1e-13, atol=0)
+
+
+@pytest.mark.parametrize("space", ["dual", "primal"])
+def test_penalties_scored_in_chunks_match_one_at_a_time_and_a_numpy_ridge(monkeypatch, space):
+    rng = np.random.default_rng(11)
+    n, d, p, k = 14, 9 if space == "primal" else 30, 3, 3
+    x, y = rng.normal(size=(n, p, d)) + 5.0, np.arange(n) % k
+    query = rng.normal(size=(4, p, d)) + 5.0
+    l2 = np.logspace(-3, 3, 7)
+    path = probes.new_accumulator(k, n, d, space=space).update(x, y).solve(l2)
+    z_values = p * len(query) * (n if space == "dual" else d)
+    one_at_a_time = []
+    for chunk in (1, 3, 7):  # 1: penalty by penalty, as before; 3: chunks of 3, 3, 1; 7: all at once
+        monkeypatch.setattr(probes, "SCORE_CHUNK_VALUES", chunk * z_values)
+        scores = [s.clone() for s in path._scores(query)]
+        assert len(scores) == len(l2)
+        if chunk == 1:
+            one_at_a_time = scores
+        assert all(torch.equal(a, b) for a, b in zip(scores, one_at_a_time))  # the same numbers, bit for bit
+    targets = 2.0 * np.eye(k)[y] - 1.0
+    for j, penalty in enumerate(l2):  # straightforward fp64 ridge per probe: centred, dual solve, intercept
+        for q in range(p):
+            xc, yc = x[:, q] - x[:, q].mean(0), targets - targets.mean(0)
+            w = xc.T @ np.linalg.solve(xc @ xc.T + penalty * np.eye(n), yc)
+            expected = (query[:, q] - x[:, q].mean(0)) @ w + targets.mean(0)
+            np.testing.assert_allclose(one_at_a_time[j][q].numpy(), expected, rtol=1e-9, atol=1e-10)
+
+
+def test_products_split_over_threads_equal_one_call_and_a_numpy_reference(monkeypatch):
+    rng = np.random.default_rng(3)
+    a, b = rng.normal(size=(37, 21, 200)) + 40.0, rng.normal(size=(37, 6, 200)) + 40.0
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    whole = probes._products(torch.as_tensor(a), torch.as_tensor(b))  # one call, as before the split
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)  # three shares of 13, 13, 11 probes
+    calls = []
+    monkeypatch.setattr(probes, "_compute_pool", lambda n: calls.append(n) or ThreadPoolExecutor(n))
+    split = probes._products(torch.as_tensor(a), torch.as_tensor(b))
+    if probes._blas_controller() is not None:
+        assert calls == [3]  # it did split
+    assert torch.equal(split, whole)
+    np.testing.assert_allclose(split.numpy(), np.einsum("pid,pjd->pij", a, b), rtol=1e-13, atol=0)
+
+
+def test_fits_sharing_a_workspace_reuse_its_buffers_and_score_what_fresh_ones_do():
+    rng = np.random.default_rng(8)
+    labels = np.arange(40) % 4
+    layers = [rng.normal(size=(40, 3, 90)) + 10.0 * i for i in range(3)]  # dual: 32 training images < 90
+
+    def batches_of(x):
+        return lambda mask: ((x[r], labels[r]) for r in np.array_split(np.flatnonzero(mask), 2) if len(r))
+
+    workspace = probes.Workspace()
+    for i, x in enumerate(layers):
+        shared = fit_probes(batches_of(x), labels, seed=1, workspace=workspace)
+        if i == 0:
+            first = {k: [b.data_ptr() for b in v] for k, v in workspace.taken.items()}
+        fresh = fit_probes(batches_of(x), labels, seed=1)
+        for field in ("holdout_accuracy", "l2_ratio", "l2", "test_accuracy"):
+            np.testing.assert_array_equal(getattr(shared, field), getattr(fresh, field))
+    # the fit's two blocks and the holdout's two, of the same shapes each time: the same four buffers
+    assert {k: [b.data_ptr() for b in v] for k, v in workspace.taken.items()} == first
+    assert sum(len(v) for v in first.values()) == 4

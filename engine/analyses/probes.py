@@ -194,8 +194,10 @@ class ExampleAccumulator:
     Memory grows with the number of examples, so `new_accumulator` uses it only where n < D.
     """
 
-    def __init__(self, n_classes: int, device="cpu", reference: torch.Tensor | None = None):
+    def __init__(self, n_classes: int, device="cpu", reference: torch.Tensor | None = None,
+                 workspace: Workspace | None = None):
         self.n_classes = int(n_classes)
+        self.workspace = workspace  # where the kept blocks' buffers come from (None: new ones)
         self.device = torch.device(device)
         self.count = 0
         self.class_counts = torch.zeros(self.n_classes, dtype=torch.int64, device=self.device)
@@ -204,6 +206,7 @@ class ExampleAccumulator:
         self.reference = reference  # (P, D); given: another accumulator's, so merging into it shifts nothing
         self.gram: torch.Tensor | None = None  # (P, m, m) of the examples of the first `gram_blocks` blocks
         self.gram_blocks = 0
+        self.centred_gram: torch.Tensor | None = None  # H gram H, for the same blocks (feature_scale and solve)
         # block index -> (P, b, m) its products with the first m examples, already computed when it was scored
         self.known_cross: dict[int, torch.Tensor] = {}
 
@@ -223,10 +226,14 @@ class ExampleAccumulator:
         if len(y) == 0:
             return self
         if self.reference is None:  # taken from the float64 copy: a second read of a strided float32 view cost more
-            block = _probe_major(x)
+            block = _probe_major(x, out=self._buffer(x))
             self.reference = block[:, :REFERENCE_ROWS].mean(1)  # (P, D)
             return self._keep(block.sub_(self.reference[:, None]), y)
-        return self._keep(_probe_major(x, self.reference), y)
+        return self._keep(_probe_major(x, self.reference, out=self._buffer(x)), y)
+
+    def _buffer(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Return the workspace's (P, b, D) float64 buffer for the batch x (b, P, D), or None without one."""
+        return None if self.workspace is None else self.workspace.take((x.shape[1], x.shape[0], x.shape[2]), x.device)
 
     def update_scored(self, path: RidgePath, x, y) -> tuple[torch.Tensor, torch.Tensor]:
         """Return path.evaluate(x, y) after keeping the batch, its products with the path's examples computed
@@ -316,7 +323,8 @@ class ExampleAccumulator:
                     gram[:, rows, cols] = cross
                     gram[:, cols, rows] = cross.mT
             self.gram, self.gram_blocks = gram, len(self.blocks)
-        return _centred(self.gram)
+            self.centred_gram = _centred(gram)  # once per growth: feature_scale and solve both ask for it
+        return self.centred_gram
 
 
 def _cholesky_dual_coef(gram: torch.Tensor, yc: torch.Tensor, l2: torch.Tensor) -> torch.Tensor | None:
@@ -344,7 +352,41 @@ def _products(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """
     if a.device.type != "cpu" or a.shape[1] * b.shape[1] < NUMPY_PRODUCTS_MIN:
         return a @ b.mT
-    return torch.from_numpy(np.matmul(a.numpy(), b.numpy().transpose(0, 2, 1)))
+    x, y = a.numpy(), b.numpy().transpose(0, 2, 1)
+    out = np.empty((x.shape[0], x.shape[1], y.shape[2]))
+    threads, blas = torch.get_num_threads(), _blas_controller()
+    if blas is None:
+        np.matmul(x, y, out=out)
+        return torch.from_numpy(out)
+    # each product on one BLAS thread: OpenBLAS spreads every 21 x 21 x 768 product over its own threads at a
+    # loss; with two or more compute threads, one share of the probes per thread instead (197: 5.9 ms in one
+    # call with OpenBLAS's threads, 3.1 ms in two shares)
+    with blas.limit(limits=1, user_api="blas"):
+        if threads < 2 or len(x) < 2 * PRODUCTS_CHUNK:
+            np.matmul(x, y, out=out)
+        else:
+            step = -(-len(x) // threads)
+            shares = [slice(i, i + step) for i in range(0, len(x), step)]
+            list(_compute_pool(threads).map(lambda s: np.matmul(x[s], y[s], out=out[s]), shares))
+    return torch.from_numpy(out)
+
+
+# A batch of fewer than twice this many probes has its products computed on one thread.
+PRODUCTS_CHUNK = 16
+_BLAS: list = []
+
+
+def _blas_controller():
+    """Return threadpoolctl's controller of numpy's BLAS threads, or None without threadpoolctl (then the
+    products are not split over threads)."""
+    if not _BLAS:
+        try:
+            from threadpoolctl import ThreadpoolController  # installed with scikit-learn
+        except ImportError:
+            _BLAS.append(None)
+        else:
+            _BLAS.append(ThreadpoolController())
+    return _BLAS[0]
 
 
 def _centred(gram: torch.Tensor) -> torch.Tensor:
@@ -361,13 +403,43 @@ def solve_space(n_examples: int, n_features: int) -> str:
     return "dual" if n_examples < n_features else "primal"
 
 
-def new_accumulator(n_classes: int, n_examples: int, n_features: int, device="cpu", space: str = "auto"):
-    """Return an empty accumulator for probes of n_features over n_examples, in `space` ('auto': the smaller)."""
+class Workspace:
+    """Float64 buffers for the examples the dual keeps, handed from one fit_probes call to the next (run_probes'
+    layers): writing a new 25 MB buffer first costs ~10 ms of page faults, five times the copy into it.
+
+    `begin` starts a fit: the buffers the previous fit took become free to take again (that fit's arrays must
+    no longer be in use), in the same order by shape; any it did not take again are dropped at the next begin.
+    """
+
+    def __init__(self):
+        self.free: dict[tuple, list[torch.Tensor]] = {}
+        self.taken: dict[tuple, list[torch.Tensor]] = {}
+
+    def begin(self) -> None:
+        self.free, self.taken = self.taken, {}
+
+    def take(self, shape: tuple[int, ...], device) -> torch.Tensor:
+        """Return a float64 buffer of `shape` on device, not handed out since the last begin."""
+        key = (tuple(shape), str(device))
+        free = self.free.get(key)
+        buffer = free.pop(0) if free else torch.empty(shape, dtype=torch.float64, device=device)
+        self.taken.setdefault(key, []).append(buffer)
+        return buffer
+
+
+def new_accumulator(n_classes: int, n_examples: int, n_features: int, device="cpu", space: str = "auto",
+                    workspace: Workspace | None = None):
+    """Return an empty accumulator for probes of n_features over n_examples, in `space` ('auto': the smaller);
+    a dual one takes its buffers from `workspace` where given."""
     if space == "auto":
         space = solve_space(n_examples, n_features)
     if space not in ("primal", "dual"):
         raise ValueError(f"space must be 'auto', 'primal' or 'dual', got {space!r}")
-    return (ExampleAccumulator if space == "dual" else RidgeAccumulator)(n_classes, device)
+    return ExampleAccumulator(n_classes, device, workspace=workspace) if space == "dual" else RidgeAccumulator(n_classes, device)
+
+
+# RidgePath scores this many values of z (P, b, R) times penalties at once, at most (2**22: 32 MB of float64).
+SCORE_CHUNK_VALUES = 2**22
 
 
 @dataclass
@@ -459,9 +531,15 @@ class RidgePath:
             yield from self._scores_in_basis(kernel @ self.eigvecs)  # (P, b, n)
 
     def _scores_in_basis(self, z: torch.Tensor) -> Iterator[torch.Tensor]:
-        for j in range(self.l2.shape[1]):  # one penalty at a time keeps memory at (P, b, R)
-            shrink = 1.0 / (self.eigvals + self.l2[:, j, None])  # (P, R)
-            yield (z * shrink[:, None, :]) @ self.projected_xy + self.mean_y  # (P, b, K)
+        # as many penalties at once as keep the scaled copies of z within SCORE_CHUNK_VALUES (a Mixer layer's
+        # holdout: all 12 in three products instead of 36 small calls), then penalty by penalty
+        n_l2 = self.l2.shape[1]
+        step = max(1, min(n_l2, SCORE_CHUNK_VALUES // max(1, z.numel())))
+        for start in range(0, n_l2, step):
+            l2 = self.l2[:, start : start + step]  # (P, c)
+            shrink = 1.0 / (self.eigvals[:, None, :] + l2[:, :, None])  # (P, c, R)
+            scores = (z[:, None] * shrink[:, :, None, :]) @ self.projected_xy[:, None] + self.mean_y  # (P, c, b, K)
+            yield from scores.unbind(1)  # (P, b, K) each
 
     def predict(self, x) -> torch.Tensor:
         """Return predicted class indices (b, P, L) for a batch x (b, P, D) or (b, D)."""
@@ -555,6 +633,7 @@ def fit_probes(
     device="cpu",
     progress: ProgressFn | None = None,
     space: str = "auto",
+    workspace: Workspace | None = None,
 ) -> ProbeResult:
     """Return a ProbeResult for P probes over the n examples whose labels (n,) are given.
 
@@ -563,6 +642,7 @@ def fit_probes(
     and is merged into the statistics, which are solved again at the chosen penalties; the test part is scored.
     `space` 'auto' solves in the feature space (D x D) or the example space (n x n) of the training split,
     whichever is smaller (D from the first batch); 'primal' or 'dual' forces one. Both give the same solution.
+    A `workspace` lends the dual its buffers; it reuses those of the previous call given it (see Workspace).
     """
     labels = _to_numpy(labels).astype(np.int64)  # (n,)
     if labels.ndim != 1:
@@ -580,11 +660,13 @@ def fit_probes(
     for ratio in ratios:
         _check_l2(ratio)
     read = _ProgressCounter(progress, len(labels))
+    if workspace is not None:
+        workspace.begin()
 
     fit = None
     for x, y in batches(split.mask("fit")):
         if fit is None:  # the first batch tells the width; the training split's size is known from the split
-            fit = new_accumulator(n_classes, len(split.train), np.shape(x)[-1], device, space)
+            fit = new_accumulator(n_classes, len(split.train), np.shape(x)[-1], device, space, workspace)
         fit.update(x, y)
         read(len(y))
     fit = fit if fit is not None else new_accumulator(n_classes, len(split.train), 1, device, space)
@@ -594,7 +676,7 @@ def fit_probes(
     correct = torch.zeros(grid.l2.shape, dtype=torch.int64, device=fit.device)  # (P, L)
     squared = torch.zeros(grid.l2.shape, dtype=torch.float64, device=fit.device)  # (P, L)
     if isinstance(fit, ExampleAccumulator):  # kept once; its products with the fit part serve scoring and refit
-        holdout = ExampleAccumulator(n_classes, device, reference=fit.reference)
+        holdout = ExampleAccumulator(n_classes, device, reference=fit.reference, workspace=workspace)
         score_and_keep = lambda x, y: holdout.update_scored(grid, x, y)  # noqa: E731
     else:
         holdout = RidgeAccumulator(n_classes, device)  # merged into fit below: the same form
@@ -726,11 +808,21 @@ def _eigh(matrices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # torch loops over the batch on one thread: the compute threads it was given take a share each
         # (torch releases the GIL; the shares give exactly what one call over the batch gives)
         chunks = matrices.split(-(-len(matrices) // threads))
-        with ThreadPoolExecutor(threads) as pool:
-            parts = list(pool.map(torch.linalg.eigh, chunks))
+        parts = list(_compute_pool(threads).map(torch.linalg.eigh, chunks))
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
     finally:
         torch.set_num_threads(threads)
+
+
+_COMPUTE_POOLS: dict[int, ThreadPoolExecutor] = {}
+
+
+def _compute_pool(threads: int) -> ThreadPoolExecutor:
+    """Return the process's pool of `threads` workers for _eigh and _products, started once: starting threads
+    for every call cost ~4.5 ms a layer, about as much as the decompositions themselves."""
+    if threads not in _COMPUTE_POOLS:
+        _COMPUTE_POOLS[threads] = ThreadPoolExecutor(threads, thread_name_prefix="vitsee-probes")
+    return _COMPUTE_POOLS[threads]
 
 
 class _ProgressCounter:
@@ -767,11 +859,15 @@ def _check_labels(x: torch.Tensor, y, n_classes: int, device) -> torch.Tensor:
     return y
 
 
-def _probe_major(x: torch.Tensor, minus: torch.Tensor | None = None) -> torch.Tensor:
-    """Return x (b, P, D) of any float dtype as (P, b, D) float64 minus `minus` (P, D): one copy, then in place."""
-    out = torch.empty(x.shape[1], x.shape[0], x.shape[2], dtype=torch.float64, device=x.device)
-    out.copy_(x.transpose(0, 1))  # casts and transposes in one pass
-    return out if minus is None else out.sub_(minus[:, None])
+def _probe_major(x: torch.Tensor, minus: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Return x (b, P, D) of any float dtype as (P, b, D) float64 minus `minus` (P, D), in one pass (into out,
+    a contiguous (P, b, D) float64 buffer, where given)."""
+    if out is None:
+        out = torch.empty(x.shape[1], x.shape[0], x.shape[2], dtype=torch.float64, device=x.device)
+    if minus is None:
+        return out.copy_(x.transpose(0, 1))  # casts and transposes in one pass
+    # cast, transpose and subtract in one pass (float64(x) - minus: what a copy and then sub_ give, bit for bit)
+    return torch.sub(x.transpose(0, 1), minus[:, None], out=out)
 
 
 def _check_solvable(acc, l2) -> torch.Tensor:
@@ -832,13 +928,20 @@ def _eye(n: int, like: torch.Tensor) -> torch.Tensor:
 # Store-facing runner
 
 
-def _readouts(store: Store, key: str, layer: str) -> dict[str, Callable[[np.ndarray], np.ndarray]]:
-    """Returns readout name -> function (b, ...) float32 activations -> (b, P, D) features for the probes."""
+def _readouts(store: Store, key: str, layer: str, prefix: int | None = None,
+              cls_token: bool | None = None) -> dict[str, Callable[[np.ndarray], np.ndarray]]:
+    """Returns readout name -> function (b, ...) float32 activations -> (b, P, D) features for the probes.
+
+    prefix (the layer's prefix tokens) and cls_token (whether the model has one) are read from the store unless
+    the caller, looping over layers, already has them (each store look-up resolves the model again).
+    """
     layout = store.layer_layout(key, layer)
-    prefix = store.layer_prefix_tokens(key, layer)
+    prefix = store.layer_prefix_tokens(key, layer) if prefix is None else prefix
     if layout == "tokens":  # tokens x dim
         out = {}
-        if prefix and has_cls_token(store.model_info(key)):  # registers lead the tokens too, but are no CLS
+        if cls_token is None and prefix:
+            cls_token = has_cls_token(store.model_info(key))
+        if prefix and cls_token:  # registers lead the tokens too, but are no CLS
             out["cls"] = lambda a: a[:, None, 0, :]
         out["gap"] = lambda a, p=prefix: a[:, None, p:, :].mean(axis=2)
         out["tokens"] = lambda a: a
@@ -926,9 +1029,12 @@ def run_probes(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | 
     skipped: list[tuple[str, str, int]] = []  # (layer, readout, images): readouts with non-finite features
     nonfinite = store.nonfinite_counts(key)
     split = split_examples(len(labels), cfg.seed)  # what fit_probes draws with the same seed
+    prefixes = [store.layer_prefix_tokens(key, layer) for layer in layers]
+    workspace = Workspace()  # the layers' fits reuse one set of buffers (most layers have the same shape)
+    cls_token = has_cls_token(store.model_info(key))
     for li, layer in enumerate(layers):
         ds = store._layer(key, layer)
-        readouts = _readouts(store, key, layer)
+        readouts = _readouts(store, key, layer, prefixes[li], cls_token)
         names = [n for n in readouts if n in ("cls", "gap", "flat")]
         if cfg.probe_tokens and "tokens" in readouts:
             if ds.shape[-1] <= cfg.probe_max_dim:
@@ -947,7 +1053,7 @@ def run_probes(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | 
                 _emit(progress, f"probes {key}", li * len(labels) + done, len(layers) * len(labels), layer)
 
             res = fit_probes(_layer_batches(ds, [readouts[n] for n in names], labels, cfg.batch_size), labels,
-                             seed=cfg.seed, device=device, progress=read)
+                             seed=cfg.seed, device=device, progress=read, workspace=workspace)
             start = 0
             for name in names:
                 width = ds.shape[1] if name == "tokens" else 1  # tokens: one probe per token
@@ -970,7 +1076,7 @@ def run_probes(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | 
         "split_test": split.test,
         "chance": np.array(np.bincount(labels).max() / len(labels)),
         # how many prefix tokens (CLS, registers) lead each layer's token axis: 0 for the patch embedding
-        "token_prefix": np.array([store.layer_prefix_tokens(key, layer) for layer in layers]),
+        "token_prefix": np.array(prefixes),
         "tokens_too_wide": np.array(too_wide, dtype=str),
         # readouts not fitted because their features hold NaN/Inf, and in how many images
         "skipped_layer": np.array([x[0] for x in skipped], dtype=str),
