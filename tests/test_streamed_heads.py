@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import IMG, RESNET, VIT, run_cli
+from test_heads import _reference_cka
 from vitsee.engine.analyses.heads import run_heads
 from vitsee.engine.analyze import AnalyzeConfig
 from vitsee.engine.errors import VitseeError
@@ -64,14 +65,6 @@ def test_streamed_head_cka_equals_analyze_heads_on_the_stored_run(streamed, anal
     assert list(result["rows"]) == ROWS and np.all(result["distance_px"] > 0)
 
 
-def _unbiased_hsic(k: np.ndarray, l: np.ndarray) -> float:
-    m = len(k)
-    kt, lt = k.copy(), l.copy()
-    np.fill_diagonal(kt, 0)
-    np.fill_diagonal(lt, 0)
-    return ((kt * lt).sum() + kt.sum() * lt.sum() / ((m - 1) * (m - 2)) - 2 / (m - 2) * kt.sum(0) @ lt.sum(1)) / (m * (m - 3))
-
-
 def test_streamed_head_cka_matches_a_per_head_numpy_reference(streamed, tiny_store):
     """Each head (spatial tokens x head_dim, flattened per image) against each ResNet layer, by the explicit
     unbiased-HSIC formula in fp64 over the batches of 16 in store order, from the values the stored run kept."""
@@ -83,11 +76,7 @@ def test_streamed_head_cka_matches_a_per_head_numpy_reference(streamed, tiny_sto
     batches = [np.arange(start, start + BATCH) for start in range(0, 48, BATCH)]
     for r, x in enumerate(heads):
         for c, y in enumerate(other):
-            kl = kk = ll = 0.0
-            for rows in batches:
-                k, l = x[rows] @ x[rows].T, y[rows] @ y[rows].T
-                kl, kk, ll = kl + _unbiased_hsic(k, l), kk + _unbiased_hsic(k, k), ll + _unbiased_hsic(l, l)
-            assert result["cka"][r, c] == pytest.approx(kl / np.sqrt(kk * ll), abs=TOLERANCE), (ROWS[r], layers[c])
+            assert result["cka"][r, c] == pytest.approx(_reference_cka(x, y, batches), abs=TOLERANCE), (ROWS[r], layers[c])
 
 
 def test_streaming_heads_keeps_no_head_outputs_and_costs_no_disk(streamed, tmp_path, capsys):
