@@ -490,6 +490,8 @@ class Store:
 
     def resolve_model(self, name: str) -> str:
         """Returns the key of the model a user named: the exact key, or a unique prefix of one."""
+        if name in self._model_files or "/" not in name and "models" in self.file and name in self.file["models"]:
+            return name  # an exact key, without ordering every model's group (analyses look keys up per layer)
         models = self.models
         if name in models:
             return name

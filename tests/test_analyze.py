@@ -201,6 +201,7 @@ def test_an_incomplete_store_is_refused_with_the_way_out(store, tmp_path, capsys
     [
         ("heatmap:x", "unknown view 'heatmap:x'"),
         ("cka:nosuchmodel", "no model 'nosuchmodel'"),
+        (f"cka:{VIT}/acts", f"no model '{VIT}/acts'"),  # a path inside the model's group is no model key
         ("cka:test", "matches several models"),
         ("spatial:test_vit:blocks.77", "no layer 'blocks.77'"),
         ("attention:test_resnet", "no attention distances"),
