@@ -442,3 +442,23 @@ async def test_the_app_draws_swin_attention_with_its_missing_heads(store_dir, tm
         line = status(app)
         assert line.startswith("layers.0.blocks.0 head") and f"uniform {uniform_attention_distance_px(4, 4):.1f} px" in line
         assert app.is_running
+
+
+def test_the_probe_estimate_counts_the_features_each_fit_gets_channels_last_included(store_dir):
+    """probe_jobs (the app's warning before a long probe job) sizes each fit by the width its readout gives:
+    C of a Swin layer's (H, W, C), not H."""
+    from vitsee.engine.analyses.probes import probe_jobs
+    from vitsee.engine.analyze import AnalyzeConfig
+
+    layouts = set()
+    for label in ("swin", "mixer"):
+        with Store.open(_store(label, store_dir)) as store:
+            key = store.models[0]
+            for layer, group, n_probes, width in probe_jobs(store, key, AnalyzeConfig(device="cpu")):
+                layouts.add(store.layer_layout(key, layer))
+                readouts = _readouts(store, key, layer)
+                one = store._layer(key, layer)[:1].astype(np.float32)
+                features = readouts["gap" if group == "pooled" else "tokens"](one)  # (1, P, D)
+                assert width == features.shape[-1], (label, layer, group)
+                assert group == "tokens" or n_probes == len([n for n in readouts if n in ("cls", "gap", "flat")])
+    assert "nhwc" in layouts and "tokens" in layouts

@@ -504,8 +504,11 @@ def test_dual_fit_on_ill_conditioned_features_chooses_what_the_primal_fit_choose
 def test_the_float32_read_of_fp16_activations_is_numpys_exact_cast():
     bits = np.arange(2**16, dtype=np.uint16).view(np.float16).reshape(2, 128, 256)  # every fp16: subnormals, inf, nan
     assert np.isfinite(bits).sum() == 65536 - 2048  # all but the 2 x 1024 infinities and NaNs
-    for a in (bits, bits[:, ::2], bits.astype(np.float32)):  # contiguous, strided, already float32
-        got, expected = probes._float32(a), a.astype(np.float32)
+    slot = np.empty((2, 130, 256), dtype=np.float32)[:, 2:]  # where a batch keeps its tokens, after CLS and GAP
+    cases = [(bits, None), (bits[:, ::2], None), (bits.astype(np.float32), None), (bits, slot), (bits[:, ::2], slot[:, ::2])]
+    for a, out in cases:  # contiguous, strided, already float32; into a new array or into a strided slot
+        got, expected = probes._float32(a, out=out), a.astype(np.float32)
+        assert out is None or np.shares_memory(got, out)
         assert got.dtype == np.float32 and got.shape == a.shape
         finite = np.isfinite(expected)
         np.testing.assert_array_equal(got[finite].view(np.uint32), expected[finite].view(np.uint32))  # bit for bit
@@ -596,6 +599,121 @@ def test_fits_sharing_a_workspace_reuse_its_buffers_and_score_what_fresh_ones_do
         fresh = fit_probes(batches_of(x), labels, seed=1)
         for field in ("holdout_accuracy", "l2_ratio", "l2", "test_accuracy"):
             np.testing.assert_array_equal(getattr(shared, field), getattr(fresh, field))
-    # the fit's two blocks and the holdout's two, of the same shapes each time: the same four buffers
+    # two blocks each of the fit, the holdout and the test part (the float64 copy scored), of the same shapes
+    # each time: the same six buffers
     assert {k: [b.data_ptr() for b in v] for k, v in workspace.taken.items()} == first
-    assert sum(len(v) for v in first.values()) == 4
+    assert sum(len(v) for v in first.values()) == 6
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Layers fitted side by side
+
+
+def _run_probes_arrays(path, model, threads, workers=None, **kwargs):
+    """Return run_probes' arrays (recomputed) on the store at path with torch at `threads` threads, and the
+    worker counts _fit_layers was called with (also appended to `workers` where given)."""
+    from vitsee.engine.analyses.probes import run_probes
+    from vitsee.engine.analyze import AnalyzeConfig
+    from vitsee.engine.store import Store
+
+    before, workers = torch.get_num_threads(), [] if workers is None else workers
+    real = probes._fit_layers
+    torch.set_num_threads(threads)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(probes, "_fit_layers", lambda fit, n, w, report: (workers.append(w), real(fit, n, w, report))[1])
+            with Store.writer(path) as store:
+                result = run_probes(store, model, AnalyzeConfig(device="cpu", recompute=True), **kwargs)
+        assert torch.get_num_threads() == threads  # the workers' one thread each is undone
+    finally:
+        torch.set_num_threads(before)
+    return {k: np.asarray(v) for k, v in result.items() if not k.startswith("_")}, workers
+
+
+def test_layers_fitted_side_by_side_give_what_one_at_a_time_gives_bit_for_bit(tiny_store, tmp_path):
+    import shutil
+
+    from conftest import RESNET, VIT
+
+    path = tmp_path / "copy.h5"
+    shutil.copy(tiny_store, path)
+    for model in (VIT, RESNET):
+        alone, one = _run_probes_arrays(path, model, threads=1)
+        side_by_side, two = _run_probes_arrays(path, model, threads=2)
+        assert one == [1] and two == [2]
+        assert alone.keys() == side_by_side.keys() and any(k.startswith("tokens/") for k in alone) == (model == VIT)
+        for key, value in alone.items():
+            assert value.dtype == side_by_side[key].dtype and value.tobytes() == side_by_side[key].tobytes(), key
+
+
+def test_a_run_cancelled_from_its_progress_stops_every_layer_and_saves_nothing(tiny_store, tmp_path, monkeypatch):
+    """The app cancels by raising from the progress callback: with layers on two workers the callback still
+    runs on the caller's thread, the run stops within a batch and no worker thread outlives it."""
+    import shutil
+    import threading
+
+    from conftest import VIT
+    from vitsee.engine.analyses.probes import probe_params
+    from vitsee.engine.analyze import AnalyzeConfig
+    from vitsee.engine.store import Store
+
+    class Stop(Exception):
+        pass
+
+    path = tmp_path / "copy.h5"
+    shutil.copy(tiny_store, path)
+    with Store.open(path) as store:
+        n_images, n_layers = store.n_images, len(store.layers(store.resolve_model(VIT)))
+    caller, threads_seen, started, workers = threading.get_ident(), set(), [], []
+    real_fit = probes.fit_probes
+    monkeypatch.setattr(probes, "fit_probes", lambda *a, **k: (started.append(1), real_fit(*a, **k))[1])
+
+    def progress(step):
+        threads_seen.add(threading.get_ident())
+        if step.done > n_images:  # past the first layer's worth of images
+            raise Stop()
+
+    with pytest.raises(Stop):
+        _run_probes_arrays(path, VIT, threads=2, workers=workers, progress=progress)
+    assert workers == [2] and threads_seen == {caller}
+    assert 2 <= len(started) < n_layers  # two fits ran at once; the rest never started
+    assert not [t for t in threading.enumerate() if t.name.startswith("vitsee-probe-layers")]
+    with Store.open(path) as store:
+        assert store.get_result("probes", probe_params(store, store.resolve_model(VIT), AnalyzeConfig(device="cpu"))) is None
+
+
+def test_a_layer_whose_fit_fails_fails_the_run_with_its_own_error(tiny_store, tmp_path, monkeypatch):
+    import shutil
+
+    from conftest import VIT
+
+    path = tmp_path / "copy.h5"
+    shutil.copy(tiny_store, path)
+    calls, real_fit = [], probes.fit_probes
+
+    def fit_or_fail(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise VitseeError("the third layer failed")
+        return real_fit(*args, **kwargs)
+
+    monkeypatch.setattr(probes, "fit_probes", fit_or_fail)
+    with pytest.raises(VitseeError, match="the third layer failed"):
+        _run_probes_arrays(path, VIT, threads=2)
+
+
+def test_layers_go_side_by_side_only_on_cpu_with_threads_to_spare_and_fits_that_fit_in_memory(monkeypatch):
+    small, big = 40e6, probes.PARALLEL_FIT_BYTES + 1
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    assert probes._layer_workers("cpu", [small] * 14) == 2
+    assert probes._layer_workers("cpu", [small] * 13 + [big]) == 1  # (197, 768, 768) X'X of a primal token fit
+    assert probes._layer_workers("cpu", [small]) == 1
+    assert probes._layer_workers("cuda", [small] * 14) == 1
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
+    assert probes._layer_workers("cpu", [small] * 3) == 3
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert probes._layer_workers("cpu", [small] * 14) == 1
+    # what a fit holds: 1,000 images of a 197 x 768 token layer go primal, 32 dual
+    ds = np.zeros((1000, 197, 768), dtype=np.float16)
+    assert probes._fit_bytes(ds, 1000, 197, 768) > probes.PARALLEL_FIT_BYTES
+    assert probes._fit_bytes(ds[:32], 32, 197, 768) < probes.PARALLEL_FIT_BYTES

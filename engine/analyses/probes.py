@@ -18,8 +18,11 @@ comes last.
 
 from __future__ import annotations
 
+import contextlib
+import queue
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
@@ -226,14 +229,14 @@ class ExampleAccumulator:
         if len(y) == 0:
             return self
         if self.reference is None:  # taken from the float64 copy: a second read of a strided float32 view cost more
-            block = _probe_major(x, out=self._buffer(x))
+            block = _kept(x, out=self._buffer(x))
             self.reference = block[:, :REFERENCE_ROWS].mean(1)  # (P, D)
             return self._keep(block.sub_(self.reference[:, None]), y)
-        return self._keep(_probe_major(x, self.reference, out=self._buffer(x)), y)
+        return self._keep(_kept(x, self.reference, out=self._buffer(x)), y)
 
     def _buffer(self, x: torch.Tensor) -> torch.Tensor | None:
-        """Return the workspace's (P, b, D) float64 buffer for the batch x (b, P, D), or None without one."""
-        return None if self.workspace is None else self.workspace.take((x.shape[1], x.shape[0], x.shape[2]), x.device)
+        """Return the workspace's (b, P, D) float64 buffer for the batch x (b, P, D), or None without one."""
+        return None if self.workspace is None else self.workspace.take(tuple(x.shape), x.device)
 
     def update_scored(self, path: RidgePath, x, y) -> tuple[torch.Tensor, torch.Tensor]:
         """Return path.evaluate(x, y) after keeping the batch, its products with the path's examples computed
@@ -289,6 +292,7 @@ class ExampleAccumulator:
             examples=tuple(self.blocks),
             reference=self.reference,
             dual_coef=dual_coef,
+            workspace=self.workspace,
             gram_row_mean=self.gram.mean(2),  # (P, n): each example's product with the examples' mean
             gram_mean=self.gram.mean((1, 2)),  # (P,): the mean's with itself
         )
@@ -469,6 +473,7 @@ class RidgePath:
     gram_mean: torch.Tensor | None = None  # which centre a query's products with them (kernel centring)
     # dual form solved by Cholesky instead (no eigenbasis): (P, L, n, K) A = (Gc + l2 I)^-1 Yc per penalty
     dual_coef: torch.Tensor | None = None
+    workspace: Workspace | None = None  # dual form: where the float64 copy of a batch to score is written
 
     @property
     def device(self) -> torch.device:
@@ -510,7 +515,8 @@ class RidgePath:
             z = _probe_major(x, self.mean_x) @ self.eigvecs  # (P, b, D): centred x in the eigenbasis
             yield from self._scores_in_basis(z)
         else:
-            yield from self._scores_from_cross(self.cross(_probe_major(x, self.reference)))
+            buffer = None if self.workspace is None else self.workspace.take(tuple(x.shape), x.device)
+            yield from self._scores_from_cross(self.cross(_kept(x, self.reference, out=buffer)))
 
     def cross(self, block: torch.Tensor) -> torch.Tensor:
         """Return (P, b, n) the products of a block (P, b, D), less the reference, with the kept examples (dual)."""
@@ -859,6 +865,20 @@ def _check_labels(x: torch.Tensor, y, n_classes: int, device) -> torch.Tensor:
     return y
 
 
+def _kept(x: torch.Tensor, minus: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Return x (b, P, D) of any float dtype as float64 minus `minus` (P, D), written into out (a (b, P, D)
+    float64 buffer, where given) and viewed probe-major (P, b, D): how the dual keeps its examples.
+
+    The products take the strided view as it is (each probe's (b, D) rows are still contiguous), so the
+    examples are never transposed. A copy, then the subtraction in place: the same float64(x) - minus, bit for
+    bit, as torch.sub of the two dtypes, whose mixed-dtype loop took 1.5x as long (21 x 197 x 768 values).
+    """
+    if out is None:
+        out = torch.empty(x.shape, dtype=torch.float64, device=x.device)
+    out.copy_(x)  # then subtract in float64: ~1.5x faster on CPU than torch.sub's mixed-dtype loop
+    return (out if minus is None else out.sub_(minus)).transpose(0, 1)
+
+
 def _probe_major(x: torch.Tensor, minus: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """Return x (b, P, D) of any float dtype as (P, b, D) float64 minus `minus` (P, D), in one pass (into out,
     a contiguous (P, b, D) float64 buffer, where given)."""
@@ -969,33 +989,46 @@ def _nonfinite_readouts(ds, readouts: dict[str, Callable[[np.ndarray], np.ndarra
 LAYER_IN_MEMORY_BYTES = 256 * 2**20
 
 
-def _layer_batches(ds, fns: list[Callable[[np.ndarray], np.ndarray]], labels: np.ndarray, batch_size: int) -> BatchesFn:
+def _layer_batches(ds, fns: list[Callable[[np.ndarray], np.ndarray]], labels: np.ndarray, batch_size: int,
+                   tokens_last: bool = False) -> BatchesFn:
     """Returns the batches(mask) of fit_probes over one layer: (b, P, D) float32 features of every readout in
-    fns, side by side, and their labels."""
+    fns, side by side, and their labels. tokens_last: the last readout is the layer's tokens as they are (fns[-1]
+    the identity), which are then cast into their place in the batch and the other readouts read from there."""
     whole = ds[: len(labels)] if ds.size * ds.dtype.itemsize <= LAYER_IN_MEMORY_BYTES else None
+    n_tokens = ds.shape[1] if tokens_last else 0
 
     def batches(mask):
         rows = np.flatnonzero(mask)
         for s in range(0, len(rows), batch_size):
             r = rows[s : s + batch_size]
-            a = _float32(whole[r] if whole is not None else read_rows(ds, r))  # means in float32
-            features = [f(a) for f in fns]  # (b, P_i, D) each
-            # probe-major, as the accumulators keep them: their cast to float64 is then one contiguous pass
-            out = np.empty((sum(f.shape[1] for f in features), len(r), features[0].shape[2]), dtype=np.float32)
+            raw = whole[r] if whole is not None else read_rows(ds, r)
+            if tokens_last:  # one cast, into the batch; CLS and GAP read the float32 tokens from there
+                out = np.empty((len(r), len(fns) - 1 + n_tokens, raw.shape[-1]), dtype=np.float32)
+                a = _float32(raw, out=out[:, len(fns) - 1 :])
+                features = [f(a) for f in fns[:-1]]
+            else:
+                a = _float32(raw)  # means in float32
+                features = [f(a) for f in fns]  # (b, P_i, D) each
+                out = np.empty((len(r), sum(f.shape[1] for f in features), features[0].shape[2]), dtype=np.float32)
             start = 0
-            for f in features:
-                out[start : start + f.shape[1]] = f.transpose(1, 0, 2)
+            for f in features:  # token-major, as the dual keeps them (its float64 cast is one contiguous pass)
+                out[:, start : start + f.shape[1]] = f
                 start += f.shape[1]
-            yield out.transpose(1, 0, 2), labels[r]  # (b, P, D), a view
+            yield out, labels[r]  # (b, P, D)
 
     return batches
 
 
-def _float32(a: np.ndarray) -> np.ndarray:
-    """Return the activations a as float32: the same values, fp16 converted by torch (10x numpy's astype)."""
-    if a.dtype == np.float16:
-        return torch.from_numpy(np.ascontiguousarray(a)).float().numpy()  # exact, like every fp16 -> fp32
-    return a.astype(np.float32)
+def _float32(a: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Return the activations a as float32 (into out, a float32 array of a's shape, where given): the same
+    values, fp16 converted by torch (10x numpy's astype)."""
+    if out is None:
+        out = np.empty(a.shape, dtype=np.float32)
+    if a.dtype == np.float16:  # exact, like every fp16 -> fp32
+        torch.from_numpy(out).copy_(torch.from_numpy(np.ascontiguousarray(a)))
+    else:
+        out[...] = a
+    return out
 
 
 def probe_params(store: Store, key: str, cfg: AnalyzeConfig) -> dict:
@@ -1030,8 +1063,9 @@ def run_probes(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | 
     nonfinite = store.nonfinite_counts(key)
     split = split_examples(len(labels), cfg.seed)  # what fit_probes draws with the same seed
     prefixes = [store.layer_prefix_tokens(key, layer) for layer in layers]
-    workspace = Workspace()  # the layers' fits reuse one set of buffers (most layers have the same shape)
     cls_token = has_cls_token(store.model_info(key))
+    # (layer index, readouts fitted together, dataset, their feature functions, bytes the fit holds at most)
+    fits: list[tuple[int, list[str], object, list, float]] = []
     for li, layer in enumerate(layers):
         ds = store._layer(key, layer)
         readouts = _readouts(store, key, layer, prefixes[li], cls_token)
@@ -1045,28 +1079,44 @@ def run_probes(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | 
             bad = _nonfinite_readouts(ds, {n: readouts[n] for n in names}, cfg.batch_size)
             skipped += [(layer, name, count) for name, count in bad.items()]
             names = [n for n in names if n not in bad]
-        _emit(progress, f"probes {key}", li * len(labels), len(layers) * len(labels), layer)
         if names:
             # one fit serves every readout of the layer (the probes are independent; they share D and the
             # labels), so the layer is read once and each solve is one batched call
-            def read(done, total, li=li, layer=layer):
-                _emit(progress, f"probes {key}", li * len(labels) + done, len(layers) * len(labels), layer)
+            width = _feature_width(ds.shape[1:], store.layer_layout(key, layer))
+            n_probes = sum(ds.shape[1] if name == "tokens" else 1 for name in names)
+            fits.append((li, names, ds, [readouts[n] for n in names], _fit_bytes(ds, len(labels), n_probes, width)))
 
-            res = fit_probes(_layer_batches(ds, [readouts[n] for n in names], labels, cfg.batch_size), labels,
-                             seed=cfg.seed, device=device, progress=read, workspace=workspace)
-            start = 0
-            for name in names:
-                width = ds.shape[1] if name == "tokens" else 1  # tokens: one probe per token
-                accuracy, penalty = res.test_accuracy[start : start + width], res.l2[start : start + width]
-                start += width
-                if name == "tokens":
-                    token_maps[layer] = accuracy
-                else:
-                    col = readout_names.index("gap" if name == "flat" else name)
-                    table[li, col] = accuracy[0]
-                    l2[li, col] = penalty[0]
-            split = res.split
-        _emit(progress, f"probes {key}", (li + 1) * len(labels), len(layers) * len(labels), layer)
+    read = [0] * len(layers)  # examples read per layer, for the progress events
+
+    def report(li: int, done: int) -> None:
+        read[li] = done
+        _emit(progress, f"probes {key}", sum(read), len(layers) * len(labels), layers[li])
+
+    def fit(job: int, progress_fn: ProgressFn, workspace: Workspace) -> ProbeResult:
+        _, _, ds, fns, _ = fits[job]
+        tokens_last = fits[job][1][-1] == "tokens"
+        return fit_probes(_layer_batches(ds, fns, labels, cfg.batch_size, tokens_last), labels, seed=cfg.seed, device=device,
+                          progress=progress_fn, workspace=workspace)
+
+    _emit(progress, f"probes {key}", 0, len(layers) * len(labels), layers[fits[0][0]] if fits else "")
+    workers = _layer_workers(device, [f[4] for f in fits])
+    results = _fit_layers(fit, len(fits), workers, lambda job, done: report(fits[job][0], done))
+    for (li, names, ds, _, _), res in zip(fits, results):
+        start = 0
+        for name in names:
+            width = ds.shape[1] if name == "tokens" else 1  # tokens: one probe per token
+            accuracy, penalty = res.test_accuracy[start : start + width], res.l2[start : start + width]
+            start += width
+            if name == "tokens":
+                token_maps[layers[li]] = accuracy
+            else:
+                col = readout_names.index("gap" if name == "flat" else name)
+                table[li, col] = accuracy[0]
+                l2[li, col] = penalty[0]
+        split = res.split
+    for li in range(len(layers)):  # layers without a fit (every readout non-finite) count as read
+        if read[li] < len(labels):
+            report(li, len(labels))
     arrays = {
         "accuracy": table,
         "l2": l2,
@@ -1091,6 +1141,114 @@ def run_probes(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | 
     return _save(store, "probes", params, arrays)
 
 
+# Layers are fitted side by side, one compute thread each, where every fit holds at most this much memory.
+PARALLEL_FIT_BYTES = 256 * 2**20
+
+
+def _feature_width(shape: tuple[int, ...], layout: str) -> int:
+    """Return D, the features per probe of a layer of per-image `shape` in `layout` (tokens, nchw, nhwc, flat)."""
+    if layout in ("tokens", "nhwc"):
+        return int(shape[-1])
+    if layout == "nchw":
+        return int(shape[0])
+    return int(np.prod(shape))
+
+
+def _fit_bytes(ds, n_examples: int, n_probes: int, width: int) -> float:
+    """Return about the most memory one layer's fit holds: the layer read into memory, and the examples kept
+    in float64 (dual) or X'X and its eigenvectors (P, D, D) (primal)."""
+    layer = ds.size * ds.dtype.itemsize
+    layer = layer if layer <= LAYER_IN_MEMORY_BYTES else 0
+    if solve_space(int(0.8 * n_examples), width) == "dual":
+        return layer + 8.0 * n_examples * n_probes * width * 1.5
+    return layer + 8.0 * n_probes * width * width * 3
+
+
+def _layer_workers(device, fit_bytes: list[float]) -> int:
+    """Return how many layers to fit at once: on CPU, one per compute thread when each fit is small enough.
+
+    A fit of one 196-token Mixer layer is a chain of small products, decompositions and copies (~45 ms);
+    split over two threads op by op, each hand-off costs about what it saves, while two layers side by side on
+    one thread each keep both cores busy (torch and numpy release the GIL in their kernels).
+    """
+    threads = torch.get_num_threads()
+    if torch.device(device).type != "cpu" or threads < 2 or len(fit_bytes) < 2:
+        return 1
+    return min(threads, len(fit_bytes)) if max(fit_bytes) <= PARALLEL_FIT_BYTES else 1
+
+
+class _Stopped(Exception):
+    """Raised in a layer's fit when another one failed or the run was cancelled."""
+
+
+def _fit_layers(fit: Callable[[int, ProgressFn, Workspace], ProbeResult], n_jobs: int, workers: int,
+                report: Callable[[int, int], None]) -> list[ProbeResult]:
+    """Return fit(job, progress, workspace) for each job, `workers` of them at once.
+
+    report(job, examples read) is only ever called on this thread, so a progress callback may raise (the
+    app cancels a run that way): then, as when a fit fails, the fits still running stop at their next batch
+    and the error is raised here. Each worker lends its fits one Workspace; with several, torch computes on
+    one thread per worker (as one fit would at --threads 1: the same numbers, bit for bit).
+    """
+    if workers < 2:
+        workspace = Workspace()  # the layers' fits reuse one set of buffers (most layers have the same shape)
+        return [fit(job, lambda done, total, job=job: report(job, done), workspace) for job in range(n_jobs)]
+    events: queue.SimpleQueue = queue.SimpleQueue()
+    spare: queue.SimpleQueue = queue.SimpleQueue()
+    for _ in range(workers):
+        spare.put(Workspace())
+    stop = threading.Event()
+
+    def run(job: int) -> ProbeResult:
+        def progress_fn(done: int, total: int) -> None:
+            if stop.is_set():
+                raise _Stopped()
+            events.put((job, done))
+
+        workspace = spare.get()
+        try:
+            return fit(job, progress_fn, workspace)
+        finally:
+            spare.put(workspace)
+
+    def drain() -> None:
+        while True:
+            try:
+                job, done = events.get_nowait()
+            except queue.Empty:
+                return
+            report(job, done)
+
+    results: list[ProbeResult | None] = [None] * n_jobs
+    threads = torch.get_num_threads()
+    blas = _blas_controller()
+    # one BLAS thread for the whole run, not set and reset by each worker's products (that would race)
+    limit = blas.limit(limits=1, user_api="blas") if blas is not None else contextlib.nullcontext()
+    torch.set_num_threads(1)
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="vitsee-probe-layers")  # started here: inherits nice
+    try:
+        with limit:
+            futures = {pool.submit(run, job): job for job in range(n_jobs)}
+            remaining = set(futures)
+            try:
+                while remaining:
+                    finished, remaining = wait(remaining, timeout=0.1, return_when=FIRST_COMPLETED)
+                    drain()
+                    for future in finished:
+                        results[futures[future]] = future.result()  # a fit's error is raised here
+                drain()
+            except BaseException:
+                stop.set()
+                for future in futures:
+                    future.cancel()
+                raise
+            finally:
+                pool.shutdown(wait=True)
+    finally:
+        torch.set_num_threads(threads)
+    return results  # type: ignore[return-value]
+
+
 PROBE_WARN_S = 60.0  # the app warns before a probe job it expects to take longer
 
 
@@ -1101,8 +1259,7 @@ def probe_jobs(store: Store, key: str, cfg: AnalyzeConfig) -> list[tuple[str, st
         shape = store.layer_shape(key, layer)
         readouts = _readouts(store, key, layer)
         pooled = [n for n in readouts if n in ("cls", "gap", "flat")]
-        width = int(np.prod(shape)) if pooled == ["flat"] else shape[0] if len(shape) == 3 else shape[-1]  # C of (C, H, W)
-        jobs.append((layer, "pooled", len(pooled), int(width)))
+        jobs.append((layer, "pooled", len(pooled), _feature_width(shape, store.layer_layout(key, layer))))
         if cfg.probe_tokens and "tokens" in readouts and shape[-1] <= cfg.probe_max_dim:
             jobs.append((layer, "tokens", int(shape[0]), int(shape[-1])))  # one probe per token
     return jobs
