@@ -30,7 +30,8 @@ Run:  python benchmarks/cka.py            (n=1024, batch 256, 12+14 layers, cpu)
       python benchmarks/cka.py --accuracy (vitsee's error for each Gram / pair-product precision)
       python benchmarks/cka.py --busy-core --layers 12,8 --skip-slow
                                           (idle, then one core kept busy by a spinning process this script
-                                          starts and stops: torch's default threads against compute_threads())
+                                          starts and stops: torch's default threads against what
+                                          set_compute_threads() sets up, task workers included)
       python benchmarks/cka.py --stats    (vitsee alone: with 95% bootstrap intervals and 99-permutation p-values
                                            against without; the defaults of `vitsee analyze`, target <= 1.5x)
 Needs the bench extra: pip install -e '.[bench]'. A package that fails to import is reported and skipped.
@@ -457,9 +458,11 @@ def busy_core():
 
 def busy_core_table(feats: list[torch.Tensor], vit_layers: int, batch_size: int, device: torch.device,
                     repeats: int, budget_s: float) -> None:
-    """Print vitsee (and pytorch-cka, if installed) idle and with one core busy, at torch's default thread
-    count and at the count vitsee.engine.threads.compute_threads() picks in each condition."""
-    from vitsee.engine.threads import compute_threads
+    """Print vitsee (and pytorch-cka, if installed) idle and with one core busy: at torch's default thread count
+    with the layer Grams one after another (vitsee before task workers), and as `vitsee analyze` sets it up
+    (vitsee.engine.threads.set_compute_threads(): torch threads on the free cores, task workers on every usable
+    core, each layer's Gram on the next worker free)."""
+    from vitsee.engine import threads as threads_mod
 
     default = torch.get_num_threads()
     methods = {"vitsee minibatch_cka": lambda: vcka.minibatch_cka(feats, batch_size=batch_size, device=device)}
@@ -470,19 +473,27 @@ def busy_core_table(feats: list[torch.Tensor], vit_layers: int, batch_size: int,
     rows = []
     for condition in ("idle", "one core busy"):
         with busy_core() if condition == "one core busy" else contextlib.nullcontext():
-            chosen = compute_threads()
-            for threads in dict.fromkeys([default, chosen]):
-                torch.set_num_threads(threads)
-                print(f"{condition}, {threads} thread(s) ({'compute_threads' if threads == chosen else 'torch default'}):")
+            for setup in ("torch default", "as vitsee analyze"):
+                if setup == "torch default":
+                    torch.set_num_threads(default)
+                    threads_mod._TASK_WORKERS[:] = [1]  # the Grams one after another, on torch's threads
+                else:
+                    threads_mod.set_compute_threads()
+                threads, workers = torch.get_num_threads(), threads_mod.task_workers()
+                print(f"{condition}, {setup}: {threads} torch thread(s), {workers} task worker(s):")
                 for name, (seconds, cpu, _) in round_robin(methods, device, repeats, budget_s).items():
-                    rows.append((condition, threads, threads == chosen, name, seconds, cpu))
+                    rows.append((condition, setup, threads, workers, name, seconds, cpu))
     torch.set_num_threads(default)
-    print(f"\n{'condition':<14} {'threads':>7} {'chosen':>7} {'method':<22} {'seconds':>8} {'cpu-s':>7}")
-    for condition, threads, chosen, name, seconds, cpu in rows:
-        print(f"{condition:<14} {threads:>7} {'yes' if chosen else '':>7} {name:<22} {seconds:>8.3f} {cpu:>7.2f}")
-    ours = {c: s for c, t, ch, n, s, _ in rows if ch and n.startswith("vitsee")}
-    print(f"\nvitsee with compute_threads: one core busy / idle = {ours['one core busy'] / ours['idle']:.2f}x (target: at most 1.5x)")
-
+    threads_mod._TASK_WORKERS[:] = []
+    print(f"\n{'condition':<14} {'setup':<18} {'threads':>7} {'workers':>7} {'method':<22} {'seconds':>8} {'cpu-s':>7}")
+    for condition, setup, threads, workers, name, seconds, cpu in rows:
+        print(f"{condition:<14} {setup:<18} {threads:>7} {workers:>7} {name:<22} {seconds:>8.3f} {cpu:>7.2f}")
+    ours = {c: s for c, setup, _, _, n, s, _ in rows if setup == "as vitsee analyze" and n.startswith("vitsee")}
+    theirs = {c: s for c, setup, _, _, n, s, _ in rows if setup == "torch default" and n.startswith("pytorch-cka")}
+    print(f"\nvitsee as analyze sets it up: one core busy / idle = {ours['one core busy'] / ours['idle']:.2f}x (target: at most 1.5x)")
+    if theirs:
+        print(f"one core busy: vitsee {ours['one core busy']:.2f} s, pytorch-cka at torch's default threads "
+              f"{theirs['one core busy']:.2f} s (target: vitsee at or below it)")
 
 if __name__ == "__main__":
     main()

@@ -354,3 +354,74 @@ def test_cuda_matches_the_reference(rng):
     shifted = [f + np.float32(300.0) for f in feats]
     got = minibatch_cka(shifted, batch_size=64, device="cuda")
     assert np.abs(got - reference_minibatch_cka(shifted, shifted, 64)).max() < 1e-6
+
+
+class _InOrder:
+    """A layer's batch read when asked for, from a queue shared by every layer, like the store's prefetch:
+    read out of layer order, a layer would get another's features."""
+
+    def __init__(self, queue: list, shape: tuple):
+        self.queue, self.shape = queue, shape
+
+    def __array__(self, dtype=None, copy=None):
+        return self.queue.pop(0)
+
+
+@pytest.mark.parametrize("cross_at", [None, 3])
+def test_layer_grams_built_on_workers_give_the_one_thread_state_bit_for_bit(rng, monkeypatch, cross_at):
+    from vitsee.engine import threads
+
+    shapes = [(17, 24), (9, 9, 5), (300,), (4, 50), (8, 8), (64,)]  # sizes in no order: workers finish out of turn
+    batches = [[rng.normal(size=(32, *s)).astype(np.float32) + 5 for s in shapes] for _ in range(3)]
+    batches[1][2] = batches[1][2].astype(np.float16)  # store activations
+    batches[2][0] = torch.as_tensor(batches[2][0])
+
+    def state(workers):
+        monkeypatch.setattr(threads, "task_workers", lambda: workers)
+        acc = MinibatchCKA(len(shapes), cross_at=cross_at, batch_slots=3, permutations=2)
+        for b, feats in enumerate(batches):
+            queue = [np.asarray(f) for f in feats] if b == 1 else []
+            acc.update([_InOrder(queue, f.shape) for f in feats] if b == 1 else feats)  # batch 1 read lazily, in order
+            assert not queue
+        return acc, acc.state.clone()
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        one, expected = state(1)
+        several, got = state(3)
+    finally:
+        torch.set_num_threads(before)
+    assert len(one._spare) == 0 and len(several._spare) == 2
+    assert torch.equal(got, expected)
+    assert np.array_equal(several.result(), one.result(), equal_nan=True)
+
+
+def test_layer_grams_stay_on_one_thread_where_spare_buffers_would_cost_too_much(monkeypatch):
+    from vitsee.engine import threads
+    from vitsee.engine.analyses import cka
+
+    monkeypatch.setattr(threads, "task_workers", lambda: 4)
+    acc = MinibatchCKA(6)
+    assert acc._gram_workers(1000) == 4
+    assert MinibatchCKA(2)._gram_workers(1000) == 2  # no more workers than layers
+    monkeypatch.setattr(cka, "GRAM_WORKERS_BYTES", 8000)  # two spare buffers of 1,000 fp32 values
+    assert acc._gram_workers(1000) == 3
+    assert acc._gram_workers(10_000) == 1
+
+
+def test_a_layer_that_fails_on_a_worker_fails_the_update(rng, monkeypatch):
+    from vitsee.engine import threads
+
+    monkeypatch.setattr(threads, "task_workers", lambda: 2)
+    class Unreadable:  # a store read that fails on the worker that materialises it
+        shape = (8, 4)
+
+        def __array__(self, dtype=None, copy=None):
+            raise OSError("Can't read data (inflate() failed)")
+
+    feats = [rng.normal(size=(8, 5)), Unreadable(), rng.normal(size=(8, 6))]
+    acc, before = MinibatchCKA(3), torch.get_num_threads()
+    with pytest.raises(OSError, match="inflate"):
+        acc.update(feats)
+    assert acc.batches == 0 and torch.get_num_threads() == before

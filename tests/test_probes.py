@@ -616,9 +616,11 @@ def _run_probes_arrays(path, model, threads, workers=None, **kwargs):
     from vitsee.engine.analyze import AnalyzeConfig
     from vitsee.engine.store import Store
 
-    before, workers = torch.get_num_threads(), [] if workers is None else workers
+    from vitsee.engine import threads as threads_mod
+
+    before, workers = (torch.get_num_threads(), list(threads_mod._TASK_WORKERS)), [] if workers is None else workers
     real = probes._fit_layers
-    torch.set_num_threads(threads)
+    threads_mod.set_compute_threads(threads)  # as `vitsee analyze --threads N`: N threads, N task workers
     try:
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(probes, "_fit_layers", lambda fit, n, w, report: (workers.append(w), real(fit, n, w, report))[1])
@@ -626,7 +628,8 @@ def _run_probes_arrays(path, model, threads, workers=None, **kwargs):
                 result = run_probes(store, model, AnalyzeConfig(device="cpu", recompute=True), **kwargs)
         assert torch.get_num_threads() == threads  # the workers' one thread each is undone
     finally:
-        torch.set_num_threads(before)
+        torch.set_num_threads(before[0])
+        threads_mod._TASK_WORKERS[:] = before[1]
     return {k: np.asarray(v) for k, v in result.items() if not k.startswith("_")}, workers
 
 
@@ -703,15 +706,17 @@ def test_a_layer_whose_fit_fails_fails_the_run_with_its_own_error(tiny_store, tm
 
 
 def test_layers_go_side_by_side_only_on_cpu_with_threads_to_spare_and_fits_that_fit_in_memory(monkeypatch):
+    from vitsee.engine import threads
+
     small, big = 40e6, probes.PARALLEL_FIT_BYTES + 1
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(threads, "task_workers", lambda: 2)
     assert probes._layer_workers("cpu", [small] * 14) == 2
     assert probes._layer_workers("cpu", [small] * 13 + [big]) == 1  # (197, 768, 768) X'X of a primal token fit
     assert probes._layer_workers("cpu", [small]) == 1
     assert probes._layer_workers("cuda", [small] * 14) == 1
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
+    monkeypatch.setattr(threads, "task_workers", lambda: 4)
     assert probes._layer_workers("cpu", [small] * 3) == 3
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    monkeypatch.setattr(threads, "task_workers", lambda: 1)
     assert probes._layer_workers("cpu", [small] * 14) == 1
     # what a fit holds: 1,000 images of a 197 x 768 token layer go primal, 32 dual
     ds = np.zeros((1000, 197, 768), dtype=np.float16)

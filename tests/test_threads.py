@@ -97,3 +97,16 @@ def test_analyze_takes_threads_and_refuses_zero_in_one_line(tiny_store, tmp_path
         assert code == 0 and torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_task_workers_count_every_usable_core_busy_or_not_unless_threads_are_asked_for(machine, monkeypatch):
+    monkeypatch.setattr(threads, "_TASK_WORKERS", [])
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        assert threads.task_workers() == 3  # never set: torch's threads
+        machine(affinity={0, 1, 2}, load=[100.0, 0.0, 0.0])
+        assert set_compute_threads() == 2 and threads.task_workers() == 3  # the busy core takes what it can
+        assert set_compute_threads(1) == 1 and threads.task_workers() == 1  # --threads 1: one of each
+    finally:
+        torch.set_num_threads(before)

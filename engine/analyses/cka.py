@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import threading
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -37,6 +39,7 @@ SHIFT_ROWS = 16  # the features of a batch are shifted by the mean of its first 
 BLOCK_GRAM_MIN = 256  # from this batch size on, gram() multiplies out only the upper block-triangle
 PERMUTED_BYTES = 64 << 20  # at most this much of permuted U-centred Grams at a time (the p-value's null)
 NULL_DTYPE = "float32"  # the permutation null's gather and product (see MinibatchCKA._add_permuted)
+GRAM_WORKERS_BYTES = 512 << 20  # at most this much of spare buffers for the layer Grams' workers (see _gram_workers)
 
 # Precision, chosen by measurement (python benchmarks/cka.py --accuracy; CPU, 1,024 synthetic images in batches of
 # 256, 12 ViT-like (197 x 192) and 14 ResNet-like maps, max |CKA - numpy fp64 reference| over the 26 x 26 matrix):
@@ -219,6 +222,7 @@ class MinibatchCKA:
                                  device=self.device)
         # Buffers kept between batches, sized by _reserve (and the upper-triangle indices, by _upper).
         self._scratch = self._gram = self._grams = torch.empty(0, device=self.device)
+        self._spare: list[tuple[torch.Tensor, torch.Tensor]] = []  # (scratch, Gram) of the workers beyond the first
         self._upper_m, self._upper_ab = 0, (self._scratch, self._scratch)
 
     @property
@@ -275,10 +279,15 @@ class MinibatchCKA:
 
         L = self.num_layers
         with torch.no_grad(), full_fp32_matmul():
-            self._reserve(m, max(int(np.prod(f.shape)) for f in feats))
-            for i, f in enumerate(feats):
-                x = self._centred(f, m)  # (m, D_i)
-                self._grams[i].copy_(gram(x, out=self._gram))  # (m, m) fp32 -> its fp64 slot
+            largest = max(int(np.prod(f.shape)) for f in feats)
+            workers = self._gram_workers(largest)
+            self._reserve(m, largest, workers)
+            if workers > 1:
+                self._layer_grams(feats, m, workers)
+            else:
+                for i, f in enumerate(feats):
+                    x = self._centred(f, m)  # (m, D_i)
+                    self._grams[i].copy_(gram(x, out=self._gram))  # (m, m) fp32 -> its fp64 slot
             u_centre_(self._grams)  # (L, m, m), all layers at once
             grams = self._grams.view(L, m * m)  # (L, m*m)
             # HSIC1 of a pair is <U(K_i), U(K_j)>_F / (m (m-3)): all pairs are one product of the stacked Grams.
@@ -341,21 +350,67 @@ class MinibatchCKA:
             self._upper_ab = tuple(torch.triu_indices(m, m, 1, device=self.device))
         return self._upper_ab
 
-    def _reserve(self, m: int, largest_layer: int) -> None:
-        """Size the buffers kept between batches: fresh ones per layer cost more in CPU page faults than their use."""
+    def _reserve(self, m: int, largest_layer: int, workers: int = 1) -> None:
+        """Size the buffers kept between batches: fresh ones per layer cost more in CPU page faults than their use.
+        With several workers, each beyond the first has its own centred features and Gram (self._spare)."""
         L = self.num_layers
         if self._grams.shape != (L, m, m) or self._grams.dtype != _dtype(PAIR_DTYPE):
             self._grams = torch.empty(L, m, m, dtype=_dtype(PAIR_DTYPE), device=self.device)  # U-centred Grams
             self._gram = torch.empty(m, m, dtype=_dtype(GRAM_DTYPE), device=self.device)  # one layer's Gram
+            self._spare = []
         if self._scratch.numel() < largest_layer or self._scratch.dtype != _dtype(GRAM_DTYPE):
             self._scratch = torch.empty(largest_layer, dtype=_dtype(GRAM_DTYPE), device=self.device)  # centred features
+            self._spare = []
+        while len(self._spare) < workers - 1:
+            self._spare.append((torch.empty_like(self._scratch), torch.empty_like(self._gram)))
 
-    def _centred(self, f: Any, m: int) -> torch.Tensor:
-        """Return one layer's batch (m, ...) as (m, D) GRAM_DTYPE on the device, shifted to about its batch mean."""
+    def _gram_workers(self, largest_layer: int) -> int:
+        """Return how many threads build a batch's layer Grams: on CPU, task_workers() where there are layers
+        to share and the spare buffers stay within GRAM_WORKERS_BYTES."""
+        from ..threads import task_workers
+
+        workers = min(task_workers(), self.num_layers) if self.device.type == "cpu" else 1
+        while workers > 1 and (workers - 1) * largest_layer * _dtype(GRAM_DTYPE).itemsize > GRAM_WORKERS_BYTES:
+            workers -= 1
+        return workers
+
+    def _layer_grams(self, feats: list[Any], m: int, workers: int) -> None:
+        """Build every layer's Gram into self._grams on `workers` threads, one torch thread each.
+
+        Each worker takes the next layer as it comes free, so one sharing a core with another process does less
+        of the work instead of holding up the rest. Layers are taken, and lazily read inputs (the store's
+        prefetch queue) materialised, in layer order; each layer is computed as the one-thread loop computes it.
+        """
+        lock, taken = threading.Lock(), itertools.count()
+
+        def work(worker: int) -> None:
+            scratch, out = (self._scratch, self._gram) if worker == 0 else self._spare[worker - 1]
+            with torch.no_grad():  # grad mode is per thread
+                while True:
+                    with lock:
+                        i = next(taken)
+                        if i >= len(feats):
+                            return
+                        f = feats[i] if isinstance(feats[i], torch.Tensor) else torch.from_numpy(np.ascontiguousarray(np.asarray(feats[i])))
+                    x = self._centred(f, m, scratch)  # (m, D_i)
+                    self._grams[i].copy_(gram(x, out=out))  # (m, m) fp32 -> its fp64 slot
+
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            with ThreadPoolExecutor(workers, thread_name_prefix="vitsee-cka-grams") as pool:  # started here: inherits nice
+                for future in [pool.submit(work, w) for w in range(workers)]:
+                    future.result()
+        finally:
+            torch.set_num_threads(threads)
+
+    def _centred(self, f: Any, m: int, scratch: torch.Tensor | None = None) -> torch.Tensor:
+        """Return one layer's batch (m, ...) as (m, D) GRAM_DTYPE on the device, shifted to about its batch mean
+        (written into scratch, default self._scratch)."""
         if not isinstance(f, torch.Tensor):  # numpy, or an array-like read only now (a store batch read lazily)
             f = torch.from_numpy(np.ascontiguousarray(np.asarray(f)))
         x = f.to(self.device).reshape(m, -1)  # (m, D), any float dtype (fp16 from the store)
-        out = self._scratch[: x.numel()].view(x.shape)
+        out = (self._scratch if scratch is None else scratch)[: x.numel()].view(x.shape)
         # Centring leaves HSIC1 unchanged (U-centring removes any shift of the features exactly) and keeps a
         # shared offset (+300 on every unit, a ViT's position embedding) from swamping the fp32 Gram with a huge
         # rank-one term. The shift only has to be close to the mean: the mean of the first SHIFT_ROWS examples is

@@ -1165,16 +1165,18 @@ def _fit_bytes(ds, n_examples: int, n_probes: int, width: int) -> float:
 
 
 def _layer_workers(device, fit_bytes: list[float]) -> int:
-    """Return how many layers to fit at once: on CPU, one per compute thread when each fit is small enough.
+    """Return how many layers to fit at once: on CPU, task_workers() when each fit is small enough.
 
     A fit of one 196-token Mixer layer is a chain of small products, decompositions and copies (~45 ms);
     split over two threads op by op, each hand-off costs about what it saves, while two layers side by side on
     one thread each keep both cores busy (torch and numpy release the GIL in their kernels).
     """
-    threads = torch.get_num_threads()
-    if torch.device(device).type != "cpu" or threads < 2 or len(fit_bytes) < 2:
+    from ..threads import task_workers
+
+    workers = task_workers()
+    if torch.device(device).type != "cpu" or workers < 2 or len(fit_bytes) < 2:
         return 1
-    return min(threads, len(fit_bytes)) if max(fit_bytes) <= PARALLEL_FIT_BYTES else 1
+    return min(workers, len(fit_bytes)) if max(fit_bytes) <= PARALLEL_FIT_BYTES else 1
 
 
 class _Stopped(Exception):
