@@ -30,7 +30,7 @@ from vitsee.engine.analyses.probes import estimate_probe_seconds, run_probes
 from vitsee.engine.analyze import AnalyzeConfig
 from vitsee.engine.extract import ExtractConfig, run_extraction
 from vitsee.engine.store import Store
-from vitsee.engine.threads import set_compute_threads
+from vitsee.engine.threads import set_compute_threads, task_workers
 
 TARGET = 3.0
 # What `--layers blocks` means for MLP-Mixer (issue 10, section 4), spelled out for timm's module paths.
@@ -93,7 +93,7 @@ def main() -> int:
         shapes = {tuple(store.layer_shape(key, layer)) for layer in store.layers(key)}
         n_layers = len(store.layers(key))
     print(f"{args.model}, {args.n_images} images at {args.img_size} px, {n_layers} layers {sorted(shapes)}, "
-          f"{args.device}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"{args.device}, torch {torch.__version__}, {torch.get_num_threads()} threads, {task_workers()} task workers, "
           f"load average {os.getloadavg()[0]:.2f}", flush=True)
     if args.space != "auto":
         probes.solve_space = lambda n_examples, n_features: args.space  # what new_accumulator asks

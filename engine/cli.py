@@ -95,7 +95,7 @@ def extract(
     overwrite: Annotated[bool, typer.Option(help="replace an existing store")] = False,
     force: Annotated[bool, typer.Option(help="start even if the disk looks too small")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
-    threads: Annotated[Optional[int], typer.Option(help="CPU compute threads (default: the usable cores other processes leave free)")] = None,
+    threads: Annotated[Optional[int], typer.Option(help="CPU compute threads (default: the usable cores other processes leave free; CKA Grams and probe fits also share the busy ones, a layer at a time)")] = None,
 ) -> None:
     """Run models over images and store layer activations and per-image statistics (resumable: with no
     --model, `vitsee extract STORE` finishes the run STORE records)."""
@@ -430,7 +430,7 @@ def analyze(
     device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")] = "auto",
     recompute: Annotated[bool, typer.Option(help="ignore cached results")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bars")] = False,
-    threads: Annotated[Optional[int], typer.Option(help="CPU compute threads (default: the usable cores other processes leave free)")] = None,
+    threads: Annotated[Optional[int], typer.Option(help="CPU compute threads (default: the usable cores other processes leave free; CKA Grams and probe fits also share the busy ones, a layer at a time)")] = None,
 ) -> None:
     """Compute the paper's analyses (none named: all that apply) and cache them in the store."""
     from . import distributed

@@ -5,6 +5,9 @@ some cores are busy with other processes, and torch's threads then wait on each 
 region: all-pairs CKA that takes 0.39 s with one thread took 2.6-4.7 s with two while another process kept one
 of the two cores busy (issue 10). So a run starts with as many threads as cores are free: the cores in this
 process's affinity mask (taskset, cgroups, Slurm) less those another process kept busy over a short sample.
+Work that splits into independent tasks (a CKA batch's layer Grams, the probes' layer fits) runs them on
+`task_workers()` threads instead, one torch thread each, busy cores included: a worker takes the next task when
+it comes free, so a busy core costs only what it cannot give.
 """
 
 from __future__ import annotations
