@@ -13,6 +13,8 @@ it comes free, so a busy core costs only what it cannot give.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import psutil
 import torch
@@ -57,6 +59,17 @@ def set_compute_threads(requested: int | None = None) -> int:
 
 
 _TASK_WORKERS: list[int] = []  # set by set_compute_threads
+
+
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run the body with n torch threads, then restore the count (torch's setting is process-wide)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
 
 
 def task_workers() -> int:

@@ -361,14 +361,12 @@ def run_lock(out: Path):
 @contextmanager
 def compute_threads(n: int | None, device: torch.device):
     """Runs the body with n torch threads (None: 1 on CPU, torch's default on a GPU), then restores the count."""
+    from .threads import torch_threads
+
     if n is None:
         n = 1 if device.type == "cpu" else torch.get_num_threads()
-    old = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
+    with torch_threads(n):
         yield
-    finally:
-        torch.set_num_threads(old)
 
 
 # --- training ---------------------------------------------------------------------------------------------------

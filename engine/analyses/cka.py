@@ -395,14 +395,11 @@ class MinibatchCKA:
                     x = self._centred(f, m, scratch)  # (m, D_i)
                     self._grams[i].copy_(gram(x, out=out))  # (m, m) fp32 -> its fp64 slot
 
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            with ThreadPoolExecutor(workers, thread_name_prefix="vitsee-cka-grams") as pool:  # started here: inherits nice
-                for future in [pool.submit(work, w) for w in range(workers)]:
-                    future.result()
-        finally:
-            torch.set_num_threads(threads)
+        from ..threads import torch_threads
+
+        with torch_threads(1), ThreadPoolExecutor(workers, thread_name_prefix="vitsee-cka-grams") as pool:  # inherits nice
+            for future in [pool.submit(work, w) for w in range(workers)]:
+                future.result()
 
     def _centred(self, f: Any, m: int, scratch: torch.Tensor | None = None) -> torch.Tensor:
         """Return one layer's batch (m, ...) as (m, D) GRAM_DTYPE on the device, shifted to about its batch mean

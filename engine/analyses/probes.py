@@ -804,11 +804,12 @@ def _eigh(matrices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     machine the thread hand-offs cost far more than the work (measured on 2 busy cores: 17 x 64x64 fp64
     took 1.33 s with 2 threads, 0.013 s with 1).
     """
+    from ..threads import torch_threads
+
     if matrices.device.type != "cpu":
         return torch.linalg.eigh(matrices)
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         if threads < 2 or len(matrices) < 2 * EIGH_CHUNK:
             return torch.linalg.eigh(matrices)
         # torch loops over the batch on one thread: the compute threads it was given take a share each
@@ -816,8 +817,6 @@ def _eigh(matrices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         chunks = matrices.split(-(-len(matrices) // threads))
         parts = list(_compute_pool(threads).map(torch.linalg.eigh, chunks))
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
-    finally:
-        torch.set_num_threads(threads)
 
 
 _COMPUTE_POOLS: dict[int, ThreadPoolExecutor] = {}
@@ -1221,33 +1220,30 @@ def _fit_layers(fit: Callable[[int, ProgressFn, Workspace], ProbeResult], n_jobs
                 return
             report(job, done)
 
+    from ..threads import torch_threads
+
     results: list[ProbeResult | None] = [None] * n_jobs
-    threads = torch.get_num_threads()
     blas = _blas_controller()
     # one BLAS thread for the whole run, not set and reset by each worker's products (that would race)
     limit = blas.limit(limits=1, user_api="blas") if blas is not None else contextlib.nullcontext()
-    torch.set_num_threads(1)
-    pool = ThreadPoolExecutor(workers, thread_name_prefix="vitsee-probe-layers")  # started here: inherits nice
-    try:
-        with limit:
-            futures = {pool.submit(run, job): job for job in range(n_jobs)}
-            remaining = set(futures)
-            try:
-                while remaining:
-                    finished, remaining = wait(remaining, timeout=0.1, return_when=FIRST_COMPLETED)
-                    drain()
-                    for future in finished:
-                        results[futures[future]] = future.result()  # a fit's error is raised here
+    with limit, torch_threads(1):
+        pool = ThreadPoolExecutor(workers, thread_name_prefix="vitsee-probe-layers")  # started here: inherits nice
+        futures = {pool.submit(run, job): job for job in range(n_jobs)}
+        remaining = set(futures)
+        try:
+            while remaining:
+                finished, remaining = wait(remaining, timeout=0.1, return_when=FIRST_COMPLETED)
                 drain()
-            except BaseException:
-                stop.set()
-                for future in futures:
-                    future.cancel()
-                raise
-            finally:
-                pool.shutdown(wait=True)
-    finally:
-        torch.set_num_threads(threads)
+                for future in finished:
+                    results[futures[future]] = future.result()  # a fit's error is raised here
+            drain()
+        except BaseException:
+            stop.set()
+            for future in futures:
+                future.cancel()
+            raise
+        finally:
+            pool.shutdown(wait=True)
     return results  # type: ignore[return-value]
 
 
