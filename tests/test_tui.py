@@ -611,6 +611,35 @@ async def test_a_streaming_run_from_the_form_keeps_results_only_and_says_why_pro
         await settle(pilot, view_shown("attention"))  # the statistics streamed during the pass are there
 
 
+async def test_the_form_streams_head_level_cka_for_a_vit_and_another_model_and_says_what_one_model_lacks(tmp_path):
+    from vitsee.tui.screens.new_run import extract_config
+
+    app = make_app(None, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("n")
+        await pilot.pause()
+        form = app.screen
+        form.query_one("#model-search").value = VIT
+        await pilot.press("enter")
+        form.query_one("#keep").value = "streaming-heads"
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert app.screen is form  # refused before anything starts
+        assert notifications(app)[-1] == ("head-level CKA compares a ViT's heads with another model's layers: add a "
+                                          "second model (e.g. resnet18), or stream results only", "error")
+        form.query_one("#model-search").value = RESNET
+        await pilot.press("enter")
+        fields = form.fields()
+        assert fields["streaming"] is True and fields["heads"] is True
+        cfg = extract_config(fields)  # what the run's worker builds: vitsee extract --streaming --heads
+        assert cfg.streaming and cfg.heads and cfg.models == [VIT, RESNET]
+        form.query_one("#keep").value = "streaming"
+        assert form.fields()["heads"] is False
+        form.query_one("#keep").value = "activations"
+        assert form.fields()["streaming"] is False and form.fields()["heads"] is False
+
+
 async def test_the_demo_trains_its_models_once_in_the_cache_folder_says_trained_here_and_opens(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -86,8 +86,10 @@ class NewRunScreen(Screen):
                 yield Input("", id="img-size", type="integer", placeholder="e.g. 224", classes="form--field", compact=True)
             yield Label("What to keep: activations serve every view; streaming computes CKA, attention distances and "
                         "skip ratios during the pass and stores no activations (for runs too large to keep; no probes "
-                        "or spatial maps)", classes="form--label")
-            yield Select([("activations", "activations"), ("streaming: results only", "streaming")],
+                        "or spatial maps), with head-level CKA if asked (a ViT's heads against another model's layers)",
+                        classes="form--label")
+            yield Select([("activations", "activations"), ("streaming: results only", "streaming"),
+                          ("streaming: results and head-level CKA", "streaming-heads")],
                          value="activations", allow_blank=False, id="keep", compact=True)
             yield Label("Store file", classes="form--label")
             yield Input(str(self.options.folder / f"vitsee-{stamp}.h5"), id="store-path", compact=True)
@@ -119,11 +121,15 @@ class NewRunScreen(Screen):
             raise VitseeError(f"'{n_text or size_text}' is not a whole number: fix the images or image size field") from None
         if n_images is not None and n_images < MIN_IMAGES:
             raise VitseeError(f"{n_images} images is too few: CKA needs at least {MIN_IMAGES} (a few hundred is better)")
+        keep = self.query_one("#keep", Select).value
+        if keep == "streaming-heads" and len(models) < 2:
+            raise VitseeError("head-level CKA compares a ViT's heads with another model's layers: add a second model "
+                              "(e.g. resnet18), or stream results only")
         return dict(
             store=Path(store).expanduser(), models=models, dataset=self.query_one("#dataset", Input).value.strip() or "samples",
             n_images=n_images, device=str(self.query_one("#device", Select).value),
             layers=str(self.query_one("#layers", Select).value), img_size=img_size,
-            streaming=self.query_one("#keep", Select).value == "streaming",
+            streaming=keep in ("streaming", "streaming-heads"), heads=keep == "streaming-heads",
         )
 
     @on(Button.Pressed, "#estimate")
