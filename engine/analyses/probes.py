@@ -948,13 +948,13 @@ def _eye(n: int, like: torch.Tensor) -> torch.Tensor:
 
 
 def _readouts(store: Store, key: str, layer: str, prefix: int | None = None,
-              cls_token: bool | None = None) -> dict[str, Callable[[np.ndarray], np.ndarray]]:
+              cls_token: bool | None = None, layout: str | None = None) -> dict[str, Callable[[np.ndarray], np.ndarray]]:
     """Returns readout name -> function (b, ...) float32 activations -> (b, P, D) features for the probes.
 
-    prefix (the layer's prefix tokens) and cls_token (whether the model has one) are read from the store unless
+    prefix (the layer's prefix tokens), cls_token (whether the model has one) and layout are read from the store unless
     the caller, looping over layers, already has them (each store look-up resolves the model again).
     """
-    layout = store.layer_layout(key, layer)
+    layout = store.layer_layout(key, layer) if layout is None else layout
     prefix = store.layer_prefix_tokens(key, layer) if prefix is None else prefix
     if layout == "tokens":  # tokens x dim
         out = {}
@@ -1066,8 +1066,8 @@ def run_probes(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | 
     # (layer index, readouts fitted together, dataset, their feature functions, bytes the fit holds at most)
     fits: list[tuple[int, list[str], object, list, float]] = []
     for li, layer in enumerate(layers):
-        ds = store._layer(key, layer)
-        readouts = _readouts(store, key, layer, prefixes[li], cls_token)
+        ds, layout = store._layer(key, layer), store.layer_layout(key, layer)
+        readouts = _readouts(store, key, layer, prefixes[li], cls_token, layout)
         names = [n for n in readouts if n in ("cls", "gap", "flat")]
         if cfg.probe_tokens and "tokens" in readouts:
             if ds.shape[-1] <= cfg.probe_max_dim:
@@ -1081,7 +1081,7 @@ def run_probes(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | 
         if names:
             # one fit serves every readout of the layer (the probes are independent; they share D and the
             # labels), so the layer is read once and each solve is one batched call
-            width = _feature_width(ds.shape[1:], store.layer_layout(key, layer))
+            width = _feature_width(ds.shape[1:], layout)
             n_probes = sum(ds.shape[1] if name == "tokens" else 1 for name in names)
             fits.append((li, names, ds, [readouts[n] for n in names], _fit_bytes(ds, len(labels), n_probes, width)))
 
