@@ -370,6 +370,9 @@ class _InOrder:
 @pytest.mark.parametrize("cross_at", [None, 3])
 def test_layer_grams_built_on_workers_give_the_one_thread_state_bit_for_bit(rng, monkeypatch, cross_at):
     from vitsee.engine import threads
+    from vitsee.engine.analyses import cka
+
+    monkeypatch.setattr(cka, "GRAM_WORKERS_MIN_VALUES", 0)  # these small layers on the workers too
 
     shapes = [(17, 24), (9, 9, 5), (300,), (4, 50), (8, 8), (64,)]  # sizes in no order: workers finish out of turn
     batches = [[rng.normal(size=(32, *s)).astype(np.float32) + 5 for s in shapes] for _ in range(3)]
@@ -405,6 +408,8 @@ def test_layer_grams_stay_on_one_thread_where_spare_buffers_would_cost_too_much(
     acc = MinibatchCKA(6)
     assert acc._gram_workers(1000) == 4
     assert MinibatchCKA(2)._gram_workers(1000) == 2  # no more workers than layers
+    assert acc._gram_workers(2**21, mean_layer=2**20) == 4  # 32 images of a 196 x 768 layer: 4.8M values
+    assert acc._gram_workers(2**21, mean_layer=2**20 - 1) == 1  # smaller: torch's threads, one layer after another
     monkeypatch.setattr(cka, "GRAM_WORKERS_BYTES", 8000)  # two spare buffers of 1,000 fp32 values
     assert acc._gram_workers(1000) == 3
     assert acc._gram_workers(10_000) == 1
@@ -412,8 +417,10 @@ def test_layer_grams_stay_on_one_thread_where_spare_buffers_would_cost_too_much(
 
 def test_a_layer_that_fails_on_a_worker_fails_the_update(rng, monkeypatch):
     from vitsee.engine import threads
+    from vitsee.engine.analyses import cka
 
     monkeypatch.setattr(threads, "task_workers", lambda: 2)
+    monkeypatch.setattr(cka, "GRAM_WORKERS_MIN_VALUES", 0)
     class Unreadable:  # a store read that fails on the worker that materialises it
         shape = (8, 4)
 
@@ -424,4 +431,4 @@ def test_a_layer_that_fails_on_a_worker_fails_the_update(rng, monkeypatch):
     acc, before = MinibatchCKA(3), torch.get_num_threads()
     with pytest.raises(OSError, match="inflate"):
         acc.update(feats)
-    assert acc.batches == 0 and torch.get_num_threads() == before
+    assert acc.batches == 0 and torch.get_num_threads() == before and len(acc._spare) == 1  # on the workers

@@ -40,6 +40,7 @@ BLOCK_GRAM_MIN = 256  # from this batch size on, gram() multiplies out only the 
 PERMUTED_BYTES = 64 << 20  # at most this much of permuted U-centred Grams at a time (the p-value's null)
 NULL_DTYPE = "float32"  # the permutation null's gather and product (see MinibatchCKA._add_permuted)
 GRAM_WORKERS_BYTES = 512 << 20  # at most this much of spare buffers for the layer Grams' workers (see _gram_workers)
+GRAM_WORKERS_MIN_VALUES = 1 << 20  # layers of a batch this large on average (m x D values) go to the workers
 
 # Precision, chosen by measurement (python benchmarks/cka.py --accuracy; CPU, 1,024 synthetic images in batches of
 # 256, 12 ViT-like (197 x 192) and 14 ResNet-like maps, max |CKA - numpy fp64 reference| over the 26 x 26 matrix):
@@ -279,8 +280,9 @@ class MinibatchCKA:
 
         L = self.num_layers
         with torch.no_grad(), full_fp32_matmul():
-            largest = max(int(np.prod(f.shape)) for f in feats)
-            workers = self._gram_workers(largest)
+            sizes = [int(np.prod(f.shape)) for f in feats]
+            largest = max(sizes)
+            workers = self._gram_workers(largest, sum(sizes) / len(sizes))
             self._reserve(m, largest, workers)
             if workers > 1:
                 self._layer_grams(feats, m, workers)
@@ -364,12 +366,16 @@ class MinibatchCKA:
         while len(self._spare) < workers - 1:
             self._spare.append((torch.empty_like(self._scratch), torch.empty_like(self._gram)))
 
-    def _gram_workers(self, largest_layer: int) -> int:
+    def _gram_workers(self, largest_layer: int, mean_layer: float | None = None) -> int:
         """Return how many threads build a batch's layer Grams: on CPU, task_workers() where there are layers
-        to share and the spare buffers stay within GRAM_WORKERS_BYTES."""
+        to share, they hold GRAM_WORKERS_MIN_VALUES values on average (smaller ones cost more in hand-offs
+        than a worker gives: 200 layers of 48 x 64, 16 -> 20 ms a batch on two) and the spare buffers stay
+        within GRAM_WORKERS_BYTES."""
         from ..threads import task_workers
 
         workers = min(task_workers(), self.num_layers) if self.device.type == "cpu" else 1
+        if mean_layer is not None and mean_layer < GRAM_WORKERS_MIN_VALUES:
+            return 1
         while workers > 1 and (workers - 1) * largest_layer * _dtype(GRAM_DTYPE).itemsize > GRAM_WORKERS_BYTES:
             workers -= 1
         return workers
