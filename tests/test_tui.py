@@ -531,21 +531,27 @@ async def test_without_a_store_the_start_screen_lists_the_stores_here_newest_fir
         assert app.screen.path == older and len(app.screen_stack) == 2
 
 
+async def open_form(app, pilot, models):
+    """Opens the new-run form from the start screen, picks `models` in its searchable list, returns the form."""
+    from vitsee.tui.screens.new_run import NewRunScreen
+
+    await settle(pilot)
+    await pilot.press("n")
+    await pilot.pause()
+    form = app.screen
+    assert isinstance(form, NewRunScreen)
+    for spec in models:
+        form.query_one("#model-search").value = spec
+        await pilot.press("enter")
+    return form
+
+
 async def test_a_new_run_from_the_form_extracts_shows_progress_and_opens_the_store(tmp_path, monkeypatch):
     app = make_app(None, tmp_path)
     events = []
     kept = ("RunEvent", "ResultCached")
     async with app.run_test(size=SIZE, message_hook=lambda m: events.append(m) if type(m).__name__ in kept else None) as pilot:
-        await settle(pilot)
-        await pilot.press("n")
-        await pilot.pause()
-        from vitsee.tui.screens.new_run import NewRunScreen
-
-        form = app.screen
-        assert isinstance(form, NewRunScreen)
-        for spec in (VIT, RESNET):
-            form.query_one("#model-search").value = spec
-            await pilot.press("enter")
+        form = await open_form(app, pilot, (VIT, RESNET))
         form.query_one("#dataset").value = "synthetic"
         form.query_one("#n-images").value = "32"
         form.query_one("#img-size").value = "64"
@@ -576,12 +582,7 @@ async def test_a_new_run_from_the_form_extracts_shows_progress_and_opens_the_sto
 async def test_a_streaming_run_from_the_form_keeps_results_only_and_says_why_probes_and_maps_are_missing(tmp_path):
     app = make_app(None, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
-        await settle(pilot)
-        await pilot.press("n")
-        await pilot.pause()
-        form = app.screen
-        form.query_one("#model-search").value = VIT
-        await pilot.press("enter")
+        form = await open_form(app, pilot, (VIT,))
         form.query_one("#dataset").value = "synthetic"
         form.query_one("#n-images").value = "24"
         form.query_one("#img-size").value = "64"
@@ -616,12 +617,7 @@ async def test_the_form_streams_head_level_cka_for_a_vit_and_another_model_and_s
 
     app = make_app(None, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
-        await settle(pilot)
-        await pilot.press("n")
-        await pilot.pause()
-        form = app.screen
-        form.query_one("#model-search").value = VIT
-        await pilot.press("enter")
+        form = await open_form(app, pilot, (VIT,))
         form.query_one("#keep").value = "streaming-heads"
         await pilot.press("ctrl+s")
         await pilot.pause()
