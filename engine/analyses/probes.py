@@ -512,7 +512,7 @@ class RidgePath:
         x = _as_tensor(x, self.device)
         x = x[:, None, :] if x.ndim == 2 else x  # (b, P, D)
         if self.examples is None:
-            z = _probe_major(x, self.mean_x) @ self.eigvecs  # (P, b, D): centred x in the eigenbasis
+            z = _kept(x, self.mean_x) @ self.eigvecs  # (P, b, D): centred x in the eigenbasis
             yield from self._scores_in_basis(z)
         else:
             buffer = None if self.workspace is None else self.workspace.take(tuple(x.shape), x.device)
@@ -866,7 +866,8 @@ def _check_labels(x: torch.Tensor, y, n_classes: int, device) -> torch.Tensor:
 
 def _kept(x: torch.Tensor, minus: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """Return x (b, P, D) of any float dtype as float64 minus `minus` (P, D), written into out (a (b, P, D)
-    float64 buffer, where given) and viewed probe-major (P, b, D): how the dual keeps its examples.
+    float64 buffer, where given) and viewed probe-major (P, b, D): how the dual keeps its examples, and what
+    both forms score.
 
     The products take the strided view as it is (each probe's (b, D) rows are still contiguous), so the
     examples are never transposed. A copy, then the subtraction in place: the same float64(x) - minus, bit for
@@ -876,17 +877,6 @@ def _kept(x: torch.Tensor, minus: torch.Tensor | None = None, out: torch.Tensor 
         out = torch.empty(x.shape, dtype=torch.float64, device=x.device)
     out.copy_(x)  # then subtract in float64: ~1.5x faster on CPU than torch.sub's mixed-dtype loop
     return (out if minus is None else out.sub_(minus)).transpose(0, 1)
-
-
-def _probe_major(x: torch.Tensor, minus: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Return x (b, P, D) of any float dtype as (P, b, D) float64 minus `minus` (P, D), in one pass (into out,
-    a contiguous (P, b, D) float64 buffer, where given)."""
-    if out is None:
-        out = torch.empty(x.shape[1], x.shape[0], x.shape[2], dtype=torch.float64, device=x.device)
-    if minus is None:
-        return out.copy_(x.transpose(0, 1))  # casts and transposes in one pass
-    # cast, transpose and subtract in one pass (float64(x) - minus: what a copy and then sub_ give, bit for bit)
-    return torch.sub(x.transpose(0, 1), minus[:, None], out=out)
 
 
 def _check_solvable(acc, l2) -> torch.Tensor:
