@@ -409,7 +409,8 @@ def test_layer_grams_stay_on_one_thread_where_spare_buffers_would_cost_too_much(
     assert acc._gram_workers(1000) == 4
     assert MinibatchCKA(2)._gram_workers(1000) == 2  # no more workers than layers
     assert acc._gram_workers(2**21, mean_layer=2**20) == 4  # 32 images of a 196 x 768 layer: 4.8M values
-    assert acc._gram_workers(2**21, mean_layer=2**20 - 1) == 1  # smaller: torch's threads, one layer after another
+    assert acc._gram_workers(2**21, mean_layer=2**16) == 4  # 64 images of 17 x 64 tokens: 70k values
+    assert acc._gram_workers(2**21, mean_layer=2**16 - 1) == 1  # smaller: one layer after another, on one thread
     monkeypatch.setattr(cka, "GRAM_WORKERS_BYTES", 8000)  # two spare buffers of 1,000 fp32 values
     assert acc._gram_workers(1000) == 3
     assert acc._gram_workers(10_000) == 1
@@ -432,3 +433,33 @@ def test_a_layer_that_fails_on_a_worker_fails_the_update(rng, monkeypatch):
     with pytest.raises(OSError, match="inflate"):
         acc.update(feats)
     assert acc.batches == 0 and torch.get_num_threads() == before and len(acc._spare) == 1  # on the workers
+
+
+@pytest.mark.parametrize("cross_at", [None, 70])
+def test_the_state_is_the_same_bit_for_bit_with_any_number_of_threads(rng, monkeypatch, cross_at):
+    """Torch's threads split a long product's sums differently with another count; the accumulator's products run
+    on one thread each (the pair products of more than PAIR_ROWS rows in fixed blocks on the workers)."""
+    from vitsee.engine import threads
+    from vitsee.engine.analyses import cka
+
+    n_layers = 14 if cross_at is None else 140  # 70 rows: two blocks of the pair product
+    batches = [[rng.normal(size=(16, 17, 8)).astype(np.float32) + 3 for _ in range(n_layers)] for _ in range(2)]
+
+    def state(torch_threads: int, workers: int) -> torch.Tensor:
+        monkeypatch.setattr(threads, "task_workers", lambda: workers)
+        acc = MinibatchCKA(n_layers, cross_at=cross_at, batch_slots=2, permutations=5)
+        torch.set_num_threads(torch_threads)
+        for b, feats in enumerate(batches):
+            acc.update(feats, slot=b)
+        return acc.state.clone()
+
+    before = torch.get_num_threads()
+    try:
+        one = state(1, 1)
+        for torch_threads, workers in [(2, 1), (2, 2), (4, 3)]:
+            assert torch.equal(state(torch_threads, workers), one), (torch_threads, workers)
+            assert torch.get_num_threads() == torch_threads  # restored after each update
+    finally:
+        torch.set_num_threads(before)
+    if cross_at is not None:
+        assert n_layers - cross_at > cka.PAIR_ROWS and cross_at > cka.PAIR_ROWS

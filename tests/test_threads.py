@@ -110,3 +110,43 @@ def test_task_workers_count_every_usable_core_busy_or_not_unless_threads_are_ask
         assert set_compute_threads(1) == 1 and threads.task_workers() == 1  # --threads 1: one of each
     finally:
         torch.set_num_threads(before)
+
+
+def _cached_arrays(store) -> dict:
+    """Returns {analysis/id/array: values} of every cached result of a store, read with h5py."""
+    import h5py
+    import numpy as np
+
+    out = {}
+    for p in sorted((store.parent / (store.name + ".d") / "results").rglob("*.h5")):
+        with h5py.File(p, "r") as f:
+            f.visititems(lambda name, obj: out.__setitem__(f"{p.parent.name}/{p.stem}/{name}", np.asarray(obj[()]))
+                         if isinstance(obj, h5py.Dataset) else None)  # noqa: B023 (f is read inside the with)
+    return out
+
+
+def test_a_rerun_with_another_thread_count_caches_the_same_arrays_bit_for_bit(tiny_store, tmp_path, capsys):
+    """CKA (with its bootstrap and permutation null) and the spatial maps: the pair products summed in another
+    order on two of torch's threads (up to 7.8e-15 apart); every product now runs on one thread each."""
+    import numpy as np
+
+    from conftest import run_cli
+    from vitsee.engine.store import copy_store
+
+    before = torch.get_num_threads()
+    arrays = {}
+    try:
+        for n in (1, 2, 3):
+            store = copy_store(tiny_store, tmp_path / f"threads-{n}.h5")
+            code, _, err = run_cli(["analyze", store, "--cka", "--spatial", "--threads", str(n), "-q"], capsys)
+            assert code == 0, err
+            arrays[n] = _cached_arrays(store)
+    finally:
+        torch.set_num_threads(before)
+    assert arrays[1].keys() == arrays[2].keys() == arrays[3].keys() and len(arrays[1]) > 10
+    for name, value in arrays[1].items():
+        if "cka/" in name or "spatial/" in name:
+            for n in (2, 3):
+                other = arrays[n][name]
+                same = value.tolist() == other.tolist() if value.dtype.kind == "O" else value.tobytes() == other.tobytes()
+                assert value.dtype == other.dtype and value.shape == other.shape and same, (name, n)

@@ -40,7 +40,17 @@ BLOCK_GRAM_MIN = 256  # from this batch size on, gram() multiplies out only the 
 PERMUTED_BYTES = 64 << 20  # at most this much of permuted U-centred Grams at a time (the p-value's null)
 NULL_DTYPE = "float32"  # the permutation null's gather and product (see MinibatchCKA._add_permuted)
 GRAM_WORKERS_BYTES = 512 << 20  # at most this much of spare buffers for the layer Grams' workers (see _gram_workers)
-GRAM_WORKERS_MIN_VALUES = 1 << 20  # layers of a batch this large on average (m x D values) go to the workers
+GRAM_WORKERS_MIN_VALUES = 1 << 16  # layers of a batch this large on average (m x D values) go to the workers
+PAIR_ROWS = 64  # the pair products are cut into blocks of this many rows, each one product on one thread
+
+# Bit for bit at any thread count. A matrix product that torch splits over its intra-op threads can sum in another
+# order with another count: MKL's fp64 pair product (L, m*m) @ (m*m, L), whose inner dimension is long and output
+# small, moved CKA by up to 7.8e-15 between --threads 1 and 2, and the fp32 null product p-values' terms by 3e-5
+# relative; the Grams, the U-centring and the shift did not (every shape tried, 1 to 16 threads). So on the CPU
+# every step of an update runs on one torch thread, as --threads 1 always did: the Grams on the task workers (a
+# layer each) or one after another, the pair products in blocks of PAIR_ROWS rows shared out to the workers. The
+# blocks are cut by shape alone, so the sums are the same whoever computes them; with up to PAIR_ROWS rows (every
+# within-model CKA of up to 64 layers) the product is the one unsplit product of before.
 
 # Precision, chosen by measurement (python benchmarks/cka.py --accuracy; CPU, 1,024 synthetic images in batches of
 # 256, 12 ViT-like (197 x 192) and 14 ResNet-like maps, max |CKA - numpy fp64 reference| over the 26 x 26 matrix):
@@ -279,7 +289,7 @@ class MinibatchCKA:
             return
 
         L = self.num_layers
-        with torch.no_grad(), full_fp32_matmul():
+        with torch.no_grad(), full_fp32_matmul(), self._one_thread():  # see PAIR_ROWS: the same sums at any --threads
             sizes = [int(np.prod(f.shape)) for f in feats]
             largest = max(sizes)
             workers = self._gram_workers(largest, sum(sizes) / len(sizes))
@@ -300,13 +310,13 @@ class MinibatchCKA:
                                   "make it with batch_slots = the number of batches")
             own = self.batch_hsic[slot] if self.batch_slots else None
             if self.cross_at is None:
-                pairs = (grams @ grams.T).to(torch.float64) * scale  # (L, L)
+                pairs = self._pair_product(grams, grams).to(torch.float64) * scale  # (L, L)
                 sums += pairs
                 if own is not None:
                     own += pairs
             else:
                 k = self.cross_at
-                pairs = (grams[:k] @ grams[k:].T).to(torch.float64) * scale  # (k, L - k)
+                pairs = self._pair_product(grams[:k], grams[k:]).to(torch.float64) * scale  # (k, L - k)
                 sums[:k, k:] += pairs
                 diag = torch.bmm(grams.unsqueeze(1), grams.unsqueeze(2)).view(L)  # (L,) row dot products, no temp
                 diag = diag.to(torch.float64) * scale
@@ -317,6 +327,34 @@ class MinibatchCKA:
             if self.permutations:
                 self._add_permuted(grams, m, slot, scale)
             self.state[L * L] += 1
+
+    def _one_thread(self) -> contextlib.AbstractContextManager:
+        """Return a context running its body on one torch thread on the CPU (see PAIR_ROWS), as it is on a GPU."""
+        from ..threads import torch_threads
+
+        return torch_threads(1) if self.device.type == "cpu" else contextlib.nullcontext()
+
+    def _pair_product(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """Return a @ b.T (a: (R, n), b: (C, n)) as (R, C): on the CPU in blocks of PAIR_ROWS rows of a, each one
+        product on one thread, shared out to the task workers, so its sums do not depend on the thread count."""
+        if self.device.type != "cpu" or len(a) <= PAIR_ROWS:
+            return a @ b.T
+        from ..threads import task_workers
+
+        out = a.new_empty(len(a), len(b))
+        starts = range(0, len(a), PAIR_ROWS)
+
+        def block(start: int) -> None:
+            torch.mm(a[start : start + PAIR_ROWS], b.T, out=out[start : start + PAIR_ROWS])  # rows: contiguous
+
+        workers = min(task_workers(), len(starts))
+        if workers == 1:
+            for start in starts:
+                block(start)
+        else:  # the caller holds torch at one thread, which the workers' first product picks up
+            with ThreadPoolExecutor(workers, thread_name_prefix="vitsee-cka-pairs") as pool:
+                list(pool.map(block, starts))
+        return out
 
     def _add_permuted(self, grams: torch.Tensor, m: int, slot: int, scale: float) -> None:
         """Add each permutation's null HSIC: <U(K_i), P U(K_j) P'>, the column layers' images permuted by P.
@@ -369,8 +407,9 @@ class MinibatchCKA:
     def _gram_workers(self, largest_layer: int, mean_layer: float | None = None) -> int:
         """Return how many threads build a batch's layer Grams: on CPU, task_workers() where there are layers
         to share, they hold GRAM_WORKERS_MIN_VALUES values on average (smaller ones cost more in hand-offs
-        than a worker gives: 200 layers of 48 x 64, 16 -> 20 ms a batch on two) and the spare buffers stay
-        within GRAM_WORKERS_BYTES."""
+        than a worker gives: 200 layers of 48 x 64 took 11 ms a batch one after another on one thread and 21 ms
+        on two workers; 26 layers of 64 x 1088 took 19 and 16 ms) and the spare buffers stay within
+        GRAM_WORKERS_BYTES."""
         from ..threads import task_workers
 
         workers = min(task_workers(), self.num_layers) if self.device.type == "cpu" else 1
