@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -14,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .errors import VitseeError, brief
+from .errors import VitseeError, VitseeNote, brief
 
 app = typer.Typer(
     name="vitsee",
@@ -254,6 +255,7 @@ def info(store: Annotated[Path, typer.Argument(help="a store made by `vitsee ext
     from .init_notes import random_init_note
     from .run_config import command_line
     from .store import Store, human_bytes
+    from .store_files import find_moved_folder
 
     with Store.open(store) as s:
         record = s.run_config()
@@ -268,6 +270,10 @@ def info(store: Annotated[Path, typer.Argument(help="a store made by `vitsee ext
             out.print(f"beside it in {s.sidecar.name}/: {side['models']} appended model file(s), {side['results']} cached "
                       f"result file(s), {human_bytes(side['bytes'])} (move or copy the store and this folder together)",
                       highlight=False)
+        moved = find_moved_folder(store, s.store_id)
+        if moved is not None:
+            out.print(f"[yellow]{escape(str(moved))} holds appended models or cached results of this store[/] (it was "
+                      f"moved without its folder): {escape(_folder_back(moved, s.sidecar))}", highlight=False)
         if s.streaming:
             heads = " and head-level CKA" if s.streamed_heads() else ""  # extract --streaming --heads
             out.print(f"streaming: activations not stored (statistics and CKA{heads} from the forward pass only)", highlight=False)
@@ -330,6 +336,15 @@ def info(store: Annotated[Path, typer.Argument(help="a store made by `vitsee ext
             out.print("[bold]cached results[/]")
             for r in results:
                 out.print(f"  {r['analysis']} {r['id']}  {r['params']}", highlight=False)
+
+
+def _folder_back(moved: Path, sidecar: Path) -> str:
+    """Returns how to give a moved-away folder back to its store, in words and a command."""
+    if not sidecar.exists() and moved.suffix != ".d":  # moved aside: it holds this store's files only
+        return f"rename it (`mv {moved} {sidecar}`)"
+    # another store's folder (files of both stores), or a folder of its own here already: merge, replacing nothing;
+    # the next writer of each store moves the other's files aside
+    return f"copy its files beside the store (`cp -an {moved}/. {sidecar}/`)"
 
 
 def _grid_text(meta: dict) -> str:
@@ -582,6 +597,23 @@ def show(
 
 def main() -> None:
     """Entry point: runs the Typer app, turning user errors into one line and a non-zero exit."""
+    with warnings.catch_warnings():  # restores the warning machinery when the command returns
+        warnings.simplefilter("always", VitseeNote)
+        default, said = warnings.showwarning, set()
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if issubclass(category, VitseeNote):
+                if str(message) not in said:  # a result looked up twice is ignored twice: said once
+                    said.add(str(message))
+                    err.print(f"note: {message}", highlight=False, soft_wrap=True)
+            else:
+                default(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+        _main()
+
+
+def _main() -> None:
     try:
         app()  # standalone: usage errors print click's message and exit 2
     except VitseeError as exc:

@@ -15,3 +15,10 @@ def brief(exc: BaseException, limit: int = 160) -> str:
     if len(text) > limit:
         text = text[: limit - 3] + "..."
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class VitseeNote(UserWarning):
+    """Something the user should know that changed nothing of theirs (e.g. files of another store moved aside).
+
+    Issued with warnings.warn, in one line; the CLI prints it as `note: ...` on stderr.
+    """

@@ -42,8 +42,9 @@ file's blocks reserved with posix_fallocate, so a full disk is refused up front 
 so extraction only overwrites raw bytes at fixed places and never touches a file's metadata; a batch counts
 only once `done` says so, after its data was flushed. Caching a result or appending a model makes a new
 file and renames it, so a kill at any moment leaves either the old store or the new one, never a broken
-one, and a reader never sees a half-written result. Files under STORE.d/ whose store_id is not STORE's
-(left by a store replaced with --overwrite) are ignored and removed by the next writer.
+one, and a reader never sees a half-written result. Files under STORE.d/ whose store_id is not STORE's are
+ignored; --overwrite removes the replaced store's, and a writer moves any other store's aside, never deleting
+them, nor writing or deleting through a symbolic link (see store_files.py).
 Format 1 stores (one file, results under /results) open as they are; results and models added to them go
 to STORE.d/ like any store's. Plain h5py reads every file.
 """
@@ -56,6 +57,7 @@ import shutil
 import time
 import urllib.parse
 import uuid
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -64,9 +66,10 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from .errors import VitseeError, brief
+from .errors import VitseeError, VitseeNote, brief
 from .store_check import check_own_file
-from .store_lock import WriteLock, pid_alive, sidecar_dir
+from .store_files import check_writable_layout, is_real_file, is_real_folder, real_folder, tidy
+from .store_lock import WriteLock, pid_alive, read_only_mount, sidecar_dir
 
 FORMAT_VERSION = 2
 HEADS = "heads/"  # per-head attention outputs of a ViT's blocks, (N, heads, tokens, head_dim), see head_outputs
@@ -168,6 +171,9 @@ def _check_store_path(path: Path) -> None:
 def _open_store_file(path: Path, mode: str, what: str = "vitsee store") -> h5py.File:
     """Opens one of a store's HDF5 files, naming the real cause when it cannot be (never inviting
     --overwrite for a file that is merely unreadable to this user)."""
+    if mode != "r" and read_only_mount(path):
+        raise VitseeError(f"{path} is on a read-only file system: the store is intact; copy it with its folder "
+                          "somewhere writable to add to it (reading works where it is)")
     if mode != "r" and not os.access(path, os.W_OK):
         raise VitseeError(
             f"{path} is read-only for this user: the store is intact; fix its permissions (chmod u+w) "
@@ -197,6 +203,17 @@ def _store_id(file: h5py.File) -> str:
     if "images/index" in file:
         seed += f"|{file['images/index'].shape[0]}"
     return hashlib.sha1(seed.encode()).hexdigest()[:32]
+
+
+def _existing_store_id(path: Path) -> str | None:
+    """Returns the identity of the store at path, None when there is none (or it cannot be read as one)."""
+    if not is_real_file(path):
+        return None
+    try:
+        with _open_h5(path, "r") as f:
+            return _store_id(f) if "vitsee_format" in f.attrs else None
+    except OSError:
+        return None
 
 
 def remove_stale_starts(path: Path) -> list[Path]:
@@ -262,9 +279,14 @@ def _no_space(store: Path, file: Path, needed: int) -> VitseeError:
 def _write_file_atomically(final: Path, fill, store: Path) -> None:
     """Makes the HDF5 file `final` by calling fill(h5py.File) on a temporary file, flushing it to disk and
     renaming it into place: a kill or a full disk at any moment leaves the old file (or none), never half
-    of the new one."""
-    final.parent.mkdir(parents=True, exist_ok=True)
+    of the new one. Its folders under STORE.d must be real ones (never a link) and final no folder; a link at
+    final is replaced, its target left alone."""
+    real_folder(store, *final.parent.relative_to(sidecar_dir(store)).parts)
+    if is_real_folder(final):
+        raise VitseeError(f"{final} is a folder where {store.name} keeps a file: move it away (`mv {final} "
+                          f"{final}.moved`) and rerun")
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    tmp.unlink(missing_ok=True)  # a leftover of an earlier process with this pid (a link: never written through)
     try:
         with _open_h5(tmp, "w") as f:
             fill(f)
@@ -352,6 +374,7 @@ class Store:
         own = lock is None
         lock = WriteLock(path) if own else lock
         try:
+            check_writable_layout(path)
             store = cls(path, "r+" if rows else "r", lock=lock)
         except BaseException:
             if own:
@@ -400,10 +423,11 @@ class Store:
             return
         main = set(self.file["models"]) if "models" in self.file else set()
         found = []
-        for p in folder.glob("*.h5"):
+        for p in sorted(folder.glob("*.h5")):
             key = urllib.parse.unquote(p.name[: -len(".h5")])
             if key in main:
                 continue
+            self._check_model_file(p)
             f = _open_store_file(p, self._mode, what=f"model file of {self.path}")
             if not self._own(f):  # left by a store this one replaced (--overwrite)
                 f.close()
@@ -414,31 +438,30 @@ class Store:
             self._model_files[key] = p
             self._open_files[key] = f
 
-    def _remove_stale(self) -> None:
-        """Removes what a killed writer or a replaced store left (the caller holds the lock)."""
-        remove_stale_starts(self.path)
-        if not self.sidecar.is_dir():
+    def _check_model_file(self, p: Path) -> None:
+        """Raises a VitseeError naming the way out when a model file is not a regular file (a folder, a pipe) or,
+        for a writer of rows, a symbolic link: rows are never written through a link."""
+        if is_real_file(p) or (p.is_symlink() and self._mode == "r" and p.is_file()):
             return
-        for p in self.sidecar.rglob("*.h5*"):
-            if ".tmp-" in p.name:
-                p.unlink(missing_ok=True)  # a write that never finished; no other writer can be busy
-                continue
-            if p.parent.name == "models" and urllib.parse.unquote(p.name[:-3]) in self._model_files:
-                continue
-            try:
-                with h5py.File(p, "r", locking=False) as f:
-                    stale = not self._own(f)
-            except OSError:
-                stale = False  # leave a file we cannot read alone; readers skip it
-            if stale:
-                p.unlink(missing_ok=True)
+        what = "a symbolic link (to {})".format(os.readlink(p)) if p.is_symlink() else (
+            "a folder" if p.is_dir() else "not a regular file")
+        way = (f"put the file itself there (`cp --remove-destination {os.path.realpath(p)} {p}`)" if p.is_file()
+               else f"move it away (`mv {p} {p.parent / ('.' + p.name + '.moved')}`)")
+        raise VitseeError(f"{p} is {what} where {self.path.name} keeps a model file: vitsee writes rows only into a file "
+                          f"of its own; {way} and rerun")
+
+    def _remove_stale(self) -> None:
+        """Removes what a killed writer left and moves the files of other stores aside (store_files.tidy; the
+        caller holds the lock)."""
+        remove_stale_starts(self.path)
+        tidy(self.path, self.store_id)
 
     def files_beside(self) -> dict:
         """Returns what the folder beside the store holds: {models, results, files, bytes} of this store."""
         models = len(self._model_files)
         results = len(self._result_files(None))
         sizes = [p.stat().st_size for p in self._model_files.values()]
-        sizes += [p.stat().st_size for _a, _r, p in self._result_files(None)]
+        sizes += [p.lstat().st_size for _a, _r, p in self._result_files(None)]
         return {"models": models, "results": results, "files": models + results, "bytes": sum(sizes)}
 
     def reserve_space(self) -> None:
@@ -743,22 +766,31 @@ class Store:
         return self.file["results"] if "results" in self.file else None
 
     def _result_files(self, analysis: str | None) -> list[tuple[str, str, Path]]:
+        """Returns (analysis, id, path) of the result files: regular files only, a link is never read (a reader
+        follows a linked folder, whose files' store_id must still be this store's; a writer refuses one)."""
         root = self.sidecar / "results"
         if not root.is_dir():
             return []
         out = []
         for folder in sorted(root.iterdir()) if analysis is None else [root / analysis]:
             if folder.is_dir():
-                out += [(folder.name, p.name[:-3], p) for p in sorted(folder.glob("*.h5")) if not p.name.startswith(".")]
+                out += [(folder.name, p.name[:-3], p) for p in sorted(folder.glob("*.h5"))
+                        if not p.name.startswith(".") and is_real_file(p)]
         return out
 
     def _open_result(self, p: Path) -> h5py.File | None:
-        """Opens a cached result file, or None when it belongs to another store or cannot be read."""
+        """Opens a cached result file, or None when it belongs to another store, is a link or cannot be read."""
+        if not is_real_file(p):
+            return None  # a link is never read through: the result is missing, analyze writes it in the link's place
         try:
             f = _open_h5(p, "r")
         except OSError:
             return None  # damaged (a disk error): the result is missing, it will be computed again
-        if not self._own(f) or not f.attrs.get("complete", False):
+        try:
+            if not self._own(f) or not f.attrs.get("complete", False):
+                f.close()
+                return None
+        except (OSError, ValueError, TypeError):  # attributes that do not decode
             f.close()
             return None
         check_own_file(self.path, f)
@@ -772,8 +804,10 @@ class Store:
             if f is None:
                 continue
             with f:
-                out.append(_result_entry(name, rid, f))
-            seen.add((name, rid))
+                entry = _result_entry(name, rid, f)
+            if entry is not None:
+                out.append(entry)
+                seen.add((name, rid))
         legacy = self._legacy_results()
         if legacy is not None:
             for name, group in legacy.items():
@@ -781,7 +815,8 @@ class Store:
                     continue
                 for rid, res in group.items():
                     if (name, rid) not in seen and res.attrs.get("complete", False):
-                        out.append(_result_entry(name, rid, res))
+                        entry = _result_entry(name, rid, res)
+                        out += [entry] if entry is not None else []
         return out
 
     @staticmethod
@@ -798,12 +833,12 @@ class Store:
             f = self._open_result(p)
             if f is not None:
                 with f:
-                    return _read_result(f)
+                    return _read_result(f, self.path)
         legacy = self._legacy_results()
         if legacy is not None and f"{analysis}/{rid}" in legacy:
             group = legacy[f"{analysis}/{rid}"]
             if group.attrs.get("complete", False):
-                return _read_result(group)
+                return _read_result(group, self.path)
         return None
 
     def put_result(self, analysis: str, params: dict, arrays: dict, provenance: dict | None = None) -> str:
@@ -984,29 +1019,54 @@ class Store:
         group["nonfinite"][batch] = np.asarray(nonfinite, dtype=np.int64)
 
 
-def _result_entry(analysis: str, rid: str, node) -> dict:
-    return {
-        "analysis": analysis,
-        "id": rid,
-        "params": json.loads(node.attrs["params"]),
-        "provenance": json.loads(node.attrs.get("provenance", "{}")),
-    }
+def _result_entry(analysis: str, rid: str, node) -> dict | None:
+    """Returns {analysis, id, params, provenance} of a cached result, None when its attributes do not decode."""
+    try:
+        return {
+            "analysis": analysis,
+            "id": rid,
+            "params": json.loads(node.attrs["params"]),
+            "provenance": json.loads(node.attrs.get("provenance", "{}")),
+        }
+    except (KeyError, OSError, ValueError, TypeError):
+        return None
 
 
-def _read_result(group) -> dict:
-    """Returns a cached result's arrays (text as str) with its _params and _provenance."""
+def _read_result(group, store: Path) -> dict | None:
+    """Returns a cached result's arrays (text as str) with its _params and _provenance, or None (with a
+    VitseeNote) when it is damaged or declares more data than its file holds (see _implausible)."""
     out: dict = {}
-
-    def visit(name, obj):
-        if isinstance(obj, h5py.Dataset):
+    try:
+        datasets: list[tuple[str, h5py.Dataset]] = []
+        group.visititems(lambda name, obj: datasets.append((name, obj)) if isinstance(obj, h5py.Dataset) else None)
+        for name, obj in datasets:
+            problem = _implausible(obj)
+            if problem is not None:
+                raise ValueError(f"its array {name} {problem}")
+        for name, obj in datasets:
             is_text = h5py.check_string_dtype(obj.dtype) is not None
             value = obj.asstr()[()] if is_text else obj[()]
             out[name] = value.astype(str) if is_text and isinstance(value, np.ndarray) else value
-
-    group.visititems(visit)
-    out["_params"] = json.loads(group.attrs["params"])
-    out["_provenance"] = json.loads(group.attrs.get("provenance", "{}"))
+        out["_params"] = json.loads(group.attrs["params"])
+        out["_provenance"] = json.loads(group.attrs.get("provenance", "{}"))
+    except (OSError, KeyError, ValueError, TypeError) as exc:
+        where = f"{Path(group.file.filename).name}:{group.name}"
+        warnings.warn(f"{store}: ignored the cached result {where}, which is damaged ({exc}); it counts as not "
+                      "cached, and `vitsee analyze` computes it again", VitseeNote, stacklevel=2)
+        return None
     return out
+
+
+def _implausible(ds: h5py.Dataset) -> str | None:
+    """Returns why a result array cannot be what vitsee wrote, or None: vitsee writes results whole and
+    uncompressed, so an array never holds more bytes than its file, nor fewer on disk than its shape says
+    (a crafted (10^6, 10^6) array would otherwise be read into memory whole)."""
+    size = os.path.getsize(ds.file.filename)
+    if ds.nbytes > size:
+        return f"declares {tuple(ds.shape)} of {ds.dtype} ({human_bytes(ds.nbytes)}), more than its file's {human_bytes(size)}"
+    if ds.chunks is None and not ds.is_virtual and ds.id.get_storage_size() < ds.nbytes and ds.size:
+        return f"declares {tuple(ds.shape)} but holds {ds.id.get_storage_size()} of its {ds.nbytes} bytes"
+    return None
 
 
 def read_rows(ds: h5py.Dataset, rows: np.ndarray, limit: int | None = None) -> np.ndarray:
@@ -1114,9 +1174,10 @@ def creating(path: str | Path, overwrite: bool = False, lock: WriteLock | None =
     """Builds a new store under a temporary name and renames it into place when the block succeeds.
 
     Yields the open h5py.File. Without overwrite an existing file at path is an error; with it, the old
-    store is replaced only once the new one is complete (its files beside it then belong to no store and
-    are removed by the next writer). The store's write lock is held throughout: the caller's, or one taken
-    here, so two runs can never create or replace the same store at once.
+    store is replaced only once the new one is complete, and its files beside it are removed then. Files of
+    any other store found there are moved aside, never deleted (store_files.tidy). The store's write lock is
+    held throughout: the caller's, or one taken here, so two runs can never create or replace the same store
+    at once.
     """
     path = Path(path)
     if not path.parent.exists():
@@ -1126,21 +1187,24 @@ def creating(path: str | Path, overwrite: bool = False, lock: WriteLock | None =
     try:
         if path.exists() and not overwrite:
             raise VitseeError(f"{path} already exists: pass --overwrite to replace it, or choose another path")
+        replaced = _existing_store_id(path)  # its files beside it go with it
         remove_stale_starts(path)
         tmp = path.with_name(f".{path.name}.creating-{os.getpid()}")
+        tmp.unlink(missing_ok=True)  # a leftover of an earlier process with this pid (a link: never written through)
         try:
             file = _open_h5(tmp, "w")
         except OSError as exc:
             raise VitseeError(f"cannot create {tmp} ({brief(exc)}): check that {path.parent} is writable") from exc
         try:
             file.attrs["vitsee_format"] = FORMAT_VERSION
-            file.attrs["store_id"] = uuid.uuid4().hex
+            file.attrs["store_id"] = store_id = uuid.uuid4().hex
             file.attrs["created"] = time.strftime("%Y-%m-%dT%H:%M:%S")
             file.attrs["versions"] = _json(versions())
             yield file
             file.close()
             _reserve(tmp, os.path.getsize(tmp), path)
             _durable_rename(tmp, path)
+            tidy(path, store_id, replaced=replaced)  # a kill before this leaves them to the next writer: moved aside
         except BaseException:
             if file.id.valid:
                 file.close()

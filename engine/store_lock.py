@@ -11,12 +11,18 @@ next process opening it).
 POSIX locks have one trap: closing any descriptor of the file drops every lock the process holds on it.
 So this module opens the lock file once per store and path per process and counts its holders; a second
 writer inside the same process is refused like one in another process.
+
+Every writer writes the lock file (its pid and command), so it must be the store's own: STORE.d is opened as a
+real folder (never through a symbolic link) and the lock inside it with O_NOFOLLOW, and it is used only when it
+is a regular file of this user with no other name (a hard link). Otherwise a crafted `lock -> ~/notes.txt`
+would have every writer truncate that file.
 """
 from __future__ import annotations
 
 import errno
 import fcntl
 import os
+import stat
 import sys
 import threading
 import time
@@ -89,11 +95,7 @@ class WriteLock:
         folder = self.path.parent
         if not self.store.parent.is_dir():
             raise VitseeError(f"folder {self.store.parent} does not exist: create it first or choose another store path")
-        try:
-            folder.mkdir(exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except OSError as exc:
-            raise _permission_error(self.store, folder, exc) from exc
+        fd = _open_lock_file(self.store, folder)
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -139,9 +141,95 @@ class WriteLock:
             pass
 
 
+def check_real_folder(store: Path, folder: Path, holds: str) -> bool:
+    """Returns whether folder (one of the store's own, holding `holds`) exists, after raising a VitseeError
+    naming the way out when it is a symbolic link or not a folder: vitsee never writes or deletes through one."""
+    try:
+        st = os.lstat(folder)
+    except FileNotFoundError:
+        return False
+    if stat.S_ISLNK(st.st_mode):
+        target = os.readlink(folder)
+        raise VitseeError(
+            f"{folder} is a symbolic link (to {target}) where {store.name} keeps {holds}: vitsee never writes or "
+            f"deletes through a link, since the target may be another store's; put the folder itself there "
+            f"(`rm {folder} && mv {target} {folder}`), or remove the link to start it afresh"
+        )
+    if not stat.S_ISDIR(st.st_mode):
+        raise VitseeError(
+            f"{folder} is {_kind(st.st_mode)}, not the folder where {store.name} keeps {holds}: move it away "
+            f"(`mv {folder} {folder}.moved`) and rerun"
+        )
+    return True
+
+
+def _kind(mode: int) -> str:
+    """Returns what a file of this mode is, in words ('a file', 'a folder', 'a symbolic link', ...)."""
+    if stat.S_ISREG(mode):
+        return "a file"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    return "a special file (a pipe, socket or device)"
+
+
+def _open_lock_file(store: Path, folder: Path) -> int:
+    """Returns a read-write descriptor of STORE.d/lock, made if missing, refusing one that is not the store's own
+    (see the module docstring)."""
+    try:
+        if not check_real_folder(store, folder, "its appended models, cached results and lock"):
+            folder.mkdir()
+        dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileExistsError:  # another writer made it just now: check what it made
+        return _open_lock_file(store, folder)
+    except OSError as exc:
+        raise _permission_error(store, folder, exc) from exc
+    lock = folder / "lock"
+    try:
+        fd = os.open("lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise VitseeError(
+                f"{lock} is a symbolic link (to {os.readlink(lock)}): a store's lock is a plain file of its own, and "
+                f"every writer writes into it; remove the link (`rm {lock}`) and rerun"
+            ) from None
+        if exc.errno == errno.EISDIR:
+            raise VitseeError(f"{lock} is a folder, not the store's lock file: move it away (`mv {lock} {lock}.moved`) "
+                              "and rerun") from None
+        raise _permission_error(store, folder, exc) from exc
+    finally:
+        os.close(dir_fd)
+    st = os.fstat(fd)
+    problem = (None if stat.S_ISREG(st.st_mode) else _kind(st.st_mode))
+    if problem is None and st.st_nlink != 1:
+        problem = f"a file with {st.st_nlink} names (a hard link: writing it would change the others)"
+    if problem is None and st.st_uid != os.geteuid():
+        problem = f"a file of another user (uid {st.st_uid})"
+    if problem is not None:
+        os.close(fd)
+        raise VitseeError(f"{lock} is {problem}, not a lock this user's vitsee made: remove it (`rm {lock}`) and rerun")
+    return fd
+
+
+def read_only_mount(path: Path) -> bool:
+    """Returns whether path (or the folder it would be made in) lies on a file system mounted read-only."""
+    for where in (path, path.parent):
+        try:
+            return bool(os.statvfs(where).f_flag & os.ST_RDONLY)
+        except OSError:
+            continue
+    return False
+
+
 def _permission_error(store: Path, folder: Path, exc: OSError) -> VitseeError:
-    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        where = folder if folder.exists() else folder.parent
+    where = folder if folder.exists() else folder.parent
+    if exc.errno == errno.EROFS or read_only_mount(where):
+        return VitseeError(
+            f"cannot write beside {store}: {where} is on a read-only file system ({brief(exc)}); the store is intact: "
+            "copy it with its folder somewhere writable (`vitsee` reads it where it is)"
+        )
+    if exc.errno in (errno.EACCES, errno.EPERM):
         return VitseeError(
             f"cannot write beside {store}: {where} is read-only for this user ({brief(exc)}); "
             "the store is intact: fix the permissions (chmod/chown) or copy it somewhere writable"

@@ -171,20 +171,34 @@ def test_a_format_1_store_opens_as_it_is_and_keeps_its_cached_results(base):
         assert sorted(json.dumps(r["params"]) for r in s.results("cka")) == ['{"new": true}', '{"old": true}']
 
 
-def test_results_left_by_a_replaced_store_are_not_read_as_this_stores(base, tmp_path):
+def test_results_left_by_a_replaced_store_are_not_read_as_this_stores(base, tmp_path, monkeypatch):
     with Store.writer(base) as s:
         s.put_result("cka", {"x": 1}, {"v": np.arange(3.0)})
+    with Store.open(base) as s:
+        old_id = s.store_id
     old_results = list((tmp_path / "base.h5.d" / "results").rglob("*.h5"))
     from vitsee.engine import store as store_mod
 
-    with store_mod.creating(base, overwrite=True) as h5:  # --overwrite, killed before it cleaned up
-        store_mod.write_images(h5, "synthetic", np.arange(4), np.zeros(4), None, None)
+    with monkeypatch.context() as m:
+        m.setattr(store_mod, "tidy", lambda *a, **k: [])  # --overwrite, killed before it removed them
+        with store_mod.creating(base, overwrite=True) as h5:
+            store_mod.write_images(h5, "synthetic", np.arange(4), np.zeros(4), None, None)
     assert all(p.exists() for p in old_results)
     with Store.open(base) as s:
         assert s.results() == [] and s.get_result("cka", {"x": 1}) is None
-    with Store.writer(base):
-        pass  # the next writer removes them
+    with pytest.warns(UserWarning, match="moved 1 file"), Store.writer(base):
+        pass  # the next writer cannot tell them from a moved store's: aside, not deleted
+    aside = tmp_path / f"base.h5.d.store-{old_id[:12]}"
     assert not any(p.exists() for p in old_results)
+    assert [p.relative_to(aside) for p in aside.rglob("*.h5")] == [p.relative_to(tmp_path / "base.h5.d")
+                                                                   for p in old_results]
+    with store_mod.creating(base, overwrite=True) as h5:  # an --overwrite that finishes removes them itself
+        store_mod.write_images(h5, "synthetic", np.arange(4), np.zeros(4), None, None)
+    with Store.writer(base) as s:
+        s.put_result("cka", {"x": 2}, {"v": np.arange(3.0)})
+    with store_mod.creating(base, overwrite=True) as h5:
+        store_mod.write_images(h5, "synthetic", np.arange(4), np.zeros(4), None, None)
+    assert list((tmp_path / "base.h5.d").rglob("*.h5")) == []
 
 
 # --- the lock --------------------------------------------------------------------------------------------
@@ -314,10 +328,10 @@ def test_a_read_only_folder_is_named_as_the_cause(base, tmp_path, monkeypatch):
 
     real_open = os.open
 
-    def refusing(path, flags, *args):
-        if str(path).endswith("base.h5.d/lock"):
+    def refusing(path, flags, *args, **kwargs):
+        if str(path).endswith("base.h5.d/lock") or str(path) == "lock" and "dir_fd" in kwargs:
             raise PermissionError(errno.EACCES, "Permission denied", str(path))
-        return real_open(path, flags, *args)
+        return real_open(path, flags, *args, **kwargs)
 
     monkeypatch.setattr(os, "open", refusing)
     with pytest.raises(VitseeError) as info:
