@@ -287,6 +287,22 @@ def test_a_snapshot_of_a_missing_store_or_without_out_is_one_line_and_exit_2(tmp
     assert code == 2 and err.startswith("error: --size goes with --snapshot VIEW")
 
 
+@pytest.mark.parametrize("size, out, expected", [
+    ("100000x100000", "x.svg", "--size 100000x100000: a snapshot is at most 1000x1000"),
+    ("1001x40", "x.svg", "--size 1001x40: a snapshot is at most 1000x1000"),
+    ("120x40", "shots.svg", "--out TMP/shots.svg is a folder: name the SVG file to write"),
+    ("120x40", "notes/x.svg", "--out TMP/notes/x.svg: TMP/notes is a file, not a folder"),
+])
+def test_a_snapshot_too_large_or_onto_a_folder_is_refused_in_one_line_before_the_app_starts(store, tmp_path, capsys,
+                                                                                             size, out, expected):
+    (tmp_path / "shots.svg").mkdir()
+    (tmp_path / "notes").write_text("a file\n")
+    code, stdout, err = run_main([store, "--snapshot", "cka", "--out", tmp_path / out, "--size", size], capsys)
+    assert code == 2 and stdout == "" and err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("error: " + expected.replace("TMP", str(tmp_path))), err
+    assert list((tmp_path / "shots.svg").iterdir()) == [] and not (tmp_path / "x.svg").exists()
+
+
 # --- the README's Settings section ---------------------------------------------------------------------------------
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vitsee.engine.errors import VitseeError
+from vitsee.engine.errors import VitseeError, brief
 from vitsee.tui.widgets.panes import VIEW_LABELS
 
 if TYPE_CHECKING:
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 SIZE = re.compile(r"(\d+)x(\d+)")
 MIN_SIZE = (40, 12)
+MAX_SIZE = (1000, 1000)  # a headless screen of C x R cells holds them all: 100000 x 100000 grew past 9.7 GB
 POLL_SECONDS = 0.05
 
 
@@ -49,6 +50,9 @@ def parse_size(text: str) -> tuple[int, int]:
     size = (int(match[1]), int(match[2]))
     if size[0] < MIN_SIZE[0] or size[1] < MIN_SIZE[1]:
         raise VitseeError(f"--size {text}: the app needs at least {MIN_SIZE[0]}x{MIN_SIZE[1]}")
+    if size[0] > MAX_SIZE[0] or size[1] > MAX_SIZE[1]:
+        raise VitseeError(f"--size {text}: a snapshot is at most {MAX_SIZE[0]}x{MAX_SIZE[1]} (columns x rows); "
+                          "give a smaller size, such as 200x60")
     return size
 
 
@@ -59,6 +63,11 @@ def plan_snapshot(store: Path, view: str, out: Path | None, size: str) -> Snapsh
         raise VitseeError("--snapshot needs --out FILE.svg: where to write the screenshot")
     if out.suffix.lower() != ".svg":
         raise VitseeError(f"--out {out}: the snapshot is an SVG: name the file *.svg")
+    if out.is_dir():
+        raise VitseeError(f"--out {out} is a folder: name the SVG file to write, such as {out / 'screen.svg'}")
+    blocking = next((p for p in [out.parent, *out.parent.parents] if p.exists()), None)
+    if blocking is not None and not blocking.is_dir():
+        raise VitseeError(f"--out {out}: {blocking} is a file, not a folder: write the SVG somewhere else")
     columns_rows = parse_size(size)
     if ":" not in view:
         if view not in VIEW_LABELS:
@@ -129,8 +138,14 @@ async def take(plan: SnapshotPlan, pilot: Pilot) -> None:
     app.clear_notifications()  # toasts ("computed and cached ...") would cover the view in a report
     await pilot.pause()
     svg = app.export_screenshot(title=f"vitsee-tui {plan.store.name} {plan.spec}")
-    plan.out.parent.mkdir(parents=True, exist_ok=True)
     partial = plan.out.with_name(f".{plan.out.name}.{time.time_ns()}.part")
-    partial.write_text(svg, encoding="utf-8")
-    partial.replace(plan.out)  # a reader never sees half an SVG
+    try:
+        plan.out.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(svg, encoding="utf-8")
+        partial.replace(plan.out)  # a reader never sees half an SVG
+    except OSError as exc:  # made a folder, or read-only, while the view was computed
+        partial.unlink(missing_ok=True)
+        plan.error = f"cannot write {plan.out} ({brief(exc)}): check the path, or give another --out"
+        app.exit(return_code=2)
+        return
     app.exit(return_code=0)
