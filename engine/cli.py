@@ -219,7 +219,7 @@ def train(
 ) -> None:
     """Train a timm classifier with the paper's interventions; resumable, OUT written at the end."""
     from .interventions import parse_no_skip
-    from .train import TrainConfig, checkpoint_path, parse_model_args, write_held_out
+    from .train import TrainConfig, check_held_out, checkpoint_path, parse_model_args, write_held_out
     from .train import train as run_training
 
     cfg = TrainConfig(
@@ -229,8 +229,8 @@ def train(
         weight_decay=weight_decay, warmup_epochs=warmup_epochs, label_smoothing=label_smoothing, augment=augment,
         device=device, workers=workers, threads=threads, overwrite=overwrite,
     )
-    if held_out is not None and held_out.suffix != ".npz":
-        raise VitseeError(f"--held-out {held_out} must end in .npz: e.g. --held-out test.npz")
+    if held_out is not None:
+        check_held_out(held_out, out_file)
     on_event, stop = _train_bar(quiet)
     try:
         result = run_training(cfg, progress=on_event)

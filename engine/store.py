@@ -371,10 +371,11 @@ class Store:
         """
         path = Path(path)
         _check_store_path(path)
+        check_writable_layout(path)  # before the lock is made: a refused layout gets no new file
         own = lock is None
         lock = WriteLock(path) if own else lock
         try:
-            check_writable_layout(path)
+            check_writable_layout(path)  # and under it, as it is now
             store = cls(path, "r+" if rows else "r", lock=lock)
         except BaseException:
             if own:

@@ -168,6 +168,8 @@ def _plan(cfg: TrainConfig) -> _Plan:
     out = Path(cfg.out)
     if out.suffix != ".safetensors":
         raise VitseeError(f"{out} must end in .safetensors (timm's state dict with the training record in its metadata)")
+    if out.is_dir():
+        raise VitseeError(f"{out} is a folder: name the weights file to write, such as {out / 'model.safetensors'}")
     if out.exists() and not cfg.overwrite:
         raise VitseeError(f"{out} exists: pass --overwrite to replace it, or choose another OUT")
     if not out.parent.is_dir():
@@ -312,6 +314,7 @@ def _set_rng_state(state: dict, generator: torch.Generator) -> None:
 def _write_atomically(path: Path, write: Callable[[Path], None]) -> None:
     """Writes a file under a temporary name in the same folder, flushes it, then renames it into place."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.unlink(missing_ok=True)  # an earlier process's with this pid (a link: never written through)
     try:
         write(tmp)
         with open(tmp, "rb") as fh:
@@ -319,6 +322,22 @@ def _write_atomically(path: Path, write: Callable[[Path], None]) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def remove_dead_temporaries(path: Path) -> list[Path]:
+    """Removes the `.NAME.tmpPID` files that runs killed while writing path left (a checkpoint of vit_tiny is
+    66 MB), only those whose process is gone; returns what was removed."""
+    import glob
+
+    from .store_lock import pid_alive
+
+    removed = []
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}.tmp*"):
+        pid = tmp.name.rpartition(".tmp")[2]
+        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)) and not tmp.is_dir():
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp)
+    return removed
 
 
 def _load_checkpoint(path: Path, run: dict) -> dict | None:
@@ -412,6 +431,8 @@ def _train_locked(plan: _Plan, out: Path, emit: TrainFn, cancel) -> TrainResult:
     cfg, recipe, device = plan.cfg, plan.recipe, plan.device
     started = time.perf_counter()
     ckpt_file = checkpoint_path(out)
+    for path in (ckpt_file, out):  # what a killed run was writing; its lock is ours now
+        remove_dead_temporaries(path)
     ckpt = None if cfg.overwrite else _load_checkpoint(ckpt_file, plan.run)
     if cfg.overwrite:
         ckpt_file.unlink(missing_ok=True)
@@ -513,6 +534,19 @@ def _write_weights(out: Path, model: nn.Module, record: dict) -> None:
 def config_dict(cfg: TrainConfig) -> dict:
     """Returns the config as JSON-able values (for logs and the demo's cache key)."""
     return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
+
+
+def check_held_out(path: Path, out: Path) -> None:
+    """Raises a VitseeError naming the way out unless path can take the held-out images: checked before training,
+    so a bad --held-out never costs a run."""
+    if path.suffix != ".npz":
+        raise VitseeError(f"--held-out {path} must end in .npz: e.g. --held-out test.npz")
+    if path.is_dir():
+        raise VitseeError(f"--held-out {path} is a folder: name the .npz file to write, such as {path / 'test.npz'}")
+    if not path.parent.is_dir():
+        raise VitseeError(f"--held-out {path}: folder {path.parent} does not exist: create it first or choose another path")
+    if path.resolve() == Path(out).resolve():
+        raise VitseeError(f"--held-out {path} is OUT itself: give the held-out images another name")
 
 
 def write_held_out(cfg: TrainConfig, path: Path) -> None:

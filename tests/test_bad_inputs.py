@@ -41,8 +41,12 @@ class Case:
             damage(path)
         return path
 
-    def analyze(self, *extra) -> list:
-        return ["analyze", self.store(), "--device", "cpu", "--quiet", *extra]
+    def analyze(self, *extra, damage=None) -> list:
+        return ["analyze", self.store(damage), "--device", "cpu", "--quiet", *extra]
+
+    def train(self, out: Path, *extra) -> list:
+        return ["train", out, "-m", "test_vit", "--model-arg", "patch_size=8", "--img-size", "32", "--dataset",
+                "digits", "-n", "60", "--epochs", "1", "--device", "cpu", "-q", *extra]
 
     def export(self, out: str | Path = "x.png", *extra) -> list:
         return ["export", self.store(), "attention:test_vit", "--out", self.tmp / out, "--device", "cpu", *extra]
@@ -99,6 +103,20 @@ def drop_images(path: Path) -> None:
         del f["images"]
 
 
+def lock_linked_to_a_file(path: Path) -> None:
+    """STORE.d/lock -> notes.txt beside the store: every writer used to truncate it with its pid."""
+    (path.parent / "notes.txt").write_text("precious\n")
+    folder = path.with_name(path.name + ".d")
+    folder.mkdir(exist_ok=True)
+    (folder / "lock").symlink_to(path.parent / "notes.txt")
+
+
+def results_a_file(path: Path) -> None:
+    folder = path.with_name(path.name + ".d")
+    folder.mkdir(exist_ok=True)
+    (folder / "results").write_text("")
+
+
 def newer_format(path: Path) -> None:
     with h5py.File(path, "r+") as f:
         f.attrs["vitsee_format"] = 99
@@ -147,6 +165,12 @@ BAD_INPUTS = [
     ("export-cmap-jet", lambda c: c.export("x.png", "--cmap", "jet"), "'jet'"),
     ("show-cmap-jet", lambda c: ["show", c.store(), "attention:test_vit", "--cmap", "jet", "--device", "cpu"], "'jet'"),
     ("corrupt-png-after-the-first", lambda c: c.image_folder(b"not a png at all"), "zz.png"),
+    ("store-lock-a-link", lambda c: c.analyze("--skip", damage=lock_linked_to_a_file), "lock is a symbolic link"),
+    ("store-results-a-file", lambda c: c.analyze("--skip", damage=results_a_file), "results is a file, not the folder"),
+    ("train-held-out-a-folder", lambda c: c.train(c.tmp / "m.safetensors", "--held-out",
+                                                  c.file("held.npz/keep", b"").parent), "held.npz is a folder"),
+    ("train-onto-a-folder", lambda c: c.train(c.file("runs.safetensors/keep", b"").parent),
+     "runs.safetensors is a folder: name the weights file"),
 ]
 
 

@@ -320,3 +320,54 @@ def test_the_demo_keys_its_cached_weights_by_the_recipe_so_a_new_recipe_trains_a
     fixed = demo.choose(demo.DemoPlan(train_epochs=2), folder=tmp_path, device="cpu")
     assert [t.out.name for t in fixed.training] == ["demo-vit_tiny_patch16_224-digits32-e2-s0.safetensors",
                                                      "demo-resnet18-digits32-e2-s0.safetensors"]
+
+
+@pytest.mark.parametrize("held_out, message", [
+    ("FOLDER", "--held-out TMP/held.npz is a folder: name the .npz file to write"),
+    ("OUT", "is OUT itself"),
+    ("TMP/nowhere/test.npz", "folder TMP/nowhere does not exist"),
+])
+def test_a_held_out_path_that_cannot_be_written_is_refused_before_training(tmp_path, capsys, held_out, message):
+    (tmp_path / "held.npz").mkdir()
+    out = tmp_path / "m.safetensors"
+    path = {"FOLDER": tmp_path / "held.npz", "OUT": out}.get(held_out) or held_out.replace("TMP", str(tmp_path))
+    if held_out == "OUT":  # an .npz OUT is refused first for its suffix: check the function itself
+        from vitsee.engine.train import check_held_out
+
+        with pytest.raises(VitseeError, match=message):
+            check_held_out(out.with_suffix(".npz"), out.with_suffix(".npz"))
+        return
+    started = time.monotonic()
+    code, _, err = run_cli(["train", out, *VIT_ARGS, *BASE, "--held-out", path], capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("error: ") and message.replace("TMP", str(tmp_path)) in lines[0], err
+    assert not out.exists() and not checkpoint_path(out).exists() and time.monotonic() - started < 10  # no training
+
+
+def test_train_onto_a_folder_names_it_and_does_not_offer_overwrite(tmp_path, capsys):
+    out = tmp_path / "runs.safetensors"
+    out.mkdir()
+    code, _, err = run_cli(["train", out, *VIT_ARGS, *BASE, "--overwrite"], capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and f"{out} is a folder: name the weights file" in lines[0], err
+    assert "--overwrite" not in lines[0] and out.is_dir() and list(out.iterdir()) == []
+
+
+def test_the_temporaries_of_a_run_killed_while_writing_are_removed_by_the_next_run(tmp_path):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    alive = subprocess.Popen(["sleep", "60"])
+    out = tmp_path / "m.safetensors"
+    try:
+        left = [tmp_path / f".m.safetensors.ckpt.tmp{dead.pid}", tmp_path / f".m.safetensors.tmp{dead.pid}"]
+        writing = tmp_path / f".m.safetensors.ckpt.tmp{alive.pid}"  # another process still writing: not ours
+        other = tmp_path / f".other.safetensors.ckpt.tmp{dead.pid}"
+        for p in (*left, writing, other):
+            p.write_bytes(b"half a checkpoint")
+        train(tiny_vit(out))
+        assert not any(p.exists() for p in left)
+        assert writing.exists() and other.exists() and out.exists()
+    finally:
+        alive.kill()
+        alive.wait()
