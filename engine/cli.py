@@ -502,11 +502,12 @@ def _stats_options(ci, permutations) -> dict:
 
 
 def _view_config(batch_size, shuffles, seed, device, ci=None, permutations=None):
-    """Returns None (any cached estimate serves) unless the user set an estimator or statistics option."""
+    """Returns None (any cached estimate serves) unless the user set an estimator or statistics option; --device
+    alone says where to compute what is missing, not which estimate to show (load_view takes it apart)."""
     from .analyze import AnalyzeConfig
 
     if batch_size is None and shuffles is None and seed is None and ci is None and permutations is None:
-        return None if device is None else AnalyzeConfig(device=device)
+        return None
     base = AnalyzeConfig()
     return AnalyzeConfig(
         batch_size=base.batch_size if batch_size is None else batch_size,
@@ -524,7 +525,7 @@ EST_HELP = "if the result must be computed (default: use any cached one)"
 ViewBatchSize = Annotated[Optional[int], typer.Option(help=f"CKA minibatch size {EST_HELP}")]
 ViewShuffles = Annotated[Optional[int], typer.Option(help=f"CKA shuffles {EST_HELP}")]
 ViewSeed = Annotated[Optional[int], typer.Option(help=f"seed {EST_HELP}")]
-ViewDevice = Annotated[Optional[str], typer.Option(help="auto | cpu | cuda")]
+ViewDevice = Annotated[Optional[str], typer.Option(help="auto | cpu | cuda: where to compute a view not cached yet (the cached one is shown whatever device made it)")]
 ViewCI = Annotated[Optional[float], typer.Option(help=f"confidence level of the intervals (0: none) {EST_HELP}")]
 ViewPermutations = Annotated[Optional[int], typer.Option(help=f"permutations per CKA p-value (0: none) {EST_HELP}")]
 
@@ -547,7 +548,7 @@ def export(
     from .views import load_view
 
     check_export(out_file, cmap)  # before the view is computed: a refused export changes nothing
-    v = load_view(store, view, _view_config(batch_size, shuffles, seed, device, ci, permutations))
+    v = load_view(store, view, _view_config(batch_size, shuffles, seed, device, ci, permutations), device=device)
     path = write_view(v, out_file, cmap=cmap)
     err.print(f"wrote {path}", highlight=False)
 
@@ -579,7 +580,7 @@ def show(
     piped = color == "auto" and not out.is_terminal
     if piped:  # uncoloured half blocks carry no value: the ASCII ramp does, and the numbers follow
         mode = ColorMode.NONE
-    v = load_view(store, view, _view_config(batch_size, shuffles, seed, device, ci, permutations))
+    v = load_view(store, view, _view_config(batch_size, shuffles, seed, device, ci, permutations), device=device)
     if fmt != "text":
         text = v.to_csv() if fmt == "csv" else json.dumps(v.to_json(), indent=1)
         out.file.write(text if text.endswith("\n") else text + "\n")

@@ -291,11 +291,13 @@ def compute_view(store: Store, text: str, cfg: AnalyzeConfig, progress=None) -> 
     _request(store, text).run(store, cfg, progress)
 
 
-def load_view(path: str | Path, text: str, cfg: AnalyzeConfig | None = None, progress=None) -> View:
+def load_view(path: str | Path, text: str, cfg: AnalyzeConfig | None = None, progress=None,
+              device: str | None = None) -> View:
     """Returns the view named by `text` for the store at path, computing and caching what is missing.
 
     cfg None means "no particular estimator settings": any cached result about the same thing serves
-    (see cached_params), and a missing one is computed with the defaults.
+    (see cached_params), and a missing one is computed with the defaults, on `device` (where to compute is not
+    what to show: it never picks the estimate).
     """
     path = Path(path)
     with Store.open(path) as store:
@@ -307,7 +309,7 @@ def load_view(path: str | Path, text: str, cfg: AnalyzeConfig | None = None, pro
         result = store.get_result(request.kind, params) if params is not None else None
     if result is None:
         with Store.writer(path) as store:
-            result = request.run(store, cfg or AnalyzeConfig(), progress)
+            result = request.run(store, cfg or AnalyzeConfig(device=device or AnalyzeConfig.device), progress)
     spec = REGISTRY[request.kind]
     view = View(**spec.view(result, request.keys, info, request.layer))
     view.subtitle = subtitle

@@ -224,3 +224,27 @@ def test_a_bad_view_is_a_one_line_error(store, view, needle, capsys):
 def test_an_unknown_colour_mode_is_a_one_line_error(store, capsys):
     code, _, err = run_cli(["show", store, f"cka:{VIT}", "--color", "rainbow"], capsys)
     assert code != 0 and len(err.strip().splitlines()) == 1 and "rainbow" in err, err
+
+
+def test_device_on_show_and_export_says_where_to_compute_not_which_estimate_to_show(tiny_store, tmp_path, capsys):
+    """A store analysed with --batch-size 8: `show --device cpu` used to compute and show the default estimate."""
+    import json as json_mod
+
+    from vitsee.engine.store import Store, copy_store
+
+    path = copy_store(tiny_store, tmp_path / "b8.h5")
+    code, _, err = run_cli(["analyze", path, "--cka", "--batch-size", "8", "--shuffles", "0", "--device", "cpu",
+                            "-q"], capsys)
+    assert code == 0, err
+    with Store.open(path) as s:
+        before = [r["id"] for r in s.results()]
+    code, out, err = run_cli(["show", path, f"cka:{VIT}", "--device", "cpu", "--format", "json"], capsys)
+    assert code == 0, err
+    assert json_mod.loads(out)["params"]["batch_size"] == 8
+    code, _, err = run_cli(["export", path, f"cka:{VIT}", "--device", "cpu", "--out", tmp_path / "x.json"], capsys)
+    assert code == 0, err
+    assert json_mod.loads((tmp_path / "x.json").read_text())["params"]["batch_size"] == 8
+    with Store.open(path) as s:
+        assert [r["id"] for r in s.results()] == before  # nothing computed: the cached estimate was shown
+    code, out, err = run_cli(["show", path, f"skip:{VIT}", "--device", "cpu", "--format", "json"], capsys)
+    assert code == 0, err  # not cached: computed, on that device

@@ -126,3 +126,10 @@ def test_the_terminal_app_reads_the_streamed_cka_from_the_cache(streamed):
     loaded = read_view(streamed, f"cka:{VIT}:{RESNET}", an.AnalyzeConfig())
     assert not loaded.computed
     np.testing.assert_array_equal(loaded.view.matrix, _cka(streamed)["matrix"][:8, 8:])
+
+
+@pytest.mark.parametrize("view", ["cka:test_vit", "cka:test_vit:test_resnet"])
+def test_device_on_show_of_a_streaming_store_reads_the_streamed_cka(streamed, capsys, view):
+    code, out, err = run_cli(["show", streamed, view, "--device", "cpu", "--format", "json"], capsys)
+    assert code == 0, err
+    assert '"batch_size"' in out
