@@ -492,6 +492,12 @@ def _erf(view: View, selection, cmap: Colormap) -> Figure:
     image = None
     for i, (layer, m) in enumerate(zip(layers, maps)):
         ax = fig.add_subplot(grid[i], label=f"erf-{layer}")
+        if layer in view.extra.get("no_field_layers", ()):  # rounding noise, not a map (analyses/erf.py)
+            ax.set_title(layer, fontsize=9)
+            ax.set_axis_off()
+            ax.text(0.5, 0.5, "no receptive field:\nthe centre sum does not\ndepend on the input", ha="center",
+                    va="center", fontsize=TICK_PT, transform=ax.transAxes, gid="no-field")
+            continue
         shown = np.where(m > 0, m, vmin)  # a zero share sits at the bottom of the log scale
         image = ax.imshow(shown, cmap=cmap, norm=LogNorm(vmin, vmax) if vmax > vmin else Normalize(0, vmax),
                           interpolation="nearest")

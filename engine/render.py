@@ -81,6 +81,8 @@ def _heads(view: View, mode: ColorMode, cmap: str, width: int, selection=None) -
 
 def _erf(view: View, mode: ColorMode, cmap: str, width: int, selection=None) -> list:
     """Returns the ERF map on a log colour scale (ERFs span decades), row 0 at the top like the image."""
+    if view.extra.get("no_field"):  # rounding noise, not a map (analyses/erf.py)
+        return [Text(f"{view.params.get('layer')}: {view.extra['no_field']}")]
     vmax = float(view.vmax or 1.0)
     vmin = max(float(view.extra.get("min_positive") or 0.0), vmax * 1e-6)
     values = np.log10(np.where(view.matrix > 0, view.matrix, vmin))

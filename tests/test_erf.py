@@ -59,7 +59,7 @@ def test_vit_erf_matches_autograd_image_by_image(store_copy, monkeypatch):
     centre_token = 1 + 2 * 4 + 2  # CLS, then grid (4 // 2, 4 // 2) of the 4x4 grid
     expected = _reference_erf(VIT, "blocks.3", x, lambda out: out[0, centre_token].sum())
     np.testing.assert_allclose(result["maps"][layers.index("blocks.3")], expected, rtol=1e-4, atol=1e-9)
-    np.testing.assert_allclose(result["maps"].sum(axis=(1, 2)), 1.0, rtol=1e-9)
+    np.testing.assert_allclose(result["maps"][~result["no_field"]].sum(axis=(1, 2)), 1.0, rtol=1e-9)  # norm: none
 
 
 def test_cnn_erf_matches_autograd_at_the_centre_of_the_map(store_copy):
@@ -80,7 +80,58 @@ def test_patch_embedding_erf_covers_only_the_centre_patch(store_copy):
     inside[32:48, 32:48] = True
     assert patch_embed[~inside].max() == 0.0
     assert patch_embed[inside].sum() == pytest.approx(1.0)
-    assert (result["maps"][-1][~inside] > 0).any()  # attention spreads the last layer's field over the image
+    assert (result["maps"][-2][~inside] > 0).any()  # attention spreads the last block's field over the image
+
+
+def test_a_layer_whose_centre_sum_is_constant_has_no_receptive_field_not_a_map_of_rounding_noise(store_copy, capsys):
+    """At random init timm's final LayerNorm (weight 1, bias 0) sums every token's channels to 0: its gradient is
+    rounding noise that normalising to sum 1 drew as a map."""
+    import json
+
+    from vitsee.engine.analyses.erf import NO_FIELD
+    from vitsee.engine.figures import figure_for
+    from vitsee.engine.views import load_view
+
+    result = _erf(store_copy, VIT)
+    layers = [str(x) for x in result["layers"]]
+    assert layers[-1] == "norm" and result["no_field"].tolist() == [False] * (len(layers) - 1) + [True]
+    assert np.isnan(result["maps"][-1]).all() and np.isfinite(result["maps"][:-1]).all()
+    code, out, err = run_cli(["show", store_copy, "erf:test_vit:norm"], capsys)
+    assert code == 0, err
+    assert NO_FIELD in " ".join(out.split())
+    code, out, err = run_cli(["show", store_copy, "erf:test_vit:norm", "--format", "json"], capsys)
+    assert code == 0 and json.loads(out)["no_field"] == NO_FIELD
+    code, out, err = run_cli(["show", store_copy, "erf:test_vit:blocks.5", "--format", "json"], capsys)
+    assert code == 0 and "no_field" not in json.loads(out) and json.loads(out)["no_field_layers"] == ["norm"]
+    fig = figure_for(load_view(store_copy, "erf:test_vit"))
+    assert [t.get_gid() for ax in fig.axes if ax.get_label() == "erf-norm" for t in ax.texts] == ["no-field"]
+
+
+def test_no_field_is_the_gradient_zero_to_working_precision_next_to_a_random_sign_reference():
+    import torch
+
+    from vitsee.engine.analyses.erf import Tap, centre_of_tokens, input_gradients, no_field
+
+    class Layers(torch.nn.Module):  # (B, 3, 4, 4) -> tokens (B, 4, 8): a linear map, then LayerNorm without affine
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Linear(12, 8, dtype=torch.float64)
+            self.norm = torch.nn.LayerNorm(8, elementwise_affine=False, dtype=torch.float64)
+            self.softmax = torch.nn.Softmax(dim=-1)
+
+        def forward(self, x):
+            tokens = self.embed(x.unfold(2, 2, 2).unfold(3, 2, 2).permute(0, 2, 3, 1, 4, 5).reshape(-1, 4, 12))
+            return self.softmax(self.norm(tokens))
+
+    torch.manual_seed(0)
+    model, x = Layers().eval(), torch.randn(5, 3, 4, 4, dtype=torch.float64)
+    taps = {name: Tap(name, "output", centre_of_tokens(0, (2, 2))) for name in ("embed", "norm", "softmax")}
+    reference: dict = {}
+    grads = input_gradients(model, x, taps, reference)
+    flat = {name: no_field(float(grads[name].sum()), reference[name]) for name in taps}
+    assert flat == {"embed": False, "norm": True, "softmax": True}  # a LayerNorm's and a softmax's sums are constant
+    assert float(grads["norm"].sum()) < 1e-12 < reference["norm"]
+    assert not no_field(1e-3, 1.0) and no_field(1e-5, 1.0) and no_field(0.0, 0.0)
 
 
 def test_changed_weights_file_is_refused_in_one_line(tmp_path, capsys):

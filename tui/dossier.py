@@ -152,6 +152,8 @@ def half_mass_radius(erf: np.ndarray) -> float:
 
 def erf_lines(view: View) -> list[str]:
     """Returns how spread the layer's effective receptive field is: its half-mass radius and its peak's share."""
+    if view.extra.get("no_field"):  # rounding noise, not a map (engine/analyses/erf.py)
+        return [view.extra["no_field"]]
     erf = np.asarray(view.matrix, dtype=float)
     h, w = erf.shape
     return [f"half of |d centre / d input| lies within {half_mass_radius(erf):.1f} px of the centre pixel "

@@ -6,6 +6,14 @@ grid (gh // 2, gw // 2); CNN: map position (H // 2, W // 2)). The ERF is the mea
 |d scalar / d input|, summed over colour channels, normalised to sum 1; the input is the preprocessed input
 the store holds. The model is reloaded exactly as recorded (spec, weights and their sha256, input size).
 
+A layer whose centre scalar does not depend on the input has no receptive field, only rounding noise that
+normalising would blow up into a map: at random init timm's final `norm` (a LayerNorm with weight 1 and bias 0)
+makes the channel sum of every token 0 whatever the input, and its gradient is ~1e-14 in fp64, 4e-5 in fp32. So
+the first batch also takes the gradient of a fixed random-sign sum of the centre's channels (which any layer with
+a field moves): where the centre sum's gradient is under NO_FIELD_RTOL of it, the layer is marked `no_field`
+and its map left empty (measured on vit_tiny / resnet18 at random init: 5.6e-8 for `norm`, 0.56 to 1 for every
+other layer).
+
 The pure core is `input_gradients` (a model, hooks and a batch in, per-layer |gradient| maps out) and
 `normalised`; `run_erf` is the store-facing runner, `erf_params` its cache key, `view_fields` its view, `SPEC`
 its entry in the registry (engine/analyses/__init__.py).
@@ -37,6 +45,9 @@ ANALYSIS = "erf"
 IDENTITY = ("model", "layers", "n_images")  # any number of averaged images serves a view that asked for none
 BATCH = 16  # images per backward pass: the graph of every layer is kept until each layer's gradient is taken
 DEFAULT_IMAGES = 32
+NO_FIELD_RTOL = 1e-4  # about 1000 fp32 epsilons: a centre sum whose gradient is this small next to the reference's
+NO_FIELD = ("no receptive field: this layer's centre sum does not depend on the input (its gradient is rounding "
+            "noise, e.g. a LayerNorm at random init, whose channels sum to a constant)")
 
 
 # --- the pure core ------------------------------------------------------------------------------------------
@@ -70,11 +81,14 @@ def centre_of_map(out: torch.Tensor) -> torch.Tensor:
     return out[:, :, out.shape[2] // 2, out.shape[3] // 2].sum(dim=1)
 
 
-def input_gradients(model: nn.Module, x: torch.Tensor, taps: dict[str, Tap]) -> dict[str, torch.Tensor]:
+def input_gradients(model: nn.Module, x: torch.Tensor, taps: dict[str, Tap],
+                    reference: dict[str, float] | None = None) -> dict[str, torch.Tensor]:
     """Returns per layer (B, H, W): |d centre scalar / d x| summed over colour channels, for each image of x.
 
     One forward with a hook per layer, then one gradient per layer through the kept graph. The images of a
     batch are independent in eval mode, so the gradient of the batch's summed scalars is each image's own.
+    reference, if given, gets per layer the summed |gradient| of a fixed random-sign sum of the centre's
+    channels: the scale a gradient of this layer has (see NO_FIELD_RTOL).
     """
     outputs: dict[str, torch.Tensor] = {}
     handles = []
@@ -91,6 +105,8 @@ def input_gradients(model: nn.Module, x: torch.Tensor, taps: dict[str, Tap]) -> 
             names = list(taps)
             grads = {}
             for i, name in enumerate(names):
+                if reference is not None:
+                    reference[name] = _reference_gradient(taps[name], outputs[name], x)
                 scalar = taps[name].centre(outputs[name]).sum()
                 (grad,) = torch.autograd.grad(scalar, x, retain_graph=i < len(names) - 1, allow_unused=True)
                 grads[name] = torch.zeros_like(x[:, 0]) if grad is None else grad.abs().sum(dim=1)  # (B, H, W)
@@ -98,6 +114,18 @@ def input_gradients(model: nn.Module, x: torch.Tensor, taps: dict[str, Tap]) -> 
         for handle in handles:
             handle.remove()
     return grads
+
+
+def _reference_gradient(tap: Tap, out: torch.Tensor, x: torch.Tensor) -> float:
+    """Returns the summed |d (centre of signs * out) / d x|, signs a fixed random +-1 per channel and position."""
+    signs = torch.randint(0, 2, out.shape[1:], generator=torch.Generator().manual_seed(0)).to(out) * 2 - 1
+    (grad,) = torch.autograd.grad(tap.centre(out * signs).sum(), x, retain_graph=True, allow_unused=True)
+    return 0.0 if grad is None else float(grad.abs().sum())
+
+
+def no_field(gradient_sum: float, reference_sum: float) -> bool:
+    """Returns whether a centre scalar's summed |gradient| is zero to working precision next to the reference's."""
+    return gradient_sum <= NO_FIELD_RTOL * reference_sum
 
 
 def _first(value) -> torch.Tensor:
@@ -216,20 +244,25 @@ def run_erf(store: Store, model: str, cfg, progress=None) -> dict:
     taps = {layer: tap for layer, tap in _taps(store, key, store.model_info(key)).items() if layer in params["layers"]}
     n = params["erf_images"]
     total: dict[str, np.ndarray] = {}
+    reference: dict[str, float] = {}
+    first: dict[str, float] = {}
     starts = list(range(0, n, BATCH))
     for b, start in enumerate(starts):
         rows = np.arange(start, min(start + BATCH, n))
         x = torch.from_numpy(store.model_input(key, slice(int(rows[0]), int(rows[-1]) + 1))).to(device)
         if b == 0:
             _check_reproduces(store, key, loaded.model, x, taps, rows)
-        grads = input_gradients(loaded.model, x, taps)
+        grads = input_gradients(loaded.model, x, taps, reference if b == 0 else None)
         for layer, g in grads.items():
             total[layer] = total.get(layer, 0.0) + g.double().sum(dim=0).cpu().numpy()
+            first.setdefault(layer, float(total[layer].sum()))
         _emit(progress, f"erf {key}", b + 1, len(starts))
+    flat = np.array([no_field(first[layer], reference[layer]) for layer in params["layers"]])
     maps = normalised(np.stack([total[layer] / n for layer in params["layers"]]))  # mean over images, then sum 1
+    maps[flat] = np.nan  # rounding noise, not a field
     _, h, w = store.model_info(key)["data_config"]["input_size"]
     return _save(store, ANALYSIS, params, {"maps": maps, "layers": np.array(params["layers"]),
-                                           "input_hw": np.array([h, w])})
+                                           "input_hw": np.array([h, w]), "no_field": flat})
 
 
 # --- the view ---------------------------------------------------------------------------------------------------
@@ -254,8 +287,10 @@ def view_fields(result: dict, keys: list[str], layer: str | None) -> dict:
     matrix = maps[layers.index(layer)]
     finite = matrix[np.isfinite(matrix) & (matrix > 0)]
     shown = depths(layers)
+    flat = [str(x) for x, f in zip(layers, result.get("no_field", np.zeros(len(layers), bool))) if f]
     extra = {"layers": layers, "depth_layers": [layers[i] for i in shown],
-             "depth_maps": {layers[i]: maps[i] for i in shown}, "min_positive": float(finite.min()) if finite.size else 0.0}
+             "depth_maps": {layers[i]: maps[i] for i in shown}, "min_positive": float(finite.min()) if finite.size else 0.0,
+             "no_field_layers": flat, **({"no_field": NO_FIELD} if layer in flat else {})}
     params = dict(result["_params"], layer=layer)
     params.pop("layers", None)
     h, w = matrix.shape

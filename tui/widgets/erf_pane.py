@@ -70,6 +70,7 @@ class ErfPane(HeatmapPane):
             heatmap.set_data(matrix, view.rows, view.cols, vmin=vmin, vmax=vmax)
             heatmap.value_name = name
         self.query_one(".erf--note", Label).update(
+            f"{view.params.get('layer')}: {view.extra['no_field']}" if view.extra.get("no_field") else
             f"{view.params.get('layer')}: share of |d centre / d input| per pixel over {view.params.get('erf_images')} "
             f"images; {'log' if self.log_scale else 'linear'} colours (g switches)"
         )
