@@ -33,12 +33,17 @@ class _NoBar:
         pass
 
 
-def _progress_bar(quiet: bool):
-    """Returns (callback, context manager) drawing extraction progress on stderr."""
+def _warn(event) -> None:
+    err.print(f"warning: {event.message}", style="yellow", highlight=False, soft_wrap=True)
+
+
+def _progress_bar(quiet: bool, warn: bool = True):
+    """Returns (callback, context manager) drawing extraction progress on stderr; quiet: no bars or progress
+    lines, but the warnings about the data (fp16 loss, non-finite values) still, as `vitsee info` shows them."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     if quiet:
-        return (lambda _e: None), _NoBar()
+        return (lambda e: _warn(e) if warn and e.stage == "warning" else None), _NoBar()
     bar = Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -58,7 +63,7 @@ def _progress_bar(quiet: bool):
         if event.stage in ("plan", "load"):
             bar.console.print(event.message, style="dim" if event.stage == "load" else None, highlight=False)
         elif event.stage == "warning":
-            bar.console.print(f"warning: {event.message}", style="yellow", highlight=False, soft_wrap=True)
+            _warn(event)
         elif event.stage == "extract":
             if "task" not in state:
                 bar.start()
@@ -95,7 +100,7 @@ def extract(
     heads: Annotated[bool, typer.Option("--heads", help="with --streaming: also head-level CKA, each ViT head against the other models' layers (paper Fig. 5); without it head outputs are stored anyway")] = False,
     overwrite: Annotated[bool, typer.Option(help="replace an existing store")] = False,
     force: Annotated[bool, typer.Option(help="start even if the disk looks too small")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar (warnings about the data still print)")] = False,
     threads: Annotated[Optional[int], typer.Option(help="CPU compute threads (default: the usable cores other processes leave free; CKA Grams and probe fits also share the busy ones, a layer at a time)")] = None,
 ) -> None:
     """Run models over images and store layer activations and per-image statistics (resumable: with no
@@ -107,7 +112,8 @@ def extract(
     from .run_config import plan_resume
     from .threads import set_compute_threads
 
-    quiet = quiet or is_secondary()  # under torchrun rank 0 speaks for the run
+    secondary = is_secondary()
+    quiet = quiet or secondary  # under torchrun rank 0 speaks for the run
     # under torchrun (WORLD_SIZE > 1) each process extracts a shard and rank 0 stitches them
     driver = distributed.extract_sharded if distributed.current() is not None else run_extraction
     if not model:
@@ -125,7 +131,7 @@ def extract(
         )
         run = lambda progress: driver(cfg, progress=progress)  # noqa: E731
     set_compute_threads(threads)
-    on_event, bar = _progress_bar(quiet)
+    on_event, bar = _progress_bar(quiet, warn=not secondary)
     try:
         result = run(on_event)
     except KeyboardInterrupt:

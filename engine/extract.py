@@ -188,7 +188,7 @@ def run_extraction(
             note = fp16_note(mp.key, mp.record.get("fp16_loss", {}))
             if note:
                 messages.append(note)
-                emit(Progress("plan", message=note, model=mp.key))
+                emit(Progress("warning", message=note, model=mp.key))  # about the data: said even with -q
             if not mp.new and mp.batch_size != cfg.batch_size:
                 note = f"{mp.key}: resuming with the stored batch size {mp.batch_size}"
                 messages.append(note)

@@ -69,8 +69,13 @@ def test_row_ranges_compress_runs_and_cut_after_the_limit():
     assert row_ranges([0, 2, 4, 6, 7], limit=2) == "0, 2 and 3 more"
 
 
-def test_extraction_ends_with_one_line_naming_the_layers_and_rows_with_nonfinite_values(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("quiet", [[], ["--quiet"]])
+def test_extraction_ends_with_one_line_naming_the_layers_and_rows_with_nonfinite_values(tmp_path, capsys, monkeypatch,
+                                                                                        quiet):
+    """--quiet drops the progress bars, not the warnings about the data (fp16 loss, non-finite values)."""
     from vitsee.engine import extract
+
+    monkeypatch.setattr(extract, "fp16_note", lambda key, loss: f"{key}: float16 storage rounds away up to 2.0e-03")
 
     forward = extract._forward
 
@@ -88,10 +93,14 @@ def test_extraction_ends_with_one_line_naming_the_layers_and_rows_with_nonfinite
     monkeypatch.setattr(extract, "_forward", overflowing)
     store = tmp_path / "overflow.h5"
     code, _, err = run_cli(["extract", store, "-m", VIT, "--dataset", "synthetic", "-n", 24, "--batch-size", 8,
-                            "--img-size", IMG, "--device", "cpu", "--workers", 0], capsys)
+                            "--img-size", IMG, "--device", "cpu", "--workers", 0, *quiet], capsys)
     assert code == 0, err
     warnings = [line for line in err.splitlines() if line.startswith("warning: non-finite")]
     assert len(warnings) == 1
+    assert [line for line in err.splitlines() if "float16 storage" in line] == [
+        f"warning: {VIT}: float16 storage rounds away up to 2.0e-03"]
+    if quiet:
+        assert err.splitlines() == [line for line in err.splitlines() if line.startswith("warning: ")], err
     assert f"{VIT} layer(s) blocks.1 in 6 image(s) (store rows 5-9, 17)" in warnings[0]
     assert f"vitsee info {store}" in warnings[0]
     with Store.open(store) as s:  # the store's counts say the same, per layer
