@@ -350,6 +350,7 @@ def _spatial(view: View, selection, cmap: Colormap) -> Figure:
             sub.set_title(view.rows[i * gw + j].removeprefix("token "), fontsize=TICK_PT, pad=2)
             sub.set_xticks([])
             sub.set_yticks([])
+    _caption(fig, view, view.extra.get("pixels", ""))
     return fig
 
 

@@ -139,7 +139,8 @@ def _spatial(view: View, mode: ColorMode, cmap: str, width: int, selection) -> l
     marks = view.nonfinite[token].reshape(gh, gw) if view.nonfinite is not None else None
     plot = Heatmap(token_map, [f"r{i}" for i in range(gh)], [f"c{j}" for j in range(gw)], scale, mode, width,
                    magnify="even", mark=divmod(token, gw), nonfinite=marks)
-    caption = (f"{view.rows[token]}: CKA of its representation with the pixels of every input patch; "
+    caption = (f"{view.rows[token]}: CKA of its representation with the pixels of every input patch "
+               f"({view.extra.get('pixels', 'the stored input')}); "
                f"{TOKEN_MARK} marks the token's own cell ({view.cell_text(token, token, 3)})")
     return [Text(caption, style=_style(mode, "dim")), *plot.lines(), *plot.column_key(names=False),
             plot.legend(view.value_name), *_nonfinite_lines(view, mode)]

@@ -257,6 +257,19 @@ def test_spatial_figure_defaults_to_the_centre_tokens_map_with_its_cell_outlined
     assert len(small) == 9  # rows and columns 0, 1, 3 of the 4x4 grid
 
 
+def test_spatial_views_say_the_tokens_are_compared_with_the_normalised_stored_input(views, capsys):
+    from vitsee.engine.analyses.spatial import INPUT_NOTE
+    from vitsee.engine.render import render_view
+
+    view = views["spatial"]
+    assert view.extra["pixels"] == INPUT_NOTE and "normalised input as the store keeps it" in INPUT_NOTE
+    (caption,) = with_gid(figure_for(view), "caption")
+    assert INPUT_NOTE in " ".join(caption.get_text().split())
+    text = " ".join(str(r) for r in render_view(view, color="none", width=120))
+    assert INPUT_NOTE in " ".join(text.split())
+    assert view.to_json()["pixels"] == INPUT_NOTE
+
+
 def test_spatial_selection_picks_the_token_and_marks_the_patch(views):
     view = views["spatial"]
     fig = figure_for(view, selection=(5, 14))

@@ -1,6 +1,11 @@
 """Spatial localisation (Raghu et al. 2021, Fig. 9, 10): minibatch CKA between one token position's
-representation and the raw pixels of each input patch; the layout of a layer's cells, the parameters (cache key)
-and the run over the store."""
+representation and the pixels of each input patch; the layout of a layer's cells, the parameters (cache key)
+and the run over the store.
+
+The pixels are the model's input as the store keeps it (`input`): after timm's eval transform (resize, crop,
+per-channel mean/std normalisation) and in the store's dtype, not the raw image. A fair choice, since that is
+what the tokens are computed from; CKA against the raw 0-255 pixels differs by about 2e-3. Views say so (INPUT_NOTE).
+"""
 from __future__ import annotations
 
 import re
@@ -13,6 +18,9 @@ from ..errors import VitseeError
 from ..store import Store, read_rows
 from .base import Analysis, AnalyzeConfig, StepFn, _check_ready, _device, _emit, _save, _with_stats, batch_plan
 from .cka import _cka_accumulator, _cka_slots, _pooled_stats
+
+
+INPUT_NOTE = "pixels: the model's normalised input as the store keeps it, not the raw image"
 
 
 def _spatial_layout(store: Store, key: str, layer: str) -> tuple[tuple[int, int], int, Callable[[np.ndarray], list[np.ndarray]]]:
@@ -61,8 +69,8 @@ def spatial_params(store: Store, key: str, cfg: AnalyzeConfig, layer: str | None
 
 
 def run_spatial(store: Store, model: str, cfg: AnalyzeConfig, layer: str | None = None, progress: StepFn | None = None) -> dict:
-    """Returns the (cells, cells) CKA between each token position's representation and the raw pixels of
-    each input patch (the preprocessed model input): row t reshaped to the grid is token t's map."""
+    """Returns the (cells, cells) CKA between each token position's representation and the pixels of each
+    input patch (the normalised model input the store keeps): row t reshaped to the grid is token t's map."""
     key = store.resolve_model(model)
     store.require_complete(key)
     params = spatial_params(store, key, cfg, layer)
@@ -120,7 +128,8 @@ def view_fields(r: dict, keys: list[str], info: dict, layer: str | None = None) 
     gh, gw = (int(v) for v in r["grid"])
     cells = [f"r{i}c{j}" for i in range(gh) for j in range(gw)]
     params = dict(r["_params"])
-    extra = {"grid": [gh, gw], "patch_px": int(r["patch_px"]), **({"n_batches": int(r["n_batches"])} if "n_batches" in r else {})}
+    extra = {"grid": [gh, gw], "patch_px": int(r["patch_px"]), "pixels": INPUT_NOTE,
+             **({"n_batches": int(r["n_batches"])} if "n_batches" in r else {})}
     return dict(kind="spatial", spec="", title=f"Spatial localisation {key} {params['layer']}", subtitle="", matrix=r["maps"],
                 rows=[f"token {c}" for c in cells], cols=[f"patch {c}" for c in cells], value_name="CKA", vmin=0.0,
                 vmax=1.0, params=params, extra=extra, models=[key], ci_low=r.get("ci_low"), ci_high=r.get("ci_high"))

@@ -81,8 +81,8 @@ class SpatialPane(HeatmapPane):
             heatmap.set_data(self.token_map(self.token), rows, cols, vmin=view.vmin, vmax=view.vmax, **self.token_marks(self.token))
         heatmap.cursor = (self.token // gw, self.token % gw)
         self.query_one(".spatial--note", Label).update(
-            f"cursor: a token of the {gh}x{gw} grid at {view.params.get('layer')}; "
-            f"colours: its CKA with the pixels of each {view.extra.get('patch_px')} px input patch"
+            f"CKA of the cursor's token ({view.params.get('layer')}, {gh}x{gw}) with the stored, normalised "
+            f"pixels of each {view.extra.get('patch_px')} px patch"
         )
 
     def on_heatmap_cursor_moved(self, message: Heatmap.CursorMoved) -> None:
