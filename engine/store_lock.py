@@ -73,6 +73,37 @@ def _holder(fd: int) -> str:
     return f"a process on another machine, or pid {pid} in another container ({command}, since {started})"
 
 
+def writer_of(store: str | Path) -> str | None:
+    """Returns who is writing the store now ('process 123 (vitsee extract, since ...)'), None when nobody is.
+
+    It asks the kernel who holds the lock (F_GETLK) without taking it, so it never gets in a writer's way and
+    never drops a lock this process holds (closing a descriptor of the lock file would: see the module docstring).
+    """
+    import struct
+
+    path = lock_file(Path(store))
+    with _HELD_GUARD:
+        held = _HELD.get(os.path.realpath(path))
+        if held is not None:
+            return _holder(held._fd)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:
+            return None  # no lock file (never written), or not a plain one: nobody is writing through it
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            query = struct.pack("hhqqi", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)  # struct flock: type, whence, start, len, pid
+            answer = fcntl.fcntl(fd, fcntl.F_GETLK, query + bytes(max(0, 32 - len(query))))
+            if struct.unpack("hhqqi", answer[: len(query)])[0] == fcntl.F_UNLCK:
+                return None
+            return _holder(fd)
+        except OSError:  # a file system without locks: nobody can be told apart
+            return None
+        finally:
+            os.close(fd)  # this process holds no lock on it (checked above): nothing to drop
+
+
 class WriteLock:
     """An exclusive, non-blocking write lock on a store; `release()` (or the context manager) frees it."""
 

@@ -70,6 +70,22 @@ def test_the_file_sets_what_it_names_flags_override_it_and_the_rest_stays_defaul
     assert flagged.values["device"].source == str(path)
 
 
+@pytest.mark.parametrize("where", ["file", "flag"])
+def test_an_export_dir_that_is_a_file_is_refused_at_start_not_at_the_first_export(tmp_path, where):
+    blocker = tmp_path / "figs"
+    blocker.write_text("a file\n")
+    if where == "file":
+        write_config(tmp_path, f'export_dir = "{blocker / "png"}"\n')
+    with pytest.raises(VitseeError) as error:
+        load_settings({"export_dir": str(blocker)} if where == "flag" else None)
+    text = str(error.value)
+    assert f"{blocker} is a file, not a folder" in text and "\n" not in text
+    assert (text.startswith(f"--export-dir {blocker}:") if where == "flag" else "export_dir = " in text)
+    if where == "file":
+        write_config(tmp_path, "")
+    assert load_settings({"export_dir": str(tmp_path / "new" / "png")})["export_dir"] == tmp_path / "new" / "png"
+
+
 def test_without_a_file_every_setting_is_its_default(tmp_path):
     settings = load_settings()
     assert not settings.found

@@ -340,6 +340,33 @@ def test_a_read_only_folder_is_named_as_the_cause(base, tmp_path, monkeypatch):
     assert "read-only" in text and "intact" in text and "--overwrite" not in text
 
 
+def test_a_read_only_mount_is_named_as_the_cause_without_offering_chmod(base, monkeypatch):
+    import errno
+
+    real_open, real_statvfs = os.open, os.statvfs
+
+    def refusing(path, flags, *args, **kwargs):
+        if str(path) == "lock" and "dir_fd" in kwargs:
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", refusing)
+    with pytest.raises(VitseeError) as info:
+        Store.writer(base)
+    assert "read-only file system" in str(info.value) and "chmod" not in str(info.value)
+    monkeypatch.setattr(os, "open", real_open)
+
+    class ReadOnly:
+        def __init__(self, where):
+            self.f_flag = real_statvfs(where).f_flag | os.ST_RDONLY
+
+    monkeypatch.setattr(os, "statvfs", ReadOnly)  # the mount says read-only although root could write
+    with pytest.raises(VitseeError) as info:
+        Store.writer(base, rows=True)
+    text = str(info.value)
+    assert "on a read-only file system" in text and "intact" in text and "chmod" not in text
+
+
 def test_a_damaged_result_file_is_computed_again_not_fatal(base):
     with Store.writer(base) as s:
         rid = s.put_result("cka", {"x": 1}, {"v": np.arange(3.0)})

@@ -280,3 +280,24 @@ async def test_q_then_o_quits_without_a_traceback(tiny_store, tmp_path, delay):
         app.post_message(events.Key("o", "o"))
         await pilot.pause(0.5)
     assert app.return_code == 0 and app._exception is None
+
+
+async def test_the_spatial_token_detail_says_non_finite_never_not_computed(bad_store, tmp_path):
+    """blocks.2 of the ViT holds NaN in one spatial token of images 5-9: its map's cells are non-finite."""
+    from vitsee.tui.results import LoadedView
+    from vitsee.tui.screens.view_detail import spatial_token_detail
+
+    path = tmp_path / "bad.h5"
+    shutil.copy(bad_store, path)
+    view = load_view(path, f"spatial:{VIT}:blocks.2", AnalyzeConfig(shuffles=0, batch_size=16, ci=0))
+    assert view.nonfinite is not None and view.nonfinite.any()
+    token, patch = (int(i[0]) for i in np.nonzero(view.nonfinite))
+    gh, gw = view.extra["grid"]
+    app = make_app(path, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, view_shown("cka"), timeout=120)
+        app.push_screen(spatial_token_detail(LoadedView(view.spec, view, False, 0.0, {}), token, (gh, gw)))
+        await settle(pilot)
+        heatmap = app.screen.query_one("#detail-map")
+        text = heatmap.describe(patch // gw, patch % gw)
+        assert text.startswith("non-finite (") and "of 48 images" in text

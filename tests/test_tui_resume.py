@@ -123,6 +123,41 @@ async def test_R_on_an_incomplete_stores_explorer_resumes_it_and_reopens_the_fin
         assert s.complete
 
 
+async def test_a_store_another_process_is_extracting_names_that_writer_instead_of_offering_R(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "half.h5"
+    cancel = threading.Event()
+    run_extraction(ExtractConfig(store=path, **dict(RUN, n_images=24, batch_size=4)),
+                   lambda e: cancel.set() if e.stage == "extract" and e.done >= 8 else None, cancel)
+    code = ("from vitsee.engine.store_lock import WriteLock; import time\n"
+            f"lock = WriteLock({str(path)!r}, command='vitsee extract'); print('held', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        app = make_app(path, tmp_path)
+        async with app.run_test(size=SIZE) as pilot:
+            await settle(pilot, lambda a: a.screen.summary is not None)
+            texts = [text for text, _severity in notifications(app)]
+            assert any(f"being written by process {holder.pid} (vitsee extract" in t for t in texts), texts
+            assert not any("R resumes" in t for t in texts)
+            assert not app.check_action("resume", ())
+        start = make_app(None, tmp_path)
+        async with start.run_test(size=SIZE) as pilot:
+            def marked(a) -> bool:
+                return isinstance(a.screen, StartScreen) and "written by" in str(
+                    a.screen.query_one("#stores").get_option(str(path)).prompt)
+
+            await settle(pilot, marked)
+            prompt = str(start.screen.query_one("#stores").get_option(str(path)).prompt)
+            assert f"extracting 8/24, written by process {holder.pid}" in prompt and "R resumes" not in prompt
+            assert str(path) not in start.screen.incomplete and not start.screen.check_action("resume", ())
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 async def test_esc_leaves_a_failed_first_run_for_the_start_screen_and_r_tries_the_plan_again(tmp_path):
     from vitsee.engine.errors import VitseeError
 

@@ -114,7 +114,7 @@ class VitseeApp(App):
         summary = getattr(screen, "summary", None) if isinstance(screen, ExplorerScreen) else None
         if summary is None or not summary.models or all(m.rows_done >= summary.n_images for m in summary.models):
             return None
-        return screen.path
+        return None if summary.writer is not None else screen.path  # another process extracting: not for R
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Resume shows on an explorer of an incomplete store only."""

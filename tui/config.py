@@ -93,7 +93,12 @@ def _boolean(value: Any) -> bool:
 def _folder(value: Any) -> Path:
     if not isinstance(value, (str, Path)) or not str(value).strip():
         raise ValueError('give a folder as a string, such as "~/vitsee-exports"')
-    return Path(value).expanduser()
+    path = Path(value).expanduser()
+    # made on the first export if missing; a file in the way would fail only then, after the view was drawn
+    blocking = next((p for p in [path, *path.parents] if p.exists()), None)
+    if blocking is not None and not blocking.is_dir():
+        raise ValueError(f"{blocking} is a file, not a folder: give a folder to export into (made if missing)")
+    return path
 
 
 def _device(value: Any) -> str:

@@ -64,6 +64,7 @@ class StoreSummary:
     models: list[ModelSummary]
     cached: list[str] = field(default_factory=list)  # analyses with a cached result
     streaming: bool = False  # extracted with --streaming: results only, no activations
+    writer: str | None = None  # who holds the store's write lock when it was read ('process 12 (vitsee extract ...)')
 
     def model(self, key: str) -> ModelSummary:
         return next(m for m in self.models if m.key == key)
@@ -81,6 +82,9 @@ class StoreSummary:
         if not unfinished:
             return None
         m = min(unfinished, key=lambda m: m.rows_done)
+        if self.writer is not None:  # not interrupted: still running, and resuming would be refused
+            return (f"extraction in progress: {m.rows_done} of {self.n_images} images, {self.path.name} is being "
+                    f"written by {self.writer}; reopen it (o) when that ends")
         return (f"extraction incomplete: {m.rows_done} of {self.n_images} images; {INCOMPLETE_HINT} "
                 f"(or `vitsee extract {self.path}`)")
 
@@ -104,6 +108,7 @@ def read_summary(path: str | Path) -> StoreSummary:
     from vitsee.engine.analyses.erf import _taps as erf_taps
     from vitsee.engine.analyze import applicable
     from vitsee.engine.store import Store
+    from vitsee.engine.store_lock import writer_of
 
     path = Path(path)
     try:
@@ -122,7 +127,8 @@ def read_summary(path: str | Path) -> StoreSummary:
                     erf_layers=[] if store.streaming else list(erf_taps(store, key, info)),
                 ))
             cached = sorted({r["analysis"] for r in store.results()})
-            return StoreSummary(path, store.n_images, store.dataset_spec, models, cached, store.streaming)
+            writer = writer_of(path) if any(m.rows_done < store.n_images for m in models) else None
+            return StoreSummary(path, store.n_images, store.dataset_spec, models, cached, store.streaming, writer)
     except VitseeError:
         raise
     except (OSError, KeyError, ValueError, TypeError, json.JSONDecodeError) as exc:  # a damaged file

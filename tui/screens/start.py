@@ -106,6 +106,7 @@ class StartScreen(Screen):
     def _mark_incomplete(self, stores: list[Path]) -> None:
         """Reads each store's done rows (h5py, off the event loop) and marks the unfinished ones."""
         from vitsee.engine.store import Store
+        from vitsee.engine.store_lock import writer_of
 
         for path in stores:
             try:
@@ -115,15 +116,18 @@ class StartScreen(Screen):
             except (VitseeError, OSError):  # not a store, or being replaced: listed as it is
                 continue
             if done < n:
-                self.app.call_from_thread(self._mark, path, f"incomplete {done}/{n}, R resumes")
+                writer = writer_of(path)  # another process still extracting: not for R to resume
+                text = f"extracting {done}/{n}, written by {writer}" if writer else f"incomplete {done}/{n}, R resumes"
+                self.app.call_from_thread(self._mark, path, text, writer is None)
 
-    def _mark(self, path: Path, text: str) -> None:
+    def _mark(self, path: Path, text: str, resumable: bool = True) -> None:
         option_list = self.query_one("#stores", OptionList)
         try:
             option_list.replace_option_prompt(str(path), f"{store_line(path)}  {text}")
         except OptionDoesNotExist:  # rescanned meanwhile
             return
-        self.incomplete.add(str(path))
+        if resumable:
+            self.incomplete.add(str(path))
         self.refresh_bindings()
 
     def _highlighted_store(self) -> str | None:

@@ -196,8 +196,10 @@ class MapDetail(DetailScreen):
 
     def __init__(self, loaded: LoadedView, title: str, matrix: np.ndarray, cursor: tuple[int, int], *,
                  value_name: str, vmin: float | None = None, vmax: float | None = None, facts: str = "",
-                 caption: str = "", help_text: str = "A map at full size", **kwargs) -> None:
+                 caption: str = "", help_text: str = "A map at full size", marks: dict | None = None,
+                 **kwargs) -> None:
         super().__init__(loaded, title, **kwargs)
+        self.marks = marks or {}  # Heatmap's nonfinite / nonfinite_text: cells computed from NaN/Inf, not missing
         self.matrix = np.asarray(matrix, dtype=float)
         self.cursor, self.value_name, self.vmin, self.vmax = cursor, value_name, vmin, vmax
         self.facts_text, self.caption, self.help_text = facts, caption, help_text
@@ -211,7 +213,7 @@ class MapDetail(DetailScreen):
         rows, cols = self.matrix.shape
         heatmap = Heatmap(self.matrix, [f"r{i}" for i in range(rows)], [f"c{j}" for j in range(cols)], vmin=self.vmin,
                           vmax=self.vmax, cmap=self.cmap, color_mode=self.color_mode, value_name=self.value_name,
-                          zoom="detail", id="detail-map")
+                          zoom="detail", id="detail-map", **self.marks)
         heatmap.set_reactive(Heatmap.cursor, self.cursor)
         heatmap.styles.height = rows + 2  # one line per row at this zoom, the labels and the legend
         yield heatmap
@@ -354,13 +356,15 @@ def spatial_token_detail(loaded: LoadedView, token: int, grid: tuple[int, int], 
     name = f"r{token // gw}c{token % gw}"
     interval = view.interval_text(token, token) if math.isfinite(values[token]) else ""
     facts = f"own patch {name}: CKA {view.cell_text(token, token)}{interval}"
+    marks = {} if view.nonfinite is None else {"nonfinite": view.nonfinite[token].reshape(gh, gw),
+                                              "nonfinite_text": lambda i, j: view.nonfinite_text(token, i * gw + j)}
     if np.isfinite(values).any():
         peak = int(np.nanargmax(values))
         facts += f"; peak patch r{peak // gw}c{peak % gw} {values[peak]:.4f}"
     return MapDetail(loaded, f"token {name} of {view.params.get('layer')}: CKA with each input patch", values.reshape(gh, gw),
                      (token // gw, token % gw), value_name="CKA", vmin=view.vmin, vmax=view.vmax, facts=facts,
                      caption=f"{gh}x{gw} patches of {view.extra.get('patch_px')} px", help_text="Spatial map of one token",
-                     **kwargs)
+                     marks=marks, **kwargs)
 
 
 def erf_detail(loaded: LoadedView, cursor: tuple[int, int], log_scale: bool, floor_decades: int, **kwargs) -> DetailScreen:
