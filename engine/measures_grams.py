@@ -31,9 +31,10 @@ where one layer's eigendecomposition takes ~2 s on two CPU cores and Procrustes 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,6 +121,7 @@ class LayerGrams:
             v += xc @ mu[c : c + step]
             w += xc @ mur[c : c + step]
             s += xc.sum(dim=1)
+        gram = (gram + gram.T) / 2  # exactly symmetric: a resample reads both (i, j) and (j, i), which must tie
         return cls(gram, v, w, s, float(mu.square().sum()), float(mur.square().sum()), d, name=name)
 
     @property
@@ -158,30 +160,31 @@ class LayerGrams:
 
     def raw(self) -> torch.Tensor:
         """Returns the (n, n) Gram X X' of the features as stored (uncentred)."""
-        return self.gram + self.v[:, None] + self.v[None, :] + self.mu_sq
+        return self.gram + (self.v[:, None] + self.v[None, :]) + self.mu_sq  # grouped so (i, j) and (j, i) tie
 
     def cosine(self) -> torch.Tensor:
         """Returns the (n, n) inner products of the L2-normalised rows (a zero row gives zeros, as F.normalize)."""
         raw = self.raw()
         norms = raw.diagonal().clamp_min(0).sqrt()
         norms = torch.where(norms > 0, norms, torch.ones_like(norms))
-        return raw / norms[:, None] / norms[None, :]
+        return raw / torch.outer(norms, norms)  # outer keeps the symmetry exact (a product commutes)
 
     def correlation(self) -> torch.Tensor | None:
         """Returns the (n, n) Pearson correlations between examples over their features, None when an example's
         features are all equal."""
-        k = self.gram - torch.outer(self.s, self.s) / self.d + self.w[:, None] + self.w[None, :] + self.mur_sq
+        k = self.gram - torch.outer(self.s, self.s) / self.d + (self.w[:, None] + self.w[None, :]) + self.mur_sq
         var = k.diagonal().clone()
         if bool((var <= (ms.CONSTANT_RTOL ** 2) * self.raw().diagonal()).any()):
             return None
         sd = var.sqrt()
-        return k / sd[:, None] / sd[None, :]
+        return k / torch.outer(sd, sd)
 
     def spectrum(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (U, lam): the centred Gram's eigenvectors (n, r) and variance fractions (r,), descending, r its
         numerical rank -- Xc / ||Xc||_F = U diag(sqrt(lam)) V' (the thin SVD), cached."""
         def build():
-            lam, u = torch.linalg.eigh(self.centred())
+            with small_lapack(self.n, self.device):
+                lam, u = torch.linalg.eigh(self.centred())
             lam, u = lam.flip(0), u.flip(1)
             r = ms.numerical_rank(lam, self.n, self.d)
             return u[:, :r], lam[:r] / lam[:r].sum()
@@ -223,6 +226,25 @@ def _permuted(key, part, idx: torch.Tensor):
 def _rows_cols(m: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """Returns m[idx][:, idx] (index_select: advanced indexing of both axes is ~100x slower on small CPU Grams)."""
     return m.index_select(0, idx).index_select(1, idx)
+
+
+SMALL_LAPACK = 256  # decompositions of matrices smaller than this run on one CPU thread
+
+
+@contextlib.contextmanager
+def small_lapack(n: int, device) -> Iterator[None]:
+    """Run the body's decompositions of n x n matrices on one torch thread when n < SMALL_LAPACK on the CPU.
+
+    A small eigh or SVD is all thread hand-offs: with another process on one of two cores, eigh of a 60 x 60
+    Gram took 78 ms on two threads and 5 ms on one (300 x 300: 514 vs 25 ms); a bootstrap does hundreds.
+    """
+    if torch.device(device).type != "cpu" or n >= SMALL_LAPACK or torch.get_num_threads() == 1:
+        yield
+        return
+    from .threads import torch_threads
+
+    with torch_threads(1):
+        yield
 
 
 def layer_grams(layers: Sequence[Any], names: Sequence[str] | None = None, device: Any = None) -> list[LayerGrams]:
@@ -333,7 +355,8 @@ def pairwise_procrustes(a, b, alpha: float = 1.0) -> np.ndarray:
         for c0 in range(0, len(cols), per):
             chunk = cols[c0 : c0 + per]
             stacked = torch.stack([torch.nn.functional.pad(pb[j], (0, width - pb[j].shape[1])) for j in chunk])  # zero
-            sims = torch.linalg.svdvals(p.T @ stacked).sum(dim=-1)  # (chunk,) padded columns add zero singular values
+            with small_lapack(width, p.device):
+                sims = torch.linalg.svdvals(p.T @ stacked).sum(dim=-1)  # (chunk,) padded columns: zero singular values
             out[i, chunk] = [ms.angle(float(s)) for s in sims.cpu()]
     return out
 
@@ -356,7 +379,8 @@ def _pairwise_cca(a, b, keep: float, weighted: bool, name: str) -> np.ndarray:
         for j, y in enumerate(rb):
             if x is None or y is None:
                 continue
-            rho, w = ms.canonical_correlations(x[0], y[0])
+            with small_lapack(max(x[0].shape[1], y[0].shape[1]), x[0].device):
+                rho, w = ms.canonical_correlations(x[0], y[0])
             out[i, j] = ms.pwcca_from_basis(rho, w, x[1]) if weighted else float(rho.mean())
     return out
 
@@ -428,7 +452,7 @@ MEASURES = {m.name: m for m in (
     Measure("svcca", ms.svcca, pairwise_svcca, {"keep": 0.99}),
     Measure("pwcca", ms.pwcca, pairwise_pwcca, {"keep": 0.99}, symmetric=False),
     Measure("mknn", ms.mknn, pairwise_mknn, {"k": 10}),
-    Measure("cknna", ms.cknna, pairwise_cknna, {"k": 10}),
+    Measure("cknna", ms.cknna, pairwise_cknna, {"k": 10}, symmetric=False),
     Measure("rsa", ms.rsa, pairwise_rsa, {}),
 )}
 
