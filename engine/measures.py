@@ -66,7 +66,7 @@ def as_features(a: Any, name: str = "x") -> torch.Tensor:
         raise VitseeError(f"{name} must be (examples, features...), got shape {tuple(t.shape)}: "
                           f"add a feature axis ({name}[:, None])")
     t = t.to(torch.float64).reshape(t.shape[0], -1)
-    bad = int((~torch.isfinite(t)).sum())
+    bad = 0 if bool(torch.isfinite(t).all()) else int((~torch.isfinite(t)).sum())
     if bad:
         raise VitseeError(f"{name} holds {bad} nan/inf values (fp16 overflow?): re-extract the layer in fp32 "
                           "or leave those examples out")
@@ -108,7 +108,7 @@ def warn_constant(name: str, measure: str) -> float:
 def _centred(x: torch.Tensor, name: str, measure: str) -> torch.Tensor | None:
     """Returns x minus its mean over examples, or None (after a warning) when the examples are all the same."""
     xc = x - x.mean(dim=0)
-    if is_constant(float(xc.square().sum()), float(x.square().sum())):
+    if is_constant(float(torch.linalg.vector_norm(xc)) ** 2, float(torch.linalg.vector_norm(x)) ** 2):
         warn_constant(name, measure)
         return None
     return xc

@@ -349,15 +349,20 @@ def pairwise_procrustes(a, b, alpha: float = 1.0) -> np.ndarray:
     width = max(pb[j].shape[1] for j in cols)
     n = a[0].n
     per = max(1, CHUNK_BYTES // (8 * max(n, width) * width))
+    within = b is a  # symmetric: the upper triangle is computed and mirrored, half the SVDs
     for i, p in enumerate(pa):
         if p is None:
             continue
-        for c0 in range(0, len(cols), per):
-            chunk = cols[c0 : c0 + per]
+        mine = [j for j in cols if j >= i] if within else cols
+        for c0 in range(0, len(mine), per):
+            chunk = mine[c0 : c0 + per]
             stacked = torch.stack([torch.nn.functional.pad(pb[j], (0, width - pb[j].shape[1])) for j in chunk])  # zero
             with small_lapack(width, p.device):
                 sims = torch.linalg.svdvals(p.T @ stacked).sum(dim=-1)  # (chunk,) padded columns: zero singular values
             out[i, chunk] = [ms.angle(float(s)) for s in sims.cpu()]
+    if within:
+        lower = np.tril_indices(len(a), -1)
+        out[lower] = out.T[lower]
     return out
 
 
@@ -375,13 +380,17 @@ def _pairwise_cca(a, b, keep: float, weighted: bool, name: str) -> np.ndarray:
     ra = [_reduction(g, keep) for g in a]
     rb = ra if b is a else [_reduction(g, keep) for g in b]
     out = np.full((len(a), len(b)), np.nan)
+    mirror = b is a and not weighted  # SVCCA is symmetric: the upper triangle, mirrored (PWCCA is not)
     for i, x in enumerate(ra):
         for j, y in enumerate(rb):
-            if x is None or y is None:
+            if x is None or y is None or (mirror and j < i):
                 continue
             with small_lapack(max(x[0].shape[1], y[0].shape[1]), x[0].device):
                 rho, w = ms.canonical_correlations(x[0], y[0])
             out[i, j] = ms.pwcca_from_basis(rho, w, x[1]) if weighted else float(rho.mean())
+    if mirror:
+        lower = np.tril_indices(len(a), -1)
+        out[lower] = out.T[lower]
     return out
 
 
