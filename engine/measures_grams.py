@@ -25,8 +25,9 @@ row layer, SVCCA, PWCCA and CKNNA pair by pair from per-layer parts built once. 
 
 A subset of at most max_images images (seeded, recorded) bounds the memory: about BYTES_PER_ENTRY bytes per image
 pair per layer when every measure's parts are cached (Gram 8, eigenvectors 8, RDM ranks 4, kNN mask 1), so
-default_max_images gives the largest n with n^2 x 21 B x layers <= GRAM_MEMORY (2 GiB), at most MAX_IMAGES (2048,
-where one layer's eigendecomposition takes ~2 s on two CPU cores and Procrustes ~2 s a pair).
+default_max_images gives the largest n with n^2 x 21 B x layers <= GRAM_MEMORY (2 GiB), at most MAX_IMAGES (2048:
+on one busy CPU core one layer's eigendecomposition took ~5 s at n = 2000 and Procrustes ~0.4 s a pair at n = 1000,
+benchmarks/README.md "Measures beyond linear CKA").
 """
 
 from __future__ import annotations
