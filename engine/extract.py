@@ -304,7 +304,7 @@ def _run_waves(run_pass, groups: list[list[ModelPlan]], store, selection, plans,
         if cancel is not None and cancel.is_set():
             return processed, written, True
         for mp in plans:
-            if mp.resident and mp not in group:
+            if mp.resident and not any(mp is g for g in group):
                 mp.release()
         _free_memory(device)
         for mp in group:

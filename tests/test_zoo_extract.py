@@ -205,6 +205,49 @@ class TestGrams:
             _extract(grams, streaming=True)
 
 
+def test_the_zoo_of_seven_families_equals_each_pairs_cka_computed_alone(one_pass, grams, tmp_path):
+    """engine/zoo.py over a real zoo: the matrix from the joint CKA against each pair's CKA computed one pair at a time
+    from the stored activations, and the intervals from the Grams' per-batch terms."""
+    from vitsee.engine import zoo
+    from vitsee.engine.analyses.cka import minibatch_cka
+
+    stored = copy_store(one_pass, tmp_path / "analyzed.h5")
+    with Store.writer(stored) as s:
+        result = run_cka(s, an.AnalyzeConfig(batch_size=8, shuffles=0, device="cpu", ci=0, permutations=0))
+        z = zoo.zoo_from_cka(result, families=[zoo.family_of_record(s.model_info(k)) for k in s.models])
+        assert z.families == ["ViT", "DeiT", "Swin", "Mixer", "ResNet", "ResNetV2/BiT", "ConvNeXt"]
+        for a, b in [(0, 1), (0, 4), (2, 3), (5, 6), (1, 6)]:
+            ka, kb = s.models[a], s.models[b]
+            alone = minibatch_cka([s.activations(ka, x) for x in s.layers(ka)], [s.activations(kb, x) for x in s.layers(kb)],
+                                  batch_size=8, device="cpu")
+            assert z.values[a, b] == pytest.approx(zoo.best_match_alignment(alone), abs=1e-12)
+            assert tuple(z.correspondences[(ka, kb)].path) == tuple(zoo.monotone_match(alone))
+    np.testing.assert_allclose(np.diag(z.values), 1.0, atol=1e-12)
+    assert sorted(z.order) == list(range(7)) and np.array_equal(z.values, z.values.T)
+    with Store.open(grams) as s:
+        columns = [(m, layer) for m in s.models for layer in s.layers(m)]
+        acc = cka_from_grams(s, columns, batch_slots=True)
+    zi = zoo.zoo_from_hsic(acc.hsic_sums.numpy(), columns, batch_hsic=acc.batch_hsic.numpy(), replicates=200)
+    np.testing.assert_array_equal(zi.values, z.values)  # the Grams give the same CKA, so the same zoo
+    off = ~np.eye(7, dtype=bool)
+    assert np.all(zi.ci_low[off] <= zi.values[off]) and np.all(zi.values[off] <= zi.ci_high[off])
+    assert "bootstrap over 3 batches" in zi.interval
+
+
+@pytest.mark.parametrize("text, size", [("4G", 4 << 30), ("512M", 512 << 20), ("1.5g", 3 << 29), ("2000", 2000),
+                                        ("64MiB", 64 << 20)])
+def test_memory_budgets_read_as_sizes(text, size):
+    from vitsee.engine.extract_plan import parse_bytes
+
+    assert parse_bytes(text) == size
+
+
+def test_a_bad_memory_budget_is_one_line(tmp_path, capsys):
+    code, _, err = run_cli(["extract", tmp_path / "b.h5", "-m", "test_vit@random", "--memory-budget", "lots"], capsys)
+    assert code == 2 and err.strip() == ("error: --memory-budget 'lots' is not a size: give bytes such as 4G, 512M or "
+                                         "2000000000")
+
+
 def _results(path) -> list[dict]:
     with Store.open(path) as s:
         return [s.get_result("cka", r["params"]) for r in s.results("cka")]
