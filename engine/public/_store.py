@@ -52,7 +52,14 @@ class Images:
 def view_config(batch_size: int | None = None, shuffles: int | None = None, seed: int | None = None,
                 device: str | None = None, ci: float | None = None, permutations: int | None = None) -> AnalyzeConfig | None:
     """Returns the AnalyzeConfig `vitsee show` / `vitsee export` build from these options: None (any cached
-    estimate serves) unless an estimator or statistics option is set. Kept equal to the CLI's by a test."""
+    estimate serves) unless an estimator or statistics option is set. Kept equal to the CLI's by a test.
+
+    >>> view_config() is None  # no option: any cached estimate serves
+    True
+    >>> cfg = view_config(shuffles=0)  # one option: the defaults for the rest, and only an exact match serves
+    >>> cfg.shuffles, cfg.batch_size, cfg.ci, cfg.permutations
+    (0, 256, 0.95, 99)
+    """
     if batch_size is None and shuffles is None and seed is None and ci is None and permutations is None:
         return None if device is None else AnalyzeConfig(device=device)
     base = AnalyzeConfig()
