@@ -60,7 +60,8 @@ def feature_images(n: int, images: str | None = None, shuffle_seed: int | None =
     if labels is not None:
         known = np.asarray(labels)
         if known.shape != (n,):
-            raise VitseeError(f"labels have shape {known.shape}, the features {n} images: give one class index per image")
+            raise VitseeError(f"labels have shape {known.shape}, the features {n} images: "
+                              "give one class index per image")
         if known.dtype.kind == "f" and not np.all(known == np.round(known)):
             raise VitseeError("labels must be class indices (whole numbers, -1 for none), not fractions")
         known = known.astype(np.int64)
@@ -121,12 +122,14 @@ def check_features(features) -> tuple[int, dict[str, dict[str, np.ndarray]]]:
             _check_name("layer", layer, f" of model '{model}'")
             array = as_array(array)
             if array.dtype.kind not in "fiub" or array.ndim < 2:
-                raise VitseeError(f"layer '{layer}' of model '{model}' is a {array.dtype} array of shape {array.shape}: "
+                raise VitseeError(f"layer '{layer}' of model '{model}' is a {array.dtype} array of shape "
+                                  f"{array.shape}: "
                                   "give numbers shaped (images, ...), e.g. (N, D) or (N, C, H, W)")
             if n is None:
                 n = len(array)
             if len(array) != n:
-                raise VitseeError(f"layer '{layer}' of model '{model}' has {len(array)} images and the first layer {n}: "
+                raise VitseeError(f"layer '{layer}' of model '{model}' has {len(array)} images and the first layer "
+                                  f"{n}: "
                                   "every layer of every model must hold the same images in the same order")
             out[model][layer] = array
     return int(n), out
@@ -145,14 +148,17 @@ def write_feature_store(path: str | Path, features, images: FeatureImages, *, dt
     if batch_size < 1:
         raise VitseeError(f"batch_size must be at least 1, got {batch_size}")
     if prefix_tokens < 0:
-        raise VitseeError(f"prefix_tokens {prefix_tokens} is negative: use 0 (no CLS or register tokens) or their count")
+        raise VitseeError(f"prefix_tokens {prefix_tokens} is negative: use 0 (no CLS or register tokens) "
+                          "or their count")
     n, features = check_features(features)
     if len(images.indices) != n:
-        raise VitseeError(f"the images are {len(images.indices)} and the features {n}: give the images the features were made of")
+        raise VitseeError(f"the images are {len(images.indices)} and the features {n}: give the images the "
+                          "features were made of")
     path = Path(path)
     specs = {m: [_layer_spec(name, a, prefix_tokens) for name, a in layers.items()] for m, layers in features.items()}
     with store_mod.creating(path, overwrite=overwrite) as h5:
-        store_mod.write_images(h5, images.dataset, images.indices, images.labels, images.class_names, images.shuffle_seed)
+        store_mod.write_images(h5, images.dataset, images.indices, images.labels, images.class_names,
+                               images.shuffle_seed)
         for model, layers in specs.items():
             record = _record(model, source, prefix_tokens)
             store_mod.add_model_layout(h5, record, layers, [], (1,), batch_size, dtype, n)

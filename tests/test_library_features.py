@@ -87,7 +87,8 @@ def test_the_analyses_that_need_more_than_activations_say_so_in_one_line(store, 
     assert store.views() == ["cka:vit", "probes:vit"]
     for spec, says in [("attention:vit", "no attention distances"), ("skip:vit", "no skip-connection statistics"),
                        ("spatial:vit", "spatial maps need `vitsee extract`"),
-                       ("erf:vit", "effective receptive fields need the model"), ("heads:vit:vit", "no stored head outputs")]:
+                       ("erf:vit", "effective receptive fields need the model"),
+                       ("heads:vit:vit", "no stored head outputs")]:
         with pytest.raises(vitsee.VitseeError, match=re.escape(says)) as caught:
             store.view(spec, progress=False)
         code, _, err = run_cli(["show", store.path, spec], capsys)
@@ -111,7 +112,8 @@ def test_the_store_opens_in_the_app(store, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main([str(store.path), "--snapshot", "cka", "--out", str(out), "--size", "100x30"])
     assert exit_info.value.code == 0, capsys.readouterr().err
-    screen = "\n".join(html.unescape(run).replace("\xa0", " ") for run in re.findall(r"<text[^>]*>(.*?)</text>", out.read_text()))
+    runs = re.findall(r"<text[^>]*>(.*?)</text>", out.read_text())
+    screen = "\n".join(html.unescape(run).replace("\xa0", " ") for run in runs)
     assert "48 images of synthetic" in screen and "vit: features" in screen and "blocks.5" in screen
 
 
@@ -119,7 +121,8 @@ def test_the_store_opens_in_the_app(store, tmp_path, capsys):
     ([1, 2], "features must be a dict {model: {layer: array"),
     ({"vit": np.zeros((8, 4))}, "features['vit'] is not a dict of layers"),
     ({"vit": {}}, "model 'vit' has no layers"),
-    ({"vit": {"a": np.zeros((8, 4)), "b": np.zeros((7, 4))}}, "layer 'b' of model 'vit' has 7 images and the first layer 8"),
+    ({"vit": {"a": np.zeros((8, 4)), "b": np.zeros((7, 4))}},
+     "layer 'b' of model 'vit' has 7 images and the first layer 8"),
     ({"vit": {"a": np.zeros((3, 4))}}, "the features hold 3 image(s) and CKA needs at least 4"),
     ({"vit": {"a": np.zeros(8)}}, "give numbers shaped (images, ...)"),
     ({"vit": {"a": np.array([["x"]] * 8)}}, "give numbers shaped (images, ...)"),

@@ -195,7 +195,8 @@ class Result:
 
         return figure_for(self._view, selection=self._cell(selection), cmap=cmap)
 
-    def save(self, path: str | Path, selection: tuple[int | str, int | str] | None = None, cmap: str = "viridis") -> Path:
+    def save(self, path: str | Path, selection: tuple[int | str, int | str] | None = None,
+             cmap: str = "viridis") -> Path:
         """Writes the view as `vitsee export` does: a figure (.png), its numbers (.json) or a table (.csv).
 
         Args:
@@ -249,7 +250,8 @@ class Result:
             return labels.index(label)
         index = int(label)
         if not 0 <= index < len(labels):
-            raise VitseeError(f"{axis} {index} is outside {self.spec}: pick a {axis} in 0..{len(labels) - 1} or name one")
+            raise VitseeError(f"{axis} {index} is outside {self.spec}: pick a {axis} in 0..{len(labels) - 1} "
+                              "or name one")
         return index
 
 

@@ -88,9 +88,10 @@ def extract(
 
 # the CLI's defaults of the options a resume checks against the store's record (run_config.RECORDED_OPTIONS)
 _RESUME_DEFAULTS = {"--dataset": ("dataset", "samples"), "--n-images": ("n_images", None),
-                    "--batch-size": ("batch_size", 64), "--layers": ("layers", "blocks"), "--img-size": ("img_size", None),
-                    "--dtype": ("dtype", "float16"), "--shuffle-seed": ("shuffle_seed", None),
-                    "--streaming": ("streaming", False), "--heads": ("heads", False), "--overwrite": ("overwrite", False)}
+                    "--batch-size": ("batch_size", 64), "--layers": ("layers", "blocks"),
+                    "--img-size": ("img_size", None), "--dtype": ("dtype", "float16"),
+                    "--shuffle-seed": ("shuffle_seed", None), "--streaming": ("streaming", False),
+                    "--heads": ("heads", False), "--overwrite": ("overwrite", False)}
 
 
 def _resume_options(**values) -> dict:

@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 
 from vitsee.engine.analyze import AnalyzeConfig
-from vitsee.engine.errors import VitseeError
 from vitsee.engine.stats import check_level, stats_settings
 from vitsee.engine.store import Store as _EngineStore
 from vitsee.engine.views import available_views, load_view
@@ -50,7 +49,8 @@ class Images:
 
 
 def view_config(batch_size: int | None = None, shuffles: int | None = None, seed: int | None = None,
-                device: str | None = None, ci: float | None = None, permutations: int | None = None) -> AnalyzeConfig | None:
+                device: str | None = None, ci: float | None = None,
+                permutations: int | None = None) -> AnalyzeConfig | None:
     """Returns the AnalyzeConfig `vitsee show` / `vitsee export` build from these options: None (any cached
     estimate serves) unless an estimator or statistics option is set. Kept equal to the CLI's by a test.
 
@@ -211,7 +211,8 @@ class Store:
             rows = "".join(
                 f"<tr><td><code>{html.escape(key)}</code></td><td>{html.escape(str(s.model_info(key).get('family')))}"
                 f"</td><td>{len(s.layers(key))}</td><td>{s.rows_done(key)}/{s.n_images}</td></tr>" for key in s.models)
-            head = f"<b>{html.escape(str(self.path))}</b>: {s.n_images} images of <code>{html.escape(s.dataset_spec)}</code>"
+            head = (f"<b>{html.escape(str(self.path))}</b>: {s.n_images} images of "
+                    f"<code>{html.escape(s.dataset_spec)}</code>")
         return (f"<div>{head}<table><tr><th>model</th><th>family</th><th>layers</th><th>images done</th></tr>"
                 f"{rows}</table></div>")
 
