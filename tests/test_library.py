@@ -262,7 +262,7 @@ def test_the_public_api_is_documented_like_the_readme():
     for method in (vitsee.Store.view, vitsee.Result.to_pandas, vitsee.Result.to_xarray, vitsee.Result.plot):
         assert "Returns:" in method.__doc__ and "Raises:" in method.__doc__
     text = pydoc.render_doc(vitsee.open, renderer=pydoc.plaintext)
-    assert "Opens a vitsee store" in text and 'store.cka(vit, resnet).to_pandas()' in text
+    assert "Returns the vitsee store at `path`" in text and 'store.cka(vit, resnet).to_pandas()' in text
     assert sorted(vitsee.__all__) == ["Images", "Result", "Store", "VitseeError", "VitseeWarning", "extract",
                                       "from_features", "open", "train"]
 

@@ -22,7 +22,7 @@ def from_features(
     batch_size: int = 64,
     overwrite: bool = False,
 ) -> Store:
-    """Builds a store from activations extracted by another tool, so vitsee's analyses and the app work on them.
+    """Returns a new store of activations another tool extracted, so vitsee's analyses and the app work on them.
 
     Every analysis that needs only activations runs on the store (CKA within and across models, probes when
     the images have labels), `vitsee show`/`export` and `vitsee-tui` open it; attention distances, skip ratios,
@@ -53,9 +53,9 @@ def from_features(
             shape, an unknown dataset spec, or a store that exists without `overwrite`.
 
     Example:
-        >>> acts = extractor.extract_features(batches, module_name="features.10")   # doctest: +SKIP
-        >>> store = vitsee.from_features("alexnet.h5", {"alexnet": {"features.10": acts}})   # doctest: +SKIP
-        >>> store.cka("alexnet")                                                     # doctest: +SKIP
+        acts = extractor.extract_features(batches, module_name="features.10")   # thingsvision
+        store = vitsee.from_features("alexnet.h5", {"alexnet": {"features.10": acts}}, images="imagefolder:things")
+        store.cka("alexnet")
     """
     n, arrays = check_features(features)
     chosen = feature_images(n, images, shuffle_seed, labels, class_names)

@@ -33,8 +33,8 @@ def extract(
     threads: int | None = None,
     progress: bool = True,
 ) -> Store:
-    """Runs timm models over images and stores their layer activations and per-image statistics, as
-    `vitsee extract` does; resumable: rerun the same call (or give no models) to finish an interrupted run.
+    """Returns the store after running timm models over images into it: layer activations and per-image statistics,
+    as `vitsee extract` stores them; resumable: rerun the same call (or give no models) to finish an interrupted run.
 
     Args:
         path: the store to create, resume or add models to (`run.h5`; `run.h5.d/` goes beside it).
@@ -150,8 +150,8 @@ def train(
     overwrite: bool = False,
     progress: bool = True,
 ) -> Path:
-    """Trains a timm classifier with the paper's interventions, as `vitsee train` does; resumable: rerun the same
-    call after an interruption and it goes on from the last finished epoch.
+    """Returns the weights file of a timm classifier trained with the paper's interventions, as `vitsee train` trains
+    it; resumable: rerun the same call after an interruption and it goes on from the last finished epoch.
 
     Args:
         out: the weights file to write (`.safetensors`, with the training record in its metadata).

@@ -218,7 +218,7 @@ class Store:
 
 
 def open(path: str | os.PathLike) -> Store:  # noqa: A001 - `vitsee.open`, as `h5py.File` / `xarray.open_dataset`
-    """Opens a vitsee store for reading its views from Python.
+    """Returns the vitsee store at `path`, opened for reading its views from Python.
 
     A store is what `vitsee extract` (or `vitsee.extract`, or `vitsee.from_features`) wrote: `run.h5` and the
     folder `run.h5.d/` beside it. Views that are not cached yet are computed when asked for and cached there,
@@ -236,10 +236,9 @@ def open(path: str | os.PathLike) -> Store:  # noqa: A001 - `vitsee.open`, as `h
         VitseeError: the store does not exist, is not a vitsee store, or is damaged; the message says what to do.
 
     Example:
-        >>> import vitsee                                              # doctest: +SKIP
-        >>> store = vitsee.open("run.h5")                              # doctest: +SKIP
-        >>> vit, resnet = store.models                                 # doctest: +SKIP
-        >>> store.cka(vit, resnet).to_pandas().head()                  # doctest: +SKIP
-        >>> store.attention(vit).plot()                                # doctest: +SKIP
+        store = vitsee.open("run.h5")
+        vit, resnet = store.models
+        store.cka(vit, resnet).to_pandas().head()   # paper Fig. 2 as a table: row, col, value, ci_low, ...
+        store.attention(vit).plot()                 # paper Fig. 3, the figure `vitsee export` draws
     """
     return Store(path)
