@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import VitseeError
+from ..features import is_features_model
 from ..lazy import lazy_module
 from ..store import Store
 
@@ -154,6 +155,8 @@ def check_reloadable_store(store: Store) -> None:
 def _taps(store: Store, key: str, info: dict) -> dict[str, Tap]:
     """Returns the layers that have a centre position (tokens on the grid, feature maps) and their taps."""
     taps = {}
+    if is_features_model(info):  # vitsee.from_features: no model to take gradients through
+        return taps
     for layer in store.layers(key):
         shape = store.layer_shape(key, layer)
         attrs = store._layer(key, layer).attrs
@@ -173,6 +176,9 @@ def erf_params(store: Store, model: str, cfg) -> dict:
     check_reloadable_store(store)
     key = store.resolve_model(model)
     info = store.model_info(key)
+    if is_features_model(info):
+        raise VitseeError(f"{key} holds another tool's activations, not a model vitsee can rebuild: effective receptive "
+                          "fields need the model, extracted with `vitsee extract --model NAME`")
     layers = list(_taps(store, key, info))
     if not layers:
         raise VitseeError(f"{key} has no layer with a token grid or feature map: effective receptive fields need one")
@@ -305,6 +311,7 @@ SPEC = Analysis(
     params=lambda store, keys, layer, cfg: erf_params(store, keys[0], cfg),
     run=lambda store, keys, layer, cfg, progress=None: run_erf(store, keys[0], cfg, progress),
     view=lambda result, keys, info, layer=None: view_fields(result, keys, layer),
-    applies=lambda store, key: not store.streaming,  # it reads the stored inputs
+    # it reads the stored inputs and reloads the model
+    applies=lambda store, key: not store.streaming and not is_features_model(store.model_info(key)),
     figure="erf", layer=True, usage="erf:MODEL[:LAYER]",
 )

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..errors import VitseeError
+from ..features import is_features_model
 from ..store import Store, read_rows
 from .base import Analysis, AnalyzeConfig, StepFn, _check_ready, _device, _emit, _save, _with_stats, batch_plan
 from .cka import _cka_accumulator, _cka_slots, _pooled_stats
@@ -28,6 +29,9 @@ def _spatial_layout(store: Store, key: str, layer: str) -> tuple[tuple[int, int]
     shape = store.layer_shape(key, layer)
     layout = store.layer_layout(key, layer)
     info = store.model_info(key)
+    if is_features_model(info):  # vitsee.from_features: no model input to cut into patches
+        raise VitseeError(f"{key} holds another tool's activations without the model's input: spatial maps need "
+                          "`vitsee extract`")
     _, h, w = info["data_config"]["input_size"]
     if layout == "tokens":  # ViT / Mixer tokens
         if not info.get("grid_size"):
