@@ -360,7 +360,7 @@ def info(store: Annotated[Path, typer.Argument(help="a store made by `vitsee ext
                               str(nonfinite[layer]) if nonfinite[layer] else "")
             out.print(table)
             if s.stats(key):
-                out.print("  statistics: " + ", ".join(f"{n} {'x'.join(map(str, s._model(key)['stats'][n].shape[1:]))}" for n in s.stats(key)), highlight=False)
+                out.print("  statistics: " + ", ".join(f"{n} {'x'.join(map(str, s.model_group(key)['stats'][n].shape[1:]))}" for n in s.stats(key)), highlight=False)
         results = s.results()
         if results:
             out.print()

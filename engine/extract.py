@@ -221,9 +221,9 @@ def run_extraction(
             with store_mod.creating(store_path, overwrite=cfg.overwrite, lock=lock) as h5:
                 images = selection.images
                 store_mod.write_images(h5, images.spec, selection.indices, selection.labels, images.class_names, selection.shuffle_seed)
-                h5.attrs["run_config"] = store_mod._json(record)  # `vitsee extract STORE` resumes from it
+                h5.attrs["run_config"] = store_mod.json_attr(record)  # `vitsee extract STORE` resumes from it
                 if cfg.shard is not None:
-                    h5.attrs["shard"] = store_mod._json(cfg.shard.__dict__)
+                    h5.attrs["shard"] = store_mod.json_attr(cfg.shard.__dict__)
                 for mp in plans:
                     store_mod.add_model_layout(h5, mp.record, mp.layers, mp.stats, mp.input_shape, mp.batch_size,
                                                cfg.dtype, n, streaming=cfg.streaming)

@@ -241,7 +241,7 @@ def _check_same_model(store: Store, key: str, record: dict, layers: list[LayerSp
     old = store.model_info(key)
     for field_name in ("spec", "weights", "data_config", "dtype"):
         a, b = old.get(field_name), record.get(field_name)
-        if store_mod._json(a) != store_mod._json(b):
+        if store_mod.json_attr(a) != store_mod.json_attr(b):
             raise VitseeError(
                 f"{key} is already in {store.path} with a different {field_name} ({a} vs {b}): "
                 "use a new store, or --overwrite to replace it"

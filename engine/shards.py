@@ -152,13 +152,13 @@ def _fill_virtual_model(group: h5py.Group, key: str, shard_paths: Sequence[Path]
     here = Path(group.file.filename).resolve().parent
     stores = [Store.open(p) for p in shard_paths]
     try:
-        template = stores[0]._model(key)
+        template = stores[0].model_group(key)
         for name, value in template.attrs.items():
             group.attrs[name] = value
         names: list[str] = []
         template.visititems(lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset) else None)
         for name in names:
-            parts = [s._model(key)[name] for s in stores]
+            parts = [s.model_group(key)[name] for s in stores]
             first = parts[0]
             layout = h5py.VirtualLayout(shape=(sum(p.shape[0] for p in parts), *first.shape[1:]), dtype=first.dtype)
             offset = 0

@@ -99,7 +99,7 @@ class GramBatch:
 
 def read_gram(store: Store, model: str, layer: str, batch: int) -> np.ndarray:
     """Returns the (m, m) float32 Gram of one layer's batch (m = the batch's images)."""
-    group = store._model(model)
+    group = store.model_group(model)
     if GRAMS.rstrip("/") not in group or layer not in group[GRAMS.rstrip("/")]:
         raise VitseeError(f"{store.path} keeps no Grams of {model} {layer}: extract it with `vitsee extract --grams`")
     bs = gram_batch_size(store)

@@ -456,7 +456,7 @@ def test_a_failed_write_never_marks_its_batch_done(base, monkeypatch):
 
     with Store.writer(base, rows=True) as s:
         key = s.models[0]
-        s._model(key)["done"][0] = 0
+        s.model_group(key)["done"][0] = 0
         shapes = {layer: s.layer_shape(key, layer) for layer in s.layers(key)}
 
         def failing(*args, **kwargs):

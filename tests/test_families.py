@@ -457,7 +457,7 @@ def test_the_probe_estimate_counts_the_features_each_fit_gets_channels_last_incl
             for layer, group, n_probes, width in probe_jobs(store, key, AnalyzeConfig(device="cpu")):
                 layouts.add(store.layer_layout(key, layer))
                 readouts = _readouts(store, key, layer)
-                one = store._layer(key, layer)[:1].astype(np.float32)
+                one = store.layer_dataset(key, layer)[:1].astype(np.float32)
                 features = readouts["gap" if group == "pooled" else "tokens"](one)  # (1, P, D)
                 assert width == features.shape[-1], (label, layer, group)
                 assert group == "tokens" or n_probes == len([n for n in readouts if n in ("cls", "gap", "flat")])

@@ -72,7 +72,7 @@ def test_head_outputs_are_allocated_per_block_and_counted_in_the_size_estimate(t
     with Store.open(tiny_store) as store:
         assert store.head_blocks(VIT_KEY) == [f"blocks.{b}" for b in range(6)]
         assert store.head_blocks(RESNET_KEY) == []
-        ds = store._model(VIT_KEY)["heads/blocks.0"]
+        ds = store.model_group(VIT_KEY)["heads/blocks.0"]
         assert ds.dtype == np.float16 and ds.shape == (48, 2, 16, 32)
         assert "heads" not in store.stats(VIT_KEY)
         with pytest.raises(Exception, match="no head outputs of 'blocks.9'"):

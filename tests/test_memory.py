@@ -42,7 +42,7 @@ def small_batches(monkeypatch):
 
 def _whole(store_path, model, name):
     with Store.open(store_path) as s:
-        return s._model(model)["stats"][name][:].astype(np.float64)
+        return s.model_group(model)["stats"][name][:].astype(np.float64)
 
 
 def test_attention_aggregates_streamed_in_batches_equal_the_whole_array(store, small_batches):

@@ -471,7 +471,7 @@ def test_run_probes_gives_each_readout_what_a_fit_of_that_readout_alone_gives(ti
         key = store.resolve_model(VIT)
         result = run_probes(store, VIT, AnalyzeConfig(device="cpu", recompute=True), progress=events.append)
         labels, layers = store.labels, store.layers(key)
-        acts = {layer: store._layer(key, layer)[:].astype(np.float32) for layer in ("blocks.1", "blocks.4")}
+        acts = {layer: store.layer_dataset(key, layer)[:].astype(np.float32) for layer in ("blocks.1", "blocks.4")}
     for layer, a in acts.items():
         li = layers.index(layer)
         readouts = {"cls": a[:, 0], "gap": a[:, 1:].mean(axis=1), "tokens": a}  # one CLS token leads

@@ -66,7 +66,7 @@ def _arrays(path) -> dict[str, np.ndarray]:
     out = {}
     with Store.open(path) as s:
         for key in s.models:
-            group = s._model(key)
+            group = s.model_group(key)
             group.visititems(lambda name, obj, key=key: out.__setitem__(f"{key}/{name}", obj[()])
                              if isinstance(obj, h5py.Dataset) else None)
     return out
@@ -173,7 +173,7 @@ class TestGrams:
             layers = sum(len(s.layers(m)) for m in s.models)
             sizes = []
             for m in s.models:
-                group = s._model(m)
+                group = s.model_group(m)
                 assert "acts" not in group and "input" not in group
                 sizes += [group["grams"][layer].nbytes for layer in s.layers(m)]
                 assert group["grams"][s.layers(m)[0]].shape == (24, 8)

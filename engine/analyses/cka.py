@@ -698,7 +698,7 @@ def compute_cka(store: Store, params: dict, device: torch.device, progress: Step
     """
     models = params["models"]
     columns = [(m, layer) for m in models for layer in params["layers"][m]]
-    datasets = [store._layer(m, layer) for m, layer in columns]
+    datasets = [store.layer_dataset(m, layer) for m, layer in columns]
     full_plan = batch_plan(params["n_images"], params["batch_size"], params["shuffles"], params["seed"] or 0)
     slots = _cka_slots(params)
     plan = [(k, rows, i % slots) for i, (k, rows) in enumerate(full_plan)]  # slot: the batch's index in its shuffle

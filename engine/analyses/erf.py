@@ -159,7 +159,7 @@ def _taps(store: Store, key: str, info: dict) -> dict[str, Tap]:
         return taps
     for layer in store.layers(key):
         shape = store.layer_shape(key, layer)
-        attrs = store._layer(key, layer).attrs
+        attrs = store.layer_dataset(key, layer).attrs
         module, kind = str(attrs.get("module") or layer), str(attrs.get("kind") or "output")
         if len(shape) == 2 and info.get("grid_size"):
             prefix = store.layer_prefix_tokens(key, layer)

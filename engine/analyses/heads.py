@@ -163,9 +163,9 @@ def run_heads(store: Store, vit: str, other: str, cfg, progress=None) -> dict:
         return _streamed_heads(store, vit, other, cfg)
     device = _device(cfg.device)
     blocks, layers = params["blocks"], params["layers"]
-    head_ds = [store._model(vit)["heads"][b] for b in blocks]
+    head_ds = [store.model_group(vit)["heads"][b] for b in blocks]
     n_heads = int(head_ds[0].shape[1])
-    layer_ds = [store._layer(other, layer) for layer in layers]
+    layer_ds = [store.layer_dataset(other, layer) for layer in layers]
     plan = batch_plan(params["n_images"], params["batch_size"], params["shuffles"], params["seed"] or 0)
     accumulators = [HeadCKA(len(blocks) * n_heads, len(layers), device) for _ in range(max(1, params["shuffles"]))]
     with warnings.catch_warnings():

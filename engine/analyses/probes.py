@@ -1030,7 +1030,7 @@ def run_probes(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | 
     and the L2 chosen per probe on a held-out part of the training split."""
     key = store.resolve_model(model)
     store.require_complete(key)
-    store._require_activations("linear probes cannot be fitted")
+    store.require_activations("linear probes cannot be fitted")
     labels = store.labels
     if labels is None:
         raise VitseeError(
@@ -1056,7 +1056,7 @@ def run_probes(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | 
     # (layer index, readouts fitted together, dataset, their feature functions, bytes the fit holds at most)
     fits: list[tuple[int, list[str], object, list, float]] = []
     for li, layer in enumerate(layers):
-        ds, layout = store._layer(key, layer), store.layer_layout(key, layer)
+        ds, layout = store.layer_dataset(key, layer), store.layer_layout(key, layer)
         readouts = _readouts(store, key, layer, prefixes[li], cls_token, layout)
         names = [n for n in readouts if n in ("cls", "gap", "flat")]
         if cfg.probe_tokens and "tokens" in readouts:

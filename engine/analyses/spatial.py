@@ -63,9 +63,9 @@ def default_spatial_layer(store: Store, key: str) -> str:
 
 
 def spatial_params(store: Store, key: str, cfg: AnalyzeConfig, layer: str | None = None) -> dict:
-    store._require_activations("spatial maps cannot be computed")
+    store.require_activations("spatial maps cannot be computed")
     layer = layer or cfg.spatial_layer or default_spatial_layer(store, key)
-    store._layer(key, layer)  # names the close matches if the layer is unknown
+    store.layer_dataset(key, layer)  # names the close matches if the layer is unknown
     params = {"model": key, "layer": layer, "n_images": store.n_images, "batch_size": min(cfg.batch_size, store.n_images),
               "shuffles": cfg.shuffles, "seed": cfg.seed if cfg.shuffles else None}
     # intervals only: a permutation per token and patch pair would cost more than the maps themselves
@@ -89,8 +89,8 @@ def run_spatial(store: Store, model: str, cfg: AnalyzeConfig, layer: str | None 
     plan = batch_plan(store.n_images, batch_size, cfg.shuffles, cfg.seed)
     accumulators = [_cka_accumulator(2 * n_cells, device, params, k) for k in range(max(1, cfg.shuffles))]
     slots = _cka_slots(params)
-    ds = store._layer(key, layer)
-    pixels = store._model(key)["input"]
+    ds = store.layer_dataset(key, layer)
+    pixels = store.model_group(key)["input"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for b, (k, rows) in enumerate(plan):
