@@ -180,7 +180,7 @@ def test_results_left_by_a_replaced_store_are_not_read_as_this_stores(base, tmp_
     from vitsee.engine import store as store_mod
 
     with monkeypatch.context() as m:
-        m.setattr(store_mod, "tidy", lambda *a, **k: [])  # --overwrite, killed before it removed them
+        m.setattr("vitsee.engine.store_write.tidy", lambda *a, **k: [])  # --overwrite, killed before it removed them
         with store_mod.creating(base, overwrite=True) as h5:
             store_mod.write_images(h5, "synthetic", np.arange(4), np.zeros(4), None, None)
     assert all(p.exists() for p in old_results)

@@ -366,7 +366,7 @@ def test_extraction_names_fp16_lossy_layers_records_them_and_info_shows_them(tmp
     cfg = dict(models=[f"test_vit@{weights}"], dataset="synthetic", n_images=8, batch_size=8, img_size=64,
                device="cpu", workers=0)
     result = extract(ExtractConfig(store=tmp_path / "a.h5", **cfg), progress=events.append)
-    notes = [e.message for e in events if e.stage == "plan" and "float16" in e.message]
+    notes = [e.message for e in events if e.stage == "warning" and "float16" in e.message]  # said even with -q
     assert len(notes) == 1 and "patch_embed" in notes[0] and "--dtype float32" in notes[0]
     assert notes[0] in result.messages
     with Store.open(tmp_path / "a.h5") as s:

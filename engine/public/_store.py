@@ -52,7 +52,8 @@ def view_config(batch_size: int | None = None, shuffles: int | None = None, seed
                 device: str | None = None, ci: float | None = None,
                 permutations: int | None = None) -> AnalyzeConfig | None:
     """Returns the AnalyzeConfig `vitsee show` / `vitsee export` build from these options: None (any cached
-    estimate serves) unless an estimator or statistics option is set. Kept equal to the CLI's by a test.
+    estimate serves) unless an estimator or statistics option is set; device alone is where to compute, not an
+    estimate (load_view takes it apart). Kept equal to the CLI's by a test.
 
     >>> view_config() is None  # no option: any cached estimate serves
     True
@@ -61,7 +62,7 @@ def view_config(batch_size: int | None = None, shuffles: int | None = None, seed
     (0, 256, 0.95, 99)
     """
     if batch_size is None and shuffles is None and seed is None and ci is None and permutations is None:
-        return None if device is None else AnalyzeConfig(device=device)
+        return None
     base = AnalyzeConfig()
     stats = {}
     if ci is not None:
@@ -168,7 +169,7 @@ class Store:
         """
         cfg = view_config(batch_size, shuffles, seed, device, ci, permutations)
         with Bars(progress) as bars:
-            return Result(load_view(self.path, spec, cfg, progress=bars.analysis))
+            return Result(load_view(self.path, spec, cfg, progress=bars.analysis, device=device))
 
     def cka(self, a: str, b: str | None = None, **options) -> Result:
         """Returns linear CKA of every layer of model `a` against every layer of `b` (paper Fig. 1, 2; `b` None: `a`
