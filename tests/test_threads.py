@@ -128,8 +128,6 @@ def _cached_arrays(store) -> dict:
 def test_a_rerun_with_another_thread_count_caches_the_same_arrays_bit_for_bit(tiny_store, tmp_path, capsys):
     """CKA (with its bootstrap and permutation null) and the spatial maps: the pair products summed in another
     order on two of torch's threads (up to 7.8e-15 apart); every product now runs on one thread each."""
-    import numpy as np
-
     from conftest import run_cli
     from vitsee.engine.store import copy_store
 
