@@ -431,7 +431,7 @@ def test_show_swin_attention_leaves_missing_heads_blank_and_gives_the_stage_refe
 
 async def test_the_app_draws_swin_attention_with_its_missing_heads(store_dir, tmp_path):
     """A Swin's first stage has fewer heads than its last: the NaN beyond them must not reach the dot plot's x."""
-    from test_tui import SIZE, make_app, settle, status, view_shown
+    from helpers.app import SIZE, make_app, settle, status, view_shown
 
     path = _store("swin", store_dir)
     app = make_app(Path(path), tmp_path)
