@@ -160,3 +160,12 @@ if "heads" not in group: pass
 """
     found = _names_compared(ast.parse(source), {"cka", "probes", "spatial", "attention", "heads"})
     assert [line for line, _ in found] == [2, 3, 3, 4, 5, 7]
+
+
+def test_the_suite_runs_on_the_python_the_package_declares_or_later():
+    import tomllib
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    floor = tuple(int(part) for part in re.fullmatch(r">=\s*(\d+)\.(\d+)", declared.strip()).groups())
+    assert sys.version_info[:2] >= floor, f"the suite runs on {sys.version.split()[0]}, below requires-python {declared}"
+    assert floor >= (3, 11)  # tui/config.py imports tomllib, which Python 3.10 lacks
