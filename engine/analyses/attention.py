@@ -130,7 +130,7 @@ def run_attention(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn
     cached = None if cfg.recompute else Result.load(store, "attention", params)
     if cached is not None:
         return cached
-    uniform, max_px = _attention_reference(info)
+    uniform, max_px = attention_reference(info)
     edges = np.linspace(0.0, max_px, bins + 1)
     plain, renorm = RunningMoments(), RunningMoments()
     hist = 0
@@ -169,7 +169,7 @@ def no_attention_reason(key: str, info: dict) -> str:
     return f"{key} has no attention distances ({info['family']} model): they exist for ViT- and Swin-like models only"
 
 
-def _attention_reference(info: dict) -> tuple[list[float], float]:
+def attention_reference(info: dict) -> tuple[list[float], float]:
     """Returns per block the mean distance of uniform attention (over the grid; for Swin over a window of its
     stage) and the largest distance any head can have (the histogram's range), in px."""
     if info.get("family") == "swin":

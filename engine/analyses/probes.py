@@ -697,7 +697,7 @@ def fit_probes(
     _check_pass("holdout", holdout, labels[split.holdout])
     del grid  # frees the (P, D, R) eigenvectors before the refit needs its own
     holdout_accuracy = correct.cpu().numpy() / len(split.holdout)  # (P, L)
-    best = _best_ratio(holdout_accuracy, squared.cpu().numpy())  # (P,)
+    best = best_ratio(holdout_accuracy, squared.cpu().numpy())  # (P,)
 
     train = fit.merge(holdout)
     l2 = torch.as_tensor(ratios[best], device=train.device) * train.feature_scale()  # (P,)
@@ -781,7 +781,7 @@ def _synchronize(device: torch.device) -> None:
 # Small helpers
 
 
-def _best_ratio(accuracy: np.ndarray, squared_error: np.ndarray) -> np.ndarray:
+def best_ratio(accuracy: np.ndarray, squared_error: np.ndarray) -> np.ndarray:
     """Return per probe the grid index with the best held-out accuracy (P, L) -> (P,).
 
     On a small held-out part many penalties tie on accuracy (8 images score 0/8 .. 8/8); the tie goes to the
@@ -939,7 +939,7 @@ def _eye(n: int, like: torch.Tensor) -> torch.Tensor:
 # Store-facing runner
 
 
-def _readouts(store: Store, key: str, layer: str, prefix: int | None = None,
+def probe_readouts(store: Store, key: str, layer: str, prefix: int | None = None,
               cls_token: bool | None = None, layout: str | None = None) -> dict[str, Callable[[np.ndarray], np.ndarray]]:
     """Returns readout name -> function (b, ...) float32 activations -> (b, P, D) features for the probes.
 
@@ -1056,7 +1056,7 @@ def run_probes(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | 
     fits: list[tuple[int, list[str], object, list, float]] = []
     for li, layer in enumerate(layers):
         ds, layout = store._layer(key, layer), store.layer_layout(key, layer)
-        readouts = _readouts(store, key, layer, prefixes[li], cls_token, layout)
+        readouts = probe_readouts(store, key, layer, prefixes[li], cls_token, layout)
         names = [n for n in readouts if n in ("cls", "gap", "flat")]
         if cfg.probe_tokens and "tokens" in readouts:
             if ds.shape[-1] <= cfg.probe_max_dim:
@@ -1250,7 +1250,7 @@ def probe_jobs(store: Store, key: str, cfg: AnalyzeConfig) -> list[tuple[str, st
     jobs = []
     for layer in store.layers(key):
         shape = store.layer_shape(key, layer)
-        readouts = _readouts(store, key, layer)
+        readouts = probe_readouts(store, key, layer)
         pooled = [n for n in readouts if n in ("cls", "gap", "flat")]
         jobs.append((layer, "pooled", len(pooled), _feature_width(shape, store.layer_layout(key, layer))))
         if cfg.probe_tokens and "tokens" in readouts and shape[-1] <= cfg.probe_max_dim:
