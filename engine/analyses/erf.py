@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import VitseeError
+from ..features import is_features_model
 from ..lazy import lazy_module
 from ..store import Store
 
@@ -127,6 +128,12 @@ def streaming_reason(store: Store) -> str:
             "fields cannot be computed: re-extract without --streaming into another store")
 
 
+def features_reason(key: str) -> str:
+    """Returns why a model made from another tool's activations (vitsee.from_features) has no ERF."""
+    return (f"{key} holds another tool's activations, not a model vitsee can rebuild: effective receptive "
+            "fields need the model, extracted with `vitsee extract --model NAME`")
+
+
 def no_centre_reason(key: str) -> str:
     """Returns why a model has no effective receptive field: no stored layer has a centre position."""
     return f"{key} has no layer with a token grid or feature map: effective receptive fields need one"
@@ -135,6 +142,8 @@ def no_centre_reason(key: str) -> str:
 def centre_taps(store: Store, key: str, info: dict) -> dict[str, Tap]:
     """Returns the layers that have a centre position (tokens on the grid, feature maps) and their taps."""
     taps = {}
+    if is_features_model(info):  # vitsee.from_features: no model to take gradients through
+        return taps
     for layer in store.layers(key):
         shape = store.layer_shape(key, layer)
         attrs = store._layer(key, layer).attrs
@@ -154,6 +163,8 @@ def erf_params(store: Store, model: str, cfg) -> dict:
     check_reloadable_store(store)
     key = store.resolve_model(model)
     info = store.model_info(key)
+    if is_features_model(info):
+        raise VitseeError(features_reason(key))
     layers = list(centre_taps(store, key, info))
     if not layers:
         raise VitseeError(no_centre_reason(key))
@@ -293,6 +304,8 @@ class ReceptiveFields(Analysis):
     def not_applicable(self, store: Store, key: str) -> str | None:
         if store.streaming:  # it reads the stored inputs
             return streaming_reason(store)
+        if is_features_model(store.model_info(key)):  # and reloads the model
+            return features_reason(key)
         if not centre_taps(store, key, store.model_info(key)):
             return no_centre_reason(key)
         return None

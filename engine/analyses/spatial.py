@@ -10,6 +10,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..errors import VitseeError
+from ..features import is_features_model
 from ..store import Store, read_rows
 from .base import (AnalyzeConfig, StepFn, batch_plan, check_ready, emit, nonfinite_image_mask, resolve_device,
                    save_result, with_stats)
@@ -19,11 +20,18 @@ from .contract import Analysis, AnalysisOption, DossierEntry, Request, Result, S
 RAMP = " .:-=+*#%@"  # a map as glyphs, dark to bright (readable without colour)
 
 
+def features_reason(key: str) -> str:
+    """Returns why a model made from another tool's activations (vitsee.from_features) has no spatial maps."""
+    return f"{key} holds another tool's activations without the model's input: spatial maps need `vitsee extract`"
+
+
 def spatial_layout(store: Store, key: str, layer: str) -> tuple[tuple[int, int], int, Callable[[np.ndarray], list[np.ndarray]]]:
     """Returns (grid, patch px, function activations (b, ...) -> per-cell (b, D) features)."""
     shape = store.layer_shape(key, layer)
     layout = store.layer_layout(key, layer)
     info = store.model_info(key)
+    if is_features_model(info):  # vitsee.from_features: no model input to cut into patches
+        raise VitseeError(features_reason(key))
     _, h, w = info["data_config"]["input_size"]
     if layout == "tokens":  # ViT / Mixer tokens
         if not info.get("grid_size"):
@@ -165,6 +173,8 @@ class SpatialMaps(Analysis):
     def not_applicable(self, store: Store, key: str) -> str | None:
         if store.streaming:  # the maps read activations
             return streaming_reason(store, "spatial maps cannot be computed")
+        if is_features_model(store.model_info(key)):
+            return features_reason(key)
         if not has_grid(store, key, default_spatial_layer(store, key)):
             return f"{key} has no layer with a token grid or feature map"
         return None

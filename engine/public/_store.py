@@ -1,0 +1,244 @@
+"""`vitsee.open(path)` and the `Store` it returns: what a store holds, and its views as `Result`s.
+
+A `Store` keeps the path, not an open file: each call opens the store, reads and closes it, so a notebook never
+holds a handle that the terminal app or a running `vitsee analyze` would trip over. A view that is not cached is
+computed and cached exactly as `vitsee show` / `vitsee export` compute it (engine/views.py `load_view`).
+"""
+from __future__ import annotations
+
+import html
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from vitsee.engine.analyze import AnalyzeConfig
+from vitsee.engine.stats import check_level, stats_settings
+from vitsee.engine.store import Store as _EngineStore
+from vitsee.engine.views import available_views, load_view
+
+from ._progress import Bars
+from ._result import Result, _optional
+
+
+@dataclass(frozen=True)
+class Images:
+    """The images of a store, in the order every model saw them."""
+
+    dataset: str  # the dataset spec they came from (`vitsee extract --dataset`)
+    index: np.ndarray  # (N,) which images of the dataset
+    labels: np.ndarray | None  # (N,) class indices, None when the dataset has no labels
+    class_names: list[str] | None
+    shuffle_seed: int | None  # the seed of a random subset (`--shuffle-seed`), None for the first N
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def to_pandas(self):
+        """Returns one row per image: `index` (in the dataset), `label` and `class_name` (None without labels).
+
+        Raises:
+            VitseeError: pandas is not installed.
+        """
+        pd = _optional("pandas", "Images.to_pandas()")
+        labels = self.labels if self.labels is not None else np.full(len(self), -1)
+        names = [self.class_names[int(c)] if self.class_names and 0 <= c < len(self.class_names) else None
+                 for c in labels]
+        return pd.DataFrame({"index": self.index, "label": labels, "class_name": names})
+
+
+def view_config(batch_size: int | None = None, shuffles: int | None = None, seed: int | None = None,
+                device: str | None = None, ci: float | None = None,
+                permutations: int | None = None) -> AnalyzeConfig | None:
+    """Returns the AnalyzeConfig `vitsee show` / `vitsee export` build from these options: None (any cached
+    estimate serves) unless an estimator or statistics option is set. Kept equal to the CLI's by a test.
+
+    >>> view_config() is None  # no option: any cached estimate serves
+    True
+    >>> cfg = view_config(shuffles=0)  # one option: the defaults for the rest, and only an exact match serves
+    >>> cfg.shuffles, cfg.batch_size, cfg.ci, cfg.permutations
+    (0, 256, 0.95, 99)
+    """
+    if batch_size is None and shuffles is None and seed is None and ci is None and permutations is None:
+        return None if device is None else AnalyzeConfig(device=device)
+    base = AnalyzeConfig()
+    stats = {}
+    if ci is not None:
+        stats["ci"] = check_level(ci) if ci else 0.0
+    if permutations is not None:
+        stats_settings(0.0, permutations, 0)  # the one-line error for a negative count
+        stats["permutations"] = permutations
+    return AnalyzeConfig(batch_size=base.batch_size if batch_size is None else batch_size,
+                         shuffles=base.shuffles if shuffles is None else shuffles,
+                         seed=base.seed if seed is None else seed, device=device or base.device, **stats)
+
+
+class Store:
+    """A vitsee store opened from Python (see `vitsee.open`): its models, layers and images, and every view
+    `vitsee show` knows as a `Result`, computed and cached in the store the first time it is asked for."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(os.fspath(path))
+        with _EngineStore.open(self.path):  # a missing, damaged or foreign file is refused here, once
+            pass
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    def _open(self) -> _EngineStore:
+        return _EngineStore.open(self.path)
+
+    # --- what it holds -------------------------------------------------------------------------------
+
+    @property
+    def models(self) -> list[str]:
+        """The store keys of its models, in the order they were added (`test_vit@random:0`, ...)."""
+        with self._open() as s:
+            return s.models
+
+    def layers(self, model: str) -> list[str]:
+        """Returns a model's stored layers in forward order (timm module paths: `blocks.3`, `layer2.1`).
+
+        Args:
+            model: a store key, or a unique prefix of one.
+
+        Raises:
+            VitseeError: no model of that name, or a prefix that matches several.
+        """
+        with self._open() as s:
+            return s.layers(s.resolve_model(model))
+
+    @property
+    def images(self) -> Images:
+        """The store's images: dataset spec, indices, labels and class names."""
+        with self._open() as s:
+            return Images(s.dataset_spec, s.indices, s.labels, s.class_names, s.shuffle_seed)
+
+    def info(self) -> dict:
+        """Returns what `vitsee info` prints, as data.
+
+        Returns:
+            A dict with `path`, `n_images`, `dataset`, `complete`, `streaming`, `models` (key -> family, weights,
+            layers with their per-image shapes, rows done, dtype) and `results` (the cached results' analysis and
+            parameters).
+        """
+        with self._open() as s:
+            models = {}
+            for key in s.models:
+                meta = s.model_info(key)
+                models[key] = {
+                    "family": meta.get("family"), "weights": meta.get("weights"), "dtype": meta.get("dtype"),
+                    "layers": {layer: s.layer_shape(key, layer) for layer in s.layers(key)},
+                    "rows_done": s.rows_done(key),
+                }
+            return {"path": str(self.path), "n_images": s.n_images, "dataset": s.dataset_spec,
+                    "complete": s.complete, "streaming": s.streaming, "models": models,
+                    "results": [{"analysis": r["analysis"], "params": r["params"]} for r in s.results()]}
+
+    def views(self) -> list[str]:
+        """Returns every view string that applies to this store (CKA pairs first, then per model)."""
+        return available_views(self.path)
+
+    # --- views ---------------------------------------------------------------------------------------
+
+    def view(self, spec: str, *, batch_size: int | None = None, shuffles: int | None = None, seed: int | None = None,
+             ci: float | None = None, permutations: int | None = None, device: str | None = None,
+             progress: bool = True) -> Result:
+        """Returns the result of a view, computing and caching it in the store if it is not cached yet.
+
+        Args:
+            spec: a view string of `vitsee show`: `cka:A[:B]`, `attention:M`, `probes:M`, `skip:M`,
+                `spatial:M[:LAYER]`, `heads:VIT:OTHER`, `erf:M[:LAYER]`; models by store key or a unique prefix.
+            batch_size: CKA minibatch size if the result must be computed (the `show`/`export` options: none set,
+                any cached estimate serves; one set, only a result made with these settings does).
+            shuffles: CKA shuffles (0: store order).
+            seed: seed of the shuffles and the probe split.
+            ci: confidence level of the intervals (0: none).
+            permutations: permutations behind each CKA p-value (0: none).
+            device: auto, cpu, cuda or cuda:N for a computation.
+            progress: draw a progress bar while computing.
+
+        Returns:
+            A `Result`: the labelled values, intervals, p-values and parameters.
+
+        Raises:
+            VitseeError: an unknown view or model, a layer the model does not have, an analysis that does not apply
+                to the model; the message is the one `vitsee show` prints.
+        """
+        cfg = view_config(batch_size, shuffles, seed, device, ci, permutations)
+        with Bars(progress) as bars:
+            return Result(load_view(self.path, spec, cfg, progress=bars.analysis))
+
+    def cka(self, a: str, b: str | None = None, **options) -> Result:
+        """Returns linear CKA of every layer of model `a` against every layer of `b` (paper Fig. 1, 2; `b` None: `a`
+        with itself). Options as `view`."""
+        return self.view(f"cka:{a}" if b is None else f"cka:{a}:{b}", **options)
+
+    def attention(self, model: str, **options) -> Result:
+        """Returns the mean attention distance (px) of every head per block (paper Fig. 3, 4). Options as `view`."""
+        return self.view(f"attention:{model}", **options)
+
+    def probes(self, model: str, **options) -> Result:
+        """Returns the test accuracy of linear probes per layer and readout (paper Fig. 11, 13). Options as `view`."""
+        return self.view(f"probes:{model}", **options)
+
+    def skip(self, model: str, **options) -> Result:
+        """Returns the skip-connection norm ratios ||z|| / ||f(z)|| per sublayer and token (paper Fig. 7)."""
+        return self.view(f"skip:{model}", **options)
+
+    def spatial(self, model: str, layer: str | None = None, **options) -> Result:
+        """Returns the spatial localisation maps of a layer (default: the last block; paper Fig. 9, 10)."""
+        return self.view(f"spatial:{model}" if layer is None else f"spatial:{model}:{layer}", **options)
+
+    def heads(self, vit: str, other: str, **options) -> Result:
+        """Returns the CKA of every attention head of `vit` with every layer of `other` (paper Fig. 5)."""
+        return self.view(f"heads:{vit}:{other}", **options)
+
+    def erf(self, model: str, layer: str | None = None, **options) -> Result:
+        """Returns the effective receptive fields of a model's layers (paper Fig. 6); reloads the model."""
+        return self.view(f"erf:{model}" if layer is None else f"erf:{model}:{layer}", **options)
+
+    # --- in a notebook -------------------------------------------------------------------------------
+
+    def __repr__(self) -> str:
+        with self._open() as s:
+            models = ", ".join(s.models) or "no models"
+            return f"<vitsee.Store {self.path}: {s.n_images} images of {s.dataset_spec}; {models}>"
+
+    def _repr_html_(self) -> str:
+        with self._open() as s:
+            rows = "".join(
+                f"<tr><td><code>{html.escape(key)}</code></td><td>{html.escape(str(s.model_info(key).get('family')))}"
+                f"</td><td>{len(s.layers(key))}</td><td>{s.rows_done(key)}/{s.n_images}</td></tr>" for key in s.models)
+            head = (f"<b>{html.escape(str(self.path))}</b>: {s.n_images} images of "
+                    f"<code>{html.escape(s.dataset_spec)}</code>")
+        return (f"<div>{head}<table><tr><th>model</th><th>family</th><th>layers</th><th>images done</th></tr>"
+                f"{rows}</table></div>")
+
+
+def open(path: str | os.PathLike) -> Store:  # noqa: A001 - `vitsee.open`, as `h5py.File` / `xarray.open_dataset`
+    """Returns the vitsee store at `path`, opened for reading its views from Python.
+
+    A store is what `vitsee extract` (or `vitsee.extract`, or `vitsee.from_features`) wrote: `run.h5` and the
+    folder `run.h5.d/` beside it. Views that are not cached yet are computed when asked for and cached there,
+    as `vitsee show` does; nothing else is ever written.
+
+    Args:
+        path: the store file (`run.h5`).
+
+    Returns:
+        A `Store`: `.models`, `.layers(model)`, `.images`, `.info()`, `.views()`, and the views themselves:
+        `.view("cka:A:B")` for any view string of `vitsee show`, or `.cka(a, b)`, `.attention(m)`, `.probes(m)`,
+        `.skip(m)`, `.spatial(m, layer)`, `.heads(vit, other)`, `.erf(m, layer)`, each a `Result`.
+
+    Raises:
+        VitseeError: the store does not exist, is not a vitsee store, or is damaged; the message says what to do.
+
+    Example:
+        store = vitsee.open("run.h5")
+        vit, resnet = store.models
+        store.cka(vit, resnet).to_pandas().head()   # paper Fig. 2 as a table: row, col, value, ci_low, ...
+        store.attention(vit).plot()                 # paper Fig. 3, the figure `vitsee export` draws
+    """
+    return Store(path)
