@@ -92,6 +92,11 @@ def extract(
     workers: Annotated[Optional[int], typer.Option(help="image loading processes (default: cores - 1, at most 4)")] = None,
     streaming: Annotated[bool, typer.Option(help="keep no activations: CKA (store order, this batch size) and statistics straight from the forward pass")] = False,
     heads: Annotated[bool, typer.Option("--heads", help="with --streaming: also head-level CKA, each ViT head against the other models' layers (paper Fig. 5); without it head outputs are stored anyway")] = False,
+    models_from: Annotated[list[Path], typer.Option("--models-from", help="a file of model specs, one per line as --model takes them (# comments); repeat for several")] = [],  # noqa: B006
+    models_pattern: Annotated[list[str], typer.Option("--models", help="every timm model with pretrained weights matching a pattern, e.g. 'vit_tiny*' (timm.list_models(PATTERN, pretrained=True))")] = [],  # noqa: B006
+    skip_missing: Annotated[bool, typer.Option("--skip-missing", help="leave out listed models whose weights cannot be had here, and say so")] = False,
+    grams: Annotated[bool, typer.Option("--grams", help="streaming for a zoo: keep each layer's Gram of each batch (4 x images x batch size bytes a layer), so models run a few at a time and can be added later")] = False,
+    memory_budget: Annotated[Optional[str], typer.Option("--memory-budget", help="memory the models may take at once, e.g. 4G (default: half of what is free); more models run in waves")] = None,
     overwrite: Annotated[bool, typer.Option(help="replace an existing store")] = False,
     force: Annotated[bool, typer.Option(help="start even if the disk looks too small")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
@@ -102,15 +107,19 @@ def extract(
     from . import distributed
     from .distributed import is_secondary
     from .extract import resume_extraction, run_extraction
-    from .extract_plan import ExtractConfig
+    from .extract_plan import ExtractConfig, parse_bytes
     from .run_config import plan_resume
     from .threads import set_compute_threads
 
     quiet = quiet or is_secondary()  # under torchrun rank 0 speaks for the run
     # under torchrun (WORLD_SIZE > 1) each process extracts a shard and rank 0 stitches them
     driver = distributed.extract_sharded if distributed.current() is not None else run_extraction
+    budget = parse_bytes(memory_budget) if memory_budget is not None else None
+    if models_from or models_pattern:
+        model = _listed_models(model, models_from, models_pattern, skip_missing, quiet)
     if not model:
-        resume = plan_resume(store, _typed_options(ctx), device=_typed(ctx, "device", device), workers=workers, force=force)
+        resume = plan_resume(store, _typed_options(ctx), device=_typed(ctx, "device", device), workers=workers, force=force,
+                             memory_budget=budget)
         if not quiet:
             err.print(resume.describe(), highlight=False, soft_wrap=True)
         if resume.complete:
@@ -120,7 +129,7 @@ def extract(
         cfg = ExtractConfig(
             store=store, models=model, dataset=dataset, n_images=n_images, batch_size=batch_size, device=device,
             layers=layers, img_size=img_size, dtype=dtype, shuffle_seed=shuffle_seed, overwrite=overwrite,
-            force=force, workers=workers, streaming=streaming, heads=heads,
+            force=force, workers=workers, streaming=streaming, heads=heads, grams=grams, memory_budget=budget,
         )
         run = lambda progress: driver(cfg, progress=progress)  # noqa: E731
     set_compute_threads(threads)
@@ -139,6 +148,22 @@ def extract(
             f"wrote {result.store}: {', '.join(result.models)}; {result.images_processed} images in "
             f"{result.seconds:.1f} s ({rate:.1f} img/s)", highlight=False,
         )
+
+
+def _listed_models(specs: list[str], files: list[Path], patterns: list[str], skip_missing: bool, quiet: bool) -> list[str]:
+    """Returns the specs to extract from -m, --models-from and --models, after printing the plan of their weights
+    (cached here, would be downloaded, cannot be had) on stderr."""
+    from .models import model_list
+
+    listed = model_list(specs, files, patterns)
+    if not quiet:
+        for line in listed.describe():
+            err.print(line, highlight=False, soft_wrap=True, markup=False)
+    run = listed.check(skip_missing)
+    if listed.missing and not quiet:
+        err.print(f"left out (--skip-missing): {', '.join(e.spec for e in listed.missing)}", highlight=False,
+                  soft_wrap=True, markup=False)
+    return run
 
 
 def _typed(ctx: typer.Context, name: str, value):
@@ -613,7 +638,10 @@ def main() -> None:
     try:
         app()  # standalone: usage errors print click's message and exit 2
     except VitseeError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        from rich.markup import escape
+
+        # escaped: messages show specs such as NAME[.TAG][@WEIGHTS], which Rich would take for markup and drop
+        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except OSError as exc:
         if not _is_hdf5_error(exc):

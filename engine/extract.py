@@ -36,11 +36,12 @@ from .analyses.heads import StreamedHeads, save_streamed_heads
 from .data import ImageSet, Selection, loader_batches
 from .errors import VitseeError
 from .extract_plan import (DTYPES, ExtractConfig, ExtractResult, ModelPlan, Progress, ProgressFn, _check_disk, _estimate,
-                           _release, plan)
+                           _free_memory, _release, memory_budget, plan, waves)
 from .recorders import ActivationRecorder, HeadOutputRecorder, fp16_note
 from .run_config import Resume, run_record
 from .store import LayerSpec, Store
 from .writer import BatchWriter, NonfiniteLog, _Batch, _HostCopies, _StreamedBatch
+from .zoo_store import GRAMS, GramBatch, add_gram_state, gram_rows
 
 
 # --- the pass ---------------------------------------------------------------------------------------
@@ -122,6 +123,13 @@ def _forward(mp: ModelPlan, x: torch.Tensor) -> tuple[dict[str, torch.Tensor], d
 def _forward_batch(mp: ModelPlan, x: torch.Tensor, batch: int, torch_dtype: torch.dtype, copies: _HostCopies) -> _Batch:
     acts, stats = _forward(mp, x)
     nonfinite = _nonfinite_rows(acts, mp.layers)
+    if mp.gram_maker is not None:  # a zoo's streaming: each layer's Gram of the batch instead of its activations
+        stats.update({f"{GRAMS}{layer.name}": gram_rows(mp.gram_maker.layer_gram(acts.pop(layer.name)), mp.batch_size)
+                      for layer in mp.layers})
+        copies.begin()
+        host = GramBatch(mp.key, batch, copies.to_host(stats), {mp.key: copies.to_host({"c": nonfinite})["c"]})
+        host.ready = copies.ready()
+        return host
     model_input = x.to(torch_dtype)
     copies.begin()
     host_acts = copies.to_host(acts)
@@ -167,8 +175,9 @@ def run_extraction(
     # the lock covers resuming, appending, creating and replacing alike; a new store's is taken once the
     # run's inputs have been checked, so a refused run leaves nothing beside the path
     lock = store_mod.WriteLock(store_path) if store_path.exists() else None
+    budget = memory_budget(cfg, device)  # before any model is loaded: what is free for them
     try:
-        selection, plans, existing = plan(cfg, device, emit, lock=lock)
+        selection, plans, existing = plan(cfg, device, emit, lock=lock, budget=budget)
     except BaseException:
         if lock is not None:
             lock.release()
@@ -193,6 +202,11 @@ def run_extraction(
                 note = f"{mp.key}: resuming with the stored batch size {mp.batch_size}"
                 messages.append(note)
                 emit(Progress("plan", message=note, model=mp.key))
+        groups = waves(plans, budget)
+        if len(groups) > 1:
+            note = _waves_note(plans, groups, budget, cfg)
+            messages.append(note)
+            emit(Progress("plan", message=note))
         _check_disk(store_path, size.todo_bytes, cfg.force)
         stale = store_mod.remove_stale_starts(store_path)
         if stale:
@@ -213,7 +227,9 @@ def run_extraction(
                 for mp in plans:
                     store_mod.add_model_layout(h5, mp.record, mp.layers, mp.stats, mp.input_shape, mp.batch_size,
                                                cfg.dtype, n, streaming=cfg.streaming)
-                if cfg.streaming:
+                if cfg.grams:
+                    add_gram_state(h5, cfg.batch_size)
+                elif cfg.streaming:
                     store_mod.add_streaming_state(h5, _cka_columns(plans), cfg.batch_size)
                     _add_streamed_heads(h5, plans)
             existing = Store.writer(store_path, rows=True, lock=lock)
@@ -222,9 +238,10 @@ def run_extraction(
                 if mp.new:
                     existing.add_model(mp.record, mp.layers, mp.stats, mp.input_shape, mp.batch_size, cfg.dtype,
                                        run_config=record)
-        run_pass = _streaming_pass if cfg.streaming else _extract_pass
+        run_pass = _streaming_pass if cfg.streaming and not cfg.grams else _extract_pass
         nonfinite = NonfiniteLog(store_path, plans, cfg.shard.start if cfg.shard is not None else 0)
-        processed, bytes_written, cancelled = run_pass(existing, selection, plans, device, cfg, emit, cancel, nonfinite)
+        processed, bytes_written, cancelled = _run_waves(run_pass, groups, existing, selection, plans, device, cfg, emit,
+                                                         cancel, nonfinite)
         if cfg.streaming and not cancelled and existing.complete and cfg.shard is None:
             save_streamed_cka(existing)  # a shard's share is summed with the others' when they are stitched
             save_streamed_heads(existing)
@@ -258,6 +275,57 @@ def resume_extraction(resume: Resume, progress: ProgressFn | None = None, cancel
             total.cancelled = True
             break
     return total
+
+
+def _waves_note(plans: Sequence[ModelPlan], groups: list[list[ModelPlan]], budget: int, cfg: ExtractConfig) -> str:
+    """Returns the plan line of a run in waves (refusing a streaming run without --grams, which needs one pass)."""
+    total = sum(mp.cost for group in groups for mp in group)
+    if cfg.streaming and not cfg.grams:
+        raise VitseeError(
+            f"these {len(plans)} models take {store_mod.human_bytes(total)} together, over the memory budget of "
+            f"{store_mod.human_bytes(budget)}, and --streaming without --grams runs them all in one pass: add --grams "
+            "(each model streams its own Grams, a few models at a time), raise --memory-budget, or stream fewer models"
+        )
+    return (f"{sum(map(len, groups))} models take {store_mod.human_bytes(total)} together, over the memory budget of "
+            f"{store_mod.human_bytes(budget)}: they run in {len(groups)} waves of at most {max(map(len, groups))}, "
+            "each reading the images again")
+
+
+def _run_waves(run_pass, groups: list[list[ModelPlan]], store, selection, plans, device, cfg, emit, cancel,
+               nonfinite) -> tuple[int, int, bool]:
+    """Runs the pass over every model at once when they fit the memory budget together (one wave: one pass, as a run
+    always did), else once per wave, its models loaded when it starts and released when it ends, so no more than one
+    wave is ever resident. Returns (images, bytes written, cancelled)."""
+    if len(groups) <= 1:
+        return run_pass(store, selection, plans, device, cfg, emit, cancel, nonfinite)
+    n = len(selection)
+    processed = written = 0
+    for w, group in enumerate(groups):
+        if cancel is not None and cancel.is_set():
+            return processed, written, True
+        for mp in plans:
+            if mp.resident and not any(mp is g for g in group):
+                mp.release()
+        _free_memory(device)
+        for mp in group:
+            if not mp.resident:
+                emit(Progress("load", message=f"loading {mp.record['spec']}", model=mp.key))
+            mp.reload()
+        emit(Progress("plan", message=f"wave {w + 1} of {len(groups)}: {', '.join(mp.key for mp in group)}"))
+
+        def progress(event: Progress, w: int = w) -> None:  # one bar over all waves: images x waves
+            if event.stage == "extract":
+                event = Progress("extract", done=w * n + event.done, total=len(groups) * n, model=event.model)
+            emit(event)
+
+        done, nbytes, cancelled = run_pass(store, selection, group, device, cfg, progress, cancel, nonfinite)
+        processed, written = max(processed, done), written + nbytes
+        for mp in group:
+            mp.release()
+        if cancelled:
+            return processed, written, True
+    _free_memory(device)
+    return processed, written, False
 
 
 def _loader(selection: Selection, group: Sequence[ModelPlan], batches: list[list[int]], device: torch.device,

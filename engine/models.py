@@ -6,6 +6,7 @@ WEIGHTS is `pretrained` (default: timm's weights from the Hugging Face Hub or it
 """
 from __future__ import annotations
 
+import copy
 import difflib
 import hashlib
 import json
@@ -13,7 +14,8 @@ import os
 import re
 import socket
 import sys
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -377,7 +379,9 @@ class LoadedModel:
 
     def record(self) -> dict:
         """Returns the JSON-able metadata stored with the model."""
-        out = {k: v for k, v in asdict(self).items() if k not in ("model", "spec")}
+        # not asdict(self): it deep-copies every field first, the model's weights too (0.1 s and a second copy of
+        # the weights per call for a tiny model; a ViT-B's 330 MB)
+        out = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name not in ("model", "spec")}
         out.update(spec=str(self.spec), key=self.key, name=self.spec.name, tag=self.spec.tag, timm_name=self.spec.timm_name)
         return out
 
@@ -818,3 +822,175 @@ def list_models(pattern: str = "*", pretrained_only: bool = False) -> list[dict]
                 rows.append({"name": name, "family": family_of_name(name), "cached": False})
     rows.sort(key=lambda r: r["name"])
     return rows
+
+
+# --- model lists (`vitsee extract --models-from FILE`, `--models PATTERN`) -------------------------------------
+
+
+@dataclass(frozen=True)
+class WeightsStatus:
+    """Whether a listed model's weights can be had here: status is 'cached' (pretrained, in the local cache),
+    'download' (pretrained, fetched from the Hub when the run loads it), 'random' (seeded init), 'file' (a local
+    file) or 'missing' (cannot be had); detail says where from, or why not; origin where the spec was read."""
+
+    spec: str
+    key: str
+    status: str
+    detail: str
+    origin: str = ""
+
+    @property
+    def available(self) -> bool:
+        return self.status != "missing"
+
+
+@dataclass
+class ModelList:
+    """The models a run was given (by -m, --models-from and --models), each with its weights' status."""
+
+    entries: list[WeightsStatus]
+    duplicates: int = 0  # the same model given again (by another list or pattern), left out
+
+    @property
+    def available(self) -> list[str]:
+        return [e.spec for e in self.entries if e.available]
+
+    @property
+    def missing(self) -> list[WeightsStatus]:
+        return [e for e in self.entries if not e.available]
+
+    def describe(self) -> list[str]:
+        """Returns the plan's lines: a count by status, then one line per model (spec, status, where from)."""
+        counts = {s: sum(e.status == s for e in self.entries) for s in ("cached", "download", "file", "random", "missing")}
+        words = {"cached": "weights cached here", "download": "would be downloaded", "file": "from local files",
+                 "random": "random init", "missing": "cannot be had"}
+        parts = [f"{n} {words[s]}" for s, n in counts.items() if n]
+        head = f"{len(self.entries)} model(s): {', '.join(parts)}"
+        if self.duplicates:
+            head += f" ({self.duplicates} given twice, listed once)"
+        width = max((len(e.spec) for e in self.entries), default=0)
+        return [head] + [f"  {e.spec:<{width}}  {e.status:<8}  {e.detail}" for e in self.entries]
+
+    def check(self, skip_missing: bool) -> list[str]:
+        """Returns the specs to run; a model that cannot be had is a VitseeError naming it and the ways out, unless
+        skip_missing leaves it out."""
+        missing = self.missing
+        if missing and not skip_missing:
+            first = missing[0]
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            where = f" ({first.origin})" if first.origin else ""
+            raise VitseeError(f"{first.spec}{where} cannot be had: {first.detail}{more}; {_ways_out(first)}, or pass "
+                              "--skip-missing to leave out what cannot be had")
+        if not self.available:
+            raise VitseeError("none of the given models can be had here: see the list above; give weights that are "
+                              "cached, random init (NAME@random) or local files (NAME@path.safetensors)")
+        return self.available
+
+
+def _ways_out(entry: WeightsStatus) -> str:
+    name = entry.spec.partition("@")[0]
+    if entry.detail.startswith("weights file"):
+        return "fix the path"
+    return (f"use {name}@random[:SEED] or {name}@/path/to/weights.safetensors, or copy the weights into the Hub cache "
+            "(HF_HOME) on a machine with network")
+
+
+def read_model_list(path: str | Path) -> list[tuple[str, str]]:
+    """Returns the (spec, 'FILE line N') of each model a list file names: one spec per line as `-m` takes it, `#`
+    starting a comment, blank lines ignored; a weights path relative to the file's folder."""
+    path = Path(os.path.expanduser(str(path)))
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        raise VitseeError(f"--models-from {path} does not exist: give a file with one model spec per line") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise VitseeError(f"--models-from {path} cannot be read ({brief(exc)}): give a text file with one model spec per line") from None
+    out = []
+    for number, line in enumerate(lines, start=1):
+        text = re.sub(r"(^|\s)#.*$", "", line).strip()
+        if not text:
+            continue
+        base, at, weights = text.partition("@")
+        weights = weights.strip()
+        if at and weights and weights != "pretrained" and not weights.startswith("random"):
+            file = Path(os.path.expanduser(weights))
+            text = f"{base.strip()}@{file if file.is_absolute() else path.parent / file}"
+        out.append((text, f"{path} line {number}"))
+    if not out:
+        raise VitseeError(f"--models-from {path} lists no model: write one spec per line, NAME[.TAG][@WEIGHTS] "
+                          "(e.g. vit_tiny_patch16_224@random:0); # starts a comment")
+    return out
+
+
+def pretrained_names(pattern: str) -> list[str]:
+    """Returns the timm names with their pretrained tag that a --models pattern matches (timm.list_models(pattern,
+    pretrained=True)); none is a VitseeError."""
+    import timm
+
+    names = timm.list_models(pattern, pretrained=True)
+    if not names:
+        raise VitseeError(f"--models '{pattern}' matches no timm model with pretrained weights: see "
+                          f"`vitsee models '{pattern}' --pretrained`, or use a wider pattern such as 'vit_*'")
+    return list(names)
+
+
+def weights_status(text: str, origin: str = "", hub: dict | None = None) -> WeightsStatus:
+    """Returns whether the weights of the spec `text` can be had here (nothing is loaded or downloaded). A typo in
+    the name or tag is a VitseeError as for -m; a weights file that does not exist is 'missing'. hub caches whether
+    the Hub answers, so a list asks it once."""
+    base, _, weights = text.strip().partition("@")
+    weights = weights.strip()
+    if weights and weights != "pretrained" and not weights.startswith("random"):
+        path = Path(os.path.expanduser(weights))
+        if not path.exists():
+            spec = parse_model_spec(f"{base}@random")  # the name and tag are checked all the same
+            return WeightsStatus(text.strip(), ModelSpec(spec.name, spec.tag, "file", path=str(path)).key, "missing",
+                                 f"weights file {path} does not exist", origin)
+    spec = parse_model_spec(text)
+    if spec.weights == "random":
+        return WeightsStatus(str(spec), spec.key, "random", f"seed {spec.seed}", origin)
+    if spec.weights == "file":
+        return WeightsStatus(str(spec), spec.key, "file", spec.path, origin)
+    tag = spec.tag or _default_tag(spec.name)
+    if tag is None:
+        return WeightsStatus(str(spec), spec.key, "missing", f"{spec.name} has no pretrained weights in timm", origin)
+    cached = cached_pretrained_file(f"{spec.name}.{tag}")
+    if cached is not None:
+        return WeightsStatus(str(spec), spec.key, "cached", cached, origin)
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return WeightsStatus(str(spec), spec.key, "missing", "not in the local cache, and HF_HUB_OFFLINE is set", origin)
+    url = pretrained_url(f"{spec.name}.{tag}") or ""
+    host = urlparse(url).netloc
+    if host == urlparse(_hub_endpoint()).netloc:
+        hub = {} if hub is None else hub
+        if "reachable" not in hub:
+            hub["reachable"] = hub_reachable()
+        if not hub["reachable"]:
+            return WeightsStatus(str(spec), spec.key, "missing", f"not in the local cache, and {host} cannot be reached", origin)
+    return WeightsStatus(str(spec), spec.key, "download", f"from {host or 'its url'}", origin)
+
+
+def _hub_endpoint() -> str:
+    from huggingface_hub import constants
+
+    return constants.ENDPOINT
+
+
+def model_list(specs: Sequence[str] = (), files: Sequence[str | Path] = (), patterns: Sequence[str] = ()) -> ModelList:
+    """Returns the ModelList of the models -m (specs), --models-from (files) and --models (patterns) give, in that
+    order, each model once (by its store key), with its weights' status."""
+    given = [(s, "") for s in specs]
+    for f in files:
+        given += read_model_list(f)
+    for p in patterns:
+        given += [(name, f"--models '{p}'") for name in pretrained_names(p)]
+    entries, seen, hub = [], set(), {}
+    for text, origin in given:
+        entry = weights_status(text, origin, hub)
+        if entry.key in seen:
+            continue
+        seen.add(entry.key)
+        entries.append(entry)
+    return ModelList(entries, duplicates=len(given) - len(entries))

@@ -23,8 +23,8 @@ RECORD_VERSION = 1
 # --force, --quiet, change no stored value and may be given to a resume)
 RECORDED_OPTIONS = {"--dataset": "dataset", "--n-images": "n_images", "--batch-size": "batch_size",
                     "--layers": "layers", "--img-size": "img_size", "--dtype": "dtype",
-                    "--shuffle-seed": "shuffle_seed", "--streaming": "streaming", "--heads": "heads"}
-FLAGS = ("streaming", "heads")  # on/off options: typed as the bare flag
+                    "--shuffle-seed": "shuffle_seed", "--streaming": "streaming", "--heads": "heads", "--grams": "grams"}
+FLAGS = ("streaming", "heads", "grams")  # on/off options: typed as the bare flag
 
 
 def run_record(cfg, dataset_spec: str, models: list[tuple[str, str]]) -> dict:
@@ -37,7 +37,7 @@ def run_record(cfg, dataset_spec: str, models: list[tuple[str, str]]) -> dict:
         "dataset": dataset_spec, "n_images": cfg.n_images, "shuffle_seed": cfg.shuffle_seed,
         "batch_size": int(cfg.batch_size), "img_size": cfg.img_size, "layers": layers, "dtype": cfg.dtype,
         "streaming": bool(cfg.streaming), "heads": bool(getattr(cfg, "heads", False)), "device": str(cfg.device),
-    }
+    } | ({"grams": True} if getattr(cfg, "grams", False) else {})  # absent: the records of runs before zoos
 
 
 def command_line(store: Path | str, record: dict) -> str:
@@ -89,14 +89,14 @@ def _describe_config(cfg) -> str:
         text += f", {cfg.img_size} px"
     if cfg.shuffle_seed is not None:
         text += f", shuffle seed {cfg.shuffle_seed}"
-    return text + (", streaming" if cfg.streaming else "")
+    return text + (", streaming Grams" if getattr(cfg, "grams", False) else ", streaming" if cfg.streaming else "")
 
 
 def plan_resume(store: Path | str, given: dict | None = None, *, device: str | None = None,
-                workers: int | None = None, force: bool = False) -> Resume:
+                workers: int | None = None, force: bool = False, memory_budget: int | None = None) -> Resume:
     """Returns what resuming the store's recorded run does; raises a VitseeError for a store that cannot be
     resumed (missing, made before runs were recorded) or an option in `given` ({flag: value}, the recorded
-    options the user typed) that contradicts the record. device/workers replace the recorded ones."""
+    options the user typed) that contradicts the record. device/workers/memory_budget replace the recorded ones."""
     from .store import Store
 
     path = Path(store)
@@ -125,7 +125,7 @@ def plan_resume(store: Path | str, given: dict | None = None, *, device: str | N
             if todo:
                 for m in todo:
                     resume.progress[m["key"]] = s.rows_done(m["key"]) if m["key"] in s.models else None
-                resume.configs.append(_config(path, record, todo, device, workers, force))
+                resume.configs.append(_config(path, record, todo, device, workers, force, memory_budget))
     return resume
 
 
@@ -145,15 +145,16 @@ def _key(record: dict) -> str:
 
 
 def _unfinished(s, record: dict, claimed: set[str]) -> list[dict]:
-    """Returns the record's models with rows left to extract (a streaming run's pass needs all its models)."""
+    """Returns the record's models with rows left to extract (a streaming run's pass needs all its models, unless
+    each streams its own Grams)."""
     todo = [m for m in record["models"] if m["key"] not in claimed
             and (m["key"] not in s.models or not s.is_complete(m["key"]))]
-    if todo and record.get("streaming"):
+    if todo and record.get("streaming") and not record.get("grams"):
         return list(record["models"])
     return todo
 
 
-def _config(path: Path, record: dict, models: list[dict], device, workers, force):
+def _config(path: Path, record: dict, models: list[dict], device, workers, force, memory_budget=None):
     """Returns the ExtractConfig that resumes the recorded run's given models."""
     from .extract_plan import ExtractConfig
 
@@ -162,6 +163,7 @@ def _config(path: Path, record: dict, models: list[dict], device, workers, force
         batch_size=record["batch_size"], device=device or record.get("device") or "auto", layers=record["layers"],
         img_size=record["img_size"], dtype=record["dtype"], shuffle_seed=record["shuffle_seed"],
         workers=workers, streaming=record["streaming"], heads=bool(record.get("heads", False)), force=force,
+        grams=bool(record.get("grams", False)), memory_budget=memory_budget,
     )
 
 

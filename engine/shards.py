@@ -96,7 +96,11 @@ def stitch(path: str | Path, shard_paths: Sequence[Path], cfg, models: Sequence[
             group = models_group.create_group(key)
             _fill_virtual_model(group, key, shard_paths)
             group.attrs["order"] = order
-        if cfg.streaming:
+        if getattr(cfg, "grams", False):  # each shard kept its batches' Grams: the virtual datasets join them
+            from .zoo_store import add_gram_state
+
+            add_gram_state(h5, cfg.batch_size)
+        elif cfg.streaming:
             _sum_streamed_states(h5, shard_paths)
     if cfg.streaming:
         from .analyses.cka import save_streamed_cka

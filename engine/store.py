@@ -13,6 +13,8 @@ Layout
         stats/<name>       (N, ...) per-image statistics (attention distances, skip ratios)
         heads/blocks.B     (N, heads, spatial tokens, head_dim) a ViT block's per-head attention outputs
                            before the projection (head-level CKA), in the activations' dtype
+        grams/<layer>      (N, B) float32 the layer's Gram of each batch of B images, in a streaming store made
+                           with --grams (a zoo's statistics; layout and size in zoo_store.py)
         nonfinite          (batches, layers) count of non-finite values written per batch and layer
         done               (batches,) uint8, 1 once every array of the batch is on disk
     /results/<analysis>/<id>   cached analysis results, attrs: params (json), provenance (json)
@@ -22,7 +24,9 @@ and input: each model group records its layers' per-image shapes and prefix toke
 /streaming/cka_state (2, L*L + 1) holds the all-pairs CKA accumulator of the batches done so far (two
 slots, batch b writes slot b % 2 before `done` marks it, so the state of the last finished batch is never
 the one being overwritten). With `--heads`, /streaming/heads/<vit> (2, S) holds a ViT's head-level CKA accumulator
-the same way (attrs blocks, heads, columns: its heads against every layer of the run's other models).
+the same way (attrs blocks, heads, columns: its heads against every layer of the run's other models). A streaming
+store made with `--grams` (a zoo) has no accumulator: /streaming (attrs grams, batch_size) marks it, and each model keeps
+its layers' per-batch Grams in grams/<layer>, so models run one at a time and are appended later (zoo_store.py).
 
 A store stitched from torchrun shards (file attr shards: json list of relative paths) holds the images and,
 per model, HDF5 virtual datasets over the shards' datasets of the same names; see shards.py. Readers use
@@ -70,6 +74,7 @@ from .store_lock import WriteLock, pid_alive, sidecar_dir
 
 FORMAT_VERSION = 2
 HEADS = "heads/"  # per-head attention outputs of a ViT's blocks, (N, heads, tokens, head_dim), see head_outputs
+GRAMS = "grams/"  # a zoo's per-batch layer Grams, (N, batch size), see zoo_store.py
 CHUNK_BYTES = 64 << 20
 
 
@@ -978,7 +983,7 @@ class Store:
         for name, value in activations.items():
             group["acts"][name][start:stop] = value
         for name, value in stats.items():
-            group[name if name.startswith(HEADS) else f"stats/{name}"][start:stop] = value
+            group[name if name.startswith((HEADS, GRAMS)) else f"stats/{name}"][start:stop] = value
         if model_input is not None:
             group["input"][start:stop] = model_input
         group["nonfinite"][batch] = np.asarray(nonfinite, dtype=np.int64)
@@ -1099,7 +1104,7 @@ def fill_model_group(group: h5py.Group, record: dict, layers: Sequence[LayerSpec
                 ds.attrs["layout"] = layer.layout
     stat_group = group.create_group("stats")
     for spec in stats:  # head outputs (heads/blocks.B) sit beside acts/, the statistics in stats/
-        parent = group if spec.name.startswith(HEADS) else stat_group
+        parent = group if spec.name.startswith((HEADS, GRAMS)) else stat_group
         _early_dataset(parent, spec.name, (n_images, *spec.shape), spec.dtype, batch_size)
     if not streaming:
         _early_dataset(group, "input", (n_images, *input_shape), dtype, batch_size)

@@ -29,6 +29,7 @@ import numpy as np
 from .. import stats as stats_mod
 from ..errors import VitseeError
 from ..store import Store
+from ..zoo_store import batch_grams, gram_batch_size, keeps_grams
 from .base import (MIN_BATCH, AnalyzeConfig, LazyBatch, Prefetch, StepFn, batch_plan, check_ready, emit, read_batch,
                    resolve_device, save_result, with_stats)
 from .contract import Request, Result
@@ -280,7 +281,6 @@ class MinibatchCKA:
             )
             return
 
-        L = self.num_layers
         with torch.no_grad(), full_fp32_matmul():
             sizes = [int(np.prod(f.shape)) for f in feats]
             largest = max(sizes)
@@ -292,6 +292,40 @@ class MinibatchCKA:
                 for i, f in enumerate(feats):
                     x = self._centred(f, m)  # (m, D_i)
                     self._grams[i].copy_(gram(x, out=self._gram))  # (m, m) fp32 -> its fp64 slot
+            self._add_grams(m, slot)
+
+    def layer_gram(self, f: Any) -> torch.Tensor:
+        """Return one layer's batch f (m, ...) as the (m, m) GRAM_DTYPE Gram update() builds for it (shifted to about
+        its batch mean first), a new tensor on the device: what update_grams() takes, e.g. from a store."""
+        m = int(f.shape[0])
+        with torch.no_grad(), full_fp32_matmul():
+            self._reserve(m, int(np.prod(f.shape)))
+            return gram(self._centred(f, m))
+
+    def update_grams(self, grams: Sequence[Any], slot: int | None = None) -> None:
+        """Add one batch from its L layer Grams (m, m) as layer_gram() returns them, in layer order: the sums update()
+        of the features they came from adds, bit for bit (the same fp64 arithmetic from the same fp32 Grams)."""
+        grams = list(grams)
+        if len(grams) != self.num_layers:
+            raise VitseeError(f"update_grams got {len(grams)} Grams but this MinibatchCKA was made for {self.num_layers} "
+                              "layers: pass every layer of every model, in the same order, for each batch")
+        m = int(grams[0].shape[0])
+        if any(tuple(g.shape) != (m, m) for g in grams):
+            raise VitseeError(f"update_grams needs every layer's ({m}, {m}) Gram of the same batch, got shapes "
+                              f"{sorted({tuple(g.shape) for g in grams})}")
+        if m < MIN_BATCH:
+            warnings.warn(f"skipping a batch of {m} examples: unbiased HSIC needs at least {MIN_BATCH} per batch", stacklevel=2)
+            return
+        with torch.no_grad(), full_fp32_matmul():
+            self._reserve(m, 1)
+            for i, g in enumerate(grams):
+                self._grams[i].copy_(torch.as_tensor(g))  # fp32 -> its fp64 slot, as update() does
+            self._add_grams(m, slot)
+
+    def _add_grams(self, m: int, slot: int | None) -> None:
+        """Add the batch whose layer Grams fill self._grams (L, m, m, fp64, not yet U-centred)."""
+        L = self.num_layers
+        with torch.no_grad(), full_fp32_matmul():
             u_centre_(self._grams)  # (L, m, m), all layers at once
             grams = self._grams.view(L, m * m)  # (L, m*m)
             # HSIC1 of a pair is <U(K_i), U(K_j)>_F / (m (m-3)): all pairs are one product of the stacked Grams.
@@ -737,13 +771,37 @@ def cka_block(result: Result, model_a: str, model_b: str | None = None,
 def streamed_cka_params(store: Store) -> dict:
     """Returns the parameters of a streaming store's CKA: those of `analyze --cka --shuffles 0` with the
     extraction's batch size, so views and the app find it like any cached CKA."""
-    batch_size = int(store.file["streaming/cka_state"].attrs["batch_size"])
+    batch_size = gram_batch_size(store) if keeps_grams(store) else int(store.file["streaming/cka_state"].attrs["batch_size"])
     # the stream kept no per-batch terms or permutations: its CKA carries no statistics
     return cka_params(store, AnalyzeConfig(batch_size=batch_size, shuffles=0, ci=0, permutations=0))
 
 
+def cka_from_grams(store: Store, columns: Sequence[tuple[str, str]], device=None, cross_at: int | None = None,
+                   batch_slots: bool = False) -> MinibatchCKA:
+    """Returns the accumulator of the CKA of the columns [(model, layer)] over a Gram-keeping store's batches (`extract
+    --grams`, zoo_store.py), each batch added from its stored Grams: the sums `update` of the activations gives.
+
+    cross_at: only the block of columns [:k] against [k:] (a model appended to a zoo against the others: its new
+    pairs only); batch_slots: keep each batch's terms, for the bootstrap (engine/stats.py).
+    """
+    n_batches = -(-store.n_images // gram_batch_size(store))
+    acc = MinibatchCKA(len(columns), device, cross_at=cross_at, batch_slots=n_batches if batch_slots else 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a last batch under 4 images is skipped, as analyze does
+        for b, grams in batch_grams(store, columns):
+            acc.update_grams(grams, slot=b)
+    return acc
+
+
 def save_streamed_cka(store: Store) -> Result:
-    """Caches the CKA of a finished streaming run, from the accumulator it stored."""
+    """Caches the CKA of a finished streaming run, from the accumulator it stored (or the Grams it kept)."""
+    if keeps_grams(store):
+        params = streamed_cka_params(store)
+        columns = [(m, layer) for m in params["models"] for layer in params["layers"][m]]
+        state = cka_from_grams(store, columns).state
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return save_result(store, "cka", params, finish_cka(state[None], columns, params))
     saved = store.streamed_cka_state()
     if saved is None:
         raise VitseeError(f"{store.path} has no finished batch to compute CKA from: rerun the same `vitsee extract --streaming` command")
