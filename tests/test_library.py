@@ -264,7 +264,17 @@ def test_the_public_api_is_documented_like_the_readme():
     text = pydoc.render_doc(vitsee.open, renderer=pydoc.plaintext)
     assert "Returns the vitsee store at `path`" in text and 'store.cka(vit, resnet).to_pandas()' in text
     assert sorted(vitsee.__all__) == ["Images", "Result", "Store", "VitseeError", "VitseeWarning", "extract",
-                                      "from_features", "open", "train"]
+                                      "from_features", "measures", "open", "train"]
+
+
+def test_measures_are_the_engines_functions_under_the_public_name():
+    import vitsee.engine.measures as engine_measures
+    from vitsee.measures import rbf_cka
+
+    assert rbf_cka is engine_measures.rbf_cka
+    assert sorted(vitsee.measures.__all__) == sorted(engine_measures.__all__)
+    x = np.random.default_rng(0).normal(size=(12, 5))
+    assert vitsee.measures.linear_cka(x, x) == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("module", ["vitsee._store", "vitsee._result", "vitsee._run", "vitsee._features"])

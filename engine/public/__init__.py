@@ -10,9 +10,10 @@
     cka.plot()                           # the figure `vitsee export` draws
     store.attention(vit).plot()          # paper Fig. 3
 
-The public API is what this module exports (`__all__`): `open`, `extract`, `train`, `from_features`, the
-`Store` and `Result` they return, `Images`, and `VitseeError`, the one exception a user can cause (its message
-is the line the CLI prints). `vitsee.engine` and `vitsee.tui` stay importable, but are not promised.
+The public API is what this module exports (`__all__`): `open`, `extract`, `train`, `from_features`, the `Store` and
+`Result` they return, `Images`, `measures` (similarity measures for arrays you already have), and `VitseeError`, the
+one exception a user can cause (its message is the line the CLI prints). `vitsee.engine` and `vitsee.tui` stay
+importable, but are not promised.
 
 Reading a cached view imports no torch: only `extract`, `train` and a view that must be computed do.
 
@@ -26,13 +27,15 @@ if __name__ != "vitsee":  # one module object per module: this folder is the pac
 
 from vitsee.engine.errors import VitseeError
 
+from . import measures
 from ._features import from_features
 from ._progress import VitseeWarning
 from ._result import Result
 from ._run import extract, train
 from ._store import Images, Store, open
 
-__all__ = ["Images", "Result", "Store", "VitseeError", "VitseeWarning", "extract", "from_features", "open", "train"]
+__all__ = ["Images", "Result", "Store", "VitseeError", "VitseeWarning", "extract", "from_features", "measures", "open",
+           "train"]
 
 
 def __getattr__(name: str):
