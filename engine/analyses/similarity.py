@@ -100,7 +100,8 @@ class LayerPairMeasure(LayerMatrix):
     A subclass sets name, label, title and option_help, puts its own parameters in `measure_params` (they go into the
     cache key and the view's JSON `params`), and implements `measure(a, b)` on two layers' prepared features.
     `prepare(x)` turns one layer's (n, ...) features into what `measure` compares; by default the features
-    flattened per image in fp64. A measure on Gram or distance matrices builds them there, once per layer.
+    flattened per image in fp64. A measure on Gram or distance matrices builds them there, once per layer (e.g.
+    measures_grams.layer_grams), and may give every pair at once in `all_pairs` (measures_grams.pairwise_*).
     """
 
     max_images: ClassVar[int] = 1024  # the subset the measure runs on: it holds what `prepare` gives per layer
@@ -127,11 +128,23 @@ class LayerPairMeasure(LayerMatrix):
                 "max_images": min(self.max_images, store.n_images), "seed": cfg.seed, **self.measure_params}
 
     def images(self, params: dict) -> np.ndarray:
-        """Returns the sorted indices of the images the measure runs on: all, or a subset seeded by params."""
-        n, k = params["n_images"], params["max_images"]
-        if k >= n:
-            return np.arange(n)
-        return np.sort(np.random.default_rng([params["seed"], n]).choice(n, size=k, replace=False))
+        """Returns the sorted indices of the images the measure runs on: all, or a subset seeded by params (the
+        subset engine/measures_grams.py draws for the same seed)."""
+        from ..measures_grams import choose_images
+
+        return choose_images(params["n_images"], params["max_images"], params["seed"])[0]
+
+    def all_pairs(self, prepared: list) -> np.ndarray:
+        """Returns the (L, L) matrix of `measure` over every pair of the prepared layers; a measure with an
+        all-pairs form (engine/measures_grams.py pairwise_*, one product for every pair) returns it here."""
+        n = len(prepared)
+        matrix = np.full((n, n), np.nan)
+        for i in range(n):
+            for j in range(i if self.symmetric else 0, n):
+                matrix[i, j] = self.measure(prepared[i], prepared[j])
+                if self.symmetric:
+                    matrix[j, i] = matrix[i, j]
+        return matrix
 
     def compute(self, store: Store, request: Request, params: dict, cfg: AnalyzeConfig,
                 progress: StepFn | None = None) -> dict[str, np.ndarray]:
@@ -145,13 +158,7 @@ class LayerPairMeasure(LayerMatrix):
         for i, (model, layer) in enumerate(columns):
             prepared.append(self.prepare(store.activations(model, layer, rows)))
             emit(progress, f"{self.name} layers", i + 1, len(columns))
-        n = len(columns)
-        matrix = np.full((n, n), np.nan)
-        for i in range(n):
-            for j in range(i if self.symmetric else 0, n):
-                matrix[i, j] = self.measure(prepared[i], prepared[j])
-                if self.symmetric:
-                    matrix[j, i] = matrix[i, j]
-            emit(progress, f"{self.name} pairs", i + 1, n)
+        matrix = self.all_pairs(prepared)
+        emit(progress, f"{self.name} pairs", 1, 1)
         return {"matrix": matrix, "model": np.array([params["models"].index(m) for m, _ in columns]),
                 "layer": np.array([layer for _, layer in columns]), "images": rows}
