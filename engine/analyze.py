@@ -1,6 +1,8 @@
-"""The driver of the analyses: runs those that apply to each model of a store (or the named ones) and caches
-them. Each analysis lives in its own module under engine/analyses/ (its core, parameters, run and view); under
-torchrun the CLI calls `distributed.analyze_sharded`, which shares the CKA out and then calls `run_analyses`.
+"""The driver of the analyses: which results a store needs, in one order, and running them.
+
+`plan` is the one list of jobs: `vitsee analyze` runs it here (`run_analyses`), the app's background pass caches it
+view by view, and each job is a Request of a registered analysis (engine/analyses/). Under torchrun the CLI calls
+`distributed.analyze_sharded`, which shares the CKA out and then calls `run_analyses` for the rest.
 """
 from __future__ import annotations
 
@@ -8,49 +10,68 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .analyses import REGISTRY
-from .analyses.base import AnalyzeConfig, StepFn, _check_ready
-from .analyses.cka import run_cka
+from .analyses.base import AnalyzeConfig, StepFn, check_ready
+from .analyses.contract import SLOW, Request, per_model
 from .errors import VitseeError
 from .store import Store
 
-PER_MODEL = tuple(name for name, spec in REGISTRY.items() if spec.per_model)  # attention, probes, skip, spatial
-ANALYSES = ("cka", *PER_MODEL)  # what `vitsee analyze` runs when none is named (heads and erf are asked for)
+__all__ = ["AnalyzeConfig", "applicable", "check_names", "default_names", "plan", "plan_views", "run_analyses"]
+
+
+def default_names() -> list[str]:
+    """Returns the analyses `vitsee analyze` runs when none is named (the others are asked for: heads, erf)."""
+    return [name for name, analysis in REGISTRY.items() if analysis.by_default]
 
 
 def applicable(store: Store, model: str) -> list[str]:
-    """Returns the per-model analyses that apply to a model of this store."""
+    """Returns the default analyses of one model (attention:MODEL, ...) that apply to a model of this store."""
     key = store.resolve_model(model)
-    return [name for name in PER_MODEL if REGISTRY[name].applies(store, key)]
+    return [name for name in default_names()
+            if per_model(REGISTRY[name]) and REGISTRY[name].not_applicable(store, key) is None]
 
 
 def check_names(which: Sequence[str] | None) -> None:
     """Raises the one-line VitseeError for an analysis name the driver does not know."""
-    unknown = [a for a in (which or []) if a not in ANALYSES]
+    unknown = [a for a in (which or []) if a not in REGISTRY]
     if unknown:
-        raise VitseeError(f"unknown analysis '{unknown[0]}': choose from {', '.join(ANALYSES)}")
+        raise VitseeError(f"unknown analysis '{unknown[0]}': choose from {', '.join(REGISTRY)}")
+
+
+def run_order(analysis) -> tuple:
+    """Returns where an analysis runs in the plan: in the registry's order, the slow ones (fits, reloaded models)
+    last, cheapest first among them."""
+    slow = analysis.cost >= SLOW
+    return slow, analysis.cost if slow else 0, analysis.order
+
+
+def plan(store: Store, which: Sequence[str] | None = None) -> list[Request]:
+    """Returns the jobs that compute the named analyses (None: those run by default) on every model they apply to,
+    in `run_order`. A named analysis that applies to nothing is the VitseeError saying why, raised before any job
+    runs."""
+    check_names(which)
+    names = default_names() if which is None else list(dict.fromkeys(which))
+    jobs: list[Request] = []
+    for analysis in sorted((REGISTRY[n] for n in names), key=run_order):
+        todo = analysis.jobs(store)
+        if not todo and which is not None:
+            raise VitseeError(analysis.refusal(store))
+        jobs += todo
+    return jobs
+
+
+def plan_views(store: Store, which: Sequence[str] | None = None) -> list[Request]:
+    """Returns every view the plan's results serve, in the plan's order (a joint result serves several): what the
+    app caches, view by view, after a new run."""
+    return [view for job in plan(store, which) for view in job.analysis.served(store, job)]
 
 
 def run_analyses(path: str | Path, which: Sequence[str] | None, cfg: AnalyzeConfig, progress: StepFn | None = None) -> list[str]:
-    """Runs the named analyses (None: all that apply) on a store in this process and caches them; returns what
-    was done."""
-    check_names(which)
-    done = []
+    """Runs the plan of the named analyses (None: the default ones) on a store in this process and caches each
+    result; returns what was done ('cka', 'attention:MODEL', 'heads:VIT:OTHER', ...)."""
     with Store.writer(path) as store:
-        _check_ready(store, store.models)
-        if which is None or "cka" in which:
-            run_cka(store, cfg, progress)
-            done.append("cka")
-        for key in store.models:
-            apply = applicable(store, key)
-            for name in PER_MODEL:
-                if which is not None and name not in which:
-                    continue
-                run = REGISTRY[name].run
-                if name not in apply:
-                    needs_acts = store.streaming and name in ("probes", "spatial")
-                    if which is not None and (needs_acts or name == "probes" and store.labels is None):
-                        run(store, [key], None, cfg, progress)  # raises the clear error saying why not
-                    continue
-                run(store, [key], None, cfg, progress)
-                done.append(f"{name}:{key}")
+        check_ready(store, store.models)
+        done = []
+        for job in plan(store, which):
+            job.analysis.run(store, job, cfg, progress)
+            done.append(job.label)
     return done

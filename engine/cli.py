@@ -450,24 +450,48 @@ def layers(
         out.print(f"{point.name}  [dim]{where}[/]", highlight=False)
 
 
+def analysis_options(command):
+    """Returns `command` with the `vitsee analyze` options every registered analysis declares (engine/analyses/):
+    a `--NAME` flag each, then each one's own options (`--erf-images N`), as harlequin builds its adapters' options.
+    The command receives the names flagged, in the registry's order, as `chosen`, and the values given of the
+    analyses' own options as `given` (option attribute -> value)."""
+    import functools
+    import inspect
+
+    from .analyses import REGISTRY
+
+    flags = [(a.name, a.option_help) for a in REGISTRY.values()]
+    options = [o for a in REGISTRY.values() for o in a.options]
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    added = [inspect.Parameter(name, keyword, default=False, annotation=Annotated[bool, typer.Option(f"--{name}", help=text)])
+             for name, text in flags]
+    added += [inspect.Parameter(o.attr, keyword, default=None,
+                                annotation=Annotated[Optional[o.type], typer.Option(f"--{o.name}", help=o.help)])
+              for o in options]
+    own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name not in ("chosen", "given")]
+    positional = [p for p in own if p.kind is not keyword]
+    rest = [p.replace(kind=keyword) for p in own if p.kind is keyword or p.default is not inspect.Parameter.empty]
+    positional = [p for p in positional if p.default is inspect.Parameter.empty]
+
+    @functools.wraps(command)
+    def with_options(*args, **kwargs):
+        chosen = [name for name, _ in flags if kwargs.pop(name, False)]
+        given = {o.attr: value for o in options if (value := kwargs.pop(o.attr, None)) is not None}
+        return command(*args, chosen=chosen, given=given, **kwargs)
+
+    with_options.__signature__ = inspect.Signature(positional + added + rest)
+    with_options.__annotations__ = {p.name: p.annotation for p in positional + added + rest}
+    del with_options.__wrapped__  # typer reads the signature above, not the command's
+    return with_options
+
+
 @app.command()
+@analysis_options
 def analyze(
     store: Annotated[Path, typer.Argument(help="a complete store")],
-    cka: Annotated[bool, typer.Option("--cka", help="CKA within every model and across every pair")] = False,
-    attention: Annotated[bool, typer.Option("--attention", help="mean attention distances (ViT-like)")] = False,
-    probes: Annotated[bool, typer.Option("--probes", help="linear probes per layer and readout (needs labels)")] = False,
-    skip: Annotated[bool, typer.Option("--skip", help="skip-connection norm ratios")] = False,
-    spatial: Annotated[bool, typer.Option("--spatial", help="spatial localisation maps")] = False,
-    heads: Annotated[bool, typer.Option("--heads", help="head-level CKA: each ViT head against the other models' layers (paper Fig. 5)")] = False,
-    erf: Annotated[bool, typer.Option("--erf", help="effective receptive fields of every stored layer (paper Fig. 6); reloads the models")] = False,
-    erf_images: Annotated[Optional[int], typer.Option(help="images the ERF averages over (the store's first N) [default: 32]")] = None,
     batch_size: Annotated[Optional[int], typer.Option(help="images per CKA minibatch [default: 256]")] = None,
     shuffles: Annotated[Optional[int], typer.Option(help="average CKA over K seeded shuffles (0: store order) [default: 1]")] = None,
     seed: Annotated[Optional[int], typer.Option(help="seed of the shuffles and the probe split [default: 0]")] = None,
-    spatial_layer: Annotated[Optional[str], typer.Option(help="layer of the spatial maps (default: last block)")] = None,
-    probe_max_dim: Annotated[Optional[int], typer.Option(
-        help="per-token probes for layers up to N channels wide; each token holds an N x N fp64 matrix "
-             "(ViT-B: 197 x 768 x 768 x 8 B = 0.9 GB) [default: 1024]")] = None,
     ci: Annotated[Optional[float], typer.Option(
         help="confidence level of the intervals (bootstrap over CKA minibatches, exact binomial for probes, "
              "Student-t for means over images); 0: none [default: 0.95]")] = None,
@@ -477,24 +501,27 @@ def analyze(
     recompute: Annotated[bool, typer.Option(help="ignore cached results")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bars")] = False,
     threads: Annotated[Optional[int], typer.Option(help="CPU compute threads (default: the usable cores other processes leave free; CKA Grams and probe fits also share the busy ones, a layer at a time)")] = None,
+    *,
+    chosen: list[str],
+    given: dict,
 ) -> None:
     """Compute the paper's analyses (none named: all that apply) and cache them in the store."""
+    from dataclasses import fields
+
     from . import distributed
     from .analyze import AnalyzeConfig, run_analyses
     from .distributed import is_secondary
     from .threads import set_compute_threads
 
-    chosen = [name for name, flag in (("cka", cka), ("attention", attention), ("probes", probes), ("skip", skip), ("spatial", spatial)) if flag]
     base = AnalyzeConfig()
+    own = {f.name for f in fields(AnalyzeConfig)}  # an analysis's option is a config field, or kept by its name
     cfg = AnalyzeConfig(
         batch_size=base.batch_size if batch_size is None else batch_size, shuffles=base.shuffles if shuffles is None else shuffles,
-        seed=base.seed if seed is None else seed, device=device, recompute=recompute, spatial_layer=spatial_layer,
-        probe_max_dim=base.probe_max_dim if probe_max_dim is None else probe_max_dim,
+        seed=base.seed if seed is None else seed, device=device, recompute=recompute,
         any_cka_estimate=batch_size is None and shuffles is None and seed is None and ci is None and permutations is None,
-        erf_images=base.erf_images if erf_images is None else erf_images,
-        **_stats_options(ci, permutations),
+        options={k: v for k, v in given.items() if k not in own},
+        **{k: v for k, v in given.items() if k in own}, **_stats_options(ci, permutations),
     )
-    paper = [name for name, flag in (("heads", heads), ("erf", erf)) if flag]  # engine/analyses/
     quiet = quiet or is_secondary()  # under torchrun rank 0 speaks for the run
     set_compute_threads(threads)
     on_event, bar = _progress_bar(quiet)
@@ -507,11 +534,7 @@ def analyze(
     try:
         # under torchrun every process takes a share of the CKA batches, then rank 0 runs the rest
         driver = distributed.analyze_sharded if distributed.current() is not None else run_analyses
-        done = driver(store, chosen or None, cfg, progress=on_step) if chosen or not paper else []
-        if paper and not is_secondary():  # head CKA and ERFs run in one process, after any distributed CKA
-            from .analyses import run as run_paper_analyses
-
-            done += run_paper_analyses(store, paper, cfg, progress=on_step)
+        done = driver(store, chosen or None, cfg, progress=on_step)
     finally:
         if isinstance(bar, _NoBar) or bar.live.is_started:
             bar.stop()
@@ -549,8 +572,13 @@ def _view_config(batch_size, shuffles, seed, device, ci=None, permutations=None)
     )
 
 
-VIEW_ARG = ("cka:MODEL_A[:MODEL_B] | attention:MODEL | probes:MODEL | skip:MODEL | spatial:MODEL[:LAYER] | "
-            "heads:VIT:OTHER | erf:MODEL[:LAYER]")
+def _view_arg() -> str:
+    from .analyses import REGISTRY
+
+    return " | ".join(a.usage for a in REGISTRY.values())
+
+
+VIEW_ARG = _view_arg()
 EST_HELP = "if the result must be computed (default: use any cached one)"
 # the estimator options export and show share: unset, a view takes whatever estimate is cached
 ViewBatchSize = Annotated[Optional[int], typer.Option(help=f"CKA minibatch size {EST_HELP}")]
@@ -601,7 +629,7 @@ def show(
     """Print a view in the terminal: a coloured heatmap or a table (ASCII with NO_COLOR, or into a pipe or file,
     followed there by the numbers), and the best cell's interval; --format csv|json prints the numbers only."""
     from .colormap import ColorMode, check_colormap, detect_color_mode
-    from .render import render_view
+    from .render import prints_numbers, render_view
     from .views import load_view
 
     if fmt not in ("text", "csv", "json"):
@@ -623,7 +651,7 @@ def show(
         console = Console(file=out.file, force_terminal=True, color_system=systems[mode], width=out.width, soft_wrap=True)
     for renderable in render_view(v, color=mode.value, cmap=cmap, width=console.width):
         console.print(renderable)
-    if piped and v.kind not in ("attention", "probes"):  # those are tables of numbers already
+    if piped and not prints_numbers(v):  # a table prints its numbers already
         out.file.write(f"\n{v.value_name} values (as --format csv prints them):\n{v.to_csv()}")
 
 

@@ -196,12 +196,13 @@ def extract_sharded(cfg, progress=None, cancel: threading.Event | None = None):
 def analyze_sharded(path, which, cfg, progress=None) -> list[str]:
     """Under torchrun: every rank accumulates its share of the CKA batches, the HSIC sums are all-reduced
     and rank 0 caches the result, then runs the rest as one process would (the CKA is cached by then)."""
-    from .analyses.base import _check_ready, _save
-    from .analyses.cka import cka_params, compute_cka, finish_cka
+    from .analyses.base import check_ready, save_result
+    from .analyses.cka import LinearCKA, cka_params, compute_cka, finish_cka
     from .analyze import check_names, run_analyses
     from .store import Store
 
     check_names(which)
+    cka = LinearCKA.name  # the one analysis shared out: its minibatches
     rank = current()
     assert rank is not None
     device = rank_device(rank, cfg.device)
@@ -211,10 +212,10 @@ def analyze_sharded(path, which, cfg, progress=None) -> list[str]:
         store, compute, params, error = None, False, {}, None
         try:
             store = Store.writer(path) if rank.main else Store.open(path)
-            _check_ready(store, store.models)
+            check_ready(store, store.models)
             params = cka_params(store, cfg)
-            compute = (which is None or "cka" in which) and not store.streaming and (
-                cfg.recompute or store.get_result("cka", params) is None)
+            compute = (which is None or cka in which) and not store.streaming and (
+                cfg.recompute or store.get_result(cka, params) is None)
         except BaseException as exc:
             error = exc
         try:
@@ -224,12 +225,12 @@ def analyze_sharded(path, which, cfg, progress=None) -> list[str]:
                                   share=(rank.rank, rank.world))  # batches dealt out round-robin
                 states = all_reduce_sum(out["states"])
                 if rank.main:
-                    _save(store, "cka", params, finish_cka(states, out["columns"], params))
+                    save_result(store, cka, params, finish_cka(states, out["columns"], params))
         finally:
             if store is not None:
                 store.close()
         if not rank.main:
-            return ["cka"] if compute else []
+            return [cka] if compute else []
         return run_analyses(path, which, cfg, progress)
     finally:
         shutdown()

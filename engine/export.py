@@ -11,7 +11,7 @@ from pathlib import Path
 from .colormap import check_colormap
 from .errors import VitseeError, brief
 from .figures import save_png
-from .views import View, _nested
+from .views import View, to_jsonable
 
 EXPORT_SUFFIXES = (".png", ".json", ".csv")
 
@@ -50,10 +50,10 @@ def write_view(view: View, out: str | Path, selection: tuple[int, int] | None = 
             payload = view.to_json()
             if selection is not None:
                 payload["selection"] = {"row": selection[0], "col": selection[1], "row_label": view.rows[selection[0]],
-                                        "col_label": view.cols[selection[1]], "value": _nested(view.matrix[selection])}
+                                        "col_label": view.cols[selection[1]], "value": to_jsonable(view.matrix[selection])}
                 for name in ("ci_low", "ci_high", "p_value"):
                     if getattr(view, name) is not None:
-                        payload["selection"][name] = _nested(getattr(view, name)[selection])
+                        payload["selection"][name] = to_jsonable(getattr(view, name)[selection])
             tmp.write_text(json.dumps(payload, indent=1))
         elif suffix == ".csv":
             tmp.write_text(view.to_csv())

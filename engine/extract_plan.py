@@ -229,7 +229,8 @@ def _model_record(loaded: LoadedModel, transform, layers_arg, dtype: str) -> dic
     return record
 
 
-def _check_same_images(store: Store, images: ImageSet, indices: np.ndarray) -> None:
+def check_same_images(store: Store, images: ImageSet, indices: np.ndarray) -> None:
+    """Raises the VitseeError that says so when a store holds other images than the ones asked for."""
     if store.dataset_spec != images.spec or not np.array_equal(store.indices, indices):
         raise VitseeError(
             f"{store.path} holds {store.n_images} images of '{store.dataset_spec}' but this run asks for "
@@ -253,7 +254,7 @@ def _check_same_model(store: Store, key: str, record: dict, layers: list[LayerSp
         )
 
 
-def _check_same_mode(store: Store, cfg: ExtractConfig, keys: list[str]) -> None:
+def check_same_mode(store: Store, cfg: ExtractConfig, keys: list[str]) -> None:
     """A streaming store resumes only as the same streaming run; a store with activations takes no
     streaming run (its CKA could not cover the models already in it)."""
     if store.streaming and not cfg.streaming:
@@ -317,8 +318,8 @@ def plan(cfg: ExtractConfig, device: torch.device, emit: ProgressFn, lock: store
     if store_path.exists() and not cfg.overwrite:
         existing = Store.writer(store_path, rows=True, lock=lock) if lock is not None else Store.open(store_path)
         try:
-            _check_same_images(existing, images, indices)
-            _check_same_mode(existing, cfg, keys)
+            check_same_images(existing, images, indices)
+            check_same_mode(existing, cfg, keys)
         except BaseException:
             existing.close()
             raise

@@ -1,18 +1,21 @@
 """Figures of views, fit for a paper: matplotlib's object API on an Agg canvas (no pyplot, no global state).
 
-One figure per view kind, drawn from the view's numbers only (nothing is recomputed), with the view's
-colour range and the colormap asked for:
+One figure per view shape (engine/analyses/contract.py Shape), drawn from the view's numbers only (nothing is
+recomputed), with the view's colour range and the colormap asked for; an analysis names its shape, so a new one of
+an existing shape is drawn here without code of its own:
 
-- cka: the layer x layer heatmap (paper Fig. 1, 2), a colour bar labelled CKA over the view's range.
-- attention: per block, every head's mean distance as a dot with its spread over images, and the distance
-  of uniform attention as a dashed line (Fig. 3); beside it, the histogram over heads and images of one block.
-- probes: accuracy vs depth, one line per readout, chance dotted, the best layer of each readout starred
-  (Fig. 11, 13); beside it, the per-token accuracy map of one layer when the view has one.
-- skip: the sublayer x token ratio heatmap on a log colour scale, and the CLS vs spatial-token curves (Fig. 7).
-- spatial: one token's CKA map over the input patches with the token's own cell outlined (Fig. 9, 10), and
-  a few other tokens' maps for comparison.
+- layer x layer matrix (CKA, paper Fig. 1, 2): the heatmap, a colour bar labelled with the value's name.
+- per-head values by block (attention, Fig. 3): per block, every head's value as a dot with its spread over
+  images, and the reference (uniform attention) as a dashed line; beside it, the histogram of one block.
+- curves over depth (probes, Fig. 11, 13): one line per series, chance dotted, the best layer of each starred;
+  beside it, the per-token map of one layer when the view has one.
+- sublayer x token values (skip, Fig. 7): the heatmap on a log colour scale, and the CLS vs spatial-token curves.
+- a map per token (spatial, Fig. 9, 10): one token's map over the input patches with the token's own cell
+  outlined, and a few other tokens' maps for comparison.
+- per-head values x layers (heads, Fig. 5): value against each head's distance, beside the heatmap.
+- a map over the input (ERF, Fig. 6): a few depths' maps side by side on one log scale.
 
-Orientation: heatmaps whose rows are layers (cka, skip, heads) put row 0 at the bottom left, as the paper
+Orientation: heatmaps whose rows are layers (layer matrices, token ratios, heads) put row 0 at the bottom left, as the paper
 does, so depth grows up and to the right. The terminal (`vitsee show`, the TUI) draws row 0 at the top
 because text is read top-down; both name every layer on the axis, and the figure's caption says which way
 up it is (ORIENTATION). Spatial maps are pictures of the input: grid row 0 is at the top everywhere.
@@ -40,7 +43,7 @@ from matplotlib.font_manager import FontProperties
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import FuncFormatter
 
-from .analyses import REGISTRY
+from .analyses.contract import Shape
 from .colormap import check_colormap
 from .errors import VitseeError
 from .views import View
@@ -63,9 +66,8 @@ _LAYER_LABELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def figure_for(view: View, selection: tuple[int, int] | None = None, cmap: str = "viridis") -> Figure:
     """Returns the figure of `view` (an Agg-backed Figure), with `selection` (row, col) marked if given."""
     selection = _check_selection(view, selection)
-    draw = globals()[f"_{REGISTRY[view.kind].figure}"]  # each analysis names its drawing function (engine/analyses/)
-    fig = draw(view, selection, _colormap(cmap))
-    note = view.nonfinite_note() if view.kind != "probes" else ""
+    fig = DRAWINGS[view.shape](view, selection, _colormap(cmap))
+    note = view.nonfinite_note() if view.shape not in MARKS_OWN_NONFINITE else ""
     if note:  # under the axes: which cells are non-finite, in the figure itself
         lines = wrap_to_width(fig, note, TICK_PT)
         fig.text(MARGIN_PT / 72 / fig.get_figwidth(), 0.005, "\n".join(lines), fontsize=TICK_PT, color=NONFINITE,
@@ -87,10 +89,10 @@ def save_png(view: View, path: str | Path, selection: tuple[int, int] | None = N
     return path
 
 
-# --- the five figures -------------------------------------------------------------------------------
+# --- the figures, one per shape -------------------------------------------------------------------------------
 
 
-def _cka(view: View, selection, cmap: Colormap) -> Figure:
+def _layer_matrix(view: View, selection, cmap: Colormap) -> Figure:
     """Returns the CKA heatmap: rows = model A's layers (up from the bottom), cols = model B's (rightwards)."""
     n_rows, n_cols = view.matrix.shape
     fig = _new_figure(view, (6.6, 6.0))
@@ -128,7 +130,7 @@ def _caption(fig: Figure, view: View, note: str = "", orientation: bool = False)
         caption.set_gid("caption")
 
 
-def _attention(view: View, selection, cmap: Colormap) -> Figure:
+def _heads_by_block(view: View, selection, cmap: Colormap) -> Figure:
     """Returns per-block head distances (dots, std bars, uniform line) and one block's histogram."""
     mean, std = view.matrix, np.asarray(view.extra["std_px"], dtype=float)
     counts, edges = np.asarray(view.extra["hist_counts"]), np.asarray(view.extra["hist_edges"], dtype=float)
@@ -197,7 +199,7 @@ def _attention(view: View, selection, cmap: Colormap) -> Figure:
     return fig
 
 
-def _probes(view: View, selection, cmap: Colormap) -> Figure:
+def _depth_curves(view: View, selection, cmap: Colormap) -> Figure:
     """Returns accuracy vs depth per readout (chance dotted, best starred) and one layer's token map."""
     token_maps = view.extra.get("token_maps") or {}
     chance = view.extra.get("chance")
@@ -263,7 +265,7 @@ def _probes(view: View, selection, cmap: Colormap) -> Figure:
     return fig
 
 
-def _skip(view: View, selection, cmap: Colormap) -> Figure:
+def _token_ratios(view: View, selection, cmap: Colormap) -> Figure:
     """Returns the sublayer x token ratio heatmap (log scale) and CLS vs spatial-token ratios over depth."""
     n_rows, n_cols = view.matrix.shape
     vmin, vmax = _value_range(view)
@@ -317,7 +319,7 @@ def _skip(view: View, selection, cmap: Colormap) -> Figure:
     return fig
 
 
-def _spatial(view: View, selection, cmap: Colormap) -> Figure:
+def _token_maps(view: View, selection, cmap: Colormap) -> Figure:
     """Returns the selected (default: centre) token's CKA map over input patches and a few others' maps."""
     gh, gw = (int(v) for v in view.extra["grid"])
     token = selection[0] if selection else spatial_centre_token(gh, gw)
@@ -427,7 +429,7 @@ def heads_scatter_col(view: View, selection) -> int:
     return selection[1] if selection else int(view.extra["scatter_col"])
 
 
-def _heads(view: View, selection, cmap: Colormap) -> Figure:
+def _heads_by_layer(view: View, selection, cmap: Colormap) -> Figure:
     """Returns the paper's Fig. 5 scatter (x: head's mean attention distance, y: CKA with one layer of the other
     model, colour: block) and beside it the heads x layers heatmap."""
     col = heads_scatter_col(view, selection)
@@ -481,7 +483,7 @@ def _heads(view: View, selection, cmap: Colormap) -> Figure:
     return fig
 
 
-def _erf(view: View, selection, cmap: Colormap) -> Figure:
+def _pixel_map(view: View, selection, cmap: Colormap) -> Figure:
     """Returns the ERFs of a few depths side by side (paper Fig. 6) on one log colour scale."""
     layers = list(view.extra["depth_layers"])
     maps = [np.asarray(view.extra["depth_maps"][layer], dtype=float) for layer in layers]
@@ -673,3 +675,16 @@ def _value_range(view: View) -> tuple[float, float]:
 
 def _fmt(value: float, digits: int = 3) -> str:
     return f"{value:.{digits}f}" if np.isfinite(value) else "not computed"
+
+
+# the figure of each view shape; curves over depth mark their own non-finite points (a cross per series)
+DRAWINGS = {
+    Shape.LAYER_MATRIX: _layer_matrix,
+    Shape.HEADS_BY_BLOCK: _heads_by_block,
+    Shape.DEPTH_CURVES: _depth_curves,
+    Shape.TOKEN_RATIOS: _token_ratios,
+    Shape.TOKEN_MAPS: _token_maps,
+    Shape.HEADS_BY_LAYER: _heads_by_layer,
+    Shape.PIXEL_MAP: _pixel_map,
+}
+MARKS_OWN_NONFINITE = frozenset({Shape.DEPTH_CURVES})

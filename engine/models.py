@@ -154,7 +154,7 @@ def family_of_model(model: nn.Module) -> str:
         and getattr(patch_embed, "grid_size", None) is not None
     ):
         return "vit"
-    if module in RESNET_MODULES and _resnet_blocks(model):
+    if module in RESNET_MODULES and resnet_blocks(model):
         return "resnet"
     if (
         module in MIXER_MODULES
@@ -164,12 +164,12 @@ def family_of_model(model: nn.Module) -> str:
         and getattr(getattr(model, "stem", None), "grid_size", None) is not None
     ):
         return "mixer"
-    if module in SWIN_MODULES and _swin_blocks(model) and getattr(patch_embed, "grid_size", None) is not None:
+    if module in SWIN_MODULES and swin_blocks(model) and getattr(patch_embed, "grid_size", None) is not None:
         return "swin"
     return "other"
 
 
-def _swin_blocks(model: nn.Module) -> list[str]:
+def swin_blocks(model: nn.Module) -> list[str]:
     """Returns the module paths of a timm Swin's blocks (layers.S.blocks.B), in forward order; [] if not one."""
     stages = getattr(model, "layers", None)
     if not isinstance(stages, nn.Sequential):
@@ -186,7 +186,7 @@ def _swin_blocks(model: nn.Module) -> list[str]:
     return names
 
 
-def _resnet_blocks(model: nn.Module) -> list[str]:
+def resnet_blocks(model: nn.Module) -> list[str]:
     """Returns the module paths of the residual blocks of a timm ResNet / ResNetV2, in forward order."""
     names = []
     for stage in ("layer1", "layer2", "layer3", "layer4"):
@@ -241,7 +241,7 @@ def _token_block_points(model: nn.Module, stem: str, sublayers) -> list[Point]:
 def _resnet_points(model: nn.Module, granularity: str) -> list[Point]:
     stem = "maxpool" if hasattr(model, "maxpool") else "stem"
     points = [Point(stem, stem)]
-    for b in _resnet_blocks(model):
+    for b in resnet_blocks(model):
         block = model.get_submodule(b)
         if granularity == "sublayers":
             acts = [n for n, m in block.named_children() if re.fullmatch(r"act\d", n)]
@@ -273,7 +273,7 @@ def _mixer_points(model: nn.Module, granularity: str) -> list[Point]:
 
 def _swin_points(model: nn.Module, granularity: str) -> list[Point]:
     points = [Point("patch_embed", "patch_embed")]
-    for b in _swin_blocks(model):
+    for b in swin_blocks(model):
         if granularity == "sublayers":
             # the window attention's own output is in window order, so the stream after it is kept instead
             points += [
@@ -771,7 +771,7 @@ def _prefix_names(model: nn.Module, n: int, cls: bool) -> list[str]:
 
 
 def _describe_resnet(loaded: LoadedModel) -> None:
-    loaded.num_blocks = len(_resnet_blocks(loaded.model))
+    loaded.num_blocks = len(resnet_blocks(loaded.model))
 
 
 def _describe_mixer(loaded: LoadedModel) -> None:

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from .analyses.attention import mean_attention_distance, mean_window_attention_distance, patch_distance_px
-from .models import LoadedModel, Point, _resnet_blocks, _swin_blocks
+from .models import LoadedModel, Point, resnet_blocks, swin_blocks
 from .store import HEADS, ArraySpec, LayerSpec
 
 
@@ -252,7 +252,7 @@ def _attention_blocks(loaded: LoadedModel) -> list[nn.Module]:
     if loaded.family == "vit":
         return list(loaded.model.blocks)
     if loaded.family == "swin":
-        return [loaded.model.get_submodule(name) for name in _swin_blocks(loaded.model)]
+        return [loaded.model.get_submodule(name) for name in swin_blocks(loaded.model)]
     return []
 
 
@@ -308,7 +308,7 @@ class SkipRatioRecorder(Recorder):
         if loaded.family == "mixer":
             return all(not hasattr(b, "ls1") for b in loaded.model.blocks)  # x + mlp(norm(x)), nothing scaled between
         if loaded.family == "resnet":
-            blocks = [loaded.model.get_submodule(b) for b in _resnet_blocks(loaded.model)]
+            blocks = [loaded.model.get_submodule(b) for b in resnet_blocks(loaded.model)]
             return all(_last_act(b) is not None or isinstance(getattr(b, "drop_path", None), nn.Module) for b in blocks)
         return False
 
@@ -330,7 +330,7 @@ class SkipRatioRecorder(Recorder):
             for i, block in enumerate(loaded.model.blocks):
                 self._mixer_block(i, block)
         else:
-            for i, name in enumerate(_resnet_blocks(loaded.model)):
+            for i, name in enumerate(resnet_blocks(loaded.model)):
                 self._resnet_block(i, loaded.model.get_submodule(name))
 
     def _vit_block(self, i: int, block: nn.Module) -> None:

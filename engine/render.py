@@ -1,14 +1,15 @@
-"""Views printed in a terminal (`vitsee show`): Rich renderables, no Textual, nothing printed here.
+"""Views printed in a terminal (`vitsee show`): Rich renderables, no Textual, nothing printed here. One drawing per
+view shape (engine/analyses/contract.py Shape), so an analysis of an existing shape needs none of its own.
 
-Matrix views (cka, skip, and one token's spatial map) become heatmaps of upper-half blocks: each text
+Matrix views (layer x layer matrices, token ratios, one token's map) become heatmaps of upper-half blocks: each text
 row holds two matrix sub-rows, the upper cell in the foreground colour of '▀' and the lower one in its
 background, so a cell one character wide is about square. Small matrices are magnified (a cell k
 characters wide and k sub-rows tall); wide ones are pooled (block means). Row 0 is at the top, as in the
 terminal app; the PNG figures put layer 0 at the bottom like the paper (see figures.py).
 
 Without colour (NO_COLOR, TERM=dumb, --color none) everything is plain ASCII: one matrix row per text
-row in density characters ' .:-=+*#%@', ASCII table borders, no escape codes. Attention and probe
-views are tables of numbers.
+row in density characters ' .:-=+*#%@', ASCII table borders, no escape codes. Per-head values by block and
+curves over depth are tables of numbers.
 """
 from __future__ import annotations
 
@@ -22,9 +23,10 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from .analyses import REGISTRY
+from .analyses.contract import Shape
 from .colormap import ASCII_RAMP, DEFAULT_LEVELS, MISSING, ColorMode, ColorScale, Palette, detect_color_mode
-from .views import View, skipped_note, too_wide_note, uniform_text
+from .labels import fit_labels
+from .views import View, best_cell, uniform_text
 
 UPPER_HALF = "\u2580"  # ▀
 FULL_BLOCK = "\u2588"  # █
@@ -48,28 +50,30 @@ def render_view(view: View, color: str | ColorMode = "auto", cmap: str = "viridi
     mode = detect_color_mode(override=None if str(color) == "auto" else color)
     width = width or shutil.get_terminal_size((100, 24)).columns
     out: list = [_title(view, mode)]
-    draw = globals()[f"_{REGISTRY[view.kind].figure}"]  # each analysis names its drawing function (engine/analyses/)
-    out += draw(view, mode, cmap, width, selection)
+    out += DRAWINGS[view.shape](view, mode, cmap, width, selection)
     return out + _best_interval(view, mode, selection)
+
+
+def prints_numbers(view: View) -> bool:
+    """Returns whether `render_view` prints the view's numbers as a table (so a pipe needs no CSV after it)."""
+    return view.shape in TABLES
 
 
 def _best_interval(view: View, mode: ColorMode, selection: tuple[int, int] | None) -> list:
     """Returns the line naming the selected (else the best) cell with its interval and p-value, [] without them."""
-    from .views import best_cell
-
-    if view.kind not in ("cka", "probes") or (view.ci_low is None and view.p_value is None):
-        return []  # the attention table and the skip curves have no "best" cell to speak of
-    cell = selection if selection is not None and view.kind != "spatial" else best_cell(view)
+    if view.shape not in BEST_CELL or (view.ci_low is None and view.p_value is None):
+        return []  # a table per head and the ratio curves have no "best" cell to speak of
+    cell = selection if selection is not None else best_cell(view)
     if cell is None:
         return []
     r, c = cell
-    which = "selected" if selection is not None and view.kind != "spatial" else "best"
+    which = "selected" if selection is not None else "best"
     line = (f"{which}: {view.rows[r]} x {view.cols[c]}  {view.value_name} {_fmt(view.value(r, c))}"
             f"{view.interval_text(r, c)}")
     return [Text(line), Text(view.interval_caption(), style=_style(mode, "dim"))]
 
 
-def _heads(view: View, mode: ColorMode, cmap: str, width: int, selection=None) -> list:
+def _heads_by_layer(view: View, mode: ColorMode, cmap: str, width: int, selection=None) -> list:
     """Returns the heads x layers heatmap, each head labelled with its mean attention distance."""
     distance = np.asarray(view.extra["distance_px"], dtype=float)
     rows = [f"{r} {d:.0f}px" if np.isfinite(d) else r for r, d in zip(view.rows, distance)]
@@ -79,7 +83,7 @@ def _heads(view: View, mode: ColorMode, cmap: str, width: int, selection=None) -
     return [*plot.lines(), plot.legend(view.value_name), *plot.column_key(), Text(where, style=_style(mode, "dim"))]
 
 
-def _erf(view: View, mode: ColorMode, cmap: str, width: int, selection=None) -> list:
+def _pixel_map(view: View, mode: ColorMode, cmap: str, width: int, selection=None) -> list:
     """Returns the ERF map on a log colour scale (ERFs span decades), row 0 at the top like the image."""
     if view.extra.get("no_field"):  # rounding noise, not a map (analyses/erf.py)
         return [Text(f"{view.params.get('layer')}: {view.extra['no_field']}")]
@@ -103,7 +107,7 @@ def _title(view: View, mode: ColorMode) -> Text:
     return text
 
 
-def _cka(view: View, mode: ColorMode, cmap: str, width: int, selection=None) -> list:
+def _layer_matrix(view: View, mode: ColorMode, cmap: str, width: int, selection=None) -> list:
     scale = ColorScale.for_matrix(view.matrix, vmin=view.vmin, vmax=view.vmax, levels=_levels(mode), cmap=cmap)
     model_a, model_b = (view.models + view.models)[:2] if view.models else ("rows", "cols")
     plot = Heatmap(view.matrix, view.rows, view.cols, scale, mode, width, nonfinite=view.nonfinite)
@@ -112,7 +116,7 @@ def _cka(view: View, mode: ColorMode, cmap: str, width: int, selection=None) -> 
             *_nonfinite_lines(view, mode)]
 
 
-def _skip(view: View, mode: ColorMode, cmap: str, width: int, selection=None) -> list:
+def _token_ratios(view: View, mode: ColorMode, cmap: str, width: int, selection=None) -> list:
     vmin, vmax = view.vmin, view.vmax
     log = vmin is not None and vmax is not None and 0 < vmin < vmax  # ratios span decades, as in the PNG
     if log:  # colour by log10 of the ratio; the legend still reads in ratios
@@ -129,7 +133,7 @@ def _skip(view: View, mode: ColorMode, cmap: str, width: int, selection=None) ->
     return [*plot.lines(), legend, *plot.column_key(), *_skip_curves(view, mode), *_nonfinite_lines(view, mode)]
 
 
-def _spatial(view: View, mode: ColorMode, cmap: str, width: int, selection) -> list:
+def _token_maps(view: View, mode: ColorMode, cmap: str, width: int, selection) -> list:
     from .figures import spatial_centre_token
 
     gh, gw = (int(v) for v in view.extra["grid"])
@@ -146,7 +150,7 @@ def _spatial(view: View, mode: ColorMode, cmap: str, width: int, selection) -> l
             plot.legend(view.value_name), *_nonfinite_lines(view, mode)]
 
 
-def _attention(view: View, mode: ColorMode, cmap: str = "", width: int = 0, selection=None) -> list:
+def _heads_by_block(view: View, mode: ColorMode, cmap: str = "", width: int = 0, selection=None) -> list:
     """Returns the block x head table of mean distances (sorted per block) and what they are measured against."""
     std = np.asarray(view.extra["std_px"], dtype=float)
     n_heads = view.matrix.shape[1]
@@ -168,7 +172,7 @@ def _attention(view: View, mode: ColorMode, cmap: str = "", width: int = 0, sele
     return [table, Text(caption, style=_style(mode, "dim")), *_nonfinite_lines(view, mode)]
 
 
-def _probes(view: View, mode: ColorMode, cmap: str = "", width: int = 0, selection=None) -> list:
+def _depth_curves(view: View, mode: ColorMode, cmap: str = "", width: int = 0, selection=None) -> list:
     """Returns the layer x readout accuracy table (best per column starred and bold) and depth sparklines."""
     best = _best_rows(view.matrix)
     table = _table(mode)
@@ -190,7 +194,7 @@ def _probes(view: View, mode: ColorMode, cmap: str = "", width: int = 0, selecti
     n_train, n_test = view.params.get("n_train"), view.params.get("n_test")
     if n_train and n_test:
         caption += f"; {n_train} train / {n_test} test images"
-    caption += too_wide_note(view) + skipped_note(view)
+    caption += view.analysis.caption_notes(view)
     lines = [Text(caption, style=_style(mode, "dim")), Text("accuracy vs depth (0 to 1, first layer left):")]
     pad = max(map(len, view.cols))
     for c, readout in enumerate(view.cols):
@@ -214,6 +218,20 @@ def _skip_curves(view: View, mode: ColorMode) -> list:
         table.add_row(row, *cells, _fmt(spatial[r], 2, flagged) if r < spatial.size else "-")
     caption = "ratio > 1: the skip connection carries more than the sublayer adds"
     return [table, Text(caption, style=_style(mode, "dim"))]
+
+
+# the drawing of each view shape; the tables print their numbers; the best (or selected) cell is reported for these
+DRAWINGS = {
+    Shape.LAYER_MATRIX: _layer_matrix,
+    Shape.HEADS_BY_BLOCK: _heads_by_block,
+    Shape.DEPTH_CURVES: _depth_curves,
+    Shape.TOKEN_RATIOS: _token_ratios,
+    Shape.TOKEN_MAPS: _token_maps,
+    Shape.HEADS_BY_LAYER: _heads_by_layer,
+    Shape.PIXEL_MAP: _pixel_map,
+}
+TABLES = frozenset({Shape.HEADS_BY_BLOCK, Shape.DEPTH_CURVES})
+BEST_CELL = frozenset({Shape.LAYER_MATRIX, Shape.DEPTH_CURVES})
 
 
 # --- the heatmap ------------------------------------------------------------------------------------
@@ -397,22 +415,6 @@ def sparkline(values: np.ndarray, vmin: float, vmax: float, mode: ColorMode) -> 
         frac = min(1.0, max(0.0, (v - vmin) / (vmax - vmin) if vmax > vmin else 0.0))
         out.append(ramp[min(len(ramp) - 1, int(frac * len(ramp)))])
     return "".join(out)
-
-
-def short_label(label: str) -> str:
-    """Returns a module path with its leading parts cut to initials: 'blocks.11' -> 'b.11', 'layer2.1' -> 'l2.1'."""
-    parts = label.split(".")
-    for i, head in enumerate(parts[:-1]):
-        digits = len(head) - len(head.rstrip("0123456789"))
-        parts[i] = head[:1] + (head[-digits:] if 0 < digits < len(head) else "")
-    return ".".join(parts)
-
-
-def fit_labels(labels: list[str], width: int) -> list[str]:
-    """Returns the labels as they are if all fit in `width`, else all shortened alike and cut from the left."""
-    if not labels or max(map(len, labels)) <= width:
-        return list(labels)
-    return [s if len(s := short_label(label)) <= width else "~" + s[-(width - 1):] for label in labels]
 
 
 def _best_rows(matrix: np.ndarray) -> list[set[int]]:

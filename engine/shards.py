@@ -38,7 +38,7 @@ def run_id(cfg, world: int) -> str:
 def models_to_extract(cfg) -> list[str]:
     """Returns the model specs of cfg a torchrun extraction still has to do (those not finished in the store)."""
     from .data import open_dataset, select_indices
-    from .extract_plan import _check_same_images, _check_same_mode
+    from .extract_plan import check_same_images, check_same_mode
     from .models import parse_model_spec
 
     path = Path(cfg.store)
@@ -47,8 +47,8 @@ def models_to_extract(cfg) -> list[str]:
     keys = [parse_model_spec(m).key for m in cfg.models]
     images = open_dataset(cfg.dataset)
     with Store.open(path) as store:
-        _check_same_images(store, images, select_indices(len(images), cfg.n_images, cfg.shuffle_seed))
-        _check_same_mode(store, cfg, keys)
+        check_same_images(store, images, select_indices(len(images), cfg.n_images, cfg.shuffle_seed))
+        check_same_mode(store, cfg, keys)
         todo = []
         for spec, key in zip(cfg.models, keys):
             if key not in store.models:

@@ -33,11 +33,15 @@ import re
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import stats as stats_mod
 from .errors import VitseeError
+
+if TYPE_CHECKING:
+    from .analyses.contract import Result
 
 SUMMARIES = ("best_match", "layer")
 
@@ -364,16 +368,16 @@ def _build(matrix: np.ndarray, columns: Sequence[tuple[str, str]], models: Seque
     return Zoo(models, fams, values, low, high, cluster_order(values), summary, "", chosen, corr)
 
 
-def zoo_from_cka(result: dict, summary: str = "best_match", layers: dict[str, str] | None = None,
+def zoo_from_cka(result: Result, summary: str = "best_match", layers: dict[str, str] | None = None,
                  families: Sequence[str] | None = None) -> Zoo:
     """Returns the Zoo of a cached CKA result: `matrix` (L, L) over every stored layer of every model, `model` (L,)
-    each column's index into `_params['models']`, `layer` (L,) its layer (what `vitsee analyze --cka` caches).
+    each column's index into `result.params['models']`, `layer` (L,) its layer (what `vitsee analyze --cka` caches).
 
     A cached result keeps per-cell intervals only, from which no interval of a summary can be had honestly (see the
     module docstring): the Zoo's intervals are nan and `interval` says how to get them (zoo_from_hsic).
     families: one per model (e.g. family_of_record of each store record); default from the keys.
     """
-    models = list(result["_params"]["models"])
+    models = list(result.params["models"])
     columns = [(models[int(i)], str(name)) for i, name in zip(result["model"], result["layer"])]
     zoo = _build(np.asarray(result["matrix"], dtype=np.float64), columns, models, summary, layers, families, None)
     zoo.interval = "none: a summary's interval needs the per-batch HSIC terms (zoo_from_hsic), not per-cell intervals"

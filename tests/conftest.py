@@ -12,6 +12,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # these machines have no network: 
 os.environ.setdefault("VITSEE_TEST", "1")
 # the app reads $XDG_CONFIG_HOME/vitsee/config.toml: tests (and the app they start) never see the user's
 os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="vitsee-test-config-")
+os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="vitsee-test-state-")  # the app's log file goes there
 
 VIT = "test_vit@random:0"
 RESNET = "test_resnet@random:0"
@@ -26,6 +27,28 @@ def tiny_store(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("stores") / "tiny.h5"
     run_extraction(ExtractConfig(store=path, models=[VIT, RESNET], dataset="synthetic", n_images=48,
                                  batch_size=16, img_size=IMG, device="cpu", workers=0))
+    return path
+
+
+@pytest.fixture(scope="session")
+def store(tiny_store, tmp_path_factory) -> Path:
+    """The tiny store with every default analysis cached (helpers.app.analysed_copy), for the app's tests; a test
+    module that analyses a store of its own defines its own `store`."""
+    from helpers.app import analysed_copy
+
+    return analysed_copy(tiny_store, tmp_path_factory.getbasetemp())
+
+
+@pytest.fixture(scope="session")
+def paper_store(tiny_store, tmp_path_factory) -> Path:
+    """A copy of the tiny store with head-level CKA (paper Fig. 5) and ERFs (Fig. 6) cached."""
+    import shutil
+
+    from vitsee.engine.analyze import AnalyzeConfig, run_analyses
+
+    path = tmp_path_factory.mktemp("paper") / "paper.h5"
+    shutil.copy(tiny_store, path)
+    run_analyses(path, ["heads", "erf"], AnalyzeConfig(batch_size=16, shuffles=0, device="cpu", erf_images=4))
     return path
 
 

@@ -59,7 +59,7 @@ def test_shuffles_average_seeded_permutations(store):
     cfg = an.AnalyzeConfig(batch_size=16, shuffles=2, seed=3, device="cpu")
     with Store.writer(store) as s:
         result = run_cka(s, cfg)
-        matrix, _, _ = cka_block(result, s.models, VIT, VIT)
+        matrix, _, _ = cka_block(result, VIT, VIT)
     vit = _acts(store, VIT)
     expected = np.mean([
         minibatch_cka([a[np.random.default_rng([3, k]).permutation(48)] for a in vit], batch_size=16) for k in range(2)

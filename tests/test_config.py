@@ -9,9 +9,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_tui import SIZE, analysed_copy, settle, view_shown
 
 from conftest import RESNET, VIT
+from helpers.app import SIZE, analysed_copy, settle, view_shown
 from vitsee.engine.colormap import ColorMode
 from vitsee.engine.errors import VitseeError
 from vitsee.engine.store import copy_store
@@ -283,8 +283,8 @@ def test_snapshot_of_a_view_not_cached_computes_it_first(tiny_store, tmp_path, c
 @pytest.mark.parametrize("view, expected", [
     ("bogus", "error: --snapshot bogus: unknown view: give a kind (cka, attention"),
     ("cka:nomodel", "error: no model 'nomodel' in "),
-    (f"attention:{RESNET}", f"error: STORE: cannot show attention:{RESNET}: {RESNET} is a resnet model: attention "
-                            "distances exist for ViT- and Swin-like models"),
+    (f"attention:{RESNET}", f"error: STORE: cannot show attention:{RESNET}: {RESNET} has no attention distances "
+                            "(resnet model): they exist for ViT- and Swin-like models only"),
 ])
 def test_a_snapshot_of_a_bad_view_is_one_line_and_exit_2(store, tmp_path, capsys, view, expected):
     out = tmp_path / "x.svg"

@@ -106,7 +106,7 @@ def test_two_processes_give_the_cka_matrix_of_one(stitched, one_process):
         expected = run_cka(s, cfg)
     with Store.open(stitched) as s:
         got = s.get_result("cka", cka_params(s, cfg))
-    assert got is not None and got["_params"] == expected["_params"]
+    assert got is not None and got["_params"] == expected.params
     np.testing.assert_allclose(got["matrix"], expected["matrix"], rtol=0, atol=1e-12)
     np.testing.assert_allclose(got["shuffle_std"], expected["shuffle_std"], rtol=0, atol=1e-12)
     # per-batch terms land in their global slot and null sums add up: the statistics do not depend on the ranks

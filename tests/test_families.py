@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from vitsee.engine import analyze as an
-from vitsee.engine.analyses.attention import _attention_reference, run_attention
+from vitsee.engine.analyses.attention import attention_reference, run_attention
 from vitsee.engine.analyses.base import has_cls_token
-from vitsee.engine.analyses.probes import _readouts
+from vitsee.engine.analyses.probes import probe_readouts
 from vitsee.engine.analyses.skip import run_skip
 from vitsee.engine.analyses.attention import mean_window_attention_distance, uniform_attention_distance_px
 from vitsee.engine.extract import ExtractConfig, run_extraction
@@ -148,7 +148,7 @@ def test_family_units_tokens_layout_and_gap(fam: Family, store_dir):
         if fam.layout == "tokens":
             assert s.layer_prefix_tokens(key, fam.block) == fam.prefix
             assert shape[0] == fam.prefix + info["grid_size"][0] * info["grid_size"][1]
-        readouts = _readouts(s, key, fam.block)
+        readouts = probe_readouts(s, key, fam.block)
         assert ("cls" in readouts) is fam.cls
         stored = s.activations(key, fam.block).astype(np.float32)
         x = torch.from_numpy(s.model_input(key).astype(np.float32))
@@ -172,7 +172,7 @@ def test_hybrid_uniform_reference_is_in_image_pixels():
     hand = np.mean([np.hypot(a[0] - b[0], a[1] - b[1]) for a in centres for b in centres])
     assert hand == pytest.approx(115.5, abs=0.05)
     info = {"family": "vit", "grid_size": list(loaded.grid_size), "patch_size": list(loaded.patch_size), "num_blocks": 2}
-    uniform, largest = _attention_reference(info)
+    uniform, largest = attention_reference(info)
     assert uniform[0] == pytest.approx(hand, rel=1e-9)
     assert largest == pytest.approx(np.hypot(6 * 32, 6 * 32))
 
@@ -431,7 +431,7 @@ def test_show_swin_attention_leaves_missing_heads_blank_and_gives_the_stage_refe
 
 async def test_the_app_draws_swin_attention_with_its_missing_heads(store_dir, tmp_path):
     """A Swin's first stage has fewer heads than its last: the NaN beyond them must not reach the dot plot's x."""
-    from test_tui import SIZE, make_app, settle, status, view_shown
+    from helpers.app import SIZE, make_app, settle, status, view_shown
 
     path = _store("swin", store_dir)
     app = make_app(Path(path), tmp_path)
@@ -456,7 +456,7 @@ def test_the_probe_estimate_counts_the_features_each_fit_gets_channels_last_incl
             key = store.models[0]
             for layer, group, n_probes, width in probe_jobs(store, key, AnalyzeConfig(device="cpu")):
                 layouts.add(store.layer_layout(key, layer))
-                readouts = _readouts(store, key, layer)
+                readouts = probe_readouts(store, key, layer)
                 one = store.layer_dataset(key, layer)[:1].astype(np.float32)
                 features = readouts["gap" if group == "pooled" else "tokens"](one)  # (1, P, D)
                 assert width == features.shape[-1], (label, layer, group)

@@ -2,53 +2,21 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import LogNorm
 from PIL import Image
 
 from conftest import RESNET, VIT, run_cli
-from vitsee.engine.analyze import AnalyzeConfig
 from vitsee.engine.errors import VitseeError
 from vitsee.engine.figures import ORIENTATION, figure_for, spatial_centre_token, token_grid, wrap_to_width
 from vitsee.engine.export import write_view
 from vitsee.engine.views import View, load_view
 
-CFG = AnalyzeConfig(shuffles=0, batch_size=16, device="cpu")
-VIEWS = {  # short name -> view string
-    "cka": f"cka:{VIT}", "ckax": f"cka:{VIT}:{RESNET}", "attention": f"attention:{VIT}",
-    "probes": f"probes:{VIT}", "probes:resnet": f"probes:{RESNET}", "skip": f"skip:{VIT}",
-    "skip:resnet": f"skip:{RESNET}", "spatial": f"spatial:{VIT}", "spatial:resnet": f"spatial:{RESNET}",
-}
-
-
-def analysed_store(tiny_store: Path) -> Path:
-    """Returns a copy of the tiny store with every view's analysis cached; made once per session.
-
-    test_show.py uses it too. The copy keeps these caches out of the store other test files read.
-    """
-    path = tiny_store.with_name("views.h5")
-    if path.exists():
-        return path
-    partial = path.with_suffix(".partial.h5")
-    shutil.copy(tiny_store, partial)
-    # Batched eigh on 2 busy cores runs ~50x slower with 2 threads than with 1 (per-token probes: 15 s vs 0.5 s);
-    # the numbers are the same either way.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        for spec in VIEWS.values():
-            load_view(partial, spec, CFG)
-    finally:
-        torch.set_num_threads(threads)
-    partial.rename(path)
-    return path
-
+from helpers.stores import VIEWS, VIEWS_CFG as CFG, analysed_store
 
 @pytest.fixture(scope="module")
 def store(tiny_store) -> Path:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from conftest import IMG, RESNET, VIT, run_cli
+from helpers.reference import reference_cka
 
 VIT_KEY, RESNET_KEY = VIT, RESNET
 
@@ -20,24 +21,6 @@ def store_copy(tiny_store, tmp_path):
     path = tmp_path / "heads.h5"
     shutil.copy(tiny_store, path)
     return path
-
-
-def _unbiased_hsic(k: np.ndarray, l: np.ndarray) -> float:
-    m = len(k)
-    kt, lt = k.copy(), l.copy()
-    np.fill_diagonal(kt, 0)
-    np.fill_diagonal(lt, 0)
-    return ((kt * lt).sum() + kt.sum() * lt.sum() / ((m - 1) * (m - 2)) - 2 / (m - 2) * kt.sum(0) @ lt.sum(1)) / (m * (m - 3))
-
-
-def _reference_cka(x: np.ndarray, y: np.ndarray, batches: list[np.ndarray]) -> float:
-    """Minibatch CKA by the explicit formula, fp64: sum_b HSIC(K, L) / sqrt(sum_b HSIC(K, K) sum_b HSIC(L, L))."""
-    kl = kk = ll = 0.0
-    for rows in batches:
-        a, b = x[rows].astype(np.float64), y[rows].astype(np.float64)
-        k, l = a @ a.T, b @ b.T
-        kl, kk, ll = kl + _unbiased_hsic(k, l), kk + _unbiased_hsic(k, k), ll + _unbiased_hsic(l, l)
-    return kl / np.sqrt(kk * ll)
 
 
 def test_stored_head_outputs_are_softmax_qk_v_of_timms_attention(tiny_store):
@@ -112,7 +95,7 @@ def test_head_cka_matches_a_per_head_reference(store_copy, shuffles):
     for r, (b, h) in enumerate((b, h) for b in range(6) for h in range(2)):
         x = heads[b][:, h].reshape(48, -1)
         for c, layer in enumerate(layers):
-            expected = np.mean([_reference_cka(x, other[layer], batches) for batches in per_shuffle])
+            expected = np.mean([reference_cka(x, other[layer], batches) for batches in per_shuffle])
             assert result["cka"][r, c] == pytest.approx(expected, abs=1e-6)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -76,13 +77,96 @@ def test_no_module_of_the_engine_or_the_app_is_on_an_import_cycle():
     assert on_cycle == []
 
 
-def test_every_registered_analysis_has_its_view_string_its_drawings_and_a_pane():
+def test_every_registered_analysis_has_its_view_string_and_its_shape_a_figure_a_drawing_and_a_pane():
     from vitsee.engine import figures, render
     from vitsee.engine.analyses import REGISTRY
-    from vitsee.engine.views import VIEW_HELP, VIEW_KINDS
+    from vitsee.engine.views import view_help
     from vitsee.tui.screens.explorer import PANES
+    from vitsee.tui.widgets.view_pane import PANE_CLASSES
 
-    assert list(VIEW_KINDS) == list(REGISTRY) == list(PANES)
-    for name, spec in REGISTRY.items():
-        assert spec.name == name and spec.usage.startswith(f"{name}:") and spec.usage in VIEW_HELP
-        assert callable(getattr(figures, f"_{spec.figure}")) and callable(getattr(render, f"_{spec.figure}")), name
+    assert list(REGISTRY) == list(PANES)
+    for name, analysis in REGISTRY.items():
+        assert analysis.name == name and analysis.usage.startswith(f"{name}:") and analysis.usage in view_help()
+        assert analysis.shape in figures.DRAWINGS and analysis.shape in render.DRAWINGS, name
+        assert PANES[name] is PANE_CLASSES[analysis.shape], name
+
+
+# --- no analysis known by name outside engine/analyses/ -------------------------------------------------------
+
+
+KIND_LIKE = re.compile(r"kind|name|analysis|which|chosen|spec|view")  # what holds an analysis's name
+
+
+def _names_compared(tree: ast.AST, names: set[str]) -> list[tuple[int, str]]:
+    """Returns (line, what) for every place that compares a kind with an analysis's name (`kind == "cka"`,
+    `view.kind in ("probes", "spatial")`, `"cka" in which`), keys a dict literal by several (a table per
+    analysis), looks the registry up by one, or matches one. A word that is also an analysis's name used for
+    something else (a record's "heads" field) is no comparison of a kind."""
+
+    def literals(node: ast.AST) -> list[str]:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return [node.value]
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return [v for e in node.elts for v in literals(e)]
+        return []
+
+    def kind_like(node: ast.AST) -> bool:
+        word = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+        return bool(KIND_LIKE.search(word.lower()))
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(kind_like(side) for side in sides):
+                found += [(node.lineno, f"compares a kind with '{v}'") for side in sides for v in literals(side)
+                          if v in names]
+        elif isinstance(node, ast.Dict):
+            keyed = [v for k in node.keys if k is not None for v in literals(k) if v in names]
+            if len(keyed) > 1:
+                found += [(node.lineno, f"a dict keyed by {', '.join(repr(v) for v in keyed)}")]
+        elif isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "REGISTRY":
+            found += [(node.lineno, f"REGISTRY['{v}']") for v in literals(node.slice) if v in names]
+        elif isinstance(node, ast.match_case):
+            found += [(node.pattern.lineno, f"matches '{v.value}'") for v in ast.walk(node.pattern)
+                      if isinstance(v, ast.Constant) and v.value in names]
+    return found
+
+
+def test_no_module_outside_the_analyses_compares_a_kind_with_an_analysis_name():
+    # what an analysis is, does or is drawn as is asked of the analysis (REGISTRY[kind]) or of its view's shape:
+    # a new analysis then needs no edit elsewhere (the issue counted 56 such comparisons in nine files)
+    from vitsee.engine.analyses import REGISTRY
+
+    names = set(REGISTRY)
+    offenders = []
+    for folder in ("engine", "tui"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if (ROOT / "engine" / "analyses") in path.parents:
+                continue
+            offenders += [f"{path.relative_to(ROOT)}:{line}: {what}" for line, what in _names_compared(ast.parse(path.read_text()), names)]
+    assert offenders == []
+
+
+def test_the_name_check_finds_the_comparisons_it_is_for():
+    source = """
+if kind == "cka": pass
+if view.kind in ("probes", "spatial"): pass
+TITLES = {"attention": "Attention distances", "probes": "Linear probes"}
+draw = REGISTRY["heads"]
+if point.kind == "input": pass
+if "cka" in which: pass
+record = {"blocks": 2, "heads": 3}
+if "heads" not in group: pass
+"""
+    found = _names_compared(ast.parse(source), {"cka", "probes", "spatial", "attention", "heads"})
+    assert [line for line, _ in found] == [2, 3, 3, 4, 5, 7]
+
+
+def test_the_suite_runs_on_the_python_the_package_declares_or_later():
+    import tomllib
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    floor = tuple(int(part) for part in re.fullmatch(r">=\s*(\d+)\.(\d+)", declared.strip()).groups())
+    assert sys.version_info[:2] >= floor, f"the suite runs on {sys.version.split()[0]}, below requires-python {declared}"
+    assert floor >= (3, 11)  # tui/config.py imports tomllib, which Python 3.10 lacks

@@ -6,8 +6,9 @@ import threading
 
 import numpy as np
 import pytest
-from test_tui import analysed_copy, make_app, settle, view_shown
 from textual.app import App
+
+from helpers.app import analysed_copy, make_app, settle, view_shown
 
 from vitsee.tui.messages import RunEvent
 from vitsee.tui.options import AppOptions

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import RESNET, VIT, run_cli
-from test_figures import analysed_store
+from helpers.stores import analysed_store
 from vitsee.engine.colormap import ASCII_RAMP, ColorScale
 from vitsee.engine.views import load_view
 
@@ -158,7 +158,7 @@ print("computed" if computed else "cached", "torch" in sys.modules)
 
 @pytest.fixture(scope="module")
 def app_store(tiny_store, tmp_path_factory):
-    from test_tui import analysed_copy
+    from helpers.app import analysed_copy
 
     return analysed_copy(tiny_store, tmp_path_factory.getbasetemp())  # every analysis cached, as test_tui's
 

@@ -205,7 +205,7 @@ def test_png_export_of_a_nonfinite_cka_paints_those_cells(bad_store, tmp_path):
 # --- the app -------------------------------------------------------------------------------------------------
 
 
-from test_tui import SIZE, make_app, settle, status, view_shown  # noqa: E402  (the app's helpers)
+from helpers.app import SIZE, make_app, settle, status, view_shown  # noqa: E402  (the app's helpers)
 
 
 async def test_the_app_draws_the_attention_and_cka_views_of_a_nonfinite_store(bad_store, tmp_path):

@@ -394,15 +394,15 @@ def test_batches_that_ignore_the_mask_are_a_bug_not_a_user_error():
 
 
 def test_ties_on_held_out_accuracy_go_to_the_lowest_squared_error_then_the_larger_penalty():
-    from vitsee.engine.analyses.probes import _best_ratio
+    from vitsee.engine.analyses.probes import best_ratio
 
     accuracy = np.array([[0.5, 0.5, 0.5, 0.25], [0.0, 0.0, 0.0, 0.0], [0.1, 0.2, 0.2, 0.1]])
     error = np.array([[3.0, 1.0, 2.0, 0.5], [4.0, 4.0, 4.0, 4.0], [1.0, 9.0, 9.0, 1.0]])
-    assert _best_ratio(accuracy, error).tolist() == [1, 3, 2]
+    assert best_ratio(accuracy, error).tolist() == [1, 3, 2]
     # against the plain per-probe rule on many small grids full of ties
     rng = np.random.default_rng(0)
     accuracy, error = rng.integers(0, 4, (500, 6)) / 4, rng.integers(0, 3, (500, 6)).astype(float)
-    for p, best in enumerate(_best_ratio(accuracy, error)):
+    for p, best in enumerate(best_ratio(accuracy, error)):
         tied = np.flatnonzero(accuracy[p] == accuracy[p].max())
         assert best == tied[error[p, tied] == error[p, tied].min()].max()
 

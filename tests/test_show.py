@@ -11,7 +11,7 @@ from rich.style import Style
 from rich.text import Text
 
 from conftest import RESNET, VIT, run_cli
-from test_figures import CFG, analysed_store
+from helpers.stores import VIEWS_CFG as CFG, analysed_store
 from vitsee.engine import cli
 from vitsee.engine.colormap import ASCII_RAMP, ColorMode, ColorScale, palette
 from vitsee.engine.render import UPPER_HALF, render_view
@@ -248,3 +248,45 @@ def test_device_on_show_and_export_says_where_to_compute_not_which_estimate_to_s
         assert [r["id"] for r in s.results()] == before  # nothing computed: the cached estimate was shown
     code, out, err = run_cli(["show", path, f"skip:{VIT}", "--device", "cpu", "--format", "json"], capsys)
     assert code == 0, err  # not cached: computed, on that device
+
+
+# --- one label layout, every layer told apart -------------------------------------------------------------------
+
+
+def _sublayers(depth: int) -> list[str]:
+    """Returns the layer names of a ViT of `depth` blocks at sublayer granularity, as extraction records them."""
+    import timm
+
+    from vitsee.engine.models import layer_points
+
+    model = timm.create_model("vit_tiny_patch16_224", depth=depth, img_size=32, patch_size=8, embed_dim=24,
+                              num_heads=2, pretrained=False)
+    return [point.name for point in layer_points(model, "vit", "sublayers")]
+
+
+def test_show_gives_every_layer_of_a_sublayer_store_a_label_of_its_own():
+    from vitsee.engine.labels import fit_labels
+
+    names = _sublayers(12)
+    assert {"blocks.1.mlp.act", "blocks.10.mlp.act", "blocks.11.mlp.act"} <= set(names)  # one short form for all three once
+    n = len(names)
+    view = View("cka", "cka:m", "CKA m", "", np.eye(n), names, names, "CKA", 0.0, 1.0, models=["m", "m"])
+    console = Console(width=n + 40, record=True, color_system="truecolor")
+    for renderable in render_view(view, color="truecolor", width=n + 40):
+        console.print(renderable)
+    gutter = [line.strip().split(" ")[0] for line in console.export_text().splitlines()[1:1 + n // 2]]
+    assert len(gutter) == n // 2 and len(set(gutter)) == n // 2  # one text row for two layers, each one named
+    shown = fit_labels(names, 14)  # what the gutter writes: the app's own layout
+    assert len(set(shown)) == n and set(gutter) <= set(shown)
+    three = ["blocks.1.mlp.act", "blocks.10.mlp.act", "blocks.11.mlp.act"]  # all 'b.1.m.act' once
+    assert fit_labels(three, 10) == ["b.1.m.act", "b.10.m.act", "b.11.m.act"]
+    assert len(set(fit_labels(three, 5))) == 3  # narrower than any short form: wider, never alike
+
+
+def test_the_app_and_show_shorten_labels_alike():
+    from vitsee.engine import render
+    from vitsee.tui.widgets import axis_labels
+
+    names = _sublayers(12)
+    for width in (4, 8, 14):
+        assert render.fit_labels(names, width) == axis_labels.fit_labels(names, width)

@@ -172,9 +172,9 @@ def test_cka_result_has_intervals_and_p_values_and_keeps_its_values(tiny_store, 
     path.write_bytes(tiny_store.read_bytes())
     with Store.writer(path) as store:
         bare = run_cka(store, _cfg(ci=0, permutations=0))
-        assert "stats" not in bare["_params"] and "ci_low" not in bare
+        assert "stats" not in bare.params and "ci_low" not in bare
         with_stats = run_cka(store, _cfg(ci=0.9, permutations=19))
-        assert with_stats["_params"]["stats"] == {"ci": 0.9, "bootstrap": stats.BOOTSTRAP_REPLICATES,
+        assert with_stats.params["stats"] == {"ci": 0.9, "bootstrap": stats.BOOTSTRAP_REPLICATES,
                                                   "permutations": 19, "seed": 0}
         assert np.array_equal(bare["matrix"], with_stats["matrix"])  # the estimate itself is untouched
         L = len(with_stats["layer"])
@@ -309,7 +309,7 @@ def test_figures_hatch_weak_cka_cells_band_probes_and_whisker_heads(tiny_store, 
 
 
 async def test_the_app_shows_the_interval_and_n_toggles_the_marks(tiny_store, tmp_path):
-    from test_tui import SIZE, analysed_copy, make_app, settle, status, view_shown
+    from helpers.app import SIZE, analysed_copy, make_app, settle, status, view_shown
 
     store = analysed_copy(tiny_store, tmp_path)  # every analysis cached with the defaults' statistics
     app = make_app(store, tmp_path)

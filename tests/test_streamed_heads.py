@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import IMG, RESNET, VIT, run_cli
-from test_heads import _reference_cka
+from helpers.reference import reference_cka
 from vitsee.engine.analyses.heads import run_heads
 from vitsee.engine.analyze import AnalyzeConfig
 from vitsee.engine.errors import VitseeError
@@ -56,7 +56,7 @@ def _streamed_result(path) -> dict:
 
 def test_streamed_head_cka_equals_analyze_heads_on_the_stored_run(streamed, analyzed):
     result = _streamed_result(streamed)
-    assert result["_params"] == analyzed["_params"]  # the same cache key: views and the app find it like an analyzed one
+    assert result["_params"] == analyzed.params  # the same cache key: views and the app find it like an analyzed one
     assert result["_params"]["batch_size"] == BATCH and result["_params"]["shuffles"] == 0
     assert result["cka"].shape == (12, 5)
     np.testing.assert_allclose(result["cka"], analyzed["cka"], rtol=0, atol=TOLERANCE)
@@ -76,7 +76,7 @@ def test_streamed_head_cka_matches_a_per_head_numpy_reference(streamed, tiny_sto
     batches = [np.arange(start, start + BATCH) for start in range(0, 48, BATCH)]
     for r, x in enumerate(heads):
         for c, y in enumerate(other):
-            assert result["cka"][r, c] == pytest.approx(_reference_cka(x, y, batches), abs=TOLERANCE), (ROWS[r], layers[c])
+            assert result["cka"][r, c] == pytest.approx(reference_cka(x, y, batches), abs=TOLERANCE), (ROWS[r], layers[c])
 
 
 def test_streaming_heads_keeps_no_head_outputs_and_costs_no_disk(streamed, tmp_path, capsys):
@@ -124,7 +124,7 @@ def test_other_estimator_settings_on_a_streamed_store_name_the_streamed_ones(str
 def test_the_terminal_app_reads_the_streamed_head_cka_from_the_cache(streamed):
     from vitsee.tui.results import read_summary, read_view
 
-    assert read_summary(streamed).model(VIT).head_outputs
+    assert read_summary(streamed).model(VIT).reason("heads") is None
     loaded = read_view(streamed, f"heads:{VIT}:{RESNET}", AnalyzeConfig())
     assert not loaded.computed
     np.testing.assert_array_equal(loaded.view.matrix, _streamed_result(streamed)["cka"])
@@ -132,7 +132,7 @@ def test_the_terminal_app_reads_the_streamed_head_cka_from_the_cache(streamed):
 
 
 async def test_heads_view_of_a_streamed_store_names_head_distance_and_cka(streamed, tmp_path):
-    from test_tui import SIZE, make_app, settle, status, view_shown
+    from helpers.app import SIZE, make_app, settle, status, view_shown
 
     app = make_app(streamed, tmp_path)
     async with app.run_test(size=SIZE) as pilot:

@@ -50,7 +50,7 @@ def test_streamed_cka_equals_analyze_in_store_order_with_the_same_batch_size(str
     with Store.writer(stored) as s:
         stored = run_cka(s, an.AnalyzeConfig(batch_size=BATCH, shuffles=0, device="cpu", ci=0, permutations=0))
     result = _cka(streamed)
-    assert result["_params"] == stored["_params"]  # same key: views and the app find it like any cached CKA
+    assert result["_params"] == stored.params  # same key: views and the app find it like any cached CKA
     np.testing.assert_array_equal(result["matrix"], stored["matrix"])
     assert result["matrix"].shape == (13, 13) and abs(result["matrix"][0, 0] - 1) < 1e-12
 

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from conftest import VIT
-from test_tui import SIZE, make_app, settle, store, view_shown  # noqa: F401 (store: the analysed-store fixture)
+from helpers.app import SIZE, make_app, settle, view_shown
 from vitsee.tui.messages import AnalysisStep
 from vitsee.tui.results import yield_cpu_to_event_loop
 from vitsee.tui.widgets.task_bar import EtaClock, StepThrottle, TaskBar, format_eta

@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
-from test_tui import analysed_copy
 
 from conftest import RESNET, VIT
+from helpers.app import analysed_copy
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install -y tmux)")
 

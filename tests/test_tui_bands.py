@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_tui import CACHED, SIZE, analysed_copy, make_app, settle, view_shown
 from textual.app import App, ComposeResult
 
 from conftest import VIT
+from helpers.app import CACHED, SIZE, analysed_copy, make_app, settle, view_shown
 from vitsee.engine.analyze import AnalyzeConfig, run_analyses
 from vitsee.engine.colormap import ColorMode
 from vitsee.tui.widgets.distance_plot import DistancePlot

@@ -8,11 +8,10 @@ import inspect
 import numpy as np
 import pytest
 from rich.console import Console
-from test_tui import make_app, settle, store, view_shown  # noqa: F401  (store: the analysed tiny store)
-from test_tui_paper import paper_store  # noqa: F401  (the store with Heads and ERF results)
 
 import vitsee.tui.screens.view_detail as details
 from conftest import RESNET, VIT
+from helpers.app import make_app, settle, view_shown
 from vitsee.engine.store import Store
 from vitsee.tui.screens.explorer import ExplorerScreen
 from vitsee.tui.screens.help import HelpScreen

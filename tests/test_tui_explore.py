@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import RESNET, VIT
-from test_tui import SIZE, make_app, settle, status, store, view_shown  # noqa: F401  (store: the fixture)
+from helpers.app import SIZE, make_app, settle, status, view_shown
 from vitsee.engine.analyses import REGISTRY
 from vitsee.tui.screens.explorer import ExplorerScreen
 from vitsee.tui.widgets.heatmap import Heatmap
@@ -33,7 +33,8 @@ def test_every_registered_analysis_has_a_pane_and_the_tabs_follow_the_registry()
 
     assert panes.missing_panes() == []
     assert list(panes.PANES) == list(REGISTRY) and list(panes.KINDS) == list(REGISTRY)
-    assert all(cls.kind == name and cls.label and cls.tooltip for name, cls in panes.PANES.items())
+    assert all(cls.shape is REGISTRY[name].shape and panes.VIEW_LABELS[name] and panes.tooltip(name)
+               for name, cls in panes.PANES.items())
     keys = {b.id: b.key for b in ExplorerScreen.BINDINGS if b.id and b.id.startswith("explorer.view_")}
     assert keys == {f"explorer.view_{name}": str(i) for i, name in enumerate(REGISTRY, start=1)}
 
@@ -42,7 +43,7 @@ def test_an_analysis_registered_without_a_pane_is_named_as_missing(monkeypatch):
     from vitsee.tui.widgets import panes
     from vitsee.tui.widgets.view_pane import PANE_CLASSES
 
-    monkeypatch.delitem(PANE_CLASSES, "skip")
+    monkeypatch.delitem(PANE_CLASSES, REGISTRY["skip"].shape)  # no pane draws the skip ratios' shape
     assert panes.missing_panes() == ["skip"]
     assert "skip" not in panes.registered_panes() and list(panes.registered_panes())[:3] == ["cka", "attention", "probes"]
 
@@ -214,7 +215,7 @@ async def test_d_opens_the_dossier_of_the_cka_cell_with_every_analysis_of_both_l
                           f"[{attention.ci_low[b, h]:.1f}, {attention.ci_high[b, h]:.1f}]" for h in range(2))
         assert heads in texts[("attention", VIT)]
         assert "not an attention block" not in texts[("attention", VIT)]
-        assert "does not apply to test_resnet (resnet)" in texts[("attention", RESNET)]
+        assert f"{RESNET} has no attention distances (resnet model)" in texts[("attention", RESNET)]  # its one reason
         # both layers' probe accuracies with their exact binomial intervals
         for model, layer in ((VIT, "blocks.5"), (RESNET, "layer4.0")):
             probes = load_view(store, f"probes:{model}")
@@ -289,7 +290,7 @@ async def test_d_outside_the_cka_view_says_where_the_dossier_is(store, tmp_path)
 
 
 def test_the_erf_half_mass_radius_counts_pixels_outward_from_the_centre():
-    from vitsee.tui.dossier import erf_lines, half_mass_radius
+    from vitsee.engine.analyses.erf import half_mass_radius
 
     erf = np.zeros((5, 5))
     erf[2, 2] = 0.4  # centre (H // 2, W // 2)
@@ -307,7 +308,7 @@ def test_the_erf_half_mass_radius_counts_pixels_outward_from_the_centre():
 
 def test_the_spatial_summary_counts_tokens_whose_peak_is_their_own_patch():
     from vitsee.engine.views import View
-    from vitsee.tui.dossier import spatial_lines
+    from vitsee.engine.analyses.spatial import spatial_lines
 
     matrix = np.full((4, 4), 0.1)
     matrix[0, 0], matrix[1, 1], matrix[2, 0] = 0.9, 0.8, 0.95  # token 2 peaks at patch 0, token 3 ties everywhere
@@ -321,19 +322,21 @@ def test_the_spatial_summary_counts_tokens_whose_peak_is_their_own_patch():
 
 
 def test_the_spatial_ramp_runs_from_the_maps_minimum_to_its_maximum_and_leaves_nan_blank():
-    from vitsee.tui.dossier import RAMP, ramp_rows
+    from vitsee.engine.analyses.spatial import RAMP, ramp_rows
 
     assert ramp_rows(np.array([[0.0, 1.0], [0.5, np.nan]])) == [RAMP[1] + RAMP[-1], RAMP[5] + " "]
 
 
 def test_a_layer_outside_every_block_has_no_head_distances_or_skip_ratios(store):
+    from vitsee.engine.analyses import REGISTRY
+    from vitsee.engine.analyses.attention import block_of
     from vitsee.engine.views import load_view
-    from vitsee.tui.dossier import _section, block_of
+    from vitsee.tui.dossier import section_of
 
     attention, skip = load_view(store, f"attention:{VIT}"), load_view(store, f"skip:{VIT}")
     assert block_of(attention.rows, "blocks.3.attn") == "blocks.3" and block_of(attention.rows, "blocks.30") is None
     for layer in ("patch_embed", "norm"):
-        section = _section("attention", VIT, layer, "t", attention, "")
+        section = section_of(REGISTRY["attention"], VIT, layer, attention)
         assert not section.available and section.lines == [f"{layer} is not an attention block (blocks.0 \u2026 blocks.5 are)"]
-        section = _section("skip", VIT, layer, "t", skip, "")
+        section = section_of(REGISTRY["skip"], VIT, layer, skip)
         assert not section.available and section.lines == [f"{layer} has no residual sublayer"]

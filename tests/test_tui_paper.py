@@ -2,26 +2,14 @@
 from __future__ import annotations
 
 import re
-import shutil
 
 import numpy as np
 import pytest
-from test_tui import SIZE, make_app, settle, status, view_shown
 
 from conftest import RESNET, VIT
-from vitsee.engine.analyze import AnalyzeConfig
+from helpers.app import SIZE, make_app, settle, status, view_shown
 from vitsee.tui.widgets.head_scatter import HeadScatter
 from vitsee.tui.widgets.heatmap import Heatmap
-
-
-@pytest.fixture(scope="module")
-def paper_store(tiny_store, tmp_path_factory):
-    from vitsee.engine.analyses import run
-
-    path = tmp_path_factory.mktemp("paper") / "paper.h5"
-    shutil.copy(tiny_store, path)
-    run(path, ["heads", "erf"], AnalyzeConfig(batch_size=16, shuffles=0, device="cpu", erf_images=4))
-    return path
 
 
 async def test_heads_view_scatters_heads_and_names_head_distance_and_cka(paper_store, tmp_path):

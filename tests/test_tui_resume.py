@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import IMG, VIT
-from test_tui import SIZE, make_app, notifications, settle, view_shown
+from helpers.app import SIZE, make_app, notifications, settle, view_shown
 from vitsee.engine import threads
 from vitsee.engine.analyze import AnalyzeConfig
 from vitsee.engine.extract import ExtractConfig, run_extraction

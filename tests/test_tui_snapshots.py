@@ -7,8 +7,8 @@ and look at the report before committing.
 from __future__ import annotations
 
 import pytest
-from test_tui import analysed_copy, make_app, settle, view_shown
 
+from helpers.app import analysed_copy, make_app, settle, view_shown
 from vitsee.engine.colormap import ColorMode
 
 SIZE = (120, 36)

@@ -164,7 +164,7 @@ class TestGrams:
         with Store.writer(stored) as s:
             want = run_cka(s, an.AnalyzeConfig(batch_size=8, shuffles=0, device="cpu", ci=0, permutations=0))
         got = _cka(grams)
-        assert got["_params"] == want["_params"]  # the same key: views and the app read it as any cached CKA
+        assert got["_params"] == want.params  # the same key: views and the app read it as any cached CKA
         np.testing.assert_array_equal(got["matrix"], want["matrix"])
         assert got["matrix"].shape == (43, 43)
 

@@ -48,6 +48,9 @@ class VitseeApp(App):
     def __init__(self, store: Path | None = None, *, options: AppOptions | None = None, demo: bool = False,
                  keymap: dict[str, str] | None = None, snapshot: SnapshotPlan | None = None) -> None:
         super().__init__()
+        from vitsee.tui.logs import setup_logging
+
+        self.log_file = setup_logging()  # where a bug's traceback goes (the line on screen names it)
         self.options = options or AppOptions()
         self.store = store
         self.demo = demo

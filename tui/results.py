@@ -47,11 +47,15 @@ class ModelSummary:
     layers: list[str]
     shapes: dict[str, tuple[int, ...]]
     rows_done: int
-    views: list[str]  # per-model analyses that apply: attention, probes, skip, spatial
-    spatial_layers: list[str]  # layers with a token grid or feature map
+    # analysis name -> why it does not apply to this model (its not_applicable), None where it does
+    reasons: dict[str, str | None] = field(default_factory=dict)
+    # analysis name -> the layers its view can be of, for the analyses whose view is of one layer (spatial, ERF)
+    layer_choices: dict[str, list[str]] = field(default_factory=dict)
     heads: int = 0
-    head_outputs: bool = False  # per-head attention outputs stored (the Heads view, engine/analyses/heads.py)
-    erf_layers: list[str] = field(default_factory=list)  # layers with a centre position (the ERF view)
+
+    def reason(self, kind: str) -> str | None:
+        """Returns why analysis `kind` does not apply to the model, or None when it does."""
+        return self.reasons.get(kind)
 
 
 @dataclass
@@ -104,9 +108,9 @@ def weights_text(weights: dict) -> str:
 
 
 def read_summary(path: str | Path) -> StoreSummary:
-    """Returns the summary of the store at path; a missing, corrupt or foreign file is a VitseeError."""
-    from vitsee.engine.analyses.erf import _taps as erf_taps
-    from vitsee.engine.analyze import applicable
+    """Returns the summary of the store at path: its models, and for each whether every registered analysis applies
+    to it (the analysis's own reason where not); a missing, corrupt or foreign file is a VitseeError."""
+    from vitsee.engine.analyses import REGISTRY
     from vitsee.engine.store import Store
     from vitsee.engine.store_lock import writer_of
 
@@ -118,13 +122,12 @@ def read_summary(path: str | Path) -> StoreSummary:
                 info = store.model_info(key)
                 layers = store.layers(key)
                 shapes = {layer: store.layer_shape(key, layer) for layer in layers}
-                spatial = [layer for layer in layers if _has_grid(store, key, layer, info)]
                 models.append(ModelSummary(
                     key=key, family=str(info.get("family", "other")), weights=weights_text(info.get("weights", {})),
-                    layers=layers, shapes=shapes, rows_done=store.rows_done(key), views=applicable(store, key),
-                    spatial_layers=spatial, heads=int(info.get("num_heads") or 0),
-                    head_outputs=bool(store.head_blocks(key)),
-                    erf_layers=[] if store.streaming else list(erf_taps(store, key, info)),
+                    layers=layers, shapes=shapes, rows_done=store.rows_done(key),
+                    reasons={name: a.not_applicable(store, key) for name, a in REGISTRY.items()},
+                    layer_choices={name: a.layer_choices(store, key) for name, a in REGISTRY.items() if a.takes_layer},
+                    heads=int(info.get("num_heads") or 0),
                 ))
             cached = sorted({r["analysis"] for r in store.results()})
             writer = writer_of(path) if any(m.rows_done < store.n_images for m in models) else None
@@ -135,16 +138,6 @@ def read_summary(path: str | Path) -> StoreSummary:
         raise VitseeError(
             f"{path} is not a readable vitsee store ({brief(exc)}): re-create it with `vitsee extract ... --overwrite`"
         ) from exc
-
-
-def _has_grid(store: Store, key: str, layer: str, info: dict) -> bool:
-    from vitsee.engine.analyses.spatial import _spatial_layout
-
-    try:
-        _spatial_layout(store, key, layer)
-    except VitseeError:
-        return False
-    return True
 
 
 # --- views --------------------------------------------------------------------------------------------
@@ -244,10 +237,9 @@ def read_view(path: str | Path, spec: str, base: an.AnalyzeConfig, progress: Ste
     `cancelled` is polled at every progress step; when it says so the computation stops with Cancelled
     and nothing is cached. `warn` hears, before it starts, that a computation is expected to be long.
     """
-    from vitsee.engine.analyses.probes import probe_warning
     from vitsee.engine.init_notes import random_init_note
     from vitsee.engine.store import Store
-    from vitsee.engine.views import cached_params, compute_view, load_view
+    from vitsee.engine.views import cached_params, compute_view, load_view, request_of
 
     def step(event: Step) -> None:
         if cancelled():
@@ -258,8 +250,8 @@ def read_view(path: str | Path, spec: str, base: an.AnalyzeConfig, progress: Ste
     start = time.perf_counter()
     with ACCESS.read(), Store.open(path) as store:
         cached = cached_params(store, spec) is not None  # any cached estimate serves the app
-        kind, _, model = spec.partition(":")
-        warning = probe_warning(store, model, base) if kind == "probes" and not cached else None
+        request = request_of(store, spec)
+        warning = None if cached else request.analysis.warning(store, request, base)
     if warning and warn is not None:
         warn(warning)
     if not cached:
@@ -295,7 +287,7 @@ def read_head_distances(path: str | Path, model: str, block: int, head: int) -> 
 def export_name(view: View, when: float | None = None) -> str:
     """Returns a file stem naming the view and the time: cka-vit_tiny-x-resnet18-20240102-150405."""
     models = [re.sub(r"[^A-Za-z0-9_.-]+", "_", m) for m in dict.fromkeys(view.models)]
-    layer = view.params.get("layer") if view.kind in ("spatial", "erf") else None
+    layer = view.params.get("layer") if view.analysis.takes_layer else None
     parts = [view.kind, "-x-".join(models)] + ([layer] if layer else [])
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(when))
     return "-".join(parts + [stamp])

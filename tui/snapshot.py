@@ -80,23 +80,23 @@ def plan_snapshot(store: Path, view: str, out: Path | None, size: str) -> Snapsh
         return SnapshotPlan(store, view, view, [], None, out, columns_rows)
     from vitsee.engine.views import resolve_view
 
-    kind, keys, layer = resolve_view(store, view)
-    return SnapshotPlan(store, view, kind, keys, layer, out, columns_rows)
+    request = resolve_view(store, view)
+    return SnapshotPlan(store, view, request.name, list(request.keys), request.layer, out, columns_rows)
 
 
 def prepare(plan: SnapshotPlan, screen: ExplorerScreen) -> None:
     """Sets the explorer, before it opens the store, on the plan's view and models."""
+    from vitsee.engine.analyses import REGISTRY
+
     screen.kind = plan.kind
     if not plan.keys:
         return
     a = screen.model_a = plan.keys[0]
-    if plan.kind in ("cka", "heads"):
+    if REGISTRY[plan.kind].models[1] > 1:  # a view of two models: B as named (cka:A is A with itself)
         screen.model_b = plan.keys[1] if len(plan.keys) > 1 else None
-        screen.keep_model_b = True  # cka:A is A with itself, not the A x B the app opens on
-    if plan.layer and plan.kind == "spatial":
-        screen.spatial_layer[a] = plan.layer
-    if plan.layer and plan.kind == "erf":
-        screen.erf_layer[a] = plan.layer
+        screen.keep_model_b = True  # not the A x B the app opens on
+    if plan.layer:
+        screen.picked_layer[(plan.kind, a)] = plan.layer
 
 
 def _state(plan: SnapshotPlan, screen) -> tuple[str, str]:

@@ -5,6 +5,7 @@ the parameters of a result (its cache key) and the per-block summary over the st
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
 
 import numpy as np
@@ -12,8 +13,9 @@ import numpy as np
 from .. import stats as stats_mod
 from ..errors import VitseeError
 from ..store import Store
-from .base import Analysis, AnalyzeConfig, RunningMoments, StepFn, _emit, _save, _with_interval
 from ..lazy import lazy_module
+from .base import AnalyzeConfig, RunningMoments, StepFn, emit, save_result, with_interval
+from .contract import Analysis, DossierEntry, Request, Result, Shape, View
 
 torch = lazy_module("torch")  # reading a cached result needs numpy only; torch is imported by the first computation
 
@@ -112,10 +114,10 @@ __all__ = [
 
 
 def attention_params(store: Store, key: str, cfg: AnalyzeConfig) -> dict:
-    return _with_interval({"model": key, "n_images": store.n_images, "bins": 32}, cfg)
+    return with_interval({"model": key, "n_images": store.n_images, "bins": 32}, cfg)
 
 
-def run_attention(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | None = None) -> dict:
+def run_attention(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | None = None) -> Result:
     """Returns per block: heads' mean distances (sorted), their spread over images, and the histogram
     over heads and images, with the distance of uniform attention for the model's grid."""
     key = store.resolve_model(model)
@@ -125,10 +127,10 @@ def run_attention(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn
         raise VitseeError(no_attention_reason(key, info))
     params = attention_params(store, key, cfg)
     bins = params["bins"]
-    cached = None if cfg.recompute else store.get_result("attention", params)
+    cached = None if cfg.recompute else Result.load(store, "attention", params)
     if cached is not None:
         return cached
-    uniform, max_px = _attention_reference(info)
+    uniform, max_px = attention_reference(info)
     edges = np.linspace(0.0, max_px, bins + 1)
     plain, renorm = RunningMoments(), RunningMoments()
     hist = 0
@@ -156,8 +158,8 @@ def run_attention(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn
         low, high = stats_mod.mean_interval(mean, plain.std, plain.n, params["stats"]["ci"])
         arrays["ci_low_px"] = np.take_along_axis(low, order, axis=1)
         arrays["ci_high_px"] = np.take_along_axis(high, order, axis=1)
-    _emit(progress, f"attention {key}", 1, 1)
-    return _save(store, "attention", params, arrays)
+    emit(progress, f"attention {key}", 1, 1)
+    return save_result(store, "attention", params, arrays)
 
 
 def no_attention_reason(key: str, info: dict) -> str:
@@ -167,7 +169,7 @@ def no_attention_reason(key: str, info: dict) -> str:
     return f"{key} has no attention distances ({info['family']} model): they exist for ViT- and Swin-like models only"
 
 
-def _attention_reference(info: dict) -> tuple[list[float], float]:
+def attention_reference(info: dict) -> tuple[list[float], float]:
     """Returns per block the mean distance of uniform attention (over the grid; for Swin over a window of its
     stage) and the largest distance any head can have (the histogram's range), in px."""
     if info.get("family") == "swin":
@@ -200,32 +202,94 @@ def _attention_block_names(info: dict, n: int) -> list[str]:
     return [f"blocks.{b}" for b in range(n)]
 
 
-# --- view and registration ------------------------------------------------------------------------
+# --- the view and its dossier section --------------------------------------------------------------------
 
 
-def view_fields(r: dict, keys: list[str], info: dict, layer: str | None = None) -> dict:
-    """Returns the fields of the View of attention:MODEL: heads' mean distances per block, sorted."""
-    key = keys[0]
-    heads = r["mean_px"].shape[1]
-    blocks = len(r["mean_px"])
-    extra = {"std_px": r["std_px"], "hist_counts": r["hist_counts"], "hist_edges": r["hist_edges"],
-             "uniform_px": float(r["uniform_px"]), "head_order": r["head_order"], "mean_renorm_px": r["mean_renorm_px"],
-             # Swin: uniform attention inside a window of each stage; its earlier stages have fewer heads (NaN beyond)
-             "uniform_px_per_block": r.get("uniform_px_per_block", np.full(blocks, float(r["uniform_px"]))),
-             "heads_per_block": r.get("heads_per_block", np.full(blocks, heads))}
-    title = f"Mean attention distance {key}"
-    if info.get("family") == "swin":
-        title += " (inside shifted windows; uniform reference per stage)"
-    return dict(kind="attention", spec="", title=title, subtitle="", matrix=r["mean_px"], rows=[str(b) for b in r["blocks"]],
-                cols=[f"head {h + 1}" for h in range(heads)], value_name="distance (px)", vmin=0.0,
-                vmax=float(r["hist_edges"][-1]), params=dict(r["_params"]), extra=extra, models=[key],
-                ci_low=r.get("ci_low_px"), ci_high=r.get("ci_high_px"))
+def block_of(blocks: Sequence[str], layer: str) -> str | None:
+    """Returns the block a layer belongs to (blocks.3 for blocks.3 and blocks.3.attn), None outside every block."""
+    return next((b for b in blocks if layer == b or layer.startswith(b + ".")), None)
 
 
-SPEC = Analysis(
-    name="attention", identity=("model", "n_images", "bins"),
-    params=lambda store, keys, layer, cfg: attention_params(store, keys[0], cfg),
-    run=lambda store, keys, layer, cfg, progress=None: run_attention(store, keys[0], cfg, progress),
-    view=view_fields, applies=lambda store, key: "attention_distance" in store.stats(key), figure="attention",
-    per_model=True, usage="attention:MODEL",
-)
+def attention_lines(view: View, block: str) -> list[str]:
+    """Returns the block's heads, nearest first, with their mean distance in px and its interval."""
+    r = view.rows.index(block)
+    order = np.asarray(view.extra["head_order"])[r]
+    uniform = np.asarray(view.extra.get("uniform_px_per_block", [view.extra["uniform_px"]] * len(view.rows)))[r]
+    heads = []
+    for h, distance in enumerate(view.matrix[r]):
+        shown = f"{distance:.1f} px" if np.isfinite(distance) else view.cell_text(r, h)
+        if view.ci_low is not None and np.isfinite(view.ci_low[r, h]):
+            shown += f" [{view.ci_low[r, h]:.1f}, {view.ci_high[r, h]:.1f}]"
+        heads.append(f"head {int(order[h]) + 1} {shown}")
+    finite = view.matrix[r][np.isfinite(view.matrix[r])]
+    mean = f"{finite.mean():.1f} px" if finite.size else "none finite"
+    return [f"{len(heads)} heads, mean {mean}; uniform attention {float(uniform):.1f} px", "  ".join(heads)]
+
+
+class AttentionDistances(Analysis):
+    """Mean attention distance per head and block (paper Fig. 3, 4), summarised from the per-image distances the
+    extraction recorded."""
+
+    name = "attention"
+    label = "Attention"
+    short_label = "Attn"
+    title = "mean attention distance of every head, per block (ViT- and Swin-like models)"
+    figures = ("3", "4")
+    order = 20
+    shape = Shape.HEADS_BY_BLOCK
+    tooltip = "Show the mean attention distances per head and block"
+    option_help = "mean attention distances (ViT-like)"
+    cost = 0
+    needs = frozenset({"statistics"})
+    identity = ("model", "n_images", "bins")
+    dossier_title = "Attention distances"
+    layer_list_title = "Blocks (Enter: go)"
+
+    def not_applicable(self, store: Store, key: str) -> str | None:
+        if "attention_distance" not in store.stats(key):
+            return no_attention_reason(key, store.model_info(key))
+        return None
+
+    def params(self, store: Store, request: Request, cfg: AnalyzeConfig) -> dict:
+        return attention_params(store, request.keys[0], cfg)
+
+    def run(self, store: Store, request: Request, cfg: AnalyzeConfig, progress: StepFn | None = None) -> Result:
+        return run_attention(store, request.keys[0], cfg, progress)
+
+    def view(self, result: Result, request: Request, info: dict) -> View:
+        """Returns heads' mean distances per block, sorted, with their spread, histograms and uniform reference."""
+        r, key = result, request.keys[0]
+        heads = r["mean_px"].shape[1]
+        blocks = len(r["mean_px"])
+        extra = {"std_px": r["std_px"], "hist_counts": r["hist_counts"], "hist_edges": r["hist_edges"],
+                 "uniform_px": float(r["uniform_px"]), "head_order": r["head_order"], "mean_renorm_px": r["mean_renorm_px"],
+                 # Swin: uniform attention inside a window of each stage; its earlier stages have fewer heads (NaN beyond)
+                 "uniform_px_per_block": r.get("uniform_px_per_block", np.full(blocks, float(r["uniform_px"]))),
+                 "heads_per_block": r.get("heads_per_block", np.full(blocks, heads))}
+        title = f"Mean attention distance {key}"
+        if info.get("family") == "swin":
+            title += " (inside shifted windows; uniform reference per stage)"
+        return View(self.name, "", title, "", r["mean_px"], [str(b) for b in r["blocks"]],
+                    [f"head {h + 1}" for h in range(heads)], "distance (px)", 0.0, float(r["hist_edges"][-1]),
+                    params=dict(r.params), extra=extra, models=[key], ci_low=r.get("ci_low_px"),
+                    ci_high=r.get("ci_high_px"))
+
+    def present(self, view: View) -> np.ndarray | None:
+        """Returns the cells of heads that exist: a Swin stage's missing heads are no values."""
+        if "heads_per_block" not in view.extra:
+            return None
+        heads = np.asarray(view.extra["heads_per_block"])
+        return np.arange(view.matrix.shape[1])[None, :] < heads[:, None]
+
+    def nonfinite_images(self, view: View, store: Store) -> np.ndarray:
+        """Returns per head the images whose distance of that head is NaN/Inf."""
+        per_head = (~np.isfinite(store.attention_distance(view.models[0]))).sum(axis=0)  # (blocks, heads)
+        sorted_counts = np.take_along_axis(per_head, np.asarray(view.extra["head_order"]), axis=1)
+        return np.where(view.nonfinite, sorted_counts, -1)
+
+    def dossier_section(self, view: View, layer: str, note: str = "") -> DossierEntry:
+        block = block_of(list(view.rows), layer)
+        if block is None:
+            return DossierEntry(layer, [f"{layer} is not an attention block ({view.rows[0]} \u2026 {view.rows[-1]} are)"],
+                                False)
+        return DossierEntry(block, attention_lines(view, block))

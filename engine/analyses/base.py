@@ -1,18 +1,20 @@
 """Plumbing the analyses share: their config, progress events, device choice, the read-ahead of store batches,
-the CKA batch plan, and saving a result with its provenance. No analysis lives here."""
+the CKA batch plan, saving a result with its provenance, and reading which images hold NaN/Inf. No analysis lives
+here (the contract they keep is contract.py)."""
 from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 from .. import stats as stats_mod
 from ..errors import VitseeError
-from ..store import Store
 from ..lazy import lazy_module
+from ..store import Store
+from .config import AnalyzeConfig, Step, StepFn  # noqa: F401  (what the analyses import from here)
+from .contract import save_result  # noqa: F401  (the analyses' runners save through base)
 
 torch = lazy_module("torch")  # reading a cached result needs numpy only; torch is imported by the first computation
 
@@ -32,61 +34,13 @@ def resolve_device(name: str) -> torch.device:
     raise VitseeError(f"unknown device '{name}': use auto, cpu, cuda or cuda:N")
 
 
-@dataclass
-class AnalyzeConfig:
-    """Parameters shared by the analyses (each result records the ones it used)."""
-
-    batch_size: int = 256
-    shuffles: int = 1
-    seed: int = 0
-    device: str = "auto"
-    recompute: bool = False
-    probe_tokens: bool = True
-    spatial_layer: str | None = None
-    probe_max_dim: int = 1024  # per-token probes keep a (D, D) fp64 matrix per token: wider layers get none
-    erf_images: int = 32  # effective receptive fields: the first N images of the store (analyses/erf.py)
-    ci: float = stats_mod.DEFAULT_CI  # confidence level of the intervals; 0: none
-    permutations: int = stats_mod.DEFAULT_PERMUTATIONS  # permutations behind each CKA p-value; 0: none
-    # no estimator settings were asked for: a streaming store answers CKA with the estimate it streamed
-    any_cka_estimate: bool = False
-
-    def __post_init__(self):
-        # checked where the CLI and the app build the config, before a store is opened
-        if self.batch_size < 1:
-            raise VitseeError(f"--batch-size {self.batch_size} is not a batch size: use at least 4 images per CKA "
-                              f"minibatch (default {AnalyzeConfig.batch_size})")
-        if self.shuffles < 0:
-            raise VitseeError(f"--shuffles {self.shuffles} is negative: use 0 (store order) or the number of seeded shuffles")
-        if self.seed < 0:
-            raise VitseeError(f"--seed {self.seed} is negative: use a seed of 0 or more")
-        if self.probe_max_dim < 0:
-            raise VitseeError(f"--probe-max-dim {self.probe_max_dim} is negative: use 0 (no per-token probes) or a "
-                              f"channel count (default {AnalyzeConfig.probe_max_dim})")
-
-
-@dataclass
-class Step:
-    """A progress event: which analysis, how far (done/total in its own units)."""
-
-    analysis: str
-    done: int
-    total: int
-    message: str = ""
-
-
-StepFn = Callable[[Step], None]
-
-
-def _device(name: str) -> torch.device:
-    return resolve_device(name)
-
-
-def _emit(progress: StepFn | None, analysis: str, done: int, total: int, message: str = "") -> None:
+def emit(progress: StepFn | None, analysis: str, done: int, total: int, message: str = "") -> None:
+    """Sends one progress event to `progress` (nothing when it is None)."""
     if progress is not None:
         progress(Step(analysis, done, total, message))
 
 
-class _Prefetch:
+class Prefetch:
     """Reads (rows, dataset) jobs in a background thread, at most `ahead` arrays in memory, in order.
 
     HDF5 reads run while the device computes on the previous array, so the GPU does not wait on disk.
@@ -125,7 +79,7 @@ class _Prefetch:
                 pass
 
 
-def _read_batch(ds, rows: np.ndarray, pinned: bool) -> np.ndarray:
+def read_batch(ds, rows: np.ndarray, pinned: bool) -> np.ndarray:
     """Returns ds[rows] (rows increasing), read straight into the returned buffer: pinned host memory for a
     CUDA device, so the copy to the device is one DMA from what HDF5 filled."""
     shape = (len(rows), *ds.shape[1:])
@@ -140,10 +94,10 @@ def _read_batch(ds, rows: np.ndarray, pinned: bool) -> np.ndarray:
     return out
 
 
-class _Lazy:
+class LazyBatch:
     """One layer's batch that is read only when the CKA accumulator asks for it (keeps memory at one layer)."""
 
-    def __init__(self, shape: tuple[int, ...], source: _Prefetch):
+    def __init__(self, shape: tuple[int, ...], source: Prefetch):
         self.shape = shape
         self._source = source
 
@@ -163,7 +117,8 @@ def batch_plan(n: int, batch_size: int, shuffles: int, seed: int) -> list[tuple[
     return [(k, np.sort(order[s : s + batch_size])) for k, order in enumerate(orders) for s in range(0, n, batch_size)]
 
 
-def _check_ready(store: Store, models: Sequence[str]) -> None:
+def check_ready(store: Store, models: Sequence[str]) -> None:
+    """Raises the VitseeError that says why the models cannot be analysed yet (none, incomplete, too few images)."""
     if not models:
         raise VitseeError(f"{store.path} holds no models: add one with `vitsee extract {store.path} --model NAME`")
     for m in models:
@@ -174,33 +129,17 @@ def _check_ready(store: Store, models: Sequence[str]) -> None:
         )
 
 
-def _with_stats(params: dict, cfg: AnalyzeConfig, permutations: int = 0) -> dict:
+def with_stats(params: dict, cfg: AnalyzeConfig, permutations: int = 0) -> dict:
     """Returns params plus the statistics settings under "stats"; none asked for: params unchanged, so results
     cached before statistics existed keep their keys, and a request with statistics never takes one of them."""
     settings = stats_mod.stats_settings(cfg.ci, permutations, cfg.seed)
     return params if settings is None else {**params, "stats": settings}
 
 
-def _with_interval(params: dict, cfg: AnalyzeConfig) -> dict:
+def with_interval(params: dict, cfg: AnalyzeConfig) -> dict:
     """Returns params plus {"stats": {"ci": level}} for a closed-form interval; unchanged when cfg.ci is 0."""
     settings = stats_mod.interval_settings(cfg.ci)
     return params if settings is None else {**params, "stats": settings}
-
-
-def _save(store: Store, analysis: str, params: dict, arrays: dict) -> dict:
-    store.put_result(analysis, params, arrays, provenance=_provenance(store))
-    result = store.get_result(analysis, params)
-    assert result is not None
-    return result
-
-
-def _provenance(store: Store) -> dict:
-    return {
-        "store": str(store.path),
-        "dataset": store.dataset_spec,
-        "n_images": store.n_images,
-        "models": {m: store.model_info(m)["weights"] for m in store.models},
-    }
 
 
 def has_cls_token(info: dict) -> bool:
@@ -243,10 +182,6 @@ class RunningMoments:
         return np.sqrt(np.asarray(self._m2) / max(self.n, 1))
 
 
-def config_dict(cfg: AnalyzeConfig) -> dict:
-    return asdict(cfg)
-
-
 NO_CLS = "no class token"
 
 
@@ -255,21 +190,23 @@ def no_cls(info: dict) -> bool:
     return info.get("family") in ("vit", "mixer") and not has_cls_token(info)
 
 
-@dataclass(frozen=True)
-class Analysis:
-    """One analysis as the driver, the views, `show`/`export`, the figures and the app find it (engine/analyses/).
-
-    A view string is NAME:MODEL[:MODEL | :LAYER]; `keys` are its resolved models and `layer` its layer, if any.
-    """
-
-    name: str
-    identity: tuple[str, ...]  # the parameters that say what a result is about; the rest say how it was estimated
-    params: Callable  # (store, keys, layer, cfg) -> the params dict a result is cached under
-    run: Callable  # (store, keys, layer, cfg, progress) -> the (cached or computed) result
-    view: Callable  # (result, keys, model info, layer) -> the fields of a views.View
-    applies: Callable  # (store, model key) -> whether it applies to that model
-    figure: str  # its drawing functions: engine/figures.py and engine/render.py `_<figure>`
-    models: tuple[int, int] = (1, 1)  # how many models its view names (least, most)
-    layer: bool = False  # its view takes a :LAYER
-    per_model: bool = False  # `vitsee analyze` with no analysis named runs it on every model it applies to
-    usage: str = ""  # the view string, for help and errors
+def nonfinite_image_mask(store: Store, key: str, layer: str, cells=None) -> np.ndarray | None:
+    """Returns the (N,) mask of images whose stored activations in a layer hold NaN/Inf (with `cells`, a
+    function activations -> per-cell (b, D) features: the (N, cells) mask), or None when the store cannot
+    tell (no activations stored). Reads only the batches the extraction counted non-finite values in."""
+    if store.streaming:
+        return None
+    per_batch = store.nonfinite_batches(key)[:, store.layers(key).index(layer)]
+    bs, n = store.batch_size(key), store.n_images
+    mask = None
+    for b in np.flatnonzero(per_batch):
+        rows = slice(int(b) * bs, min((int(b) + 1) * bs, n))
+        a = store.activations(key, layer, rows)
+        bad = np.stack([~np.isfinite(c).all(axis=1) for c in cells(a)], axis=1) if cells else ~np.isfinite(a.reshape(len(a), -1)).all(axis=1)
+        if mask is None:
+            mask = np.zeros((n, *bad.shape[1:]), dtype=bool)
+        mask[rows] = bad
+    if mask is None:
+        n_cells = len(cells(np.zeros((0, *store.layer_shape(key, layer)), dtype=np.float32))) if cells else None
+        mask = np.zeros((n, n_cells) if cells else (n,), dtype=bool)
+    return mask

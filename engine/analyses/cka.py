@@ -30,8 +30,10 @@ from .. import stats as stats_mod
 from ..errors import VitseeError
 from ..store import Store
 from ..zoo_store import batch_grams, gram_batch_size, keeps_grams
-from .base import (MIN_BATCH, Analysis, AnalyzeConfig, StepFn, _check_ready, _device, _emit, _Lazy, _Prefetch, _read_batch, _save,
-                   _with_stats, batch_plan)
+from .base import (MIN_BATCH, AnalyzeConfig, LazyBatch, Prefetch, StepFn, batch_plan, check_ready, emit, read_batch,
+                   resolve_device, save_result, with_stats)
+from .contract import Request, Result
+from .similarity import LayerMatrix, matrix_block
 from ..lazy import lazy_module
 
 torch = lazy_module("torch")  # reading a cached result needs numpy only; torch is imported by the first computation
@@ -671,20 +673,20 @@ def cka_params(store: Store, cfg: AnalyzeConfig) -> dict:
         "seed": cfg.seed if cfg.shuffles else None,
         "n_images": store.n_images,
     }
-    return _with_stats(params, cfg, cfg.permutations)
+    return with_stats(params, cfg, cfg.permutations)
 
 
-def _cka_slots(params: dict) -> int:
+def cka_slots(params: dict) -> int:
     """Returns how many batches one pass (shuffle) over the images has: the per-batch slots of the statistics."""
     return -(-params["n_images"] // params["batch_size"])
 
 
-def _cka_accumulator(n_layers: int, device, params: dict, shuffle: int) -> MinibatchCKA:
+def cka_accumulator(n_layers: int, device, params: dict, shuffle: int) -> MinibatchCKA:
     """Returns the accumulator of one shuffle, keeping per-batch terms and permutations when params ask for them."""
     st = params.get("stats")
     if st is None:
         return MinibatchCKA(n_layers, device)
-    return MinibatchCKA(n_layers, device, batch_slots=_cka_slots(params) if st["ci"] else 0,
+    return MinibatchCKA(n_layers, device, batch_slots=cka_slots(params) if st["ci"] else 0,
                                 permutations=st["permutations"], seed=[st["seed"], shuffle])
 
 
@@ -700,15 +702,15 @@ def compute_cka(store: Store, params: dict, device: torch.device, progress: Step
     columns = [(m, layer) for m in models for layer in params["layers"][m]]
     datasets = [store.layer_dataset(m, layer) for m, layer in columns]
     full_plan = batch_plan(params["n_images"], params["batch_size"], params["shuffles"], params["seed"] or 0)
-    slots = _cka_slots(params)
+    slots = cka_slots(params)
     plan = [(k, rows, i % slots) for i, (k, rows) in enumerate(full_plan)]  # slot: the batch's index in its shuffle
     if share is not None:
         plan = plan[share[0] :: share[1]]
     n_shuffles = max(1, params["shuffles"])
-    accumulators = [_cka_accumulator(len(columns), device, params, k) for k in range(n_shuffles)]
+    accumulators = [cka_accumulator(len(columns), device, params, k) for k in range(n_shuffles)]
     pinned = device.type == "cuda"
-    jobs = ((rows, lambda r, ds=ds: _read_batch(ds, r, pinned)) for _, rows, _ in plan for ds in datasets)
-    prefetch = _Prefetch(jobs)
+    jobs = ((rows, lambda r, ds=ds: read_batch(ds, r, pinned)) for _, rows, _ in plan for ds in datasets)
+    prefetch = Prefetch(jobs)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a short last batch is reported once below, not per shuffle
@@ -717,8 +719,8 @@ def compute_cka(store: Store, params: dict, device: torch.device, progress: Step
                     for _ in datasets:
                         prefetch.get()
                 else:
-                    accumulators[k].update([_Lazy((len(rows), *ds.shape[1:]), prefetch) for ds in datasets], slot=slot)
-                _emit(progress, "cka", b + 1, len(plan))
+                    accumulators[k].update([LazyBatch((len(rows), *ds.shape[1:]), prefetch) for ds in datasets], slot=slot)
+                emit(progress, "cka", b + 1, len(plan))
     finally:
         prefetch.close()
     states = torch.stack([acc.state for acc in accumulators])  # (K, L*L + 1)
@@ -731,7 +733,7 @@ def finish_cka(states: torch.Tensor, columns: list[tuple[str, str]], params: dic
     matrices, per_shuffle = [], []
     st = params.get("stats")
     for k, state in enumerate(states):
-        acc = _cka_accumulator(len(columns), "cpu", params, k)
+        acc = cka_accumulator(len(columns), "cpu", params, k)
         acc.state = state.cpu().to(torch.float64)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -748,10 +750,10 @@ def finish_cka(states: torch.Tensor, columns: list[tuple[str, str]], params: dic
         "shuffle_std": np.std(matrices, axis=0) if len(matrices) > 1 else np.zeros_like(matrix),
         "dropped_per_shuffle": np.array(dropped),
     }
-    return arrays | _pooled_stats(per_shuffle)
+    return arrays | pooled_stats(per_shuffle)
 
 
-def _pooled_stats(per_shuffle: list[dict]) -> dict:
+def pooled_stats(per_shuffle: list[dict]) -> dict:
     """Returns the statistics arrays of a CKA-like result from each shuffle's `MinibatchCKA.statistics()`."""
     if not per_shuffle:
         return {}
@@ -762,11 +764,11 @@ def _pooled_stats(per_shuffle: list[dict]) -> dict:
     return out
 
 
-def run_cka(store: Store, cfg: AnalyzeConfig, progress: StepFn | None = None) -> dict:
+def run_cka(store: Store, cfg: AnalyzeConfig, progress: StepFn | None = None) -> Result:
     """Returns the CKA result (cached or computed): `matrix` (L, L) over all models' layers."""
-    _check_ready(store, store.models)
+    check_ready(store, store.models)
     params = cka_params(store, cfg)
-    cached = None if cfg.recompute else store.get_result("cka", params)
+    cached = None if cfg.recompute else Result.load(store, "cka", params)
     if cached is not None:
         return cached
     if store.streaming:
@@ -777,17 +779,17 @@ def run_cka(store: Store, cfg: AnalyzeConfig, progress: StepFn | None = None) ->
             f"unbiased HSIC needs at least {MIN_BATCH}; pick --batch-size to avoid it",
             stacklevel=2,
         )
-    out = compute_cka(store, params, _device(cfg.device), progress)
+    out = compute_cka(store, params, resolve_device(cfg.device), progress)
     arrays = finish_cka(out["states"], out["columns"], params)
-    return _save(store, "cka", params, arrays)
+    return save_result(store, "cka", params, arrays)
 
 
-def _streamed_cka(store: Store, cfg: AnalyzeConfig, params: dict) -> dict:
+def _streamed_cka(store: Store, cfg: AnalyzeConfig, params: dict) -> Result:
     """Returns the CKA a streaming extraction cached, when the asked-for settings allow it; without the
     activations no other estimate can be made."""
     streamed = streamed_cka_params(store)
     if cfg.any_cka_estimate and not cfg.recompute:
-        return store.get_result("cka", streamed) or save_streamed_cka(store)
+        return Result.load(store, "cka", streamed) or save_streamed_cka(store)
     raise VitseeError(
         f"{store.path} was extracted with --streaming: its CKA was computed during extraction with batch size "
         f"{streamed['batch_size']} in store order, without intervals or p-values (--batch-size {streamed['batch_size']} "
@@ -796,17 +798,10 @@ def _streamed_cka(store: Store, cfg: AnalyzeConfig, params: dict) -> dict:
     )
 
 
-def cka_block(result: dict, store_models: Sequence[str], model_a: str, model_b: str | None = None,
+def cka_block(result: Result, model_a: str, model_b: str | None = None,
               key: str = "matrix") -> tuple[np.ndarray, list[str], list[str]]:
-    """Returns (matrix, row layers, col layers) of model_a x model_b (model_b defaults to model_a); key names
-    another (L, L) array of the result to cut the same block from (ci_low, ci_high, p_value)."""
-    model_b = model_b or model_a
-    models = result["_params"]["models"]
-    ia, ib = models.index(model_a), models.index(model_b)
-    rows = np.flatnonzero(result["model"] == ia)
-    cols = np.flatnonzero(result["model"] == ib)
-    layers = [str(x) for x in result["layer"]]
-    return result[key][np.ix_(rows, cols)], [layers[i] for i in rows], [layers[i] for i in cols]
+    """Returns (matrix, row layers, col layers) of model_a x model_b of a CKA result (see similarity.matrix_block)."""
+    return matrix_block(result, model_a, model_b, key)
 
 
 # --- streamed (extract --streaming) ----------------------------------------------------------------
@@ -837,7 +832,7 @@ def cka_from_grams(store: Store, columns: Sequence[tuple[str, str]], device=None
     return acc
 
 
-def save_streamed_cka(store: Store) -> dict:
+def save_streamed_cka(store: Store) -> Result:
     """Caches the CKA of a finished streaming run, from the accumulator it stored (or the Grams it kept)."""
     if keeps_grams(store):
         params = streamed_cka_params(store)
@@ -845,7 +840,7 @@ def save_streamed_cka(store: Store) -> dict:
         state = cka_from_grams(store, columns).state
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return _save(store, "cka", params, finish_cka(state[None], columns, params))
+            return save_result(store, "cka", params, finish_cka(state[None], columns, params))
     saved = store.streamed_cka_state()
     if saved is None:
         raise VitseeError(f"{store.path} has no finished batch to compute CKA from: rerun the same `vitsee extract --streaming` command")
@@ -856,7 +851,7 @@ def save_streamed_cka(store: Store) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a batch under 4 images was skipped; the result records it
         arrays = finish_cka(torch.as_tensor(state)[None], columns, params)
-    return _save(store, "cka", params, arrays)
+    return save_result(store, "cka", params, arrays)
 
 
 def streaming_accumulator(store: Store, n_columns: int, device, first: int) -> MinibatchCKA:
@@ -878,26 +873,24 @@ def stream_batch(acc: MinibatchCKA, feats: list) -> torch.Tensor:
     return acc.state.clone()
 
 
-# --- view and registration ------------------------------------------------------------------------
+# --- the analysis ----------------------------------------------------------------------------------
 
 
-def view_fields(result: dict, keys: list[str], info: dict, layer: str | None = None) -> dict:
-    """Returns the fields of the View of cka:A[:B] (views.View(**fields)): the A x B block of the joint matrix."""
-    a, b = keys[0], keys[-1]
-    matrix, rows, cols = cka_block(result, result["_params"]["models"], a, b)
-    title = f"CKA {a}" if a == b else f"CKA {a} (rows) x {b} (cols)"
-    params = dict(result["_params"])
-    params.pop("layers", None)
-    block = {name: cka_block(result, result["_params"]["models"], a, b, key=name)[0]
-             for name in ("ci_low", "ci_high", "p_value") if name in result}
-    extra = {"n_batches": int(result["n_batches"])} if "n_batches" in result else {}
-    return dict(kind="cka", spec="", title=title, subtitle="", matrix=matrix, rows=rows, cols=cols, value_name="CKA",
-                vmin=0.0, vmax=1.0, params=params, extra=extra, models=[a, b], **block)
+class LinearCKA(LayerMatrix):
+    """Linear CKA between every pair of layers of the store's models (paper Fig. 1, 2): one joint matrix,
+    estimated over minibatches, with bootstrap intervals and permutation p-values when asked for."""
 
+    name = "cka"
+    label = "CKA"
+    title = "linear CKA between layers, within a model and across two (minibatch, unbiased HSIC)"
+    figures = ("1", "2")
+    order = 10
+    tooltip = "Show the CKA heatmap"
+    option_help = "CKA within every model and across every pair"
+    cost = 1
 
-SPEC = Analysis(
-    name="cka", identity=("models", "layers", "n_images"),
-    params=lambda store, keys, layer, cfg: cka_params(store, cfg),
-    run=lambda store, keys, layer, cfg, progress=None: run_cka(store, cfg, progress),
-    view=view_fields, applies=lambda store, key: True, figure="cka", models=(1, 2), usage="cka:MODEL_A[:MODEL_B]",
-)
+    def params(self, store: Store, request: Request, cfg: AnalyzeConfig) -> dict:
+        return cka_params(store, cfg)
+
+    def run(self, store: Store, request: Request, cfg: AnalyzeConfig, progress: StepFn | None = None) -> Result:
+        return run_cka(store, cfg, progress)

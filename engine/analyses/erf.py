@@ -15,8 +15,8 @@ and its map left empty (measured on vit_tiny / resnet18 at random init: 5.6e-8 f
 other layer).
 
 The pure core is `input_gradients` (a model, hooks and a batch in, per-layer |gradient| maps out) and
-`normalised`; `run_erf` is the store-facing runner, `erf_params` its cache key, `view_fields` its view, `SPEC`
-its entry in the registry (engine/analyses/__init__.py).
+`normalised`; `run_erf` is the store-facing runner, `erf_params` its cache key, and `ReceptiveFields` its contract
+(view, to which models it applies, its dossier section: engine/analyses/contract.py).
 """
 from __future__ import annotations
 
@@ -40,7 +40,8 @@ torch = lazy_module("torch")  # imported on first use: a cached ERF view is read
 models_mod = lazy_module("vitsee.engine.models")
 
 # the shared plumbing of the store-facing runners (device, progress, caching with provenance)
-from .base import Analysis, _device, _emit, _save
+from .base import AnalyzeConfig, StepFn, emit, resolve_device, save_result
+from .contract import Analysis, AnalysisOption, DossierEntry, Request, Result, Shape, View
 
 ANALYSIS = "erf"
 IDENTITY = ("model", "layers", "n_images")  # any number of averaged images serves a view that asked for none
@@ -146,13 +147,27 @@ def normalised(total: np.ndarray) -> np.ndarray:
 def check_reloadable_store(store: Store) -> None:
     """Refuses a streaming store: it keeps no model input to take gradients against."""
     if store.streaming:
-        raise VitseeError(
-            f"{store.path} was extracted with --streaming, which keeps no model input, so effective receptive "
-            "fields cannot be computed: re-extract without --streaming into another store"
-        )
+        raise VitseeError(streaming_reason(store))
 
 
-def _taps(store: Store, key: str, info: dict) -> dict[str, Tap]:
+def streaming_reason(store: Store) -> str:
+    """Returns why a streaming store has no effective receptive fields: it keeps no model input."""
+    return (f"{store.path} was extracted with --streaming, which keeps no model input, so effective receptive "
+            "fields cannot be computed: re-extract without --streaming into another store")
+
+
+def features_reason(key: str) -> str:
+    """Returns why a model made from another tool's activations (vitsee.from_features) has no ERF."""
+    return (f"{key} holds another tool's activations, not a model vitsee can rebuild: effective receptive "
+            "fields need the model, extracted with `vitsee extract --model NAME`")
+
+
+def no_centre_reason(key: str) -> str:
+    """Returns why a model has no effective receptive field: no stored layer has a centre position."""
+    return f"{key} has no layer with a token grid or feature map: effective receptive fields need one"
+
+
+def centre_taps(store: Store, key: str, info: dict) -> dict[str, Tap]:
     """Returns the layers that have a centre position (tokens on the grid, feature maps) and their taps."""
     taps = {}
     if is_features_model(info):  # vitsee.from_features: no model to take gradients through
@@ -177,11 +192,10 @@ def erf_params(store: Store, model: str, cfg) -> dict:
     key = store.resolve_model(model)
     info = store.model_info(key)
     if is_features_model(info):
-        raise VitseeError(f"{key} holds another tool's activations, not a model vitsee can rebuild: effective receptive "
-                          "fields need the model, extracted with `vitsee extract --model NAME`")
-    layers = list(_taps(store, key, info))
+        raise VitseeError(features_reason(key))
+    layers = list(centre_taps(store, key, info))
     if not layers:
-        raise VitseeError(f"{key} has no layer with a token grid or feature map: effective receptive fields need one")
+        raise VitseeError(no_centre_reason(key))
     images = int(getattr(cfg, "erf_images", DEFAULT_IMAGES))
     if images < 1:
         raise VitseeError(f"--erf-images must be at least 1, got {images}")
@@ -236,18 +250,18 @@ def _check_reproduces(store: Store, key: str, model: nn.Module, x: torch.Tensor,
         )
 
 
-def run_erf(store: Store, model: str, cfg, progress=None) -> dict:
+def run_erf(store: Store, model: str, cfg, progress=None) -> Result:
     """Returns the ERF result (cached or computed): `maps` (layers, H, W), each summing to 1, over the first
     erf_images images of the store."""
     params = erf_params(store, model, cfg)
     key = params["model"]
     store.require_complete(key)
-    cached = None if cfg.recompute else store.get_result(ANALYSIS, params)
+    cached = None if cfg.recompute else Result.load(store, ANALYSIS, params)
     if cached is not None:
         return cached
-    device = _device(cfg.device)
+    device = resolve_device(cfg.device)
     loaded = reload_model(store, key, device)
-    taps = {layer: tap for layer, tap in _taps(store, key, store.model_info(key)).items() if layer in params["layers"]}
+    taps = {layer: tap for layer, tap in centre_taps(store, key, store.model_info(key)).items() if layer in params["layers"]}
     n = params["erf_images"]
     total: dict[str, np.ndarray] = {}
     reference: dict[str, float] = {}
@@ -262,13 +276,13 @@ def run_erf(store: Store, model: str, cfg, progress=None) -> dict:
         for layer, g in grads.items():
             total[layer] = total.get(layer, 0.0) + g.double().sum(dim=0).cpu().numpy()
             first.setdefault(layer, float(total[layer].sum()))
-        _emit(progress, f"erf {key}", b + 1, len(starts))
+        emit(progress, f"erf {key}", b + 1, len(starts))
     flat = np.array([no_field(first[layer], reference[layer]) for layer in params["layers"]])
     maps = normalised(np.stack([total[layer] / n for layer in params["layers"]]))  # mean over images, then sum 1
     maps[flat] = np.nan  # rounding noise, not a field
     _, h, w = store.model_info(key)["data_config"]["input_size"]
-    return _save(store, ANALYSIS, params, {"maps": maps, "layers": np.array(params["layers"]),
-                                           "input_hw": np.array([h, w]), "no_field": flat})
+    return save_result(store, ANALYSIS, params, {"maps": maps, "layers": np.array(params["layers"]),
+                                                 "input_hw": np.array([h, w]), "no_field": flat})
 
 
 # --- the view ---------------------------------------------------------------------------------------------------
@@ -281,37 +295,92 @@ def depths(layers: Sequence[str], count: int = 4) -> list[int]:
     return sorted({round(i * (len(layers) - 1) / (count - 1)) for i in range(count)})
 
 
-def view_fields(result: dict, keys: list[str], layer: str | None) -> dict:
-    """Returns the fields of the View of erf:MODEL[:LAYER] (views.View(**fields)): the H x W map of one layer
-    (default: the first), rows / cols pixel indices, and a few depths' maps for the PNG."""
-    key = keys[0]
-    layers = [str(x) for x in result["layers"]]
-    layer = layer or layers[0]
-    if layer not in layers:
-        raise VitseeError(f"no ERF of layer '{layer}' for {key}: it has {', '.join(layers)}")
-    maps = np.asarray(result["maps"], dtype=float)
-    matrix = maps[layers.index(layer)]
-    finite = matrix[np.isfinite(matrix) & (matrix > 0)]
-    shown = depths(layers)
-    flat = [str(x) for x, f in zip(layers, result.get("no_field", np.zeros(len(layers), bool))) if f]
-    extra = {"layers": layers, "depth_layers": [layers[i] for i in shown],
-             "depth_maps": {layers[i]: maps[i] for i in shown}, "min_positive": float(finite.min()) if finite.size else 0.0,
-             "no_field_layers": flat, **({"no_field": NO_FIELD} if layer in flat else {})}
-    params = dict(result["_params"], layer=layer)
-    params.pop("layers", None)
-    h, w = matrix.shape
-    return dict(kind=ANALYSIS, spec="", title=f"Effective receptive field {key} {layer}", subtitle="", matrix=matrix,
-                rows=[str(i) for i in range(h)], cols=[str(j) for j in range(w)], value_name="ERF (share of |grad|)",
-                vmin=0.0, vmax=float(np.nanmax(matrix)) if np.isfinite(matrix).any() else 1.0, params=params,
-                extra=extra, models=[key])
+def half_mass_radius(erf: np.ndarray) -> float:
+    """Returns the radius in px around the centre pixel (H // 2, W // 2) holding half of the map's total."""
+    h, w = erf.shape
+    yy, xx = np.mgrid[0:h, 0:w]
+    radius = np.hypot(yy - h // 2, xx - w // 2).ravel()
+    order = np.argsort(radius, kind="stable")
+    share = np.nan_to_num(erf.ravel()[order]) / np.nansum(erf)
+    return float(radius[order][np.searchsorted(np.cumsum(share), 0.5 - 1e-12)])
 
 
-SPEC = Analysis(
-    name=ANALYSIS, identity=IDENTITY,
-    params=lambda store, keys, layer, cfg: erf_params(store, keys[0], cfg),
-    run=lambda store, keys, layer, cfg, progress=None: run_erf(store, keys[0], cfg, progress),
-    view=lambda result, keys, info, layer=None: view_fields(result, keys, layer),
-    # it reads the stored inputs and reloads the model
-    applies=lambda store, key: not store.streaming and not is_features_model(store.model_info(key)),
-    figure="erf", layer=True, usage="erf:MODEL[:LAYER]",
-)
+def erf_lines(view: View) -> list[str]:
+    """Returns how spread the layer's effective receptive field is: its half-mass radius and its peak's share."""
+    if view.extra.get("no_field"):  # rounding noise, not a map
+        return [view.extra["no_field"]]
+    erf = np.asarray(view.matrix, dtype=float)
+    h, w = erf.shape
+    return [f"half of |d centre / d input| lies within {half_mass_radius(erf):.1f} px of the centre pixel "
+            f"(input {h}x{w}); the peak pixel holds {np.nanmax(erf) / np.nansum(erf):.2%}"]
+
+
+class ReceptiveFields(Analysis):
+    """Effective receptive fields (paper Fig. 6): the gradient of a layer's centre position with respect to the
+    input, for every stored layer with a centre; the models are reloaded from their record."""
+
+    name = ANALYSIS
+    label = "ERF"
+    title = "effective receptive field of every layer's centre position (mean |d centre / d input|)"
+    figures = ("6",)
+    order = 70
+    shape = Shape.PIXEL_MAP
+    tooltip = "Show the effective receptive fields"
+    option_help = "effective receptive fields of every stored layer (paper Fig. 6); reloads the models"
+    options = (AnalysisOption("erf-images", int, "images the ERF averages over (the store's first N) [default: 32]"),)
+    by_default = False  # asked for: it reloads every model (from the Hub for pretrained weights)
+    cost = 3
+    takes_layer = True
+    needs = frozenset({"input", "weights"})
+    identity = IDENTITY
+    dossier_title = "Effective receptive field"
+    layer_list_title = "ERF of layer (Enter)"
+
+    def not_applicable(self, store: Store, key: str) -> str | None:
+        if store.streaming:  # it reads the stored inputs
+            return streaming_reason(store)
+        if is_features_model(store.model_info(key)):  # and reloads the model
+            return features_reason(key)
+        if not centre_taps(store, key, store.model_info(key)):
+            return no_centre_reason(key)
+        return None
+
+    def layer_choices(self, store: Store, key: str) -> list[str]:
+        return [] if store.streaming else list(centre_taps(store, key, store.model_info(key)))
+
+    def layer_missing(self, layer: str) -> str:
+        return f"{layer} has no centre position for a receptive field"
+
+    def params(self, store: Store, request: Request, cfg: AnalyzeConfig) -> dict:
+        return erf_params(store, request.keys[0], cfg)
+
+    def run(self, store: Store, request: Request, cfg: AnalyzeConfig, progress: StepFn | None = None) -> Result:
+        return run_erf(store, request.keys[0], cfg, progress)
+
+    def view(self, result: Result, request: Request, info: dict) -> View:
+        """Returns the H x W map of one layer (default: the first), rows / cols pixel indices, and a few depths'
+        maps for the PNG."""
+        key, layer = request.keys[0], request.layer
+        layers = [str(x) for x in result["layers"]]
+        layer = layer or layers[0]
+        if layer not in layers:
+            raise VitseeError(f"no ERF of layer '{layer}' for {key}: it has {', '.join(layers)}")
+        maps = np.asarray(result["maps"], dtype=float)
+        matrix = maps[layers.index(layer)]
+        finite = matrix[np.isfinite(matrix) & (matrix > 0)]
+        shown = depths(layers)
+        flat = [str(x) for x, f in zip(layers, result.get("no_field", np.zeros(len(layers), bool))) if f]
+        extra = {"layers": layers, "depth_layers": [layers[i] for i in shown],
+                 "depth_maps": {layers[i]: maps[i] for i in shown},
+                 "min_positive": float(finite.min()) if finite.size else 0.0,
+                 "no_field_layers": flat, **({"no_field": NO_FIELD} if layer in flat else {})}
+        params = dict(result.params, layer=layer)
+        params.pop("layers", None)
+        h, w = matrix.shape
+        return View(self.name, "", f"Effective receptive field {key} {layer}", "", matrix, [str(i) for i in range(h)],
+                    [str(j) for j in range(w)], "ERF (share of |grad|)", 0.0,
+                    float(np.nanmax(matrix)) if np.isfinite(matrix).any() else 1.0, params=params, extra=extra,
+                    models=[key])
+
+    def dossier_section(self, view: View, layer: str, note: str = "") -> DossierEntry:
+        return DossierEntry(layer, erf_lines(view))

@@ -7,8 +7,8 @@ project's minibatch unbiased CKA (cka.MinibatchCKA) with the batches of the CKA 
 accumulated only between the heads and the other model's layers.
 
 The pure core is `HeadCKA` (per-batch head outputs and layer activations in, a heads x layers matrix out);
-`run_heads` is the store-facing runner, `heads_params` its cache key, `view_fields` its view, `SPEC` its entry in
-the registry (engine/analyses/__init__.py).
+`run_heads` is the store-facing runner, `heads_params` its cache key, and `HeadCKAAnalysis` its contract (view,
+to which models it applies, how it is found in the registry: engine/analyses/contract.py).
 
 A streaming extraction with `--heads` keeps no head outputs: `StreamedHeads` adds each batch's heads to one HeadCKA
 per ViT (against every layer of the run's other models) as the forward pass makes them, the store keeps its state
@@ -26,9 +26,11 @@ from .cka import MinibatchCKA
 from ..errors import VitseeError
 from ..store import Store, read_rows
 
-# the shared plumbing of the store-facing runners (batches by global index, device, caching with provenance)
-from .base import Analysis, AnalyzeConfig, _check_ready, _device, _emit, _save, batch_plan
 from ..lazy import lazy_module
+
+# the shared plumbing of the store-facing runners (batches by global index, device, caching with provenance)
+from .base import AnalyzeConfig, StepFn, batch_plan, check_ready, emit, resolve_device, save_result
+from .contract import Analysis, Request, Result, Shape, View
 
 torch = lazy_module("torch")  # reading a cached result needs numpy only; torch is imported by the first computation
 
@@ -101,36 +103,54 @@ class _LazyHead:
 
 
 def pairs(store: Store) -> list[tuple[str, str]]:
-    """Returns every (ViT with stored or streamed head outputs, other model) pair of the store."""
-    vits = [m for m in store.models if store.head_blocks(m)]
-    out = [(v, o) for v in vits for o in store.models if o != v]
+    """Returns every (ViT with stored or streamed head outputs, other model) pair of the store (none: a
+    VitseeError that says why)."""
+    out = _pairs(store)
     if not out:
-        _refuse_streaming(store)
-        why = ("no model has stored head outputs (they are recorded for ViT-like models by this vitsee's extract)"
-               if not vits else "head-level CKA compares a ViT with another model and the store holds one")
-        raise VitseeError(f"{store.path}: {why}: extract a ViT and e.g. a ResNet into the store (`vitsee extract STORE --model NAME`)")
+        raise VitseeError(no_pairs_reason(store))
     return out
 
 
-def _refuse_streaming(store: Store) -> None:
-    """Refuses head-level CKA of a streaming store that did not accumulate it (extracted without --heads)."""
+def _pairs(store: Store) -> list[tuple[str, str]]:
+    vits = [m for m in store.models if store.head_blocks(m)]
+    return [(v, o) for v in vits for o in store.models if o != v]
+
+
+def no_pairs_reason(store: Store) -> str:
+    """Returns why a store has no pair for head-level CKA (a ViT with head outputs and another model)."""
+    streaming = _streaming_reason(store)
+    if streaming:
+        return streaming
+    why = ("no model has stored head outputs (they are recorded for ViT-like models by this vitsee's extract)"
+           if not any(store.head_blocks(m) for m in store.models)
+           else "head-level CKA compares a ViT with another model and the store holds one")
+    return f"{store.path}: {why}: extract a ViT and e.g. a ResNet into the store (`vitsee extract STORE --model NAME`)"
+
+
+def _streaming_reason(store: Store) -> str | None:
+    """Returns why a streaming store that did not accumulate head-level CKA (extracted without --heads) has none."""
     if store.streaming and not store.streamed_heads():
-        raise VitseeError(
-            f"{store.path} was extracted with --streaming without --heads, which keeps no head outputs, so "
-            "head-level CKA cannot be computed: re-extract with --streaming --heads (or without --streaming) into another store"
-        )
+        return (f"{store.path} was extracted with --streaming without --heads, which keeps no head outputs, so "
+                "head-level CKA cannot be computed: re-extract with --streaming --heads (or without --streaming) into "
+                "another store")
+    return None
+
+
+def no_head_outputs_reason(key: str) -> str:
+    """Returns why a model has no head-level CKA: no head outputs were stored for it."""
+    return (f"{key} has no stored head outputs: they are recorded for ViT-like models at extraction; "
+            "re-extract it with this vitsee (`vitsee extract STORE --model NAME --overwrite`)")
 
 
 def heads_params(store: Store, vit: str, other: str, cfg) -> dict:
     """Returns the cache key of heads:VIT:OTHER: what it is about, and the CKA estimator's settings."""
     vit, other = store.resolve_model(vit), store.resolve_model(other)
-    _refuse_streaming(store)
+    streaming = _streaming_reason(store)
+    if streaming:
+        raise VitseeError(streaming)
     blocks = store.head_blocks(vit)
     if not blocks:
-        raise VitseeError(
-            f"{vit} has no stored head outputs: they are recorded for ViT-like models at extraction; "
-            "re-extract it with this vitsee (`vitsee extract STORE --model NAME --overwrite`)"
-        )
+        raise VitseeError(no_head_outputs_reason(vit))
     batch_size = min(cfg.batch_size, store.n_images)
     return {"vit": vit, "other": other, "blocks": blocks, "layers": store.layers(other), "batch_size": batch_size,
             "shuffles": cfg.shuffles, "seed": cfg.seed if cfg.shuffles else None, "n_images": store.n_images}
@@ -150,18 +170,18 @@ def mean_distances(store: Store, vit: str, blocks: Sequence[str]) -> np.ndarray:
     return np.concatenate([mean[int(b.rsplit(".", 1)[1])] for b in blocks])
 
 
-def run_heads(store: Store, vit: str, other: str, cfg, progress=None) -> dict:
+def run_heads(store: Store, vit: str, other: str, cfg, progress=None) -> Result:
     """Returns the head-level CKA result (cached or computed): `cka` (heads, layers) with rows blocks.B.head.H,
     the other model's layers as columns, and each head's mean attention distance `distance_px`."""
     params = heads_params(store, vit, other, cfg)
     vit, other = params["vit"], params["other"]
-    _check_ready(store, [vit, other])
-    cached = None if cfg.recompute else store.get_result(ANALYSIS, params)
+    check_ready(store, [vit, other])
+    cached = None if cfg.recompute else Result.load(store, ANALYSIS, params)
     if cached is not None:
         return cached
     if store.streaming:
         return _streamed_heads(store, vit, other, cfg)
-    device = _device(cfg.device)
+    device = resolve_device(cfg.device)
     blocks, layers = params["blocks"], params["layers"]
     head_ds = [store.model_group(vit)["heads"][b] for b in blocks]
     n_heads = int(head_ds[0].shape[1])
@@ -174,9 +194,9 @@ def run_heads(store: Store, vit: str, other: str, cfg, progress=None) -> dict:
             blocks_read = [_BlockHeads(ds, rows, n_heads) for ds in head_ds]
             heads = [block.head(h) for block in blocks_read for h in range(n_heads)]
             accumulators[k].update(heads, [read_rows(ds, rows) for ds in layer_ds])
-            _emit(progress, f"heads {vit} x {other}", b + 1, len(plan))
+            emit(progress, f"heads {vit} x {other}", b + 1, len(plan))
         matrices = [acc.result() for acc in accumulators]
-    return _save(store, ANALYSIS, params, _result_arrays(store, params, n_heads, matrices))
+    return save_result(store, ANALYSIS, params, _result_arrays(store, params, n_heads, matrices))
 
 
 def _result_arrays(store: Store, params: dict, n_heads: int, matrices: Sequence[np.ndarray]) -> dict:
@@ -237,7 +257,7 @@ def streamed_heads_params(store: Store, vit: str, other: str) -> dict:
     return heads_params(store, vit, other, AnalyzeConfig(batch_size=batch_size, shuffles=0))
 
 
-def save_streamed_heads(store: Store, vits: Sequence[str] | None = None) -> list[dict]:
+def save_streamed_heads(store: Store, vits: Sequence[str] | None = None) -> list[Result]:
     """Caches heads:VIT:OTHER for every streamed ViT (or those named) and every other model of a finished
     streaming run, from the accumulators the store kept; returns the results."""
     out = []
@@ -261,17 +281,17 @@ def save_streamed_heads(store: Store, vits: Sequence[str] | None = None) -> list
             if [streamed.columns[i][1] for i in cols] != params["layers"]:
                 raise VitseeError(f"{store.path}: the streamed head-level CKA's layers of {other} do not match the "
                                   "store's: re-extract it with --overwrite")
-            out.append(_save(store, ANALYSIS, params, _result_arrays(store, params, streamed.n_heads, [matrix[:, cols]])))
+            out.append(save_result(store, ANALYSIS, params, _result_arrays(store, params, streamed.n_heads, [matrix[:, cols]])))
     return out
 
 
-def _streamed_heads(store: Store, vit: str, other: str, cfg) -> dict:
+def _streamed_heads(store: Store, vit: str, other: str, cfg) -> Result:
     """Returns the head-level CKA a streaming extraction cached, when the asked-for settings allow it; without
     the head outputs no other estimate can be made."""
     streamed = streamed_heads_params(store, vit, other)
     if cfg.any_cka_estimate and not cfg.recompute:
-        cached = store.get_result(ANALYSIS, streamed)
-        return cached if cached is not None else next(r for r in save_streamed_heads(store, [vit]) if r["_params"]["other"] == other)
+        cached = Result.load(store, ANALYSIS, streamed)
+        return cached if cached is not None else next(r for r in save_streamed_heads(store, [vit]) if r.params["other"] == other)
     raise VitseeError(
         f"{store.path} was extracted with --streaming: its head-level CKA was computed during extraction with batch "
         f"size {streamed['batch_size']} in store order (--batch-size {streamed['batch_size']} --shuffles 0), and other "
@@ -290,25 +310,58 @@ def most_similar_layer(matrix: np.ndarray) -> int:
     return int(np.argmax(means))
 
 
-def view_fields(result: dict, keys: list[str]) -> dict:
-    """Returns the fields of the View of heads:VIT:OTHER (views.View(**fields)): heads x layers CKA, with
-    distance_px, block and head per row, and the layer the paper's scatter plots by default (`scatter_col`,
-    the most similar on average)."""
-    vit, other = keys[0], keys[1]
-    matrix = np.asarray(result["cka"], dtype=float)
-    extra = {"distance_px": np.asarray(result["distance_px"], dtype=float), "block": result["block"],
-             "head": result["head"], "scatter_col": most_similar_layer(matrix)}
-    params = {k: v for k, v in result["_params"].items() if k != "layers"}
-    return dict(kind=ANALYSIS, spec="", title=f"Head-level CKA {vit} heads (rows) x {other} (cols)", subtitle="",
-                matrix=matrix, rows=[str(r) for r in result["rows"]], cols=[str(c) for c in result["cols"]],
-                value_name="CKA", vmin=0.0, vmax=1.0, params=params, extra=extra, models=[vit, other])
+class HeadCKAAnalysis(Analysis):
+    """Head-level CKA (paper Fig. 5): every head of a ViT against every layer of another model, beside the head's
+    mean attention distance."""
 
+    name = ANALYSIS
+    label = "Heads"
+    title = "CKA of every ViT head with every layer of another model, against the head's attention distance"
+    figures = ("5",)
+    order = 60
+    shape = Shape.HEADS_BY_LAYER
+    tooltip = "Show each ViT head's CKA with another model against its attention distance"
+    option_help = "head-level CKA: each ViT head against the other models' layers (paper Fig. 5)"
+    by_default = False  # asked for: `vitsee analyze --heads`
+    cost = 1
+    models = (2, 2)
+    model_words = ("VIT", "OTHER")
+    model_fields = ("model", "other")
+    needs = frozenset({"head outputs", "activations"})
+    identity = IDENTITY
+    layer_list_title = "Other model's layer (Enter)"
 
-SPEC = Analysis(
-    name=ANALYSIS, identity=IDENTITY,
-    params=lambda store, keys, layer, cfg: heads_params(store, keys[0], keys[1], cfg),
-    run=lambda store, keys, layer, cfg, progress=None: run_heads(store, keys[0], keys[1], cfg, progress),
-    view=lambda result, keys, info, layer=None: view_fields(result, keys),
-    applies=lambda store, key: bool(store.head_blocks(key)),  # the ViT side of a pair (stored or streamed heads)
-    figure="heads", models=(2, 2), usage="heads:VIT:OTHER",
-)
+    def not_applicable(self, store: Store, key: str) -> str | None:
+        """Returns why model `key`'s heads cannot be compared (it is the ViT side of a pair), or None."""
+        streaming = _streaming_reason(store)
+        if streaming:
+            return streaming
+        if not store.head_blocks(key):
+            return no_head_outputs_reason(key)
+        if len(store.models) < 2:
+            return "head-level CKA compares a ViT with another model: extract one into this store"
+        return None
+
+    def refusal(self, store: Store) -> str:
+        return no_pairs_reason(store)
+
+    def requests(self, store: Store) -> list[Request]:
+        return [Request(self.name, (vit, other)) for vit, other in _pairs(store)]
+
+    def params(self, store: Store, request: Request, cfg: AnalyzeConfig) -> dict:
+        return heads_params(store, request.keys[0], request.keys[1], cfg)
+
+    def run(self, store: Store, request: Request, cfg: AnalyzeConfig, progress: StepFn | None = None) -> Result:
+        return run_heads(store, request.keys[0], request.keys[1], cfg, progress)
+
+    def view(self, result: Result, request: Request, info: dict) -> View:
+        """Returns heads x layers CKA, with distance_px, block and head per row, and the layer the paper's scatter
+        plots by default (`scatter_col`, the most similar on average)."""
+        vit, other = request.keys[0], request.keys[1]
+        matrix = np.asarray(result["cka"], dtype=float)
+        extra = {"distance_px": np.asarray(result["distance_px"], dtype=float), "block": result["block"],
+                 "head": result["head"], "scatter_col": most_similar_layer(matrix)}
+        params = {k: v for k, v in result.params.items() if k != "layers"}
+        return View(self.name, "", f"Head-level CKA {vit} heads (rows) x {other} (cols)", "", matrix,
+                    [str(r) for r in result["rows"]], [str(c) for c in result["cols"]], "CKA", 0.0, 1.0, params=params,
+                    extra=extra, models=[vit, other])

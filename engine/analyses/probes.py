@@ -32,8 +32,10 @@ from .. import stats as stats_mod
 from ..errors import VitseeError
 from ..stats import clopper_pearson
 from ..store import Store, read_rows
-from .base import NO_CLS, Analysis, AnalyzeConfig, StepFn, _device, _emit, _save, _with_interval, has_cls_token, no_cls
 from ..lazy import lazy_module
+from .base import (NO_CLS, AnalyzeConfig, StepFn, emit, has_cls_token, no_cls, resolve_device, save_result,
+                   with_interval)
+from .contract import Analysis, AnalysisOption, DossierEntry, Request, Result, Shape, View, streaming_reason
 
 torch = lazy_module("torch")  # reading a cached result needs numpy only; torch is imported by the first computation
 
@@ -695,7 +697,7 @@ def fit_probes(
     _check_pass("holdout", holdout, labels[split.holdout])
     del grid  # frees the (P, D, R) eigenvectors before the refit needs its own
     holdout_accuracy = correct.cpu().numpy() / len(split.holdout)  # (P, L)
-    best = _best_ratio(holdout_accuracy, squared.cpu().numpy())  # (P,)
+    best = best_ratio(holdout_accuracy, squared.cpu().numpy())  # (P,)
 
     train = fit.merge(holdout)
     l2 = torch.as_tensor(ratios[best], device=train.device) * train.feature_scale()  # (P,)
@@ -779,7 +781,7 @@ def _synchronize(device: torch.device) -> None:
 # Small helpers
 
 
-def _best_ratio(accuracy: np.ndarray, squared_error: np.ndarray) -> np.ndarray:
+def best_ratio(accuracy: np.ndarray, squared_error: np.ndarray) -> np.ndarray:
     """Return per probe the grid index with the best held-out accuracy (P, L) -> (P,).
 
     On a small held-out part many penalties tie on accuracy (8 images score 0/8 .. 8/8); the tie goes to the
@@ -937,7 +939,7 @@ def _eye(n: int, like: torch.Tensor) -> torch.Tensor:
 # Store-facing runner
 
 
-def _readouts(store: Store, key: str, layer: str, prefix: int | None = None,
+def probe_readouts(store: Store, key: str, layer: str, prefix: int | None = None,
               cls_token: bool | None = None, layout: str | None = None) -> dict[str, Callable[[np.ndarray], np.ndarray]]:
     """Returns readout name -> function (b, ...) float32 activations -> (b, P, D) features for the probes.
 
@@ -1021,11 +1023,11 @@ def _float32(a: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
 
 
 def probe_params(store: Store, key: str, cfg: AnalyzeConfig) -> dict:
-    return _with_interval({"model": key, "n_images": store.n_images, "seed": cfg.seed, "tokens": cfg.probe_tokens,
+    return with_interval({"model": key, "n_images": store.n_images, "seed": cfg.seed, "tokens": cfg.probe_tokens,
                            "max_token_dim": cfg.probe_max_dim, "l2_ratios": [float(r) for r in L2_RATIOS]}, cfg)
 
 
-def run_probes(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | None = None) -> dict:
+def run_probes(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | None = None) -> Result:
     """Returns test accuracy per layer and readout (CLS, GAP; per-token maps for ViTs), with the split
     and the L2 chosen per probe on a held-out part of the training split."""
     key = store.resolve_model(model)
@@ -1033,15 +1035,12 @@ def run_probes(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | 
     store.require_activations("linear probes cannot be fitted")
     labels = store.labels
     if labels is None:
-        raise VitseeError(
-            f"{store.path} has no labels ({store.dataset_spec}): probes need a labelled dataset "
-            "(digits, synthetic, samples, an image folder with class sub-folders); CKA and the rest still work"
-        )
+        raise VitseeError(no_labels_reason(store))
     params = probe_params(store, key, cfg)
-    cached = None if cfg.recompute else store.get_result("probes", params)
+    cached = None if cfg.recompute else Result.load(store, "probes", params)
     if cached is not None:
         return cached
-    device = _device(cfg.device)
+    device = resolve_device(cfg.device)
     layers = store.layers(key)
     readout_names = ["cls", "gap"]
     table = np.full((len(layers), len(readout_names)), np.nan)
@@ -1057,7 +1056,7 @@ def run_probes(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | 
     fits: list[tuple[int, list[str], object, list, float]] = []
     for li, layer in enumerate(layers):
         ds, layout = store.layer_dataset(key, layer), store.layer_layout(key, layer)
-        readouts = _readouts(store, key, layer, prefixes[li], cls_token, layout)
+        readouts = probe_readouts(store, key, layer, prefixes[li], cls_token, layout)
         names = [n for n in readouts if n in ("cls", "gap", "flat")]
         if cfg.probe_tokens and "tokens" in readouts:
             if ds.shape[-1] <= cfg.probe_max_dim:
@@ -1079,7 +1078,7 @@ def run_probes(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | 
 
     def report(li: int, done: int) -> None:
         read[li] = done
-        _emit(progress, f"probes {key}", sum(read), len(layers) * len(labels), layers[li])
+        emit(progress, f"probes {key}", sum(read), len(layers) * len(labels), layers[li])
 
     def fit(job: int, progress_fn: ProgressFn, workspace: Workspace) -> ProbeResult:
         _, _, ds, fns, _ = fits[job]
@@ -1087,7 +1086,7 @@ def run_probes(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | 
         return fit_probes(_layer_batches(ds, fns, labels, cfg.batch_size, tokens_last), labels, seed=cfg.seed, device=device,
                           progress=progress_fn, workspace=workspace)
 
-    _emit(progress, f"probes {key}", 0, len(layers) * len(labels), layers[fits[0][0]] if fits else "")
+    emit(progress, f"probes {key}", 0, len(layers) * len(labels), layers[fits[0][0]] if fits else "")
     workers = _layer_workers(device, [f[4] for f in fits])
     results = _fit_layers(fit, len(fits), workers, lambda job, done: report(fits[job][0], done))
     for (li, names, ds, _, _), res in zip(fits, results):
@@ -1127,7 +1126,13 @@ def run_probes(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | 
         arrays["ci_low"], arrays["ci_high"] = stats_mod.clopper_pearson(np.round(table * n_test), n_test, params["stats"]["ci"])
     for layer, acc in token_maps.items():
         arrays[f"tokens/{layer}"] = acc
-    return _save(store, "probes", params, arrays)
+    return save_result(store, "probes", params, arrays)
+
+
+def no_labels_reason(store: Store) -> str:
+    """Returns the one line that says why a store's images cannot be probed: they have no labels."""
+    return (f"{store.path} has no labels ({store.dataset_spec}): probes need a labelled dataset "
+            "(digits, synthetic, samples, an image folder with class sub-folders); CKA and the rest still work")
 
 
 # Layers are fitted side by side, one compute thread each, where every fit holds at most this much memory.
@@ -1245,7 +1250,7 @@ def probe_jobs(store: Store, key: str, cfg: AnalyzeConfig) -> list[tuple[str, st
     jobs = []
     for layer in store.layers(key):
         shape = store.layer_shape(key, layer)
-        readouts = _readouts(store, key, layer)
+        readouts = probe_readouts(store, key, layer)
         pooled = [n for n in readouts if n in ("cls", "gap", "flat")]
         jobs.append((layer, "pooled", len(pooled), _feature_width(shape, store.layer_layout(key, layer))))
         if cfg.probe_tokens and "tokens" in readouts and shape[-1] <= cfg.probe_max_dim:
@@ -1256,11 +1261,11 @@ def probe_jobs(store: Store, key: str, cfg: AnalyzeConfig) -> list[tuple[str, st
 def estimate_probe_seconds(store: Store, model: str, cfg: AnalyzeConfig) -> float:
     """Returns the seconds run_probes is expected to compute for (0 when its result is cached)."""
     key = store.resolve_model(model)
-    if store.labels is None or not cfg.recompute and store.get_result("probes", probe_params(store, key, cfg)) is not None:
+    if store.labels is None or not cfg.recompute and Result.load(store, "probes", probe_params(store, key, cfg)) is not None:
         return 0.0
     n_classes = int(store.labels.max()) + 1
     flops = sum(probe_flops(store.n_images, d, p, n_classes) for _, _, p, d in probe_jobs(store, key, cfg))
-    return flops / matmul_flops_per_s(_device(cfg.device))
+    return flops / matmul_flops_per_s(resolve_device(cfg.device))
 
 
 def probe_warning(store: Store, model: str, cfg: AnalyzeConfig, limit_s: float = PROBE_WARN_S) -> str | None:
@@ -1277,52 +1282,130 @@ def probe_warning(store: Store, model: str, cfg: AnalyzeConfig, limit_s: float =
             f"{store.n_images} images; x cancels): narrow them with {narrow}a store of fewer layers (extract --layers NAME,NAME)")
 
 
-# --- view and registration ------------------------------------------------------------------------
+# --- the view and its dossier section --------------------------------------------------------------------
 
 
-def view_fields(r: dict, keys: list[str], info: dict, layer: str | None = None) -> dict:
-    """Returns the fields of the View of probes:MODEL: test accuracy per layer and readout (CLS, GAP, mean over tokens)."""
-    key = keys[0]
-    layers = [str(x) for x in r["layers"]]
-    token_maps = {name.split("/", 1)[1]: v for name, v in r.items() if name.startswith("tokens/")}
-    prefix = int(info.get("num_prefix_tokens") or 0)
-    gh, gw = info.get("grid_size") or (0, 0)
-    if "token_prefix" in r:
-        token_prefix = {layer: int(n) for layer, n in zip(layers, r["token_prefix"])}
-    else:  # results cached before the count was recorded: a layer holds the prefix tokens or none
-        token_prefix = {layer: prefix if len(m) == prefix + gh * gw else 0 for layer, m in token_maps.items()}
-    # the token maps hold the prefix tokens first (CLS...): the mean is over the spatial positions only
-    token_mean = np.array([np.mean(token_maps[layer][token_prefix[layer]:]) if layer in token_maps else np.nan
-                           for layer in layers])
-    matrix = np.column_stack([r["accuracy"], token_mean])
-    cols = ["CLS", "GAP", "tokens (mean)"]
-    skipped = np.zeros(matrix.shape, dtype=np.int64)  # images with non-finite features, per readout not fitted
-    for layer, readout, count in zip(*(np.atleast_1d(r.get(k, [])) for k in ("skipped_layer", "skipped_readout", "skipped_images"))):
-        skipped[layers.index(str(layer)), {"cls": 0, "gap": 1, "tokens": 2}[str(readout)]] = int(count)
-    keep = [i for i in range(matrix.shape[1]) if np.isfinite(matrix[:, i]).any() or skipped[:, i].any()]
-    params = dict(r["_params"], split_seed=r["_params"]["seed"], n_train=int(len(r["split_train"])), n_test=int(len(r["split_test"])))
-    extra = {"token_maps": {k: np.asarray(v) for k, v in token_maps.items()}, "chance": float(r["chance"]), "l2": r["l2"],
-             "grid": list(info.get("grid_size") or []), "prefix_tokens": prefix,
-             "token_prefix": {layer: token_prefix[layer] for layer in token_maps},
-             "tokens_too_wide": [str(x) for x in np.atleast_1d(r.get("tokens_too_wide", []))],
-             "skipped": [{"layer": layers[i], "readout": cols[c], "images": int(skipped[i, c])} for i, c in zip(*np.nonzero(skipped))]}
-    extra["cls_token"] = has_cls_token(info)
-    title = f"Linear probe test accuracy {key}" + (f" ({NO_CLS}: GAP and per-token readouts)" if no_cls(info) else "")
-    ci = {}
-    if "ci_low" in r:  # the token mean: Clopper-Pearson on its mean count, at least as wide as an average of rates
-        n_test, level = params["n_test"], float(r["_params"]["stats"]["ci"])
-        t_low, t_high = clopper_pearson(np.round(token_mean * n_test), n_test, level)
-        ci = {"ci_low": np.column_stack([r["ci_low"], t_low])[:, keep], "ci_high": np.column_stack([r["ci_high"], t_high])[:, keep]}
-    nonfinite = skipped[:, keep] > 0  # a readout left out for NaN/Inf features: marked, not "not computed"
-    return dict(kind="probes", spec="", title=title, subtitle="", matrix=matrix[:, keep], rows=layers,
-                cols=[cols[i] for i in keep], value_name="accuracy", vmin=0.0, vmax=1.0, params=params, extra=extra,
-                models=[key], nonfinite=nonfinite, nonfinite_images=np.where(nonfinite, skipped[:, keep], -1), **ci)
+def probe_lines(view: View, layer: str) -> list[str]:
+    """Returns the layer's test accuracy per readout with its interval, and the best layer of each readout."""
+    r = view.rows.index(layer)
+    cells, best = [], []
+    for c, readout in enumerate(view.cols):
+        if np.isfinite(view.matrix[r, c]):
+            cells.append(f"{readout} {view.matrix[r, c]:.3f}{view.interval_text(r, c)}")
+        else:
+            cells.append(f"{readout} {view.cell_text(r, c, missing='n/a')}")
+        column = np.where(np.isfinite(view.matrix[:, c]), view.matrix[:, c], -np.inf)
+        if np.isfinite(column).any():
+            b = int(np.argmax(column))
+            best.append(f"{readout} {view.rows[b]} {view.matrix[b, c]:.3f}")
+    chance = view.extra.get("chance")
+    tail = f"; chance {float(chance):.3f}" if chance is not None else ""
+    return ["  ".join(cells), f"best: {'  '.join(best)}{tail}"]
 
 
-SPEC = Analysis(
-    name="probes", identity=("model", "n_images", "tokens"),  # a result with a larger max_token_dim only adds token maps
-    params=lambda store, keys, layer, cfg: probe_params(store, keys[0], cfg),
-    run=lambda store, keys, layer, cfg, progress=None: run_probes(store, keys[0], cfg, progress),
-    view=view_fields, applies=lambda store, key: store.labels is not None and not store.streaming, figure="probes",
-    per_model=True, usage="probes:MODEL",
-)
+def skipped_note(view: View) -> str:
+    """Returns, for a probes view, '; not fitted (non-finite features): ...' naming the skipped readouts, else ''."""
+    skipped = view.extra.get("skipped") or []
+    if not skipped:
+        return ""
+    named = ", ".join(f"{s['layer']} {s['readout']} ({s['images']} of {view.n_images} images)" for s in skipped[:4])
+    more = f" and {len(skipped) - 4} more" if len(skipped) > 4 else ""
+    return f"; not fitted, their features hold NaN/Inf: {named}{more} (see `vitsee info`)"
+
+
+def too_wide_note(view: View) -> str:
+    """Returns, for a probes view, '; no per-token maps for ...' naming the layers left out for width, else ''."""
+    wide = view.extra.get("tokens_too_wide") or []
+    if not wide:
+        return ""
+    return (f"; no per-token maps for {len(wide)} layer(s) wider than {view.params.get('max_token_dim')} channels "
+            f"({', '.join(wide[:3])}{', ...' if len(wide) > 3 else ''}): vitsee analyze STORE --probes --probe-max-dim N")
+
+
+class LinearProbes(Analysis):
+    """Linear probes per layer and readout (paper Fig. 11, 13): ridge fits to one-hot labels, test accuracy."""
+
+    name = "probes"
+    label = "Probes"
+    title = "test accuracy of a linear probe per layer and readout (CLS, GAP, per token)"
+    figures = ("11", "13")
+    order = 30
+    shape = Shape.DEPTH_CURVES
+    tooltip = "Show the linear probe accuracies"
+    option_help = "linear probes per layer and readout (needs labels)"
+    options = (AnalysisOption("probe-max-dim", int, "per-token probes for layers up to N channels wide; each token holds "
+                              "an N x N fp64 matrix (ViT-B: 197 x 768 x 768 x 8 B = 0.9 GB) [default: 1024]"),)
+    cost = 2  # the fits take longest: the app caches them last
+    needs = frozenset({"activations", "labels"})
+    identity = ("model", "n_images", "tokens")  # a result with a larger max_token_dim only adds token maps
+    nonfinite_source = "activations"
+    dossier_title = "Linear probes"
+
+    def not_applicable(self, store: Store, key: str) -> str | None:
+        if store.streaming:
+            return streaming_reason(store, "linear probes cannot be fitted")
+        if store.labels is None:
+            return no_labels_reason(store)
+        return None
+
+    def params(self, store: Store, request: Request, cfg: AnalyzeConfig) -> dict:
+        return probe_params(store, request.keys[0], cfg)
+
+    def run(self, store: Store, request: Request, cfg: AnalyzeConfig, progress: StepFn | None = None) -> Result:
+        return run_probes(store, request.keys[0], cfg, progress)
+
+    def preference(self, params: dict) -> float:
+        return params.get("max_token_dim", 0)  # more token maps, the same rest
+
+    def warning(self, store: Store, request: Request, cfg: AnalyzeConfig) -> str | None:
+        return probe_warning(store, request.keys[0], cfg)
+
+    def interval_words(self, view: View, level: str) -> str:
+        return f"{level} Clopper-Pearson interval on {view.params.get('n_test')} test images"
+
+    def caption_notes(self, view: View) -> str:
+        return too_wide_note(view) + skipped_note(view)
+
+    def view(self, result: Result, request: Request, info: dict) -> View:
+        """Returns test accuracy per layer and readout (CLS, GAP, mean over tokens), its own non-finite marks set
+        (the readouts left out for NaN/Inf features)."""
+        r, key = result, request.keys[0]
+        layers = [str(x) for x in r["layers"]]
+        token_maps = {name.split("/", 1)[1]: v for name, v in r.items() if name.startswith("tokens/")}
+        prefix = int(info.get("num_prefix_tokens") or 0)
+        gh, gw = info.get("grid_size") or (0, 0)
+        if "token_prefix" in r:
+            token_prefix = {layer: int(n) for layer, n in zip(layers, r["token_prefix"])}
+        else:  # results cached before the count was recorded: a layer holds the prefix tokens or none
+            token_prefix = {layer: prefix if len(m) == prefix + gh * gw else 0 for layer, m in token_maps.items()}
+        # the token maps hold the prefix tokens first (CLS...): the mean is over the spatial positions only
+        token_mean = np.array([np.mean(token_maps[layer][token_prefix[layer]:]) if layer in token_maps else np.nan
+                               for layer in layers])
+        matrix = np.column_stack([r["accuracy"], token_mean])
+        cols = ["CLS", "GAP", "tokens (mean)"]
+        skipped = np.zeros(matrix.shape, dtype=np.int64)  # images with non-finite features, per readout not fitted
+        for layer, readout, count in zip(*(np.atleast_1d(r.get(k, [])) for k in ("skipped_layer", "skipped_readout", "skipped_images"))):
+            skipped[layers.index(str(layer)), {"cls": 0, "gap": 1, "tokens": 2}[str(readout)]] = int(count)
+        keep = [i for i in range(matrix.shape[1]) if np.isfinite(matrix[:, i]).any() or skipped[:, i].any()]
+        params = dict(r.params, split_seed=r.params["seed"], n_train=int(len(r["split_train"])), n_test=int(len(r["split_test"])))
+        extra = {"token_maps": {k: np.asarray(v) for k, v in token_maps.items()}, "chance": float(r["chance"]), "l2": r["l2"],
+                 "grid": list(info.get("grid_size") or []), "prefix_tokens": prefix,
+                 "token_prefix": {layer: token_prefix[layer] for layer in token_maps},
+                 "tokens_too_wide": [str(x) for x in np.atleast_1d(r.get("tokens_too_wide", []))],
+                 "skipped": [{"layer": layers[i], "readout": cols[c], "images": int(skipped[i, c])} for i, c in zip(*np.nonzero(skipped))]}
+        extra["cls_token"] = has_cls_token(info)
+        title = f"Linear probe test accuracy {key}" + (f" ({NO_CLS}: GAP and per-token readouts)" if no_cls(info) else "")
+        ci = {}
+        if "ci_low" in r:  # the token mean: Clopper-Pearson on its mean count, at least as wide as an average of rates
+            n_test, level = params["n_test"], float(r.params["stats"]["ci"])
+            t_low, t_high = clopper_pearson(np.round(token_mean * n_test), n_test, level)
+            ci = {"ci_low": np.column_stack([r["ci_low"], t_low])[:, keep], "ci_high": np.column_stack([r["ci_high"], t_high])[:, keep]}
+        nonfinite = skipped[:, keep] > 0  # a readout left out for NaN/Inf features: marked, not "not computed"
+        return View(self.name, "", title, "", matrix[:, keep], layers, [cols[i] for i in keep], "accuracy", 0.0, 1.0,
+                    params=params, extra=extra, models=[key], nonfinite=nonfinite,
+                    nonfinite_images=np.where(nonfinite, skipped[:, keep], -1), **ci)
+
+    def dossier_section(self, view: View, layer: str, note: str = "") -> DossierEntry:
+        if layer not in view.rows:
+            return DossierEntry(layer, [f"{layer} was not probed"], False)
+        return DossierEntry(layer, probe_lines(view, layer))

@@ -10,21 +10,23 @@ import numpy as np
 from .. import stats as stats_mod
 from ..errors import VitseeError
 from ..store import Store
-from .base import NO_CLS, Analysis, AnalyzeConfig, RunningMoments, StepFn, _emit, _save, _with_interval, has_cls_token, no_cls
+from .base import (NO_CLS, AnalyzeConfig, RunningMoments, StepFn, emit, has_cls_token, no_cls, save_result,
+                   with_interval)
+from .contract import Analysis, DossierEntry, Request, Result, Shape, View
 
 
 def skip_params(store: Store, key: str, cfg: AnalyzeConfig) -> dict:
-    return _with_interval({"model": key, "n_images": store.n_images}, cfg)
+    return with_interval({"model": key, "n_images": store.n_images}, cfg)
 
 
-def run_skip(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | None = None) -> dict:
+def run_skip(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | None = None) -> Result:
     """Returns skip-connection norm ratios ||z||/||f(z)||: ViT per sublayer x token (mean over images),
     with CLS vs mean of spatial tokens; ResNet per block."""
     key = store.resolve_model(model)
     store.require_complete(key)
     info = store.model_info(key)
     params = skip_params(store, key, cfg)
-    cached = None if cfg.recompute else store.get_result("skip", params)
+    cached = None if cfg.recompute else Result.load(store, "skip", params)
     if cached is not None:
         return cached
     stats = store.stats(key)
@@ -64,9 +66,14 @@ def run_skip(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | No
         if "stats" in params:
             arrays |= _skip_intervals(store, key, ["skip_ratio_block"], arrays, 0, params["stats"]["ci"], False)
     else:
-        raise VitseeError(f"{key} has no skip-connection statistics: they are recorded for ViT-, Mixer- and ResNet-like models")
-    _emit(progress, f"skip {key}", 1, 1)
-    return _save(store, "skip", params, arrays)
+        raise VitseeError(no_skip_reason(key))
+    emit(progress, f"skip {key}", 1, 1)
+    return save_result(store, "skip", params, arrays)
+
+
+def no_skip_reason(key: str) -> str:
+    """Returns the one line that says why a model has no skip-connection ratios."""
+    return f"{key} has no skip-connection statistics: they are recorded for ViT-, Mixer- and ResNet-like models"
 
 
 # per-token statistics of a block's two residual sublayers and the row labels they get
@@ -121,29 +128,88 @@ def _finite_means(store: Store, key: str, names: Sequence[str]) -> list[np.ndarr
         return [np.where(c > 0, s / np.maximum(c, 1), np.nan) for s, c in zip(sums, counts)]
 
 
-# --- view and registration ------------------------------------------------------------------------
+# --- the view and its dossier section --------------------------------------------------------------------
 
 
-def view_fields(r: dict, keys: list[str], info: dict, layer: str | None = None) -> dict:
-    """Returns the fields of the View of skip:MODEL: ratios per sublayer (or block) and token."""
-    key = keys[0]
-    ratio = np.asarray(r["ratio"], dtype=float)
-    finite = ratio[np.isfinite(ratio)]
-    extra = {"cls": r["cls"], "spatial_mean": r["spatial_mean"], "cls_token": has_cls_token(info)}
-    for name in ("cls_ci_low", "cls_ci_high", "spatial_ci_low", "spatial_ci_high"):
-        if name in r:
-            extra[name] = r[name]
-    title = f"Skip-connection norm ratio ||z||/||f(z)|| {key}" + (f" ({NO_CLS}: spatial tokens only)" if no_cls(info) else "")
-    return dict(kind="skip", spec="", title=title, subtitle="", matrix=ratio, rows=[str(x) for x in r["rows"]],
-                cols=[str(x) for x in r["cols"]], value_name="ratio", vmin=float(finite.min()) if finite.size else 0.0,
-                vmax=float(finite.max()) if finite.size else 1.0, params=dict(r["_params"]), extra=extra, models=[key],
-                ci_low=r.get("ci_low"), ci_high=r.get("ci_high"))
+def skip_lines(view: View, layer: str, note: str = "") -> list[str]:
+    """Returns ||z|| / ||f(z)|| of the layer's sublayers (or block): CLS token and spatial mean, with intervals."""
+    extra = view.extra
+    rows = [i for i, name in enumerate(view.rows) if name == layer or name.startswith(layer + ".")]
+    lines = []
+    for i in rows:
+        parts = []
+        for name, key in (("CLS", "cls"), ("spatial", "spatial_mean")):
+            value = float(np.asarray(extra[key], dtype=float)[i])
+            if not np.isfinite(value):
+                continue
+            text = f"{name} {value:.3g}"
+            low, high = extra.get(f"{key.partition('_')[0]}_ci_low"), extra.get(f"{key.partition('_')[0]}_ci_high")
+            if low is not None and np.isfinite(low[i]):
+                text += f" [{low[i]:.3g}, {high[i]:.3g}]"
+            parts.append(text)
+        lines.append(f"{view.rows[i]}: " + ("  ".join(parts) or "no finite ratio"))
+    return lines + ([note] if note else [])
 
 
-SPEC = Analysis(
-    name="skip", identity=("model", "n_images"),
-    params=lambda store, keys, layer, cfg: skip_params(store, keys[0], cfg),
-    run=lambda store, keys, layer, cfg, progress=None: run_skip(store, keys[0], cfg, progress),
-    view=view_fields, applies=lambda store, key: any(s.startswith("skip_ratio") for s in store.stats(key)),
-    figure="skip", per_model=True, usage="skip:MODEL",
-)
+class SkipRatios(Analysis):
+    """Skip-connection norm ratios ||z||/||f(z)|| per sublayer and token (paper Fig. 7), summarised from the
+    per-image statistics the extraction recorded."""
+
+    name = "skip"
+    label = "Skip"
+    title = "skip-connection norm ratio ||z||/||f(z)|| per sublayer and token"
+    figures = ("7",)
+    order = 40
+    shape = Shape.TOKEN_RATIOS
+    tooltip = "Show the skip-connection norm ratios"
+    option_help = "skip-connection norm ratios"
+    cost = 0
+    needs = frozenset({"statistics"})
+    identity = ("model", "n_images")
+    dossier_title = "Skip ratios \u2016z\u2016/\u2016f(z)\u2016"
+    layer_list_title = "Blocks (Enter: go)"
+
+    def not_applicable(self, store: Store, key: str) -> str | None:
+        if not any(s.startswith("skip_ratio") for s in store.stats(key)):
+            return no_skip_reason(key)
+        return None
+
+    def params(self, store: Store, request: Request, cfg: AnalyzeConfig) -> dict:
+        return skip_params(store, request.keys[0], cfg)
+
+    def run(self, store: Store, request: Request, cfg: AnalyzeConfig, progress: StepFn | None = None) -> Result:
+        return run_skip(store, request.keys[0], cfg, progress)
+
+    def view(self, result: Result, request: Request, info: dict) -> View:
+        """Returns the ratios per sublayer (or block) and token, with the CLS and spatial-mean curves."""
+        r, key = result, request.keys[0]
+        ratio = np.asarray(r["ratio"], dtype=float)
+        finite = ratio[np.isfinite(ratio)]
+        extra = {"cls": r["cls"], "spatial_mean": r["spatial_mean"], "cls_token": has_cls_token(info)}
+        for name in ("cls_ci_low", "cls_ci_high", "spatial_ci_low", "spatial_ci_high"):
+            if name in r:
+                extra[name] = r[name]
+        title = f"Skip-connection norm ratio ||z||/||f(z)|| {key}" + (f" ({NO_CLS}: spatial tokens only)" if no_cls(info) else "")
+        return View(self.name, "", title, "", ratio, [str(x) for x in r["rows"]], [str(x) for x in r["cols"]], "ratio",
+                    float(finite.min()) if finite.size else 0.0, float(finite.max()) if finite.size else 1.0,
+                    params=dict(r.params), extra=extra, models=[key], ci_low=r.get("ci_low"), ci_high=r.get("ci_high"))
+
+    def nonfinite_images(self, view: View, store: Store) -> np.ndarray:
+        """Returns per cell the images whose ratio there is NaN/Inf."""
+        names = [n for n in ("skip_ratio_attn", "skip_ratio_mlp") if n in store.stats(view.models[0])] or ["skip_ratio_block"]
+        per_cell = [0] * len(names)
+        for batch in store.stat_batches(view.models[0], names):
+            per_cell = [c + (~np.isfinite(batch[n])).sum(axis=0) for c, n in zip(per_cell, names)]
+        if len(names) == 2:  # rows interleave attn and mlp sublayers, as in run_skip
+            cells = np.empty((2 * per_cell[0].shape[0], per_cell[0].shape[1]), dtype=np.int64)
+            cells[0::2], cells[1::2] = per_cell
+        else:
+            cells = np.asarray(per_cell[0]).reshape(-1, 1)
+        bad = view.nonfinite
+        return np.where(bad, cells[: bad.shape[0], : bad.shape[1]], -1)
+
+    def dossier_section(self, view: View, layer: str, note: str = "") -> DossierEntry:
+        lines = skip_lines(view, layer)
+        if not lines:
+            return DossierEntry(layer, [f"{layer} has no residual sublayer"], False)
+        return DossierEntry(layer, lines + ([note] if note else []))

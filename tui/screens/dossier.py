@@ -17,7 +17,8 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
-from vitsee.engine.errors import VitseeError, brief
+from vitsee.engine.errors import VitseeError
+from vitsee.tui.logs import bug_text
 from vitsee.tui.results import LoadedView, StoreSummary
 from vitsee.tui.widgets.heatmap import short_label
 from vitsee.tui.widgets.line_plot import LinePlot, Series
@@ -64,8 +65,9 @@ class DossierSection(Vertical, can_focus=True):
 
 
 class DossierScreen(ModalScreen[OpenView | None]):
-    """The CKA of the pair with its row and column, then each layer's head distances, probes, skip ratios,
-    spatial map and ERF; dismisses with the view to open, or None (Esc)."""
+    """The cell's value (CKA, or another layer x layer measure) with its row and column, then each layer's section
+    of every analysis that has one (head distances, probes, skip ratios, spatial map, ERF); dismisses with the view
+    to open, or None (Esc)."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape,q,d", "dismiss", "Close", id="dossier.close", tooltip="Close the dossier"),
@@ -107,31 +109,33 @@ class DossierScreen(ModalScreen[OpenView | None]):
             yield Label("\u2191\u2193 / Tab: sections  Enter: open the full view there  Esc: close", classes="dossier--hint")
 
     def _cka_section(self) -> DossierSection:
+        """Returns the section of the cell itself: its value with its interval, its row and its column."""
         view = self.cka.view
         r, c = self.row, self.col
         caption = [Label(view.interval_caption(), classes="section--caption")] if view.interval_caption() else []
         return DossierSection(
-            OpenView("cka", view.models[0], view.rows[r]),
-            Label(f"CKA {view.cell_text(r, c)}{view.interval_text(r, c)}", classes="section--title"),
+            OpenView(view.kind, view.models[0], view.rows[r]),
+            Label(f"{view.value_name} {view.cell_text(r, c)}{view.interval_text(r, c)}", classes="section--title"),
             *caption,
             Label(f"{view.rows[r]} against every column layer", classes="section--caption"),
             LinePlot(id="dossier-row"),
             Label(f"{view.cols[c]} against every row layer", classes="section--caption"),
             LinePlot(id="dossier-col"),
-            id="section-cka",
+            id="section-cell",
         )
 
     def on_mount(self) -> None:
         view = self.cka.view
+        name, low, high = view.value_name, view.vmin, view.vmax
         self.query_one("#dossier-row", LinePlot).plot(
-            [Series(f"CKA({view.rows[self.row]}, column)", view.matrix[self.row, :])],
-            [short_label(x) for x in view.cols], ymin=0.0, ymax=1.0, mark=self.col,
+            [Series(f"{name}({view.rows[self.row]}, column)", view.matrix[self.row, :])],
+            [short_label(x) for x in view.cols], ymin=low, ymax=high, mark=self.col,
         )
         self.query_one("#dossier-col", LinePlot).plot(
-            [Series(f"CKA(row, {view.cols[self.col]})", view.matrix[:, self.col])],
-            [short_label(x) for x in view.rows], ymin=0.0, ymax=1.0, mark=self.row,
+            [Series(f"{name}(row, {view.cols[self.col]})", view.matrix[:, self.col])],
+            [short_label(x) for x in view.rows], ymin=low, ymax=high, mark=self.row,
         )
-        self.query_one("#section-cka").focus()
+        self.query_one("#section-cell").focus()
         self._read()
 
     @work(thread=True, exclusive=True, exit_on_error=False)
@@ -144,7 +148,7 @@ class DossierScreen(ModalScreen[OpenView | None]):
             self.app.call_from_thread(self._failed, str(exc))
         except Exception as exc:  # a bug: one line on screen, the traceback in the log
             log.exception("reading the dossier of %s", self.cka.spec)
-            self.app.call_from_thread(self._failed, f"cannot read the dossier: {brief(exc)}")
+            self.app.call_from_thread(self._failed, bug_text("cannot read the dossier", exc))
         else:
             self.app.call_from_thread(self._show, dossier)
 

@@ -19,7 +19,8 @@ from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Footer, Input, Label, Tabs
 from textual.worker import get_current_worker
 
-from vitsee.engine.errors import VitseeError, brief
+from vitsee.engine.errors import VitseeError
+from vitsee.tui.logs import bug_text
 from vitsee.tui.messages import (
     AnalysisStep,
     CachingEnded,
@@ -36,7 +37,7 @@ from vitsee.tui.messages import (
 )
 from vitsee.tui.options import COLORMAPS, AppOptions
 from vitsee.tui.results import INCOMPLETE_HINT, Cancelled, StoreSummary, export_view, read_summary, read_view
-from vitsee.tui.widgets.panes import KINDS, PANES, VIEW_LABELS
+from vitsee.tui.widgets.panes import KINDS, PANES, VIEW_LABELS, tooltip
 from vitsee.tui.widgets.side_panel import SidePanel, matches_query, model_label
 from vitsee.tui.widgets.status_line import StatusLine
 from vitsee.tui.widgets.task_bar import StepThrottle, TaskBar
@@ -54,9 +55,15 @@ log = logging.getLogger(__name__)
 
 def view_bindings() -> list[Binding]:
     """Returns a number key per pane, in REGISTRY order: 1 CKA, 2 Attention, ..."""
-    return [Binding(str(i), f"show_view('{kind}')", pane.label, show=False, id=f"explorer.view_{kind}",
-                    tooltip=pane.tooltip or f"Show the {pane.label} view")
-            for i, (kind, pane) in enumerate(PANES.items(), start=1) if i <= 9]
+    return [Binding(str(i), f"show_view('{kind}')", label, show=False, id=f"explorer.view_{kind}", tooltip=tooltip(kind))
+            for i, (kind, label) in enumerate(VIEW_LABELS.items(), start=1) if i <= 9]
+
+
+def analysis_of(kind: str):
+    """Returns the registered analysis a pane shows (the engine's registry, imported with the panes)."""
+    from vitsee.engine.analyses import REGISTRY
+
+    return REGISTRY[kind]
 
 
 class ExplorerScreen(Screen):
@@ -117,12 +124,11 @@ class ExplorerScreen(Screen):
         self.analyse_all = analyse_all
         self.note = note
         self.summary: StoreSummary | None = None
-        self.kind = "cka"
+        self.kind = KINDS[0]  # the first view of the registry (CKA)
         self.model_a: str | None = None
         self.model_b: str | None = None
         self.keep_model_b = False  # set before opening (a snapshot of cka:A): no A x B on first load
-        self.spatial_layer: dict[str, str] = {}
-        self.erf_layer: dict[str, str] = {}
+        self.picked_layer: dict[tuple[str, str], str] = {}  # (view, model) -> the layer a one-layer view is of
         self._views: dict[str, object] = {}  # spec -> LoadedView, kept so switching back costs nothing
         self._status: dict[str, str] = {}
         self._loading: str | None = None
@@ -144,7 +150,7 @@ class ExplorerScreen(Screen):
                 yield TaskBar(id="view-task")
                 with ContentSwitcher(initial=f"pane-{self.kind}", id="panes"):
                     for kind in KINDS:
-                        yield PANES[kind](self.options.color_mode, self.options.cmap)
+                        yield PANES[kind](kind, self.options.color_mode, self.options.cmap)
         yield TaskBar(id="background-task")
         yield StatusLine(id="status-line")
         yield Footer()
@@ -168,7 +174,7 @@ class ExplorerScreen(Screen):
             self.post_message(SummaryFailed(self.path, str(exc)))
         except Exception as exc:  # a bug: say it in one line, keep the app alive
             log.exception("reading %s", self.path)
-            self.post_message(SummaryFailed(self.path, f"cannot read {self.path}: {brief(exc)}"))
+            self.post_message(SummaryFailed(self.path, bug_text(f"cannot read {self.path}", exc)))
 
     def on_summary_failed(self, message: SummaryFailed) -> None:
         self._failure = message.error
@@ -218,7 +224,7 @@ class ExplorerScreen(Screen):
         self._watch_extraction(summary)
         self.show_view(self.kind)
         if self.analyse_all and summary.problem is None:
-            self._analyse_all(self.all_specs())
+            self._analyse_all()
 
     # --- an extraction in progress ---------------------------------------------------------------------------
 
@@ -254,88 +260,37 @@ class ExplorerScreen(Screen):
         if done is not None and summary is not None and done != {m.key: m.rows_done for m in summary.models}:
             self._read_summary()
 
-    def all_specs(self) -> list[str]:
-        """Returns every view of the store, cheapest first (probes last: they take longest)."""
-        summary = self.summary
-        if summary is None:
-            return []
-        keys = summary.keys
-        specs = [f"cka:{keys[0]}"] if keys else []
-        specs += [f"cka:{a}:{b}" for i, a in enumerate(keys) for b in keys[i + 1:]]
-        specs += [f"cka:{k}" for k in keys[1:]]
-        for order in ("attention", "skip", "spatial", "probes"):
-            specs += [f"{order}:{m.key}" for m in summary.models if order in m.views]
-        # not ERFs: they reload every model (from the Hub for pretrained weights); the ERF view computes its own
-        specs += [f"heads:{v.key}:{o}" for v in summary.models if v.head_outputs for o in keys if o != v.key]
-        return specs
-
     # --- which view --------------------------------------------------------------------------------------
 
     def spec_for(self, kind: str) -> tuple[str | None, str]:
         """Returns (view spec, '') for the pane of `kind` with the picked models, or (None, why not)."""
-        summary, a, b = self.summary, self.model_a, self.model_b
+        summary, a = self.summary, self.model_a
         if summary is None and self._failure is not None:
             return None, self._failure
         if summary is None:
             return None, f"opening {self.path} \u2026"
         if a is None:
             return None, "no models in this store: add one with `vitsee extract STORE --model NAME`"
-        if kind == "heads":
-            b = self._heads_other()
-        involved = [a] + ([b] if kind in ("cka", "heads") and b else [])
-        for key in involved:
+        analysis = analysis_of(kind)
+        least, most = analysis.models
+        others = [k for k in summary.keys if k != a]
+        b = self.model_b if self.model_b and self.model_b != a else None
+        if least > 1 and b is None:  # a view of two models: model B, else the first other model
+            b = others[0] if others else None
+        keys = [a] + ([b] if most > 1 and b else [])
+        for key in keys:
             m = summary.model(key)
             if m.rows_done < summary.n_images:
                 return None, (f"{key}: extraction incomplete: {m.rows_done} of {summary.n_images} images; "
                               f"{INCOMPLETE_HINT} (or `vitsee extract {self.path}`)")
-        model = summary.model(a)
-        if kind == "cka":
-            return (f"cka:{a}:{b}" if b and b != a else f"cka:{a}"), ""
-        if kind in ("heads", "erf"):  # engine/analyses/heads.py, erf.py
-            return self._paper_spec(kind, model, b)
-        if kind not in model.views:
-            if summary.streaming and kind in ("probes", "spatial"):
-                return None, (f"{summary.path.name} was extracted with streaming, which keeps no activations; "
-                              f"{kind} read them: extract the run again, keeping activations, into another store")
-            return None, {
-                "attention": (f"{a} is an MLP-Mixer: it mixes tokens with MLPs, not attention; " if model.family == "mixer"
-                              else f"{a} is a {model.family} model: attention distances exist for ViT- and Swin-like models; ")
-                             + "press a to pick a ViT as model A",
-                "probes": f"this store's images ({summary.dataset}) have no labels, which probes need; "
-                          "CKA and the rest still work",
-                "skip": f"{a} has no skip-connection statistics: they are recorded for ViT-, Mixer- and ResNet-like models",
-                "spatial": f"{a} has no layer with a token grid or feature map",
-            }[kind]
-        if kind == "spatial" and self.spatial_layer.get(a):
-            return f"spatial:{a}:{self.spatial_layer[a]}", ""
-        return f"{kind}:{a}", ""
-
-    def _heads_other(self) -> str | None:
-        """Returns the model the Heads view compares model A's heads with: model B, else the first other one."""
-        keys = self.summary.keys if self.summary is not None else []
-        if self.model_b and self.model_b != self.model_a:
-            return self.model_b
-        return next((k for k in keys if k != self.model_a), None)
-
-    def _paper_spec(self, kind: str, model, other: str | None) -> tuple[str | None, str]:
-        summary = self.summary
-        if summary.streaming and kind == "heads" and not model.head_outputs and model.heads:  # streamed without --heads
-            return None, (f"{summary.path.name} was extracted with streaming without --heads, which keeps no head "
-                          "outputs: extract the run again with `--streaming --heads`, or keeping activations, into another store")
-        if summary.streaming and kind == "erf":  # a streamed --heads run's head-level CKA is cached: it is shown
-            return None, (f"{summary.path.name} was extracted with streaming, which keeps no activations; the model "
-                          "input is needed: extract the run again, keeping activations, into another store")
-        if kind == "erf":
-            if not model.erf_layers:
-                return None, f"{model.key} has no layer with a token grid or feature map for a receptive field"
-            layer = self.erf_layer.get(model.key)
-            return (f"erf:{model.key}:{layer}" if layer else f"erf:{model.key}"), ""
-        if not model.head_outputs:
-            return None, (f"{model.key} has no stored head outputs: they are recorded for ViT-like models; "
-                          "press a to pick a ViT as model A (or re-extract an older store)")
-        if other is None:
-            return None, "head-level CKA compares a ViT with another model: extract one into this store"
-        return f"heads:{model.key}:{other}", ""
+        reason = summary.model(a).reason(kind)
+        if reason:  # the analysis's own words; where it applies to another model, the key that shows it
+            where = next((k for k in others if summary.model(k).reason(kind) is None), None)
+            return None, reason + (f"; press a to pick {where} as model A" if where else "")
+        if len(keys) < least:
+            return None, f"{analysis.label} compares {least} models: extract another one into this store"
+        layer = self.picked_layer.get((kind, a)) if analysis.takes_layer else None
+        return ":".join([kind, *keys, *([layer] if layer else [])]), ""
 
     def action_show_view(self, kind: str) -> None:
         self.show_view(kind)
@@ -415,21 +370,14 @@ class ExplorerScreen(Screen):
         if summary is None or self.model_a is None:
             return
         model = summary.model(self.model_a)
-        if self.kind == "spatial":
+        analysis = analysis_of(self.kind)
+        if analysis.takes_layer:  # the layers a map can be of; Enter shows the map of one
             view = pane.view
-            current = view.params.get("layer") if view is not None else self.spatial_layer.get(self.model_a)
-            panel.set_layers("Map of layer (Enter)", model.spatial_layers, current, show_b=False)
-        elif self.kind == "erf":
-            view = pane.view
-            current = view.params.get("layer") if view is not None else self.erf_layer.get(self.model_a)
-            panel.set_layers("ERF of layer (Enter)", model.erf_layers, current, show_b=False)
-        elif self.kind == "heads":
-            panel.set_layers("Other model's layer (Enter)", pane.layer_choices(), show_b=True)
-        elif self.kind == "cka":
-            panel.set_layers("Layers (Enter: go)", pane.layer_choices() or model.layers, show_b=True)
+            current = view.params.get("layer") if view is not None else self.picked_layer.get((self.kind, self.model_a))
+            panel.set_layers(analysis.layer_list_title, model.layer_choices.get(self.kind, []), current, show_b=False)
         else:
-            title = {"attention": "Blocks", "skip": "Blocks", "probes": "Layers"}[self.kind]
-            panel.set_layers(f"{title} (Enter: go)", pane.layer_choices(), show_b=False)
+            choices = pane.layer_choices() or (model.layers if pane.lists_model_layers else [])
+            panel.set_layers(analysis.layer_list_title, choices, show_b=analysis.models[1] > 1)
 
     # --- loading --------------------------------------------------------------------------------------------
 
@@ -455,7 +403,7 @@ class ExplorerScreen(Screen):
             self.post_message(ViewFailed(spec, str(exc)))
         except Exception as exc:  # a bug: one line on screen, the traceback in the log
             log.exception("loading %s", spec)
-            self.post_message(ViewFailed(spec, f"cannot show {spec}: {brief(exc)}"))
+            self.post_message(ViewFailed(spec, bug_text(f"cannot show {spec}", exc)))
         else:
             self.post_message(ViewLoaded(loaded))
 
@@ -516,9 +464,21 @@ class ExplorerScreen(Screen):
             self.notify("nothing is being computed", timeout=3)
 
     @work(thread=True, group="background", exit_on_error=False)
-    def _analyse_all(self, specs: list[str]) -> None:
-        """Cache every view in turn, so each opens at once later (views fill in as results arrive)."""
+    def _analyse_all(self) -> None:
+        """Cache every result `vitsee analyze` would (the driver's plan, in its order), each through its view, so
+        every view opens at once later (views fill in as results arrive)."""
+        from vitsee.engine.analyze import plan_views
+        from vitsee.engine.store import Store
+        from vitsee.tui.results import ACCESS
+
         worker = get_current_worker()
+        try:
+            with ACCESS.read(), Store.open(self.path) as store:
+                specs = [view.spec for view in plan_views(store)]
+        except VitseeError as exc:
+            self.app.call_from_thread(self.notify, str(exc), severity="error", timeout=10)
+            self.post_message(CachingEnded(0, 0, cancelled=True))  # stops the bar, says nothing more
+            return
         cached = 0
         for index, spec in enumerate(specs, start=1):
             if worker.is_cancelled:
@@ -538,7 +498,7 @@ class ExplorerScreen(Screen):
                 continue
             except Exception as exc:
                 log.exception("caching %s", spec)
-                self.post_message(ViewFailed(spec, f"cannot compute {spec}: {brief(exc)}"))
+                self.post_message(ViewFailed(spec, bug_text(f"cannot compute {spec}", exc)))
                 continue
             cached += 1
             self.post_message(ViewLoaded(loaded))
@@ -577,14 +537,11 @@ class ExplorerScreen(Screen):
             widget.focus()
 
     def _pick_layer(self, layer: str) -> bool:
-        """Shows the map of `layer` (spatial, ERF) or moves the view's cursor to it; returns whether it could."""
-        if self.kind == "spatial" and self.model_a is not None:
-            self.spatial_layer[self.model_a] = layer
-            self.request("spatial")
-            return True
-        if self.kind == "erf" and self.model_a is not None:
-            self.erf_layer[self.model_a] = layer
-            self.request("erf")
+        """Shows the map of `layer` (a view of one layer: spatial, ERF) or moves the view's cursor to it; returns
+        whether it could."""
+        if analysis_of(self.kind).takes_layer and self.model_a is not None:
+            self.picked_layer[(self.kind, self.model_a)] = layer
+            self.request(self.kind)
             return True
         return self.pane().jump_to_layer(layer)
 
@@ -603,8 +560,8 @@ class ExplorerScreen(Screen):
             current = choices.index(self.model_b) if self.model_b in choices else 0
             nxt = choices[(current + 1) % len(choices)]
             panel.pick(model_b=nxt, same=nxt is None)
-            if self.kind not in ("cka", "heads"):  # both compare model A with model B
-                self.show_view("cka")
+            if analysis_of(self.kind).models[1] < 2:  # a view of model A alone: show the first that compares two
+                self.show_view(next(k for k in KINDS if analysis_of(k).models[1] > 1))
 
     def action_toggle_panel(self) -> None:
         self.query_one(SidePanel).toggle_class("-hidden")
@@ -660,7 +617,7 @@ class ExplorerScreen(Screen):
         """Returns the places of the current view whose layer matches the search, in the order n visits them."""
         if not self._search:
             return []
-        if self.kind in ("spatial", "erf"):  # their side panel lists the layers a map can be of
+        if analysis_of(self.kind).takes_layer:  # their side panel lists the layers a map can be of
             places = [Place(layer, "layer") for layer in self.query_one(SidePanel).layer_names]
         else:
             places = self.pane().places()
@@ -713,9 +670,9 @@ class ExplorerScreen(Screen):
         from vitsee.tui.screens.jump import JumpTarget
 
         targets = []
-        for i, (kind, pane) in enumerate(PANES.items(), start=1):
+        for i, (kind, label) in enumerate(VIEW_LABELS.items(), start=1):
             spec, reason = self.spec_for(kind)
-            targets.append(JumpTarget(kind, str(i), pane.label, spec or reason.splitlines()[0]))
+            targets.append(JumpTarget(kind, str(i), label, spec or reason.splitlines()[0]))
         return targets
 
     def action_jump(self) -> None:
@@ -730,14 +687,17 @@ class ExplorerScreen(Screen):
     # --- the layer-pair dossier ------------------------------------------------------------------------------
 
     def action_dossier(self) -> None:
+        from vitsee.engine.analyses.contract import Shape
         from vitsee.tui.screens.dossier import DossierScreen
 
-        pane = self.pane("cka")
-        if self.kind != "cka":
-            self.notify("the dossier is of a CKA cell: press 1, pick a cell, then d", severity="warning", timeout=4)
+        pane = self.pane()
+        if analysis_of(self.kind).shape is not Shape.LAYER_MATRIX:  # a cell of a layer x layer view names two layers
+            first = next((i for i, k in enumerate(KINDS, start=1) if analysis_of(k).shape is Shape.LAYER_MATRIX), 1)
+            self.notify(f"the dossier is of a {VIEW_LABELS[KINDS[first - 1]]} cell: press {first}, pick a cell, then d",
+                        severity="warning", timeout=4)
             return
         if pane.loaded is None or pane.selection is None or self.summary is None:
-            self.notify("nothing to show yet: wait for the CKA view to load", severity="warning", timeout=4)
+            self.notify(f"nothing to show yet: wait for the {pane.label} view to load", severity="warning", timeout=4)
             return
         row, col = pane.selection
         screen = DossierScreen(self.path, self.summary, pane.loaded, row, col, self._config, self._views)
@@ -748,20 +708,23 @@ class ExplorerScreen(Screen):
             self.open_at(target.kind, target.model, target.layer)
 
     def open_at(self, kind: str, model: str, layer: str) -> None:
-        """Shows the view `kind` of `model` (as model A) with its cursor at `layer` (the map of it: spatial, ERF)."""
+        """Shows the view `kind` of `model` (as model A) with its cursor at `layer` (the map of it: spatial, ERF);
+        a view of two models (the dossier's own cell) opens as it was."""
         summary = self.summary
         if summary is None or model not in summary.keys:
             return
-        if kind != "cka" and model != self.model_a:
+        analysis = analysis_of(kind)
+        if analysis.models[1] > 1:
+            self.show_view(kind)
+            return
+        if model != self.model_a:
             if self.model_b == model:  # B becomes the old A: the CKA view still shows the same two models
                 self.model_b = self.model_a
             self.model_a = model
             self.query_one(SidePanel).set_models(summary, self.model_a, self.model_b)
-        if kind == "spatial":
-            self.spatial_layer[model] = layer
-        elif kind == "erf":
-            self.erf_layer[model] = layer
-        elif kind != "cka":
+        if analysis.takes_layer:
+            self.picked_layer[(kind, model)] = layer
+        else:
             self._pending = (kind, Place(layer))
         self.show_view(kind)
 
@@ -784,7 +747,7 @@ class ExplorerScreen(Screen):
             return
         except Exception as exc:
             log.exception("exporting %s", view.spec)
-            self.app.call_from_thread(self.notify, f"export failed: {brief(exc)}", severity="error", timeout=8)
+            self.app.call_from_thread(self.notify, bug_text("export failed", exc), severity="error", timeout=8)
             return
         self.post_message(ExportWritten(json_path, png_path, note))
 

@@ -16,7 +16,8 @@ from textual.suggester import SuggestFromList
 from textual.widgets import Button, Footer, Input, Label, Select
 
 from vitsee.engine.data import BUILTIN_DATASETS, MIN_IMAGES
-from vitsee.engine.errors import VitseeError, brief
+from vitsee.engine.errors import VitseeError
+from vitsee.tui.logs import bug_text
 from vitsee.tui.options import AppOptions
 from vitsee.tui.results import estimate_size
 from vitsee.tui.screens.run import RunPlan, RunScreen
@@ -151,7 +152,7 @@ class NewRunScreen(Screen):
             self.app.call_from_thread(self.notify, text, severity="error", timeout=10)
         except Exception as exc:
             log.exception("estimating %s", fields)
-            text = f"cannot plan this run: {brief(exc)}"
+            text = bug_text("cannot plan this run", exc)
         self.app.call_from_thread(self.query_one("#size-line", Label).update, text)
 
     @on(Button.Pressed, "#start")

@@ -1,4 +1,5 @@
-"""The detail of one CKA cell: both layers and their shapes, the value, its row and its column as lines."""
+"""The detail of one cell of a layer x layer view (CKA, another measure): both layers and their shapes, the value,
+its row and its column as lines."""
 
 from __future__ import annotations
 
@@ -18,15 +19,14 @@ def shape_text(shape: tuple[int, ...] | None) -> str:
 
 
 class PairDetailScreen(DetailScreen):
-    """CKA of a layer pair, with the row layer against every column layer and the column layer against
+    """The value of a layer pair, with the row layer against every column layer and the column layer against
     every row layer, the pair marked in both plots (the frame, keys and help of every view's detail)."""
-
-    help_text = "CKA of one layer pair"
 
     def __init__(self, loaded: LoadedView, row: int, col: int) -> None:
         view = loaded.view
         self.row, self.col = row, col
-        super().__init__(loaded, f"{view.rows[row]} x {view.cols[col]}  CKA {view.cell_text(row, col)}")
+        self.help_text = f"{view.value_name} of one layer pair"
+        super().__init__(loaded, f"{view.rows[row]} x {view.cols[col]}  {view.value_name} {view.cell_text(row, col)}")
 
     def facts(self) -> str:
         view = self.view
@@ -34,10 +34,12 @@ class PairDetailScreen(DetailScreen):
         row_layer, col_layer = view.rows[self.row], view.cols[self.col]
         shape_a = self.loaded.shapes.get(model_a, {}).get(row_layer)
         shape_b = self.loaded.shapes.get(model_b, {}).get(col_layer)
+        params = view.params
+        how = (f", minibatches of {params['batch_size']}, {params.get('shuffles', '?')} shuffle(s)" if "batch_size" in params
+               else f", on {params['max_images']} of them" if "max_images" in params else "")
         return (f"row     {row_layer} of {model_a}: {shape_text(shape_a)} per image\n"
                 f"column  {col_layer} of {model_b}: {shape_text(shape_b)} per image\n"
-                f"{view.params.get('n_images', '?')} images, minibatches of {view.params.get('batch_size', '?')}, "
-                f"{view.params.get('shuffles', '?')} shuffle(s)")
+                f"{params.get('n_images', '?')} images{how}")
 
     def compose_body(self) -> ComposeResult:
         view = self.view
@@ -51,16 +53,18 @@ class PairDetailScreen(DetailScreen):
         return f"{self.help_text}: {view.rows[self.row]} x {view.cols[self.col]}", {}, self.legend()
 
     def legend(self) -> list[tuple[str, str]]:
-        return [("\u2812\u2812", "the CKA of the row layer with every column layer, and of the column layer with every row layer"),
+        name = self.view.value_name
+        return [("\u2812\u2812", f"the {name} of the row layer with every column layer, and of the column layer with every row layer"),
                 ("\u25b2", "the other layer of the pair")]
 
     def on_mount(self) -> None:
         view = self.view
+        name, low, high = view.value_name, view.vmin, view.vmax
         self.query_one("#detail-row", LinePlot).plot(
-            [Series(f"CKA({view.rows[self.row]}, column)", view.matrix[self.row, :])],
-            [short_label(c) for c in view.cols], ymin=0.0, ymax=1.0, mark=self.col,
+            [Series(f"{name}({view.rows[self.row]}, column)", view.matrix[self.row, :])],
+            [short_label(c) for c in view.cols], ymin=low, ymax=high, mark=self.col,
         )
         self.query_one("#detail-col", LinePlot).plot(
-            [Series(f"CKA(row, {view.cols[self.col]})", view.matrix[:, self.col])],
-            [short_label(r) for r in view.rows], ymin=0.0, ymax=1.0, mark=self.row,
+            [Series(f"{name}(row, {view.cols[self.col]})", view.matrix[:, self.col])],
+            [short_label(r) for r in view.rows], ymin=low, ymax=high, mark=self.row,
         )

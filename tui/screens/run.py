@@ -22,7 +22,8 @@ from textual.screen import Screen
 from textual.widgets import Footer, Label, ProgressBar, RichLog
 from textual.worker import get_current_worker
 
-from vitsee.engine.errors import VitseeError, brief
+from vitsee.engine.errors import VitseeError
+from vitsee.tui.logs import bug_text
 from vitsee.tui.messages import RunEnded, RunEvent
 from vitsee.tui.options import AppOptions
 from vitsee.tui.results import read_summary
@@ -187,7 +188,7 @@ class RunScreen(Screen):
         except Exception as exc:  # a bug: one line, the traceback in the log
             log.exception("extraction")
             self.post_message(RunEnded(self.plan.store if self.plan else Path("."),
-                                       error=f"extraction failed: {brief(exc)}"))
+                                       error=bug_text("extraction failed", exc)))
             return
         if not worker.is_cancelled:
             self.post_message(RunEnded(result.store, cancelled=result.cancelled))

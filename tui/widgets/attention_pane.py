@@ -8,6 +8,7 @@ import numpy as np
 from textual.app import ComposeResult
 from textual.widget import Widget
 
+from vitsee.engine.analyses.contract import Shape
 from vitsee.tui.results import LoadedView
 from vitsee.tui.widgets.distance_plot import DOT, NONFINITE, UNIFORM, WHISKER, WHISKER_HIGH, WHISKER_LOW, DistancePlot
 from vitsee.tui.widgets.histogram import Histogram
@@ -18,12 +19,10 @@ class AttentionPane(ViewPane):
     """Per block the heads' sorted mean distances; below, the distances of every head and image of the
     selected block as a histogram, with the distance of uniform attention marked in both."""
 
-    kind = "attention"
-    label = "Attention"
+    shape = Shape.HEADS_BY_BLOCK
     key_help: ClassVar[dict[str, str]] = {
         "attention.select": "Open the head under the cursor: its distance per image as a histogram, with its mean",
     }
-    tooltip = "Show the mean attention distances per head and block"
 
     DEFAULT_CSS = """
     AttentionPane {
@@ -32,8 +31,8 @@ class AttentionPane(ViewPane):
     """
 
     def compose_body(self) -> ComposeResult:
-        yield DistancePlot(id="attention-plot")
-        yield Histogram(id="attention-histogram")
+        yield DistancePlot(id=f"{self.kind}-plot")
+        yield Histogram(id=f"{self.kind}-histogram")
 
     def populate(self, loaded: LoadedView) -> None:
         view = loaded.view

@@ -21,41 +21,9 @@ import functools
 from dataclasses import dataclass
 from typing import Sequence
 
+from vitsee.engine.labels import abbreviate_label, fit_labels, short_label  # noqa: F401  (the one label layout)
+
 MIN_CHARS = 3  # shorter abbreviations ('b.', '…d') no longer name a layer
-
-
-def short_label(label: str) -> str:
-    """Return a module path with its leading parts cut to initials: 'blocks.11' -> 'b.11', 'layer2.1' -> 'l2.1'."""
-    parts = label.split(".")
-    for i, head in enumerate(parts[:-1]):
-        if head.isdigit():  # an index ('blocks.10.attn') is what tells layers apart: keep it whole
-            continue
-        digits = len(head) - len(head.rstrip("0123456789"))
-        parts[i] = head[:1] + (head[-digits:] if 0 < digits < len(head) else "")
-    return ".".join(parts)
-
-
-def abbreviate_label(label: str, width: int) -> str:
-    """Return `label` in at most `width` cells, keeping its distinctive tail ('blocks.11' -> 'b.11')."""
-    if len(label) <= width:
-        return label
-    if len(short := short_label(label)) <= width:
-        return short
-    parts = short.split(".")
-    while len(parts) > 1:  # then drop leading parts: 'b.3.attn' -> '3.attn'
-        parts.pop(0)
-        if len(text := ".".join(parts)) <= width:
-            return text
-    if "." not in label and width > 1:  # one word ('patch_embed'): its start says more than its end
-        return label[: width - 1] + "\u2026"
-    return ("\u2026" + label[-(width - 1):]) if width > 1 else label[-width:]
-
-
-def fit_labels(labels: Sequence[str], width: int) -> list[str]:
-    """Return the labels as they are if all fit in `width`, else all in short form (so they read alike)."""
-    if max(map(len, labels)) <= width:
-        return list(labels)
-    return [abbreviate_label(short_label(label), width) for label in labels]
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.widgets import Label
 
+from vitsee.engine.analyses.contract import Shape
 from vitsee.tui.messages import StatusChanged
 from vitsee.tui.results import LoadedView
 from vitsee.tui.widgets.heatmap import Heatmap
@@ -21,9 +22,7 @@ DECADES = 6  # the log scale's range below the peak
 class ErfPane(HeatmapPane):
     """An input-sized heatmap of one layer's ERF; the cursor is a pixel."""
 
-    kind = "erf"
-    label = "ERF"
-    tooltip = "Show the effective receptive fields"
+    shape = Shape.PIXEL_MAP
 
     key_help: ClassVar[dict[str, str]] = {
         "heatmap.select": "Open the ERF at full size with each pixel's value (log10 or percent, as coloured)",
@@ -63,7 +62,7 @@ class ErfPane(HeatmapPane):
         heatmap = self.heatmap
         if heatmap is None:
             heatmap = Heatmap(matrix, view.rows, view.cols, vmin=vmin, vmax=vmax, cmap=self.cmap,
-                              color_mode=self.color_mode, value_name=name, id="erf-heatmap")
+                              color_mode=self.color_mode, value_name=name, id=f"{self.kind}-heatmap")
             self.query_one(".pane--body").mount(heatmap)
         else:
             heatmap.set_cmap(self.cmap)

@@ -10,6 +10,7 @@ from textual.app import ComposeResult
 from textual.widget import Widget
 from textual.widgets import Label
 
+from vitsee.engine.analyses.contract import Shape
 from vitsee.tui.results import LoadedView
 from vitsee.tui.widgets.head_scatter import HeadScatter
 from vitsee.tui.widgets.view_pane import Place, ViewPane
@@ -18,12 +19,10 @@ from vitsee.tui.widgets.view_pane import Place, ViewPane
 class HeadsPane(ViewPane):
     """The heads scatter; ] and [ (or the side panel) pick the other model's layer it plots."""
 
-    kind = "heads"
-    label = "Heads"
+    shape = Shape.HEADS_BY_LAYER
     key_help: ClassVar[dict[str, str]] = {
         "heads.select": "Open the head under the cursor: its CKA with every layer of the other model",
     }
-    tooltip = "Show each ViT head's CKA with another model against its attention distance"
 
     DEFAULT_CSS = """
     HeadsPane {
@@ -33,7 +32,7 @@ class HeadsPane(ViewPane):
 
     def compose_body(self) -> ComposeResult:
         yield Label("", classes="heads--note")
-        yield HeadScatter(id="heads-scatter")
+        yield HeadScatter(id=f"{self.kind}-scatter")
 
     def populate(self, loaded: LoadedView) -> None:
         view = loaded.view

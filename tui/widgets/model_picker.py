@@ -11,7 +11,8 @@ from textual.containers import Vertical
 from textual.widgets import Input, Label, OptionList
 from textual.widgets.option_list import Option
 
-from vitsee.engine.errors import VitseeError, brief
+from vitsee.engine.errors import VitseeError
+from vitsee.tui.logs import bug_text
 
 log = logging.getLogger(__name__)
 MAX_MATCHES = 200
@@ -80,7 +81,7 @@ class ModelPicker(Vertical):
             rows = list_models("*")
         except Exception as exc:  # timm missing or broken: typing a spec still works
             log.exception("listing models")
-            self.app.call_from_thread(self.notify, f"cannot list timm models: {brief(exc)}", severity="error")
+            self.app.call_from_thread(self.notify, bug_text("cannot list timm models", exc), severity="error")
             return
         self.app.call_from_thread(self._models_loaded, rows)
 

@@ -1,41 +1,49 @@
-"""The explorer's panes, one per analysis in the engine's REGISTRY, found by the analysis each pane class names.
+"""The explorer's panes: one per analysis in the engine's REGISTRY, of the class that draws the analysis's view shape.
 
-Importing the pane modules defines their classes, and each class enters view_pane.PANE_CLASSES under its `kind`;
-the explorer's tabs, number keys and command palette entries follow REGISTRY's order from here. A registered
-analysis without a pane is a bug that tests/test_tui_explore.py catches; the app leaves it out rather than fail.
+Importing this module imports every `*_pane.py` module of this package; each pane class enters
+view_pane.PANE_CLASSES under the shape it draws (a new kind of picture is one new pane module, found by being
+there). The explorer's tabs, number keys and command palette entries follow REGISTRY's order from here. A
+registered analysis whose shape has no pane is a bug that tests/test_tui_explore.py catches; the app leaves it out
+rather than fail.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
+import pkgutil
 
 from vitsee.engine.analyses import REGISTRY
-from vitsee.tui.widgets import (  # noqa: F401  (imported to define, and so register, each pane)
-    attention_pane,
-    cka_pane,
-    erf_pane,
-    heads_pane,
-    probes_pane,
-    skip_pane,
-    spatial_pane,
-)
+from vitsee.tui import widgets
 from vitsee.tui.widgets.view_pane import PANE_CLASSES, ViewPane
 
 log = logging.getLogger(__name__)
 
+for _module in pkgutil.iter_modules(widgets.__path__):
+    if _module.name.endswith("_pane") and _module.name != "view_pane":
+        importlib.import_module(f"{widgets.__name__}.{_module.name}")
+
 
 def missing_panes() -> list[str]:
-    """Returns the registered analyses that have no pane (empty when the app shows them all)."""
-    return [name for name in REGISTRY if name not in PANE_CLASSES]
+    """Returns the registered analyses whose view shape has no pane (empty when the app shows them all)."""
+    return [name for name, analysis in REGISTRY.items() if analysis.shape not in PANE_CLASSES]
 
 
 def registered_panes() -> dict[str, type[ViewPane]]:
-    """Returns analysis name -> pane class for every registered analysis that has a pane, in REGISTRY order."""
+    """Returns analysis name -> the pane class of its shape, for every registered analysis that has one, in
+    REGISTRY order."""
     for name in missing_panes():
-        log.warning("analysis %s has no pane in the app: it is left out", name)
-    return {name: PANE_CLASSES[name] for name in REGISTRY if name in PANE_CLASSES}
+        log.warning("analysis %s has no pane in the app (no pane draws a %s): it is left out", name,
+                    REGISTRY[name].shape.value)
+    return {name: PANE_CLASSES[a.shape] for name, a in REGISTRY.items() if a.shape in PANE_CLASSES}
 
 
 PANES = registered_panes()
 KINDS = tuple(PANES)
-VIEW_LABELS = {kind: pane.label for kind, pane in PANES.items()}
+VIEW_LABELS = {kind: REGISTRY[kind].label for kind in PANES}
+
+
+def tooltip(kind: str) -> str:
+    """Returns what the number key of a view does, as its analysis says it (default: 'Show the LABEL view')."""
+    analysis = REGISTRY[kind]
+    return analysis.tooltip or f"Show the {analysis.label} view"

@@ -11,6 +11,7 @@ from textual.app import ComposeResult
 from textual.widget import Widget
 from textual.widgets import DataTable
 
+from vitsee.engine.analyses.contract import Shape
 from vitsee.engine.colormap import ColorMode
 from vitsee.tui.results import LoadedView
 from vitsee.tui.widgets.heatmap import short_label
@@ -34,12 +35,10 @@ class ProbesPane(ViewPane):
     """A table of accuracy per layer x readout with each column's best marked ★, and the same numbers
     as lines against depth, chance level dotted."""
 
-    kind = "probes"
-    label = "Probes"
+    shape = Shape.DEPTH_CURVES
     key_help: ClassVar[dict[str, str]] = {
         "probes.select": "Open the layer under the cursor: its readouts and the accuracy of a probe on each token",
     }
-    tooltip = "Show the linear probe accuracies"
 
     DEFAULT_CSS = """
     ProbesPane {
@@ -49,9 +48,9 @@ class ProbesPane(ViewPane):
     """
 
     def compose_body(self) -> ComposeResult:
-        table: DataTable = ProbeTable(id="probes-table", cursor_type="cell", zebra_stripes=True)
+        table: DataTable = ProbeTable(id=f"{self.kind}-table", cursor_type="cell", zebra_stripes=True)
         yield table
-        yield LinePlot(id="probes-plot", monochrome=self.color_mode is ColorMode.NONE)
+        yield LinePlot(id=f"{self.kind}-plot", monochrome=self.color_mode is ColorMode.NONE)
 
     def populate(self, loaded: LoadedView) -> None:
         view = loaded.view

@@ -8,6 +8,7 @@ import numpy as np
 from textual.app import ComposeResult
 from textual.widgets import Label
 
+from vitsee.engine.analyses.contract import Shape
 from vitsee.engine.colormap import ColorMode
 from vitsee.tui.messages import StatusChanged
 from vitsee.tui.results import LoadedView
@@ -20,24 +21,22 @@ class SkipPane(HeatmapPane):
     """A heatmap of the ratio per sublayer (rows) and token (columns), and below it the CLS token's
     ratio against the mean over spatial tokens, row by row (the phase transition of the paper)."""
 
-    kind = "skip"
-    label = "Skip"
+    shape = Shape.TOKEN_RATIOS
     key_help: ClassVar[dict[str, str]] = {
         "heatmap.select": "Open the ratio curve of the token under the cursor across the sublayers",
     }
-    tooltip = "Show the skip-connection norm ratios"
 
     DEFAULT_CSS = """
     SkipPane {
         & Heatmap { height: 2fr; min-height: 6; }
         & LinePlot { height: 1fr; min-height: 7; }
-        & #skip-note { width: 1fr; height: auto; padding: 0 1; color: $warning; }
+        & .skip--note { width: 1fr; height: auto; padding: 0 1; color: $warning; }
     }
     """
 
     def compose_body(self) -> ComposeResult:
-        yield Label("", id="skip-note")
-        yield LinePlot(id="skip-plot", monochrome=self.color_mode is ColorMode.NONE)
+        yield Label("", id=f"{self.kind}-note", classes="skip--note")
+        yield LinePlot(id=f"{self.kind}-plot", monochrome=self.color_mode is ColorMode.NONE)
 
     @property
     def init_note(self) -> str:
@@ -50,7 +49,7 @@ class SkipPane(HeatmapPane):
         heatmap = self.heatmap
         if heatmap is None:
             heatmap = Heatmap(view.matrix, view.rows, view.cols, vmin=view.vmin, vmax=view.vmax, cmap=self.cmap,
-                              color_mode=self.color_mode, value_name="ratio", id="skip-heatmap",
+                              color_mode=self.color_mode, value_name="ratio", id=f"{self.kind}-heatmap",
                               nonfinite=view.nonfinite, nonfinite_text=view.nonfinite_text)
             body = self.query_one(".pane--body")
             body.mount(heatmap, before=0)
@@ -58,7 +57,7 @@ class SkipPane(HeatmapPane):
             heatmap.set_cmap(self.cmap)
             heatmap.set_data(view.matrix, view.rows, view.cols, vmin=view.vmin, vmax=view.vmax,
                              nonfinite=view.nonfinite, nonfinite_text=view.nonfinite_text)
-        note = self.query_one("#skip-note", Label)
+        note = self.query_one(".skip--note", Label)
         note.update(self.init_note)
         note.display = bool(self.init_note)  # said where the "no finite ratio" cells show
         cls = np.asarray(view.extra["cls"], dtype=float)

@@ -9,6 +9,7 @@ import numpy as np
 from textual.app import ComposeResult
 from textual.widgets import Label
 
+from vitsee.engine.analyses.contract import Shape
 from vitsee.tui.messages import StatusChanged
 from vitsee.tui.results import LoadedView
 from vitsee.tui.widgets.heatmap import Heatmap
@@ -22,8 +23,7 @@ def cell_name(index: int, grid_w: int) -> str:
 class SpatialPane(HeatmapPane):
     """A grid-sized heatmap: the cursor is a token position, the colours its CKA with every input patch."""
 
-    kind = "spatial"
-    label = "Spatial"
+    shape = Shape.TOKEN_MAPS
     key_help: ClassVar[dict[str, str]] = {
         "heatmap.select": "Open the map of the token under the cursor at full size, with its values",
         "heatmap.up": "Move to the token one row up (its map is shown)",
@@ -31,7 +31,6 @@ class SpatialPane(HeatmapPane):
         "heatmap.left": "Move to the token one column left (its map is shown)",
         "heatmap.right": "Move to the token one column right (its map is shown)",
     }
-    tooltip = "Show the spatial localisation maps"
 
     DEFAULT_CSS = """
     SpatialPane {
@@ -74,7 +73,7 @@ class SpatialPane(HeatmapPane):
         heatmap = self.heatmap
         if heatmap is None:
             heatmap = Heatmap(self.token_map(self.token), rows, cols, vmin=view.vmin, vmax=view.vmax, cmap=self.cmap,
-                              color_mode=self.color_mode, value_name="CKA", id="spatial-heatmap", **self.token_marks(self.token))
+                              color_mode=self.color_mode, value_name="CKA", id=f"{self.kind}-heatmap", **self.token_marks(self.token))
             self.query_one(".pane--body").mount(heatmap)
         else:
             heatmap.set_cmap(self.cmap)

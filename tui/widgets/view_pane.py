@@ -11,6 +11,7 @@ from textual.containers import Vertical
 from textual.widget import Widget
 from textual.widgets import Label, Static
 
+from vitsee.engine.analyses.contract import Shape
 from vitsee.engine.colormap import ASCII_RAMP, ColorMode
 from vitsee.tui.messages import StatusChanged
 from vitsee.tui.results import LoadedView
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from vitsee.engine.views import View
 
 
-PANE_CLASSES: dict[str, type[ViewPane]] = {}  # analysis name -> its pane; filled as each pane class is defined
+PANE_CLASSES: dict[Shape, type[ViewPane]] = {}  # view shape -> the pane that draws it; filled as each is defined
 
 
 @dataclass(frozen=True)
@@ -34,19 +35,19 @@ class Place:
 class ViewPane(Vertical):
     """A view's pane: `show(loaded)` fills it, `show_message(text)` replaces it with a line of text.
 
-    A subclass names the analysis it shows (`kind`, a name in engine/analyses REGISTRY) and so becomes that
-    analysis's pane: the explorer builds a tab for every registered analysis from PANE_CLASSES.
+    A subclass names the view shape it draws (`shape`, engine/analyses/contract.py Shape) and so becomes the pane
+    of every analysis of that shape: the explorer builds a tab per registered analysis, each with a pane of its
+    shape's class, whose `kind` is the analysis's name and `label` its label.
     """
 
-    kind: ClassVar[str] = ""
-    label: ClassVar[str] = ""
+    shape: ClassVar[Shape | None] = None
     key_help: ClassVar[dict[str, str]] = {}  # binding id -> what the key does in this view, for the help screen
-    tooltip: ClassVar[str] = ""  # what its number key does, for the help screen
+    lists_model_layers: ClassVar[bool] = False  # before its view loads, the side panel lists the model's layers
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
-        if cls.kind:  # HeatmapPane and other bases name no analysis
-            PANE_CLASSES[cls.kind] = cls
+        if cls.__dict__.get("shape") is not None:  # HeatmapPane and other bases draw no shape of their own
+            PANE_CLASSES[cls.shape] = cls
 
     DEFAULT_CSS = """
     ViewPane {
@@ -59,8 +60,12 @@ class ViewPane(Vertical):
     }
     """
 
-    def __init__(self, color_mode: ColorMode, cmap: str = "viridis", *, id: str | None = None) -> None:
-        super().__init__(id=id or f"pane-{self.kind}", classes="-message")
+    def __init__(self, kind: str, color_mode: ColorMode, cmap: str = "viridis", *, id: str | None = None) -> None:
+        from vitsee.engine.analyses import REGISTRY
+
+        self.kind = kind  # the analysis it shows
+        self.label = REGISTRY[kind].label
+        super().__init__(id=id or f"pane-{kind}", classes="-message")
         self.color_mode = color_mode
         self.cmap = cmap
         self.loaded: LoadedView | None = None

@@ -4,24 +4,31 @@ from __future__ import annotations
 
 from textual.widgets import Tab, Tabs
 
-# Shortened in this order while the row is wider than the pane (80 columns leave the tabs some 57): a row
-# that does not fit scrolls, and then the first tabs are cut off
-SHORT_LABELS = {"attention": "Attn", "spatial": "Spat", "probes": "Prob", "heads": "Head"}
 TAB_PADDING = 2
 
 
+def short_labels(labels: dict[str, str]) -> dict[str, str]:
+    """Returns each view's short tab label, as its analysis declares it (default: the label's first 4 letters)."""
+    from vitsee.engine.analyses import REGISTRY
+
+    return {kind: (REGISTRY[kind].short_label if kind in REGISTRY else "") or label[:4] for kind, label in labels.items()}
+
+
 def tab_labels(labels: dict[str, str], width: int) -> dict[str, str]:
-    """Returns each view's tab label ('2 Attention', or '2 Attn' where the row would not fit `width`)."""
+    """Returns each view's tab label ('2 Attention', or '2 Attn' where the row would not fit `width`).
+
+    While the row is wider than the pane (80 columns leave the tabs some 57) the longest labels are shortened first:
+    a row that does not fit scrolls, and then the first tabs are cut off."""
     names = dict(labels)
+    short = short_labels(labels)
 
     def row() -> int:
         return sum(len(f"{i} {name}") + TAB_PADDING for i, name in enumerate(names.values(), start=1))
 
-    for kind, short in SHORT_LABELS.items():
+    for kind in sorted(names, key=lambda k: -len(names[k])):  # stable: equal lengths in the tabs' order
         if row() <= width:
             break
-        if kind in names:
-            names[kind] = short
+        names[kind] = short[kind]
     return {kind: f"{i} {name}" for i, (kind, name) in enumerate(names.items(), start=1)}
 
 

@@ -1,4 +1,5 @@
-"""CKA between layers: within a model (paper Fig. 1) or model A's rows x model B's columns (Fig. 2)."""
+"""The pane of a layer x layer matrix (Shape.LAYER_MATRIX): CKA between layers within a model (paper Fig. 1) or
+model A's rows x model B's columns (Fig. 2), and any other measure of how alike two layers are."""
 
 from __future__ import annotations
 
@@ -7,26 +8,26 @@ from typing import ClassVar
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 
+from vitsee.engine.analyses.contract import Shape
 from vitsee.tui.messages import StatusChanged
 from vitsee.tui.results import LoadedView
 from vitsee.tui.widgets.heatmap import MARK_CHAR, Heatmap
 from vitsee.tui.widgets.view_pane import HeatmapPane, Place
 
 
-class CkaPane(HeatmapPane):
-    """The CKA heatmap; Enter on a cell opens the pair's detail."""
+class LayerMatrixPane(HeatmapPane):
+    """A layer x layer heatmap (CKA's, a measure's); Enter on a cell opens the pair's detail."""
 
-    kind = "cka"
-    label = "CKA"
-    tooltip = "Show the CKA heatmap"
+    shape = Shape.LAYER_MATRIX
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("n", "toggle_marks", "Mark n.s.", id="cka.marks", show=False,  # the help screen lists it; the
                 # footer at 80 columns has no room left (Help would drop off)
                 tooltip="Mark the cells whose permutation p-value is above 0.05 (not significant)"),
     ]
     marks_on = False
+    lists_model_layers = True
     key_help: ClassVar[dict[str, str]] = {
-        "heatmap.select": "Open the layer pair under the cursor: its CKA, both layers' shapes, its row and column",
+        "heatmap.select": "Open the layer pair under the cursor: its value, both layers' shapes, its row and column",
     }
 
     def compose_body(self) -> ComposeResult:
@@ -37,7 +38,7 @@ class CkaPane(HeatmapPane):
         heatmap = self.heatmap
         if heatmap is None:
             heatmap = Heatmap(view.matrix, view.rows, view.cols, vmin=view.vmin, vmax=view.vmax, cmap=self.cmap,
-                              color_mode=self.color_mode, value_name=view.value_name, id="cka-heatmap",
+                              color_mode=self.color_mode, value_name=view.value_name, id=f"{self.kind}-heatmap",
                               nonfinite=view.nonfinite, nonfinite_text=view.nonfinite_text)
             self.query_one(".pane--body").mount(heatmap)
         else:
@@ -52,7 +53,7 @@ class CkaPane(HeatmapPane):
         if view is None or heatmap is None:
             return
         if view.p_value is None:
-            self.notify("this CKA result has no p-values: vitsee analyze STORE --cka --permutations 99",
+            self.notify(f"this {self.label} result has no p-values: vitsee analyze STORE --{self.kind} --permutations 99",
                         severity="warning")
             return
         self.marks_on = not self.marks_on
@@ -80,7 +81,7 @@ class CkaPane(HeatmapPane):
         view = self.loaded.view
         value = heatmap.value_at(row, col)
         interval = view.interval_text(row, col) if value == value else ""
-        return f"{heatmap.row_labels[row]} x {heatmap.col_labels[col]}  CKA {heatmap.describe(row, col)}{interval}"
+        return f"{heatmap.row_labels[row]} x {heatmap.col_labels[col]}  {view.value_name} {heatmap.describe(row, col)}{interval}"
 
     def jump_to_layer(self, layer: str) -> bool:
         heatmap, view = self.heatmap, self.view
