@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import timm
 import torch
 
 from vitsee.engine.analyses.base import resolve_device

@@ -31,11 +31,9 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
 import psutil
 import torch
 
-from vitsee.engine import measures as ms
 from vitsee.engine import measures_grams as mg
 from vitsee.engine.analyses.cka import minibatch_cka
 from vitsee.engine.store import Store
@@ -167,7 +165,7 @@ def run(store_path: Path, n: int, procrustes_full: int, per_pair: bool) -> list[
         for name, params in MEASURES:
             fn = mg.MEASURES[name].direct
             _, wall, rise = timed(lambda: [[fn(a, b, **params) for b in few] for a in few])
-            rows.append((f"{name} direct, pair by pair", wall * L * L / 9, rise, f"~ from 9 pairs; Grams rebuilt per call"))
+            rows.append((f"{name} direct, pair by pair", wall * L * L / 9, rise, "~ from 9 pairs; Grams rebuilt per call"))
     return rows
 
 

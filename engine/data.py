@@ -58,7 +58,7 @@ class ImageSet(ABC):
     def has_labels(self) -> bool:
         return bool((self.labels() >= 0).any())
 
-    def check_readable(self, indices: np.ndarray) -> None:
+    def check_readable(self, indices: np.ndarray) -> None:  # noqa: B027 (a hook: nothing to check by default)
         """Raises a VitseeError naming an image of `indices` that cannot be read (sets held in memory
         were checked when they were loaded)."""
 
@@ -646,7 +646,7 @@ class HfdsSet(_TimmSet):
 
         try:
             return create_dataset(f"hfds/{self.name}", split=self.split)
-        except Exception as exc:  # noqa: BLE001 -- datasets raises its own zoo for a name or split it cannot get
+        except Exception as exc:  # datasets raises its own zoo of errors for a name or split it cannot get
             raise VitseeError(
                 f"cannot load Hugging Face dataset {self.name} split {self.split} ({brief(exc)}): check the name "
                 f"and split; {offline}"

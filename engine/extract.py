@@ -18,7 +18,6 @@ engine/extract_plan.py, the writer thread and the host copies in engine/writer.p
 from __future__ import annotations
 
 import os
-import queue
 import threading
 import time
 from collections.abc import Iterator, Sequence

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import os
 import re
 import shutil
 from collections.abc import Callable, Sequence

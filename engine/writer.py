@@ -3,7 +3,6 @@ writes finished batches into the store (bounded queue, flat host memory), and th
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 from collections.abc import Sequence

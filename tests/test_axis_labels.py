@@ -27,7 +27,7 @@ def assert_apart(axis: AxisLabels, width: int, gap: int) -> None:
     for _, x, text in axis.placed:
         assert 0 <= x and x + (1 if axis.vertical else len(text)) <= width
     # what is drawn is every placed label whole: nothing was written over another
-    for index, x, text in axis.placed:
+    for _index, x, text in axis.placed:
         drawn = "".join(axis.line_text(k, width)[x] for k in range(len(text))) if axis.vertical else \
             axis.line_text(0, width)[x:x + len(text)]
         assert drawn == text

@@ -121,7 +121,7 @@ def _cached_arrays(store) -> dict:
     for p in sorted((store.parent / (store.name + ".d") / "results").rglob("*.h5")):
         with h5py.File(p, "r") as f:
             f.visititems(lambda name, obj: out.__setitem__(f"{p.parent.name}/{p.stem}/{name}", np.asarray(obj[()]))
-                         if isinstance(obj, h5py.Dataset) else None)  # noqa: B023 (f is read inside the with)
+                         if isinstance(obj, h5py.Dataset) else None)
     return out
 
 

@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 from textual.app import App, ComposeResult
 
-from conftest import VIT
 from helpers.app import CACHED, SIZE, analysed_copy, make_app, settle, view_shown
 from vitsee.engine.analyze import AnalyzeConfig, run_analyses
 from vitsee.engine.colormap import ColorMode

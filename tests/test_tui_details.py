@@ -164,7 +164,7 @@ async def test_enter_on_a_spatial_token_opens_its_map_at_full_size_with_values(s
         await closes_with(pilot, "enter")
 
 
-async def test_enter_on_a_head_of_the_heads_view_opens_its_cka_with_every_layer(paper_store, tmp_path):  # noqa: F811
+async def test_enter_on_a_head_of_the_heads_view_opens_its_cka_with_every_layer(paper_store, tmp_path):
     app = make_app(paper_store, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await open_view(pilot, "heads")
@@ -181,7 +181,7 @@ async def test_enter_on_a_head_of_the_heads_view_opens_its_cka_with_every_layer(
         await closes_with(pilot, "q")
 
 
-async def test_enter_on_an_erf_pixel_opens_the_map_with_its_values_in_the_views_scale(paper_store, tmp_path):  # noqa: F811
+async def test_enter_on_an_erf_pixel_opens_the_map_with_its_values_in_the_views_scale(paper_store, tmp_path):
     app = make_app(paper_store, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await open_view(pilot, "erf")

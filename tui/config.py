@@ -207,12 +207,12 @@ def read_file(path: Path) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise VitseeError(f"{path}: cannot read the config file ({exc.strerror}): fix its permissions or move it away")
+        raise VitseeError(f"{path}: cannot read the config file ({exc.strerror}): fix its permissions or move it away") from None
     try:
         return tomllib.loads(data.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise VitseeError(f"{path}: not valid TOML ({exc}): fix the file or move it away "
-                          "(an example is in the README's Settings section)")
+                          "(an example is in the README's Settings section)") from None
 
 
 def _unknown(path: Path, what: str, name: str, known: list[str], way_out: str) -> VitseeError:
@@ -342,7 +342,7 @@ def check_keymap(path: Path, keys: Mapping[str, Value]) -> None:
     """Raises VitseeError for an unknown binding id, or for two bindings of one widget left on the same key."""
     table = binding_table()
     known = sorted({i for ids in table.values() for i in ids if not i.startswith("\x00")})
-    for binding_id, value in keys.items():
+    for binding_id in keys:
         if binding_id not in known:
             raise _unknown(path, "binding id", binding_id, known,
                            "fix or remove it (the README's Settings section lists the ids)")

@@ -108,7 +108,7 @@ def _state(plan: SnapshotPlan, screen) -> tuple[str, str]:
     busy = any(w.group in ("summary", "view") and not w.is_finished for w in screen.workers)
     spec, reason = screen.spec_for(plan.kind)
     if spec is None:
-        opening = screen.summary is None and screen._failure is None  # noqa: SLF001 (the store is still being read)
+        opening = screen.summary is None and screen._failure is None  # the store is still being read
         return ("waiting" if opening or busy else "failed"), reason
     pane = screen.pane(plan.kind)
     if pane.loaded is not None and pane.loaded.spec == spec:

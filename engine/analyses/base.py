@@ -13,7 +13,7 @@ from .. import stats as stats_mod
 from ..errors import VitseeError
 from ..lazy import lazy_module
 from ..store import Store
-from .config import AnalyzeConfig, Step, StepFn  # noqa: F401  (what the analyses import from here)
+from .config import AnalyzeConfig, Step, StepFn
 from .contract import save_result  # noqa: F401  (the analyses' runners save through base)
 
 torch = lazy_module("torch")  # reading a cached result needs numpy only; torch is imported by the first computation

@@ -36,12 +36,12 @@ if TYPE_CHECKING:
 
     from ..models import LoadedModel
 
-torch = lazy_module("torch")  # imported on first use: a cached ERF view is read without torch
-models_mod = lazy_module("vitsee.engine.models")
-
 # the shared plumbing of the store-facing runners (device, progress, caching with provenance)
 from .base import AnalyzeConfig, StepFn, emit, resolve_device, save_result
 from .contract import Analysis, AnalysisOption, DossierEntry, Request, Result, Shape, View
+
+torch = lazy_module("torch")  # imported on first use: a cached ERF view is read without torch
+models_mod = lazy_module("vitsee.engine.models")
 
 ANALYSIS = "erf"
 IDENTITY = ("model", "layers", "n_images")  # any number of averaged images serves a view that asked for none

@@ -685,10 +685,10 @@ def fit_probes(
     squared = torch.zeros(grid.l2.shape, dtype=torch.float64, device=fit.device)  # (P, L)
     if isinstance(fit, ExampleAccumulator):  # kept once; its products with the fit part serve scoring and refit
         holdout = ExampleAccumulator(n_classes, device, reference=fit.reference, workspace=workspace)
-        score_and_keep = lambda x, y: holdout.update_scored(grid, x, y)  # noqa: E731
+        score_and_keep = lambda x, y: holdout.update_scored(grid, x, y)  # noqa: E731, F821 (grid: deleted below, after its last use)
     else:
         holdout = RidgeAccumulator(n_classes, device)  # merged into fit below: the same form
-        score_and_keep = lambda x, y: (grid.evaluate(x, y), holdout.update(x, y))[0]  # noqa: E731
+        score_and_keep = lambda x, y: (grid.evaluate(x, y), holdout.update(x, y))[0]  # noqa: E731, F821
     for x, y in batches(split.mask("holdout")):
         right, error = score_and_keep(x, y)
         correct += right

@@ -218,7 +218,7 @@ class Store:
                 f"{rows}</table></div>")
 
 
-def open(path: str | os.PathLike) -> Store:  # noqa: A001 - `vitsee.open`, as `h5py.File` / `xarray.open_dataset`
+def open(path: str | os.PathLike) -> Store:  # `vitsee.open` shadows the builtin, as h5py.File / xarray.open_dataset
     """Returns the vitsee store at `path`, opened for reading its views from Python.
 
     A store is what `vitsee extract` (or `vitsee.extract`, or `vitsee.from_features`) wrote: `run.h5` and the

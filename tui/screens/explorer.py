@@ -484,7 +484,7 @@ class ExplorerScreen(Screen):
             if worker.is_cancelled:
                 break
 
-            def progress(step: Step, spec=spec, shown=StepThrottle()) -> None:
+            def progress(step: Step, spec=spec, shown=StepThrottle()) -> None:  # noqa: B008 (one throttle per spec)
                 if shown(step.done, step.total):
                     self.post_message(AnalysisStep(spec, f"{step.analysis} ({index}/{len(specs)})", step.done, step.total, step.message))
 

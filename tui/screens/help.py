@@ -61,7 +61,7 @@ def describe_bindings(screen: Screen, descriptions: dict[str, str] | None = None
     app = screen.app
     descriptions = descriptions or {}
     rows: dict[tuple[int, str], KeyHelp] = {}
-    for key, active in screen.active_bindings.items():
+    for active in screen.active_bindings.values():
         binding = active.binding
         if binding.system and binding.action not in ("app.command_palette", "command_palette"):
             continue

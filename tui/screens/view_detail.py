@@ -184,7 +184,7 @@ def token_layout(n_tokens: int, grid: list[int] | tuple[int, ...], prefix: int |
     else the fewest prefix tokens that leave a square (how every ViT in timm lays its tokens out), else a row."""
     if prefix is not None and len(grid) == 2 and n_tokens - prefix == grid[0] * grid[1]:
         return prefix, int(grid[0]), int(grid[1])
-    for lead in range(0, min(n_tokens, 9)):
+    for lead in range(min(n_tokens, 9)):
         side = math.isqrt(n_tokens - lead)
         if side > 0 and side * side == n_tokens - lead:
             return lead, side, side

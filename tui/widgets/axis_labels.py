@@ -57,7 +57,7 @@ class AxisLabels:
     def line_text(self, line: int, width: int) -> str:
         """Returns line `line` of the labels as `width` characters."""
         chars = [" "] * width
-        for index, x, text in self.placed:
+        for _index, x, text in self.placed:
             if self.vertical:
                 if line < len(text) and 0 <= x < width:
                     chars[x] = text[line]

@@ -37,7 +37,7 @@ from vitsee.engine.colormap import (
     Palette,
     detect_color_mode,
 )
-from vitsee.tui.widgets.axis_labels import (  # noqa: F401 (the panes import the label forms from here)
+from vitsee.tui.widgets.axis_labels import (
     AxisLabels,
     abbreviate_label,
     fit_labels,
