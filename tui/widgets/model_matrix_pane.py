@@ -155,8 +155,9 @@ class ModelMatrixPane(HeatmapPane):
         i, j = pair
         names, families = self.names(LABEL_CHARS), view.extra["families"]
         interval = view.interval_text(i, j) if np.isfinite(view.matrix[i, j]) else ""
-        return (f"{names[i]} ({families[i]}) x {names[j]} ({families[j]})  {view.value_name} "
-                f"{view.cell_text(i, j)}{interval}")
+        # parts the status line drops from the end where it is narrow: the families go first
+        return (f"{names[i]} x {names[j]}  {view.value_name} {view.cell_text(i, j)}{interval}  "
+                f"{families[i]} x {families[j]}")
 
     def on_heatmap_cursor_moved(self, message: Heatmap.CursorMoved) -> None:
         message.stop()
