@@ -545,8 +545,16 @@ def _model_matrix(view: View, selection, cmap: Colormap) -> Figure:
     _overlay_nonfinite(ax, view.nonfinite[np.ix_(order, order)] if view.nonfinite is not None else None,
                        origin="upper", aspect="equal")
     ax.legend(handles=[Rectangle((0, 0), 1, 1, color=c, label=f) for f, c in palette.items()], fontsize=TICK_PT,
-              loc="upper left", bbox_to_anchor=(0.0, -0.02), ncols=min(4, len(palette)), frameon=False,
-              title="family (tick colour)", title_fontsize=TICK_PT)
+              loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=min(6, len(palette)), frameon=False,
+              title="family (the names' colour)", title_fontsize=TICK_PT, alignment="left")
+    if n <= 10:  # few enough cells to write each value in
+        for i in range(n):
+            for j in range(n):
+                value = shown[i, j]
+                if np.isfinite(value):
+                    light = (value - vmin) / (vmax - vmin) > 0.6 if vmax > vmin else False
+                    ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=TICK_PT + 1,
+                            color="black" if light else "white")
     reference = order[0]
     if selection:
         r, c = selection

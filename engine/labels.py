@@ -101,9 +101,9 @@ def model_labels(keys: Sequence[str], width: int = 24) -> list[str]:
 
     most = max(len(base.split("_")) for base, *_ in parts)
     forms = [[joined(f"{b}.{t}" if t else b, w) for b, t, w, _ in parts], [joined(b, w) for b, _, w, _ in parts]]
-    for keep in range(most - 1, 0, -1):
+    forms.append([joined(b, s) for b, _, _, s in parts])
+    for keep in range(most - 1, 0, -1):  # the name's leading words, the init in a word, then shorter
         forms.append([joined("_".join(b.split("_")[:keep]), w) for b, _, w, _ in parts])
-    for keep in range(most, 0, -1):
         forms.append([joined("_".join(b.split("_")[:keep]), s) for b, _, _, s in parts])
     distinct = len(set(keys))
     apart = [f for f in forms if len(set(f)) == distinct] or [keys]  # the keys themselves are always apart

@@ -40,7 +40,7 @@ class TestZooView:
             assert not pane.loaded.computed  # the cached zoo, not a new one
             # the side panel lists the models in the same order; picking one moves the cursor to its row
             panel = app.screen.query_one(SidePanel)
-            assert panel.layer_names == [model_labels(ZOO_MODELS, 24)[i] for i in order]
+            assert panel.layer_names == [names[i] for i in order]
             assert pane.jump_to_layer(ZOO_MODELS[order[2]]) and heatmap.cursor[0] == 2
 
     async def test_the_status_line_names_the_pair_with_its_value_and_interval(self, zoo_store, tmp_path):
@@ -77,7 +77,7 @@ class TestZooView:
     async def test_the_curves_match_every_other_model_onto_the_reference_and_r_changes_it(self, zoo_store, tmp_path):
         view = load_view(zoo_store, "zoo")
         order = view.extra["order"]
-        names = model_labels(ZOO_MODELS, 24)
+        names = model_labels(ZOO_MODELS, 16)
         app = make_app(zoo_store, tmp_path)
         async with app.run_test(size=(80, 24)) as pilot:
             await open_zoo(app, pilot)

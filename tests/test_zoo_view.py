@@ -96,10 +96,13 @@ class TestCommandLine:
         assert f"{view.matrix[0, 1]:.3f}" in text and "bootstrap interval over 3 minibatches" in text
 
     @pytest.mark.parametrize("args, message", [
-        (["show", "STORE", "zoo", "--zoo-measure", "rsa"], "--zoo-measure rsa is not a layer x layer measure: choose from cka"),
-        (["show", "STORE", "zoo", "--zoo-summary", "mean"], "--zoo-summary mean is not a zoo summary: choose from best_match, layer"),
+        (["show", "STORE", "zoo", "--zoo-measure", "rsa"],
+         "--zoo-measure rsa is not a layer x layer measure: choose from cka"),
+        (["show", "STORE", "zoo", "--zoo-summary", "mean"],
+         "--zoo-summary mean is not a zoo summary: choose from best_match, layer"),
         (["show", "STORE", "zoo", "--zoo-layers", f"{VIT}=blocks.1"], "add --zoo-summary layer"),
-        (["show", "STORE", "zoo", "--zoo-summary", "layer", "--zoo-layers", f"{VIT}=blocks.99"], "has no layer 'blocks.99'"),
+        (["show", "STORE", "zoo", "--zoo-summary", "layer", "--zoo-layers", f"{VIT}=blocks.99"],
+         "has no layer 'blocks.99'"),
         (["show", "STORE", f"zoo:{VIT}"], "is a view of every model of the store: use zoo"),
     ])
     def test_a_bad_option_is_one_line_naming_the_way_out(self, zoo_store, capsys, args, message):

@@ -77,8 +77,9 @@ class ModelMatrixPane(HeatmapPane):
         view = self.view
         return [int(i) for i in view.extra["order"]] if view is not None else []
 
-    def names(self, width: int = 24) -> list[str]:
-        """Returns the models' names shortened alike, in the store's order."""
+    def names(self, width: int = LABEL_CHARS) -> list[str]:
+        """Returns the models' names shortened alike, in the store's order (one form everywhere in the pane: the
+        heatmap's rows, the curves, the side panel and the status line)."""
         view = self.view
         return model_labels(view.rows, width) if view is not None else []
 
@@ -86,7 +87,7 @@ class ModelMatrixPane(HeatmapPane):
         view = loaded.view
         order = self.order
         shown = view.matrix[np.ix_(order, order)]
-        rows = [self.names(LABEL_CHARS)[i] for i in order]
+        rows = [self.names()[i] for i in order]
         families = [view.extra["families"][i] for i in order]
         nonfinite = view.nonfinite[np.ix_(order, order)] if view.nonfinite is not None else None
 
@@ -153,7 +154,7 @@ class ModelMatrixPane(HeatmapPane):
         if pair is None or view is None:
             return ""
         i, j = pair
-        names, families = self.names(LABEL_CHARS), view.extra["families"]
+        names, families = self.names(), view.extra["families"]
         interval = view.interval_text(i, j) if np.isfinite(view.matrix[i, j]) else ""
         # parts the status line drops from the end where it is narrow: the families go first
         return (f"{names[i]} x {names[j]}  {view.value_name} {view.cell_text(i, j)}{interval}  "
