@@ -110,6 +110,23 @@ class TestZooView:
             assert "best-match CKA" in app.screen.query_one("#status-line").shown  # the value, not only the pair
 
 
+async def test_the_tab_computes_a_missing_zoo_from_the_cka_already_cached(store, tmp_path):
+    from vitsee.engine.store import Store, copy_store
+
+    path = copy_store(store, tmp_path / "tiny.h5")  # CKA cached (batch 16, store order), no zoo
+    with Store.open(path) as s:
+        before = [r["params"] for r in s.results("cka")]
+        assert not s.results("zoo") and all(p["batch_size"] == 16 for p in before)
+    app = make_app(path, tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await open_zoo(app, pilot)
+        assert app.screen.pane("zoo").loaded.computed
+    with Store.open(path) as s:
+        assert [r["params"] for r in s.results("cka")] == before  # no other estimate computed (the app's is 256)
+        (zoo,) = s.results("zoo")
+    assert zoo["params"]["of"] in before and zoo["params"]["stats"]["ci"] == 0.95
+
+
 def opened_zoo(*keys: str):
     async def run_before(pilot) -> None:
         await open_zoo(pilot.app, pilot)

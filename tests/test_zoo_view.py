@@ -117,3 +117,20 @@ class TestCommandLine:
                                      img_size=32, device="cpu", workers=0))
         code, _, err = run_cli(["analyze", path, "--zoo", "-q"], capsys)
         assert code == 2 and "the zoo compares the models of a store and one.h5 holds one" in err
+
+
+def test_a_grams_store_gives_the_zoo_and_intervals_of_its_activations(zoo_store, tmp_path, capsys):
+    """A zoo streamed as Grams (`extract --grams`, no activations) has the values and intervals the same models over
+    the same images and batches give from their activations."""
+    from conftest import IMG
+    from vitsee.engine.extract import ExtractConfig, run_extraction
+
+    path = tmp_path / "grams.h5"
+    run_extraction(ExtractConfig(store=path, models=[VIT, RESNET], dataset="synthetic", n_images=48, batch_size=16,
+                                 img_size=IMG, device="cpu", workers=0, grams=True))
+    code, _, err = run_cli(["analyze", path, "--zoo", "-q"], capsys)  # from the streamed CKA and the Grams
+    assert code == 0, err
+    streamed, stored = load_view(path, "zoo"), load_view(zoo_store, "zoo")
+    assert streamed.extra["interval"] == "0.95 percentile bootstrap over 3 batches, 1000 replicates"
+    for name in ("matrix", "ci_low", "ci_high"):
+        np.testing.assert_allclose(getattr(streamed, name), getattr(stored, name)[:2, :2], atol=1e-6)

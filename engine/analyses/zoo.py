@@ -82,14 +82,6 @@ def summary_layers(store: Store, cfg: AnalyzeConfig, summary: str) -> dict[str, 
 
 
 
-def padded(paths: list[np.ndarray], width: int) -> np.ndarray:
-    """Returns the index arrays as rows of one (len, width) int array, -1 after each one's end."""
-    out = np.full((len(paths), width), -1, dtype=np.int64)
-    for i, p in enumerate(paths):
-        out[i, : len(p)] = p
-    return out
-
-
 class ModelZoo(Analysis):
     """Every pair of the store's models summarised from a layer x layer measure: the models x models matrix, its
     intervals and clustering order, the models' families, and each model's layers matched to every other's."""
