@@ -116,8 +116,8 @@ def load_view(path: str | Path, text: str, cfg: AnalyzeConfig | None = None, pro
     cfg None means "no particular estimator settings": any cached result about the same thing serves
     (see cached_params), and a missing one is computed with the defaults, on `device` (where to compute is not
     what to show: it never picks the estimate), from any cached estimate it builds on (the zoo on a cached CKA, a
-    streaming store's CKA: AnalyzeConfig.any_cka_estimate). `options`: the analyses' own options that say what the view is
-    of (`--zoo-measure`), as `vitsee show` and `export` take them.
+    streaming store's CKA: AnalyzeConfig.any_cka_estimate). `options`: the analyses' own options that say what the
+    view is of (`--zoo-measure`), as `vitsee show` and `export` take them.
     """
     path = Path(path)
     with Store.open(path) as store:
