@@ -455,12 +455,22 @@ def analysis_options(command):
     a `--NAME` flag each, then each one's own options (`--erf-images N`), as harlequin builds its adapters' options.
     The command receives the names flagged, in the registry's order, as `chosen`, and the values given of the
     analyses' own options as `given` (option attribute -> value)."""
+    return _with_analysis_options(command, flags=True)
+
+
+def own_options(command):
+    """Returns `command` (show, export) with each registered analysis's own options (`--zoo-measure NAME`, which
+    say what a view is of), their values given as `given` (option attribute -> value)."""
+    return _with_analysis_options(command, flags=False)
+
+
+def _with_analysis_options(command, flags: bool):
     import functools
     import inspect
 
     from .analyses import REGISTRY
 
-    flags = [(a.name, a.option_help) for a in REGISTRY.values()]
+    flags = [(a.name, a.option_help) for a in REGISTRY.values()] if flags else []
     options = [o for a in REGISTRY.values() for o in a.options]
     keyword = inspect.Parameter.KEYWORD_ONLY
     added = [inspect.Parameter(name, keyword, default=False, annotation=Annotated[bool, typer.Option(f"--{name}", help=text)])
@@ -477,7 +487,7 @@ def analysis_options(command):
     def with_options(*args, **kwargs):
         chosen = [name for name, _ in flags if kwargs.pop(name, False)]
         given = {o.attr: value for o in options if (value := kwargs.pop(o.attr, None)) is not None}
-        return command(*args, chosen=chosen, given=given, **kwargs)
+        return command(*args, **({"chosen": chosen} if flags else {}), given=given, **kwargs)
 
     with_options.__signature__ = inspect.Signature(positional + added + rest)
     with_options.__annotations__ = {p.name: p.annotation for p in positional + added + rest}
@@ -590,6 +600,7 @@ ViewPermutations = Annotated[Optional[int], typer.Option(help=f"permutations per
 
 
 @app.command()
+@own_options
 def export(
     store: Annotated[Path, typer.Argument(help="a store")],
     view: Annotated[str, typer.Argument(help=VIEW_ARG)],
@@ -601,18 +612,22 @@ def export(
     device: ViewDevice = None,
     ci: ViewCI = None,
     permutations: ViewPermutations = None,
+    *,
+    given: dict,
 ) -> None:
     """Write one view as a figure (.png), its numbers (.json) or a table (.csv); computes it if needed."""
     from .export import check_export, write_view
     from .views import load_view
 
     check_export(out_file, cmap)  # before the view is computed: a refused export changes nothing
-    v = load_view(store, view, _view_config(batch_size, shuffles, seed, device, ci, permutations), device=device)
+    v = load_view(store, view, _view_config(batch_size, shuffles, seed, device, ci, permutations), device=device,
+                  options=given)
     path = write_view(v, out_file, cmap=cmap)
     err.print(f"wrote {path}", highlight=False)
 
 
 @app.command()
+@own_options
 def show(
     store: Annotated[Path, typer.Argument(help="a store")],
     view: Annotated[str, typer.Argument(help=VIEW_ARG)],
@@ -625,6 +640,8 @@ def show(
     device: ViewDevice = None,
     ci: ViewCI = None,
     permutations: ViewPermutations = None,
+    *,
+    given: dict,
 ) -> None:
     """Print a view in the terminal: a coloured heatmap or a table (ASCII with NO_COLOR, or into a pipe or file,
     followed there by the numbers), and the best cell's interval; --format csv|json prints the numbers only."""
@@ -639,7 +656,8 @@ def show(
     piped = color == "auto" and not out.is_terminal
     if piped:  # uncoloured half blocks carry no value: the ASCII ramp does, and the numbers follow
         mode = ColorMode.NONE
-    v = load_view(store, view, _view_config(batch_size, shuffles, seed, device, ci, permutations), device=device)
+    v = load_view(store, view, _view_config(batch_size, shuffles, seed, device, ci, permutations), device=device,
+                  options=given)
     if fmt != "text":
         text = v.to_csv() if fmt == "csv" else json.dumps(v.to_json(), indent=1)
         out.file.write(text if text.endswith("\n") else text + "\n")

@@ -514,6 +514,77 @@ def _pixel_map(view: View, selection, cmap: Colormap) -> Figure:
     return fig
 
 
+FAMILY_COLORS = ("#0072b2", "#d55e00", "#009e73", "#cc79a7", "#e69f00", "#56b4e9", "#000000", "#999999")  # Okabe-Ito
+
+
+def _model_matrix(view: View, selection, cmap: Colormap) -> Figure:
+    """Returns the zoo: the models x models heatmap in the clustering order (model names coloured by family, a
+    legend of the families) and, beside it, every model's layers matched onto one reference model's, relative depth
+    against relative depth (the reference: the selected row's model, else the first in the order)."""
+    from .labels import model_labels
+
+    order = [int(i) for i in view.extra["order"]]
+    families = list(view.extra["families"])
+    names = model_labels(view.rows, 28)
+    shown_families = dict.fromkeys(families[i] for i in order)
+    palette = {f: FAMILY_COLORS[k % len(FAMILY_COLORS)] for k, f in enumerate(shown_families)}
+    n = len(order)
+    fig = _new_figure(view, (12.0, 6.2))
+    ax, curves = fig.subplots(1, 2, width_ratios=[1.15, 1.0])
+    vmin, vmax = _value_range(view)
+    shown = view.matrix[np.ix_(order, order)]
+    image = ax.imshow(shown, cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest", aspect="equal")
+    shown_names = [names[i] for i in order]
+    _layer_ticks(ax.yaxis, shown_names, room_in=4.2)
+    _layer_ticks(ax.xaxis, shown_names, room_in=4.2, rotate=True)
+    for axis in (ax.xaxis, ax.yaxis):
+        for tick in axis.get_ticklabels():
+            if tick.get_text() in shown_names:
+                tick.set_color(palette[families[order[shown_names.index(tick.get_text())]]])
+    fig.colorbar(image, ax=ax, label=view.value_name, shrink=0.8)
+    _overlay_nonfinite(ax, view.nonfinite[np.ix_(order, order)] if view.nonfinite is not None else None,
+                       origin="upper", aspect="equal")
+    ax.legend(handles=[Rectangle((0, 0), 1, 1, color=c, label=f) for f, c in palette.items()], fontsize=TICK_PT,
+              loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=min(6, len(palette)), frameon=False,
+              title="family (the names' colour)", title_fontsize=TICK_PT, alignment="left")
+    if n <= 10:  # few enough cells to write each value in
+        for i in range(n):
+            for j in range(n):
+                value = shown[i, j]
+                if np.isfinite(value):
+                    light = (value - vmin) / (vmax - vmin) > 0.6 if vmax > vmin else False
+                    ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=TICK_PT + 1,
+                            color="black" if light else "white")
+    reference = order[0]
+    if selection:
+        r, c = selection
+        reference = r
+        i, j = order.index(r), order.index(c)
+        _mark_cell(ax, i, j, f"{names[r]} x {names[c]}\n{view.value_name} {view.cell_text(r, c, 3)}"
+                   f"{view.interval_text(r, c)}", toward=(n / 2 - j, i - n / 2), cell_pt=300 / max(n, 1))
+    ref = view.rows[reference]
+    pairs = {(c["a"], c["b"]): c for c in view.extra.get("correspondences", [])}
+    curves.plot([0, 1], [0, 1], ls=":", color="0.6", lw=1, label="same relative depth")
+    for k, i in enumerate(i for i in order if i != reference):
+        c = pairs.get((view.rows[i], ref))
+        if c is not None:
+            curves.plot(c["depth_a"], c["depth_b_path"], marker="o", ms=3, lw=1.4, label=names[i],
+                        color=LINE_COLORS[k % len(LINE_COLORS)] if len(order) <= len(LINE_COLORS) + 1 else None)
+    curves.set_xlim(-0.02, 1.02)
+    curves.set_ylim(-0.02, 1.02)
+    curves.set_aspect("equal")
+    curves.set_xlabel("relative depth of each model's layer (0 first, 1 last)")
+    curves.set_ylabel(f"relative depth of its match in {names[reference]}")
+    curves.set_title(f"layers matched onto {names[reference]} (monotone path)", fontsize=9)
+    curves.tick_params(labelsize=TICK_PT)
+    curves.legend(fontsize=TICK_PT, loc="upper left", frameon=False)
+    note = "order: hierarchical clustering (average linkage)"
+    if view.ci_low is None:
+        note += f"; intervals {view.extra.get('interval', 'none')}"
+    _caption(fig, view, note)
+    return fig
+
+
 def _new_figure(view: View, size: tuple[float, float]) -> Figure:
     """Returns an empty Agg figure with the view's title and subtitle across the top."""
     fig = Figure(figsize=size, layout="constrained")
@@ -686,5 +757,6 @@ DRAWINGS = {
     Shape.TOKEN_MAPS: _token_maps,
     Shape.HEADS_BY_LAYER: _heads_by_layer,
     Shape.PIXEL_MAP: _pixel_map,
+    Shape.MODEL_MATRIX: _model_matrix,
 }
 MARKS_OWN_NONFINITE = frozenset({Shape.DEPTH_CURVES})

@@ -638,8 +638,8 @@ def rebuild(record: dict) -> nn.Module:
 def describe_record(record: dict) -> str:
     """Returns one line saying how a model was trained here, e.g. 'digits (1437 images, 10 epochs, test accuracy
     0.912); no skip in blocks.3.attn, blocks.3.mlp; GAP'."""
-    text = (f"{record['dataset']} ({record['n_train']} images, {len(record['history'])} epochs, "
-            f"test accuracy {record['test_accuracy']:.3f})")
+    epochs = f"{len(record['history'])} epochs" if record["history"] else "0 epochs: the seeded init"
+    text = f"{record['dataset']} ({record['n_train']} images, {epochs}, test accuracy {record['test_accuracy']:.3f})"
     return text + "".join(f"; {part}" for part in interventions_text(record))
 
 

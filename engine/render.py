@@ -25,7 +25,7 @@ from rich.text import Text
 
 from .analyses.contract import Shape
 from .colormap import ASCII_RAMP, DEFAULT_LEVELS, MISSING, ColorMode, ColorScale, Palette, detect_color_mode
-from .labels import fit_labels
+from .labels import fit_labels, model_labels
 from .views import View, best_cell, uniform_text
 
 UPPER_HALF = "\u2580"  # ▀
@@ -220,6 +220,52 @@ def _skip_curves(view: View, mode: ColorMode) -> list:
     return [table, Text(caption, style=_style(mode, "dim"))]
 
 
+def _model_matrix(view: View, mode: ColorMode, cmap: str, width: int, selection=None) -> list:
+    """Returns the models x models heatmap in the clustering order, each row with its family, the numbers as a
+    table where they fit, and each model's most alike other model with its interval."""
+    order = [int(i) for i in view.extra["order"]]
+    families = list(view.extra["families"])
+    names = model_labels(view.rows, 24)
+    shown = view.matrix[np.ix_(order, order)]
+    scale = ColorScale.for_matrix(shown, vmin=view.vmin, vmax=view.vmax, levels=_levels(mode), cmap=cmap)
+    rows = model_labels(view.rows, MAX_LABEL)  # the gutter's width: shortened alike rather than cut
+    plot = Heatmap(shown, [rows[i] for i in order], [f"{names[i]} [{families[i]}]" for i in order], scale, mode,
+                   width, nonfinite=view.nonfinite[np.ix_(order, order)] if view.nonfinite is not None else None)
+    dim = _style(mode, "dim")
+    out = [*plot.lines(), plot.legend(view.value_name), *plot.column_key(),
+           Text("rows and columns: the models in the order of a hierarchical clustering of the matrix (average "
+                "linkage), [family]", style=dim)]
+    gutter = max(len(names[i]) + len(families[i]) for i in order) + 4
+    if gutter + 7 * len(order) <= width:  # the numbers, in the same order
+        table = _table(mode)
+        table.add_column("model")
+        table.add_column("family")
+        for k in range(len(order)):
+            table.add_column(str(k), justify="right")
+        for i in order:
+            table.add_row(names[i], families[i], *[_fmt(view.matrix[i, j]) for j in order])
+        out.append(table)
+    best = np.nanargmax if _higher_is_better(view) else np.nanargmin
+    lines = []
+    for i in order:
+        others = np.array([view.matrix[i, j] if j != i else np.nan for j in range(len(order))], dtype=float)
+        if np.isfinite(others).any():
+            j = int(best(others))
+            lines.append(f"  {names[i]}: {names[j]}  {_fmt(view.matrix[i, j])}{view.interval_text(i, j)}")
+    if lines:
+        out += [Text("most alike other model of each:"), *map(Text, lines)]
+    caption = view.interval_caption() or f"intervals: {view.extra.get('interval', 'none')}"
+    return out + [Text(caption, style=dim), *_nonfinite_lines(view, mode)]
+
+
+def _higher_is_better(view: View) -> bool:
+    """Returns whether a larger value of a view of another analysis's numbers (the zoo's measure) is more alike."""
+    from .analyses import REGISTRY
+
+    measure = REGISTRY.get(str(view.extra.get("measure", "")))
+    return measure.higher_is_better if measure is not None else view.analysis.higher_is_better
+
+
 # the drawing of each view shape; the tables print their numbers; the best (or selected) cell is reported for these
 DRAWINGS = {
     Shape.LAYER_MATRIX: _layer_matrix,
@@ -229,6 +275,7 @@ DRAWINGS = {
     Shape.TOKEN_MAPS: _token_maps,
     Shape.HEADS_BY_LAYER: _heads_by_layer,
     Shape.PIXEL_MAP: _pixel_map,
+    Shape.MODEL_MATRIX: _model_matrix,
 }
 TABLES = frozenset({Shape.HEADS_BY_BLOCK, Shape.DEPTH_CURVES})
 BEST_CELL = frozenset({Shape.LAYER_MATRIX, Shape.DEPTH_CURVES})

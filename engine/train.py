@@ -509,7 +509,28 @@ def _train_locked(plan: _Plan, out: Path, emit: TrainFn, cancel) -> TrainResult:
     return TrainResult(out, record, start_epoch, time.perf_counter() - started)
 
 
-def _record(plan: _Plan, history: list[dict]) -> dict:
+def write_initial(cfg: TrainConfig) -> dict:
+    """Writes cfg.out: the weights the run of cfg starts from (its seeded init, before any step: those of its
+    first epoch's start) with the run's record (no epochs; the untrained model's test accuracy), so that
+    `-m MODEL@OUT` rebuilds the run's architecture untrained, the trained model's random-init twin; returns the
+    record."""
+    plan = _plan(cfg)
+    out = Path(cfg.out)
+    with run_lock(out), compute_threads(cfg.threads, plan.device):
+        remove_dead_temporaries(out)
+        torch.manual_seed(cfg.seed)  # as _train_locked seeds before it builds the model
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed)
+        model = build_model(cfg.model, plan.kwargs, plan.no_skip).to(plan.device)
+        _, eval_tf = _transforms(plan)
+        test = _loader(_Images(plan.images, plan.test_idx, eval_tf, fixed=True), plan.recipe["batch_size"],
+                       cfg.workers, False, None)
+        record = _record(plan, [], untrained_accuracy=_evaluate(model, test, plan.device))
+        _write_weights(out, model, record)
+    return record
+
+
+def _record(plan: _Plan, history: list[dict], untrained_accuracy: float | None = None) -> dict:
     cfg = plan.cfg
     return {
         "format": FORMAT, "model": cfg.model, "model_args": cfg.model_args, "kwargs": plan.kwargs,
@@ -520,7 +541,8 @@ def _record(plan: _Plan, history: list[dict]) -> dict:
                   "data_fraction": cfg.data_fraction},
         "n_train": len(plan.train_idx), "n_test": len(plan.test_idx),
         "recipe": {**plan.recipe, "optimizer": "adamw, no decay of biases, norms, tokens, position embeddings", "schedule": "linear warm-up, cosine decay per step"},
-        "history": history, "test_accuracy": history[-1]["test_accuracy"], "versions": _versions(),
+        "history": history, "test_accuracy": history[-1]["test_accuracy"] if history else untrained_accuracy,
+        "versions": _versions(),
     }
 
 

@@ -33,7 +33,7 @@ def parse_view(text: str) -> tuple[str, list[str]]:
     if kind not in REGISTRY:
         raise VitseeError(f"unknown view '{text}': use {view_help()}")
     args = _split_models(rest) if rest else []
-    if not args:
+    if not args and REGISTRY[kind].models[0] > 0:  # a view of the whole store (models (0, 0)) names none
         raise VitseeError(f"view '{text}' names no model: use {view_help()}")
     limit = 2
     if len(args) > limit:
@@ -54,6 +54,8 @@ def _split_models(rest: str) -> list[str]:
 
 
 def _subtitle(store: Store, models: list[str]) -> str:
+    if not models:  # a view of the whole store: its models are the view's rows
+        return f"{len(store.models)} models; {store.n_images} images of {store.dataset_spec}"
     parts = []
     for m in models:
         w = store.model_info(m)["weights"]
@@ -71,6 +73,9 @@ def request_of(store: Store, text: str) -> Request:
         raise VitseeError(f"view '{text}' takes one model: use {view_help()}")
     if len(args) < least:
         raise VitseeError(f"view '{text}' names one model; {kind} names {least}: use {analysis.usage}")
+    if args and most == 0 and not analysis.takes_layer:
+        raise VitseeError(f"view '{text}' names a model, but {kind} is a view of every model of the store: "
+                          f"use {analysis.usage}")
     keys = tuple(store.resolve_model(a) for a in (args if most > 1 else args[:1]))
     return Request(kind, keys, args[1] if analysis.takes_layer and len(args) > 1 else None)
 
@@ -81,25 +86,21 @@ def resolve_view(path: str | Path, text: str) -> Request:
         return request_of(store, text)
 
 
-def cached_params(store: Store, text: str, cfg: AnalyzeConfig | None = None) -> dict | None:
+def cached_params(store: Store, text: str, cfg: AnalyzeConfig | None = None,
+                  options: dict | None = None) -> dict | None:
     """Returns the parameters of the cached result that serves a view, or None when it must be computed.
 
     With cfg given only an exact match serves; with cfg None the cached result about the same thing (the
     analysis's identity: models, layers, images) that the analysis prefers does, whatever settings (batch size,
-    shuffles, seed) made it, the newest first among equals.
+    shuffles, seed) made it, the newest first among equals. `options`: values of the analyses' own options
+    (attribute -> value, e.g. {"zoo_measure": "cka"}), which say what the view is of.
     """
     request = request_of(store, text)
     analysis = request.analysis
-    params = analysis.params(store, request, cfg or AnalyzeConfig())
+    params = analysis.params(store, request, (cfg or AnalyzeConfig()).with_options(options))
     if cfg is not None:
         return params if store.get_result(request.name, params) is not None else None
-    same = [r for r in store.results(request.name) if all(r["params"].get(k) == params.get(k) for k in analysis.identity)]
-
-    def preference(r: dict) -> tuple:
-        return analysis.preference(r["params"]), r["provenance"].get("created", ""), r["provenance"].get("created_unix", 0.0)
-
-    best = max(same, key=preference, default=None)
-    return best["params"] if best else None
+    return analysis.cached_params(store, params)
 
 
 def compute_view(store: Store, text: str, cfg: AnalyzeConfig, progress=None) -> None:
@@ -109,25 +110,28 @@ def compute_view(store: Store, text: str, cfg: AnalyzeConfig, progress=None) -> 
 
 
 def load_view(path: str | Path, text: str, cfg: AnalyzeConfig | None = None, progress=None,
-              device: str | None = None) -> View:
+              device: str | None = None, options: dict | None = None) -> View:
     """Returns the view named by `text` for the store at path, computing and caching what is missing.
 
     cfg None means "no particular estimator settings": any cached result about the same thing serves
     (see cached_params), and a missing one is computed with the defaults, on `device` (where to compute is not
-    what to show: it never picks the estimate).
+    what to show: it never picks the estimate), from any cached estimate it builds on (the zoo on a cached CKA, a
+    streaming store's CKA: AnalyzeConfig.any_cka_estimate). `options`: the analyses' own options that say what the
+    view is of (`--zoo-measure`), as `vitsee show` and `export` take them.
     """
     path = Path(path)
     with Store.open(path) as store:
         request = request_of(store, text)
         subtitle = _subtitle(store, list(dict.fromkeys(request.keys)))
-        info = store.model_info(request.keys[0])
+        info = store.model_info(request.keys[0]) if request.keys else {}
         n_images = store.n_images
-        params = None if cfg is not None and cfg.recompute else cached_params(store, text, cfg)
+        params = None if cfg is not None and cfg.recompute else cached_params(store, text, cfg, options)
         result = Result.load(store, request.name, params) if params is not None else None
     analysis = request.analysis
     if result is None:
         with Store.writer(path) as store:
-            result = analysis.run(store, request, cfg or AnalyzeConfig(device=device or AnalyzeConfig.device), progress)
+            base = cfg or AnalyzeConfig(device=device or AnalyzeConfig.device, any_cka_estimate=True)
+            result = analysis.run(store, request, base.with_options(options), progress)
     view = analysis.view(result, request, info)
     view.subtitle = subtitle
     view.n_images = n_images

@@ -33,15 +33,12 @@ import re
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
 from . import stats as stats_mod
 from .errors import VitseeError
-
-if TYPE_CHECKING:
-    from .analyses.contract import Result
 
 SUMMARIES = ("best_match", "layer")
 
@@ -368,10 +365,12 @@ def _build(matrix: np.ndarray, columns: Sequence[tuple[str, str]], models: Seque
     return Zoo(models, fams, values, low, high, cluster_order(values), summary, "", chosen, corr)
 
 
-def zoo_from_cka(result: Result, summary: str = "best_match", layers: dict[str, str] | None = None,
+def zoo_from_cka(result: Any, summary: str = "best_match", layers: dict[str, str] | None = None,
                  families: Sequence[str] | None = None) -> Zoo:
-    """Returns the Zoo of a cached CKA result: `matrix` (L, L) over every stored layer of every model, `model` (L,)
-    each column's index into `result.params['models']`, `layer` (L,) its layer (what `vitsee analyze --cka` caches).
+    """Returns the Zoo of a cached CKA result (or of any layer x layer measure: an analyses.contract.Result, unnamed
+    here since engine/analyses/zoo.py imports this module): `matrix` (L, L) over every stored layer of every model,
+    `model` (L,) each column's index into `result.params['models']`, `layer` (L,) its layer (what `vitsee analyze
+    --cka` caches).
 
     A cached result keeps per-cell intervals only, from which no interval of a summary can be had honestly (see the
     module docstring): the Zoo's intervals are nan and `interval` says how to get them (zoo_from_hsic).

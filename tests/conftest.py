@@ -40,6 +40,14 @@ def store(tiny_store, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def zoo_store(tiny_store) -> Path:
+    """The tiny store and a second seed of both models (four models, two families), CKA and the zoo cached."""
+    from helpers.stores import zoo_store as build
+
+    return build(tiny_store)
+
+
+@pytest.fixture(scope="session")
 def paper_store(tiny_store, tmp_path_factory) -> Path:
     """A copy of the tiny store with head-level CKA (paper Fig. 5) and ERFs (Fig. 6) cached."""
     import shutil

@@ -127,4 +127,4 @@ def test_the_app_has_its_tab_and_snapshots_its_view(package):
     assert done.returncode == 0, done.stderr
     assert f"({name}:{VIT} at 120x40)" in done.stdout
     svg = out.read_text().replace("&#160;", " ")
-    assert "8 dCor" in svg and f"dCor {VIT}" in svg  # its tab (key 8) and its view's title
+    assert "9 dCor" in svg and f"dCor {VIT}" in svg  # its tab (key 9, after the zoo) and its view's title

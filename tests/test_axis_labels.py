@@ -109,3 +109,21 @@ def test_a_line_plot_axis_keeps_both_ends_and_the_marked_label():
     axis = layout_axis_labels(labels, positions, 52, cursor=1, centred=True, keep_ends=True)
     assert_apart(axis, 52, gap=1)
     assert {0, 1, 7} <= {i for i, _, _ in axis.placed}
+
+
+def test_model_names_are_shortened_alike_and_never_read_alike():
+    from vitsee.engine.labels import model_labels
+
+    stem = "demo-{}-digits32-r1a2b3c4d-s0"
+    vit = f"vit_tiny_patch16_224@file:{stem.format('vit_tiny_patch16_224')}"
+    resnet = f"resnet18@file:{stem.format('resnet18')}"
+    keys = [vit, resnet, f"{vit}-init", f"{resnet}-init"]
+    # a weights file is named by what its file name has that the others' do not: 'init'
+    assert model_labels(keys, 40) == ["vit_tiny_patch16_224", "resnet18", "vit_tiny_patch16_224 init", "resnet18 init"]
+    assert model_labels(keys, 16) == ["vit_tiny", "resnet18", "vit_tiny init", "resnet18 init"]
+    # initialised alike: the words say nothing; pretrained against random: they do
+    assert model_labels(["test_vit@random:0", "test_resnet@random:0"], 12) == ["test_vit", "test_resnet"]
+    assert model_labels(["vit_tiny_patch16_224.augreg_in21k", "vit_tiny_patch16_224@random:0"], 12) == [
+        "vit_tiny", "vit_tiny r0"]
+    many = [f"vit_base_patch16_224@random:{seed}" for seed in range(12)]
+    assert len(set(model_labels(many, 6))) == 12  # too narrow for any form: the shortest that tells them apart

@@ -371,3 +371,18 @@ def test_the_temporaries_of_a_run_killed_while_writing_are_removed_by_the_next_r
     finally:
         alive.kill()
         alive.wait()
+
+
+def test_write_initial_writes_the_seeded_init_a_run_starts_from_with_a_record_of_no_epochs(tmp_path):
+    from vitsee.engine.train import write_initial
+
+    cfg = tiny_vit(tmp_path / "init.safetensors", seed=3)
+    record = write_initial(cfg)
+    torch.manual_seed(3)  # what a run seeds before it builds its model: its weights before the first step
+    fresh = timm.create_model("test_vit", pretrained=False, patch_size=8, depth=3, img_size=32, num_classes=10)
+    written = load_file(str(cfg.out))
+    assert sorted(written) == sorted(fresh.state_dict())
+    assert all(torch.equal(written[k], v) for k, v in fresh.state_dict().items())
+    assert record["history"] == [] and 0.0 <= record["test_accuracy"] <= 0.3  # ten classes, untrained
+    loaded = load_model(f"test_vit@{cfg.out}")  # the run's architecture, rebuilt from the record
+    assert loaded.grid_size == (4, 4) and "0 epochs: the seeded init" in loaded.weights["trained"]

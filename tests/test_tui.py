@@ -562,10 +562,13 @@ async def test_the_demo_trains_its_models_once_in_the_cache_folder_says_trained_
             folder = tmp_path / "cache" / "vitsee"
             stores = list(folder.glob("demo-*.h5"))
             assert [p.name for p in stores] == ["demo-trained-digits32-e1-s0.h5"]
-            assert sorted(p.name for p in folder.glob("*.safetensors")) == [
-                "demo-test_resnet-digits32-e1-s0.safetensors", "demo-test_vit-digits32-e1-s0.safetensors"]
+            assert sorted(p.name for p in folder.glob("*.safetensors")) == [  # each model and its untrained twin
+                "demo-test_resnet-digits32-e1-s0-init.safetensors", "demo-test_resnet-digits32-e1-s0.safetensors",
+                "demo-test_vit-digits32-e1-s0-init.safetensors", "demo-test_vit-digits32-e1-s0.safetensors"]
+            assert [m.key.rpartition("-")[2] for m in app.screen.summary.models] == ["s0", "s0", "init", "init"]
             notes = [m for m, _ in notifications(app) if m.startswith("demo store")]
             assert notes and "test_vit and test_resnet trained here on digits at 32 px" in notes[0]
+            assert notes[0].endswith("beside each, its random-init twin (the Zoo view)")
             assert "pretrained" not in notes[0].replace("no pretrained weights", "")
             title = str(app.screen.query_one("#title-bar").render())
             assert "trained here on digits (48 images, 1 epochs" in title

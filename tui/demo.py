@@ -1,10 +1,15 @@
-"""The demo store `vitsee-tui --demo` opens: a small ViT and a ResNet.
+"""The demo store `vitsee-tui --demo` opens: a small ViT and a ResNet, and the random-init twin of each (a small zoo).
 
 Built once into the user's cache folder, then reused. With pretrained weights (in the local cache, or the
 Hugging Face Hub answers) the two models run over the built-in photographs. Without them the demo trains its
 own two small models here (a ViT with a 8 x 8 grid of 4-px patches and a narrow ResNet-18, on the built-in
 digits at 32 px), caches the weights beside the store so later launches reuse them, and extracts the digits
 held out from training. The store's file name says which, so a store of one kind is never taken for the other.
+
+Beside each model the store holds its random-init twin, the same architecture untrained (`@random:0` for a
+pretrained model; for one trained here, the very weights its training started from, written beside its weights),
+so the Zoo view shows trained against untrained models. The twins only need extracting; a demo store built before
+they existed is reused as it is and gets them appended (its trained models are not extracted again).
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ class DemoPlan:
     train_n_images: int | None = None  # all 1,797 digits: 1,438 to train on, 359 held out and extracted
     train_epochs: int | None = None  # None: each family's recipe (engine.train.RECIPES)
     train_seed: int = 0
+    twins: bool = True  # each model's random-init twin in the store too (the zoo: trained against untrained)
+    twin_seed: int = 0  # a pretrained model's twin: NAME@random:SEED (one trained here: its own seeded init)
 
 
 @dataclass(frozen=True)
@@ -59,10 +66,17 @@ class DemoChoice:
     analysis: AnalyzeConfig
     # without pretrained weights: the runs that make the demo's models (cached ones train no more)
     training: tuple[TrainConfig, ...] = ()
+    # their twins: each run's seeded init, written to its `out` (the store extracts them beside the trained models)
+    twins: tuple[TrainConfig, ...] = ()
 
     @property
     def weights_note(self) -> str:
         """Returns e.g. 'vit_tiny_patch16_224: pretrained, resnet18: pretrained', or how the models were trained."""
+        twins = len(self.config.models) > len(self.pretrained)
+        twins_note = "; beside each, its random-init twin (the Zoo view)" if twins else ""
+        return self._models_note() + twins_note
+
+    def _models_note(self) -> str:
         if self.training:
             from vitsee.engine.train import recipe_of
 
@@ -116,7 +130,8 @@ def choose(plan: DemoPlan | None = None, device: str = "auto", folder: Path | No
         return _trained_choice(plan, device, folder, pretrained, analysis)
     size = f"-{plan.img_size}px" if plan.img_size else ""
     store = folder / f"demo-pretrained-{plan.n_images}{size}.h5"
-    config = ExtractConfig(store=store, models=list(plan.models), dataset=plan.dataset, n_images=plan.n_images,
+    twins = [f"{name.partition('.')[0]}@random:{plan.twin_seed}" for name in plan.models] if plan.twins else []
+    config = ExtractConfig(store=store, models=[*plan.models, *twins], dataset=plan.dataset, n_images=plan.n_images,
                            batch_size=plan.batch_size, device=device, img_size=plan.img_size)
     return DemoChoice(config, pretrained, analysis)
 
@@ -134,10 +149,13 @@ def _trained_choice(plan: DemoPlan, device: str, folder: Path, pretrained: dict[
     drafts = [run(name, args, Path()) for name, args in plan.trained]
     tag = f"{plan.train_dataset}{plan.train_img_size}-{_recipe_tag(plan, drafts)}-s{plan.train_seed}"
     training = tuple(run(d.model, d.model_args, folder / f"demo-{d.model}-{tag}.safetensors") for d in drafts)
+    twins = tuple(run(d.model, d.model_args, folder / f"demo-{d.model}-{tag}-init.safetensors") for d in drafts
+                  if plan.twins)
     test_set = folder / f"demo-{plan.train_dataset}-test-s{plan.train_seed}.npz"
-    config = ExtractConfig(store=folder / f"demo-trained-{tag}.h5", models=[f"{t.model}@{t.out}" for t in training],
+    config = ExtractConfig(store=folder / f"demo-trained-{tag}.h5",
+                           models=[f"{t.model}@{t.out}" for t in (*training, *twins)],
                            dataset=f"npz:{test_set}", batch_size=plan.batch_size, device=device)
-    return DemoChoice(config, pretrained, analysis, training)
+    return DemoChoice(config, pretrained, analysis, training, twins)
 
 
 def _recipe_tag(plan: DemoPlan, runs: list[TrainConfig]) -> str:
@@ -157,12 +175,15 @@ def _recipe_tag(plan: DemoPlan, runs: list[TrainConfig]) -> str:
 def prepare_trained(choice: DemoChoice, progress, cancel=None) -> None:
     """Trains the demo's models that are not cached yet and writes the held-out images the store extracts;
     progress gets each engine TrainEvent."""
-    from vitsee.engine.train import train, write_held_out
+    from vitsee.engine.train import train, write_held_out, write_initial
 
     for cfg in choice.training:
         Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
         if not Path(cfg.out).exists():
             train(cfg, progress, cancel)
+    for cfg in choice.twins:  # no training: the seeded init, a second or so each
+        if not Path(cfg.out).exists():
+            write_initial(cfg)
     test_set = Path(choice.config.dataset.partition(":")[2])
     if not test_set.exists():
         write_held_out(choice.training[0], test_set)

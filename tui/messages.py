@@ -132,6 +132,15 @@ class ModelsPicked(Message):
 
 
 @dataclass
+class PairOpened(Message):
+    """A pane opens another view of two models (the zoo's Enter on a cell: that pair's layer x layer view)."""
+
+    kind: str  # the view to show
+    model_a: str
+    model_b: str  # model_a again: the view of model A with itself
+
+
+@dataclass
 class LayerPicked(Message):
     """A layer was picked in the side panel: the view moves its selection there."""
 

@@ -33,4 +33,6 @@ class AppOptions:
         """
         from vitsee.engine.analyze import AnalyzeConfig
 
-        return AnalyzeConfig(device=self.device)
+        # no estimator settings asked for: what builds on a cached estimate (the zoo on CKA, a streaming store's
+        # CKA) takes the one cached, as the views do
+        return AnalyzeConfig(device=self.device, any_cka_estimate=True)

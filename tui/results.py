@@ -288,7 +288,7 @@ def export_name(view: View, when: float | None = None) -> str:
     """Returns a file stem naming the view and the time: cka-vit_tiny-x-resnet18-20240102-150405."""
     models = [re.sub(r"[^A-Za-z0-9_.-]+", "_", m) for m in dict.fromkeys(view.models)]
     layer = view.params.get("layer") if view.analysis.takes_layer else None
-    parts = [view.kind, "-x-".join(models)] + ([layer] if layer else [])
+    parts = [view.kind, *(["-x-".join(models)] if models else [])] + ([layer] if layer else [])  # zoo: no model
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(when))
     return "-".join(parts + [stamp])
 

@@ -10,6 +10,7 @@ a new analysis is a new module here, found by being there (see engine/analyses/R
     spatial.py     spatial localisation maps (Fig. 9, 10)
     heads.py       head-level CKA against another model (Fig. 5)
     erf.py         effective receptive fields (Fig. 6)
+    zoo.py         every pair of the store's models from a layer x layer measure (issue 21; numbers in engine/zoo.py)
     contract.py    the contract: Analysis, Shape, Request, Result, View, the registry
     similarity.py  what layer x layer measures share (LayerMatrix, LayerPairMeasure)
     base.py        plumbing: config, progress events, device, read-ahead, batch plan

@@ -894,3 +894,26 @@ class LinearCKA(LayerMatrix):
 
     def run(self, store: Store, request: Request, cfg: AnalyzeConfig, progress: StepFn | None = None) -> Result:
         return run_cka(store, cfg, progress)
+
+    def batch_hsic(self, store: Store, result: Result, device: str = "auto",
+                   progress: StepFn | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+        """Returns the HSIC sums and per-batch terms of the CKA result's own batches (its batch size, shuffles and
+        seed): one pass over the activations keeping every batch's terms, no permutations; from the Grams of a
+        `--grams` store; None for a streaming store without Grams (nothing left to resample)."""
+        params = result.params
+        columns = [(m, layer) for m in params["models"] for layer in params["layers"][m]]
+        if keeps_grams(store):  # its CKA is the Grams' own estimate: store order, the Grams' batches
+            acc = cka_from_grams(store, columns, batch_slots=True)
+            return acc.hsic_sums.numpy()[None].copy(), acc.batch_hsic.numpy()[None].copy()
+        if store.streaming:
+            return None
+        terms = {**{k: v for k, v in params.items() if k != "stats"},
+                 "stats": {"ci": 1.0, "bootstrap": 0, "permutations": 0, "seed": 0}}  # keep each batch's terms
+        states = compute_cka(store, terms, resolve_device(device), progress)["states"]
+        sums, batches = [], []
+        for k, state in enumerate(states):
+            acc = cka_accumulator(len(columns), "cpu", terms, k)
+            acc.state = state.cpu().to(torch.float64)
+            sums.append(acc.hsic_sums.numpy().copy())
+            batches.append(acc.batch_hsic.numpy().copy())
+        return np.stack(sums), np.stack(batches)

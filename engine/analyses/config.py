@@ -27,6 +27,17 @@ class AnalyzeConfig:
     any_cka_estimate: bool = False
     options: dict = field(default_factory=dict)  # the values of analyses' own options that have no field here
 
+    def with_options(self, given: dict | None) -> AnalyzeConfig:
+        """Returns a copy with values of the analyses' own options set (attribute -> value, as AnalysisOption.attr
+        names them): a field of the config by its name, any other in `options`; itself when none are given."""
+        if not given:
+            return self
+        from dataclasses import fields, replace
+
+        own = {f.name for f in fields(self)} - {"options"}
+        return replace(self, **{k: v for k, v in given.items() if k in own},
+                       options={**self.options, **{k: v for k, v in given.items() if k not in own}})
+
     def __post_init__(self):
         # checked where the CLI and the app build the config, before a store is opened
         if self.batch_size < 1:

@@ -63,6 +63,11 @@ class Shape(Enum):
     PIXEL_MAP = "a map over the input"
     """rows x cols: the input's pixels, one layer's map; extra: layers, depth_layers/depth_maps (a few depths'
     maps side by side), min_positive (the floor of a log colour scale)."""
+    MODEL_MATRIX = "models x models matrix"
+    """rows = cols: the store's models in the store's order, one value per pair (a summary of the pair's layer x
+    layer matrix); drawn in extra's `order` (a clustering), each model marked with its `families` entry. Optional:
+    ci_low/ci_high per cell; extra: correspondences (each model's layers matched to another's: a, b, depth_a,
+    depth_b_path, ...), measure (the analysis a cell opens: its layer x layer view of the pair)."""
 
 
 @dataclass(frozen=True)
@@ -214,7 +219,7 @@ class Analysis(ABC):
     # slow ones by cost; the dossier computes a missing view of cost 0
 
     # --- what it reads and names
-    models: ClassVar[tuple[int, int]] = (1, 1)  # how many models its view names (least, most)
+    models: ClassVar[tuple[int, int]] = (1, 1)  # how many models its view names (least, most); (0, 0): the whole store
     model_words: ClassVar[tuple[str, ...]] = ()  # its view string's models for help (default MODEL, or MODEL_A, MODEL_B)
     takes_layer: ClassVar[bool] = False  # its view is of one layer: NAME:MODEL[:LAYER]
     needs: ClassVar[frozenset[str]] = frozenset()  # what it reads: activations, statistics, head outputs, input, labels, weights
@@ -238,7 +243,7 @@ class Analysis(ABC):
     def usage(self) -> str:
         """Returns its view string for help and errors: cka:MODEL_A[:MODEL_B], heads:VIT:OTHER, erf:MODEL[:LAYER]."""
         least, most = self.models
-        words = self.model_words or (("MODEL",) if most == 1 else ("MODEL_A", "MODEL_B"))
+        words = (self.model_words or (("MODEL",) if most == 1 else ("MODEL_A", "MODEL_B")))[:most]
         parts = [f":{w}" if i < least else f"[:{w}]" for i, w in enumerate(words)]
         return self.name + "".join(parts) + ("[:LAYER]" if self.takes_layer else "")
 
@@ -256,7 +261,11 @@ class Analysis(ABC):
         return f"{self.name} applies to no model of {store.path}"
 
     def requests(self, store: Store) -> list[Request]:
-        """Returns every view it offers on the store (pickers): one per model it applies to, by default."""
+        """Returns every view it offers on the store (pickers): one per model it applies to, by default; a view of
+        the whole store (models (0, 0)) is one view when it applies to every model."""
+        if self.models[1] == 0:
+            applies = bool(store.models) and all(self.not_applicable(store, key) is None for key in store.models)
+            return [Request(self.name, ())] if applies else []
         return [Request(self.name, (key,)) for key in store.models if self.not_applicable(store, key) is None]
 
     def jobs(self, store: Store) -> list[Request]:
@@ -281,6 +290,18 @@ class Analysis(ABC):
     def params(self, store: Store, request: Request, cfg: AnalyzeConfig) -> dict:
         """Returns the parameters a result of `request` is cached under (its cache key): what it is about and how
         it is estimated. Raises the VitseeError that says why when it cannot be computed."""
+
+    def cached_params(self, store: Store, params: dict) -> dict | None:
+        """Returns the params of the cached result about the same thing as `params` (its `identity`) that the
+        analysis prefers (`preference`, the newest among equals), whatever settings made it; None when none is."""
+        same = [r for r in store.results(self.name) if all(r["params"].get(k) == params.get(k) for k in self.identity)]
+
+        def preference(r: dict) -> tuple:
+            made = r["provenance"]
+            return self.preference(r["params"]), made.get("created", ""), made.get("created_unix", 0.0)
+
+        best = max(same, key=preference, default=None)
+        return best["params"] if best else None
 
     def run(self, store: Store, request: Request, cfg: AnalyzeConfig, progress: StepFn | None = None) -> Result:
         """Returns the result of `request`: cached, or computed (`compute`) and cached."""
@@ -466,7 +487,8 @@ class View:
         """Returns the numbers with their labels and parameters (JSON-able; NaN becomes null)."""
         out: dict[str, Any] = {"view": self.kind}
         names = self.analysis.model_fields
-        out.update(zip(names, [self.models[0]] if len(names) == 1 else [self.models[0], self.models[-1]]))
+        if names:  # a view of the whole store names none
+            out.update(zip(names, [self.models[0]] if len(names) == 1 else [self.models[0], self.models[-1]]))
         out.update(
             title=self.title, rows=list(self.rows), cols=list(self.cols), value_name=self.value_name,
             values=to_jsonable(self.matrix),

@@ -81,6 +81,14 @@ class LayerMatrix(Analysis):
     def interval_words(self, view: View, level: str) -> str:
         return bootstrap_words(view, level)
 
+    def batch_hsic(self, store: Store, result: Result, device: str = "auto",
+                   progress: StepFn | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+        """Returns the per-batch terms a bootstrap over minibatches of images rebuilds `result`'s joint matrix from:
+        (HSIC sums (K, L, L), each batch's HSIC terms (K, B, L, L)), K shuffles, the matrix being sums_ij /
+        sqrt(sums_ii sums_jj) averaged over shuffles (the zoo's intervals of a pair's summary, engine/zoo.py);
+        None when the measure has no such terms (the default)."""
+        return None
+
     def nonfinite_images(self, view: View, store: Store) -> np.ndarray:
         """Returns per cell the images whose activations of either layer hold NaN/Inf."""
         bad, counts = view.nonfinite, np.full(view.matrix.shape, -1, dtype=np.int64)

@@ -41,3 +41,29 @@ def analysed_store(tiny_store: Path) -> Path:
         torch.set_num_threads(threads)
     partial.rename(path)
     return path
+
+
+ZOO_MODELS = [VIT, RESNET, "test_vit@random:1", "test_resnet@random:1"]  # two ViTs and two ResNets, random init
+ZOO_CFG = AnalyzeConfig(shuffles=0, batch_size=16, device="cpu", permutations=0)  # intervals, no p-values
+
+
+def zoo_store(tiny_store: Path) -> Path:
+    """Returns a copy of the tiny store with a second seed of both models appended (a zoo of four models of two
+    families) and its CKA and zoo cached; made once per session (the zoo's and the app's zoo tests use it)."""
+    from conftest import IMG
+    from vitsee.engine.analyze import run_analyses
+    from vitsee.engine.extract import ExtractConfig, run_extraction
+    from vitsee.engine.store import copy_store
+
+    path = tiny_store.parent / "zoo" / "zoo.h5"
+    if path.exists():
+        return path
+    building = tiny_store.parent / "zoo-building"
+    shutil.rmtree(building, ignore_errors=True)
+    building.mkdir()
+    store = copy_store(tiny_store, building / "zoo.h5")
+    run_extraction(ExtractConfig(store=store, models=ZOO_MODELS, dataset="synthetic", n_images=48, batch_size=16,
+                                 img_size=IMG, device="cpu", workers=0))
+    run_analyses(store, ["cka", "zoo"], ZOO_CFG)
+    building.rename(path.parent)
+    return path

@@ -27,6 +27,7 @@ from vitsee.tui.messages import (
     ExportWritten,
     LayerPicked,
     ModelsPicked,
+    PairOpened,
     ResultCached,
     SearchChanged,
     StatusChanged,
@@ -277,8 +278,8 @@ class ExplorerScreen(Screen):
         b = self.model_b if self.model_b and self.model_b != a else None
         if least > 1 and b is None:  # a view of two models: model B, else the first other model
             b = others[0] if others else None
-        keys = [a] + ([b] if most > 1 and b else [])
-        for key in keys:
+        keys = [] if most == 0 else [a] + ([b] if most > 1 and b else [])  # most 0: a view of every model (zoo)
+        for key in keys or summary.keys:
             m = summary.model(key)
             if m.rows_done < summary.n_images:
                 return None, (f"{key}: extraction incomplete: {m.rows_done} of {summary.n_images} images; "
@@ -528,6 +529,16 @@ class ExplorerScreen(Screen):
         self.model_a, self.model_b = message.model_a, message.model_b
         self.request(self.kind)
         self._update_side_panel()
+
+    def on_pair_opened(self, message: PairOpened) -> None:
+        """Shows the view of a pair of models a pane asked for (models A and B set to the pair)."""
+        summary = self.summary
+        if summary is None or message.kind not in KINDS or message.model_a not in summary.keys:
+            return
+        self.model_a = message.model_a
+        self.model_b = message.model_b if message.model_b != message.model_a else None
+        self.query_one(SidePanel).set_models(summary, self.model_a, self.model_b)
+        self.show_view(message.kind)
 
     def on_layer_picked(self, message: LayerPicked) -> None:
         if not self._pick_layer(message.layer):

@@ -128,6 +128,7 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
         value_name: what the values are, for the legend and status ('CKA').
         title: shown at the end of the legend line.
         levels: number of colour levels (16-32 reads well).
+        label_chars: the widest a row label may be (a quarter of the width at most), and a column label.
     """
 
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -239,11 +240,13 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
         zoom: str = "fit",
         nonfinite: np.ndarray | None = None,
         nonfinite_text: Callable[[int, int], str] | None = None,
+        label_chars: int = MAX_ROW_LABEL,
         name: str | None = None,
         id: str | None = None,
         classes: str | None = None,
     ) -> None:
         super().__init__(name=name, id=id, classes=classes)
+        self.label_chars = label_chars
         self._nonfinite, self._nonfinite_text = nonfinite, nonfinite_text
         self.value_name = value_name
         self.title = title
@@ -431,7 +434,7 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
         return self._layout
 
     def _row_label_width(self, outer: Size) -> int:
-        return min(MAX_ROW_LABEL, max(outer.width // 4, 3))
+        return min(self.label_chars, max(outer.width // 4, 3))
 
     def _compute_layout(self, outer: Size, inner: Size, gutter: int | None = None) -> _Layout:
         rows, cols = self._matrix.shape
@@ -541,7 +544,7 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
             # upright labels only where the grid leaves lines free below it (a fitted grid rarely does)
             free = layout.view_lines + 1 - layout.grid_lines
             axis = self._col_axes[cursor_col] = layout_axis_labels(
-                self.col_labels, positions, layout.grid_width, cursor_col, max_chars=MAX_ROW_LABEL,
+                self.col_labels, positions, layout.grid_width, cursor_col, max_chars=self.label_chars,
                 max_lines=free if self._label_lines_allowed(layout) else 1)
         return axis
 

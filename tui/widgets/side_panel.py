@@ -70,7 +70,12 @@ class SidePanel(Vertical):
 
     def set_models(self, summary: StoreSummary, model_a: str | None = None, model_b: str | None = None) -> None:
         """Offer the store's models and show the picked A and B (B on 'same as A' when it is None)."""
-        options = self.model_options = [(model_label(m.key), m.key) for m in summary.models]
+        labels = [model_label(m.key) for m in summary.models]
+        if len(set(labels)) < len(labels):  # two read alike (a model and its twin from weights files): tell them apart
+            from vitsee.engine.labels import model_labels
+
+            labels = model_labels(summary.keys, 22)
+        options = self.model_options = list(zip(labels, summary.keys))
         select_a = self.query_one("#model-a", Select)
         select_b = self.query_one("#model-b", Select)
         with self.prevent(Select.Changed):

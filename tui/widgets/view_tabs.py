@@ -15,7 +15,7 @@ def short_labels(labels: dict[str, str]) -> dict[str, str]:
 
 
 def tab_labels(labels: dict[str, str], width: int) -> dict[str, str]:
-    """Returns each view's tab label ('2 Attention', or '2 Attn' where the row would not fit `width`).
+    """Returns each view's tab label ('2 Attention', or '2 Attn', then '2 Att', where the row would not fit `width`).
 
     While the row is wider than the pane (80 columns leave the tabs some 57) the longest labels are shortened first:
     a row that does not fit scrolls, and then the first tabs are cut off."""
@@ -29,6 +29,10 @@ def tab_labels(labels: dict[str, str], width: int) -> dict[str, str]:
         if row() <= width:
             break
         names[kind] = short[kind]
+    for kind in sorted(names, key=lambda k: -len(names[k])):  # still too wide (eight tabs at 80 columns): 3 letters
+        if row() <= width:
+            break
+        names[kind] = names[kind][:3]
     return {kind: f"{i} {name}" for i, (kind, name) in enumerate(names.items(), start=1)}
 
 
