@@ -10,12 +10,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .analyses import REGISTRY
-from .analyses.base import AnalyzeConfig, StepFn, check_ready
+from .analyses.base import SHARED, AnalyzeConfig, StepFn, check_ready
 from .analyses.contract import SLOW, Request, per_model
 from .errors import VitseeError
 from .store import Store
 
-__all__ = ["AnalyzeConfig", "applicable", "check_names", "default_names", "plan", "plan_views", "run_analyses"]
+__all__ = ["AnalyzeConfig", "applicable", "check_names", "default_names", "measure_names", "plan", "plan_views",
+           "run_analyses"]
 
 
 def default_names() -> list[str]:
@@ -35,6 +36,24 @@ def check_names(which: Sequence[str] | None) -> None:
     unknown = [a for a in (which or []) if a not in REGISTRY]
     if unknown:
         raise VitseeError(f"unknown analysis '{unknown[0]}': choose from {', '.join(REGISTRY)}")
+
+
+def measure_names(text: str | None) -> list[str]:
+    """Returns the layer x layer measures a `--measures` comma list names ('all': every one), in registry order;
+    an unknown one is the one-line VitseeError naming the known ones."""
+    from .analyses.similarity import layer_measures
+
+    if text is None:
+        return []
+    known = [a.name for a in layer_measures()]
+    asked = [part.strip() for part in text.split(",") if part.strip()]
+    if asked == ["all"]:
+        return known
+    unknown = [part for part in asked if part not in known]
+    if unknown or not asked:
+        raise VitseeError(f"--measures {text}: {'no measure named' if not asked else repr(unknown[0]) + ' is no measure'}"
+                          f": use a comma list of {', '.join(known)}, or all")
+    return [name for name in known if name in asked]
 
 
 def run_order(analysis) -> tuple:
@@ -68,7 +87,7 @@ def plan_views(store: Store, which: Sequence[str] | None = None) -> list[Request
 def run_analyses(path: str | Path, which: Sequence[str] | None, cfg: AnalyzeConfig, progress: StepFn | None = None) -> list[str]:
     """Runs the plan of the named analyses (None: the default ones) on a store in this process and caches each
     result; returns what was done ('cka', 'attention:MODEL', 'heads:VIT:OTHER', ...)."""
-    with Store.writer(path) as store:
+    with Store.writer(path) as store, SHARED.run():  # the analyses of this run share their parts (base.SharedParts)
         check_ready(store, store.models)
         done = []
         for job in plan(store, which):

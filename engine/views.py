@@ -90,16 +90,10 @@ def cached_params(store: Store, text: str, cfg: AnalyzeConfig | None = None) -> 
     """
     request = request_of(store, text)
     analysis = request.analysis
-    params = analysis.params(store, request, cfg or AnalyzeConfig())
-    if cfg is not None:
-        return params if store.get_result(request.name, params) is not None else None
-    same = [r for r in store.results(request.name) if all(r["params"].get(k) == params.get(k) for k in analysis.identity)]
-
-    def preference(r: dict) -> tuple:
-        return analysis.preference(r["params"]), r["provenance"].get("created", ""), r["provenance"].get("created_unix", 0.0)
-
-    best = max(same, key=preference, default=None)
-    return best["params"] if best else None
+    if cfg is None:
+        return analysis.cached(store, request)
+    params = analysis.params(store, request, cfg)
+    return params if store.get_result(request.name, params) is not None else None
 
 
 def compute_view(store: Store, text: str, cfg: AnalyzeConfig, progress=None) -> None:

@@ -63,6 +63,11 @@ class Shape(Enum):
     PIXEL_MAP = "a map over the input"
     """rows x cols: the input's pixels, one layer's map; extra: layers, depth_layers/depth_maps (a few depths'
     maps side by side), min_positive (the floor of a log colour scale)."""
+    MEASURES_AGREE = "measures side by side"
+    """rows x cols: the layer x layer measures of one pair of models, each against each, valued by how their
+    rankings of the layer pairs agree (a rank correlation); extra: panels (measures, A layers, B layers) each
+    measure's matrix, panel_rows/panel_cols (the layers), panel_names (each measure's value name),
+    higher_is_better (per measure), n_pairs, note (said under the picture)."""
 
 
 @dataclass(frozen=True)
@@ -187,8 +192,8 @@ class Analysis(ABC):
     is shaped, worded and summarised. A subclass that sets `name` is registered when its module is imported.
 
     Declared as data (class attributes), each with a default where one is usual:
-        name, label, short_label, title, figures, order, shape, family, option_help, options, by_default, cost, models,
-        takes_layer, needs, identity, model_fields, higher_is_better, nonfinite_source, dossier_title,
+        name, label, short_label, title, figures, order, shape, family, tab, option_help, options, by_default, cost,
+        models, takes_layer, needs, identity, model_fields, higher_is_better, nonfinite_source, dossier_title,
         layer_list_title, tooltip.
     Declared as methods: `not_applicable` (the one place the reason is written), `params` and `run` (or `compute`,
     which the default `run` caches), `view`, and the optional hooks below them.
@@ -204,6 +209,8 @@ class Analysis(ABC):
     shape: ClassVar[Shape]  # the picture its view is drawn as
     family: ClassVar[str] = ""  # analyses of one family compare the same things (every layer x layer similarity)
     tooltip: ClassVar[str] = ""  # what its number key does in the app (default: 'Show the LABEL view')
+    tab: ClassVar[bool] = True  # its own tab and number key in the app; False: it shows in the tab of the first
+    # analysis of its family that has one, where `m` cycles the family's views cached for the models shown
 
     # --- `vitsee analyze`
     option_help: ClassVar[str] = ""  # the help of its `--NAME` flag
@@ -294,6 +301,20 @@ class Analysis(ABC):
                 progress: StepFn | None = None) -> dict[str, np.ndarray]:
         """Returns the arrays of a result computed from the store (what the default `run` caches)."""
         raise NotImplementedError(f"{type(self).__name__} overrides run(), or must implement compute()")
+
+    def cached(self, store: Store, request: Request) -> dict | None:
+        """Returns the params of the cached result that serves a view of `request` when no estimate is asked for:
+        of those about the same thing (its `identity`), the one it prefers (`preference`), the newest among
+        equals; None when none is cached."""
+        params = self.params(store, request, AnalyzeConfig())
+        same = [r for r in store.results(self.name) if all(r["params"].get(k) == params.get(k) for k in self.identity)]
+
+        def rank(r: dict) -> tuple:
+            made = r["provenance"]
+            return self.preference(r["params"]), made.get("created", ""), made.get("created_unix", 0.0)
+
+        best = max(same, key=rank, default=None)
+        return best["params"] if best else None
 
     def preference(self, params: dict) -> float:
         """Returns how much a cached result with these params is preferred among those about the same thing (the
