@@ -15,8 +15,8 @@ from .analyses.contract import SLOW, Request, per_model
 from .errors import VitseeError
 from .store import Store
 
-__all__ = ["AnalyzeConfig", "applicable", "check_names", "default_names", "measure_names", "plan", "plan_views",
-           "run_analyses"]
+__all__ = ["AnalyzeConfig", "applicable", "check_names", "default_names", "measure_names", "measures_command", "plan",
+           "plan_views", "run_analyses"]
 
 
 def default_names() -> list[str]:
@@ -51,9 +51,14 @@ def measure_names(text: str | None) -> list[str]:
         return known
     unknown = [part for part in asked if part not in known]
     if unknown or not asked:
-        raise VitseeError(f"--measures {text}: {'no measure named' if not asked else repr(unknown[0]) + ' is no measure'}"
-                          f": use a comma list of {', '.join(known)}, or all")
+        what = f"'{unknown[0]}' is no measure" if unknown else "no measure named"
+        raise VitseeError(f"--measures {text}: {what}: use a comma list of {', '.join(known)}, or all")
     return [name for name in known if name in asked]
+
+
+def measures_command(store_path, names: Sequence[str]) -> str:
+    """Returns the `vitsee analyze` command that computes the named layer x layer measures (none: all of them)."""
+    return f"vitsee analyze {store_path} --measures {','.join(names) if names else 'all'}"
 
 
 def run_order(analysis) -> tuple:
