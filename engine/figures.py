@@ -57,6 +57,7 @@ BAD = "0.85"  # cells not computed (NaN)
 NONFINITE = "#b2182b"  # cells computed from NaN/Inf inputs (View.nonfinite): drawn over the grey
 LINE_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd")  # readouts: categorical, unlike the heatmaps
 MARGIN_PT = 8  # kept clear at the left and right edges by the figure's own lines of text
+PNG_DPI = 150  # what `vitsee export` draws at, and what the texts are measured at
 ORIENTATION = "layer 0 at the bottom, as in the paper; the app draws it at the top"
 WORD_BREAKS = "_.@:-/,;"  # where a name too long for a line is cut
 TICK_ROOM_PT = TICK_PT * 1.45  # along its axis, a layer's tick label needs this much room to stay apart
@@ -83,7 +84,7 @@ def figure_for(view: View, selection: tuple[int, int] | None = None, cmap: str =
 
 
 def save_png(view: View, path: str | Path, selection: tuple[int, int] | None = None, cmap: str = "viridis",
-             dpi: int = 150) -> Path:
+             dpi: int = PNG_DPI) -> Path:
     """Returns the path of the PNG of `view` written there (see `figure_for`)."""
     path = Path(path)
     fig = figure_for(view, selection=selection, cmap=cmap)
@@ -552,10 +553,12 @@ def _measures_agree(view: View, selection, cmap: Colormap) -> Figure:
         else:
             ax.tick_params(axis="x", labelbottom=False)
     ax = fig.add_subplot(outer[1], label="rank-correlations")
-    image = ax.imshow(view.matrix, cmap=cmap, vmin=-1.0, vmax=1.0, interpolation="nearest", aspect="equal")
+    finite = view.matrix[np.isfinite(view.matrix)]
+    low = 0.0 if finite.size and finite.min() >= 0 else -1.0  # no disagreement in sign: 0 to 1 shows more
+    image = ax.imshow(view.matrix, cmap=cmap, vmin=low, vmax=1.0, interpolation="nearest", aspect="equal")
     for (r, c), value in np.ndenumerate(view.matrix):
         if np.isfinite(value):
-            shade = cmap(0.5 * (value + 1.0))
+            shade = cmap((value - low) / (1.0 - low))
             ink = "black" if 0.299 * shade[0] + 0.587 * shade[1] + 0.114 * shade[2] > 0.5 else "white"
             ax.text(c, r, f"{value:.2f}", ha="center", va="center", fontsize=TICK_PT + (1 if m <= 5 else 0),
                     color=ink, gid="rank-correlation")
@@ -574,7 +577,9 @@ def _measures_agree(view: View, selection, cmap: Colormap) -> Figure:
 
 def _new_figure(view: View, size: tuple[float, float]) -> Figure:
     """Returns an empty Agg figure with the view's title and subtitle across the top."""
-    fig = Figure(figsize=size, layout="constrained")
+    # laid out at the PNG's resolution: Agg's hinted text is some 4% wider at 150 dpi than at 100, enough to push a
+    # title wrapped to fit at 100 dpi past both edges of the PNG
+    fig = Figure(figsize=size, layout="constrained", dpi=PNG_DPI)
     FigureCanvasAgg(fig)
     title = wrap_to_width(fig, view.title, TITLE_PT, weight="bold") or [""]
     subtitle = wrap_to_width(fig, view.subtitle, SUBTITLE_PT)
