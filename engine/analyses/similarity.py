@@ -10,6 +10,11 @@ lets the app and the dossier find the other measures of the same pair.
 images: a measure module declares its name, title and parameters and gives `measure(a, b)` (and, optionally,
 `prepare(x)`, e.g. a Gram matrix built once per layer). CKA (cka.py) is a LayerMatrix with its own minibatch
 estimator and statistics.
+
+`GramMeasure` is a LayerMatrix of one of the measures of engine/measures_grams.py (RBF CKA, Procrustes, SVCCA,
+PWCCA, mknn, CKNNA, RSA): each layer's LayerGrams is built once per driver run and shared by every measure of it
+(base.SHARED), every pair comes from the measure's all-pairs form, and intervals and p-values from
+engine/measures_stats.py over the same Grams. Its modules are declarations only.
 """
 from __future__ import annotations
 
