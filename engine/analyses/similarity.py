@@ -65,6 +65,7 @@ class LayerMatrix(Analysis):
     needs = frozenset({"activations"})
     value_name: ClassVar[str] = ""  # what a cell's value is, for legends and the status line (default: the label)
     value_range: ClassVar[tuple[float | None, float | None]] = (0.0, 1.0)  # the colour range (None: the data's)
+    permutations_option: ClassVar[str] = "permutations"  # the `vitsee analyze` option that gives its p-values
 
     def not_applicable(self, store: Store, key: str) -> str | None:
         return None
@@ -222,6 +223,7 @@ class GramMeasure(LayerMatrix):
     seconds_at_1000: ClassVar[float] = 1.0
     cubic: ClassVar[bool] = False
     by_default = False  # seconds to minutes each where CKA takes one: `vitsee analyze --measures ...` asks for them
+    permutations_option = "measure-permutations"
     tab = False  # in the CKA tab, where `m` cycles the measures cached for the models shown
     cost = 1
 
