@@ -374,7 +374,8 @@ class GramMeasure(LayerMatrix):
                  f"on {used} of the {n} images, drawn with seed {seed} (--max-images)"]
         values = self.measure_values(view.params)
         if values:
-            notes.append(", ".join(f"{name} {value}" for name, value in values.items()))
+            notes.append(", ".join(f"{name} {('yes' if value else 'no') if isinstance(value, bool) else value}"
+                                   for name, value in values.items()))
         if view.p_value is not None:
             notes.append(f"small p: {MEASURES[self.key].significance}")
         return "".join(f"; {note}" for note in notes)
