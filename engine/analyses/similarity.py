@@ -263,13 +263,13 @@ class GramMeasure(LayerMatrix):
         max_images = default_max_images(sum(map(len, layers.values()))) if asked is None else int(asked)
         _, subset = choose_images(store.n_images, max_images, cfg.seed)  # too few: the one-line error
         values = dict(MEASURES[self.key].defaults)
-        for name, option in self.parameters.items():
-            given = cfg.options.get(option.attr)
-            if given is not None:
-                try:
-                    values[name] = _CHECKS[name](given, self.key, subset["n_images"]) if name in _CHECKS else given
-                except VitseeError as exc:
-                    raise VitseeError(f"--{option.name} {given}: {exc}") from None
+        for name, option in self.parameters.items():  # given or default, checked now: before any work
+            value = cfg.options.get(option.attr, values[name])
+            value = values[name] if value is None else value
+            try:
+                values[name] = _CHECKS[name](value, self.key, subset["n_images"]) if name in _CHECKS else value
+            except VitseeError as exc:
+                raise VitseeError(f"--{option.name} {value}: {exc}") from None
         params = {"models": models, "layers": layers, "n_images": store.n_images, "max_images": subset["n_images"],
                   "seed": subset["seed"], **values}
         settings = self.stats_settings(cfg)
@@ -367,7 +367,7 @@ class GramMeasure(LayerMatrix):
                 f"{view.params.get('max_images')} images")
 
     def caption_notes(self, view: View) -> str:
-        from ..measures_grams import MEASURES
+        from ..measures_stats import SIGNIFICANCE
 
         used, n, seed = view.params.get("max_images"), view.params.get("n_images"), view.params.get("seed")
         notes = [f"on all {n} images" if used == n else
@@ -377,7 +377,7 @@ class GramMeasure(LayerMatrix):
             notes.append(", ".join(f"{name} {('yes' if value else 'no') if isinstance(value, bool) else value}"
                                    for name, value in values.items()))
         if view.p_value is not None:
-            notes.append(f"small p: {MEASURES[self.key].significance}")
+            notes.append(f"small p: {SIGNIFICANCE[self.key]}")
         return "".join(f"; {note}" for note in notes)
 
 
