@@ -363,6 +363,7 @@ class ExplorerScreen(Screen):
             for place in pending[1]:
                 if not pane.go_to(place):
                     self.notify(f"{place.name} is not in this view", severity="warning", timeout=3)
+            pane.post_status()  # a heatmap not laid out yet moves its cursor without saying so
 
     def _focus_view(self) -> None:
         focused = self.focused
