@@ -10,12 +10,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .analyses import REGISTRY
-from .analyses.base import AnalyzeConfig, StepFn, check_ready
+from .analyses.base import SHARED, AnalyzeConfig, StepFn, check_ready
 from .analyses.contract import SLOW, Request, per_model
 from .errors import VitseeError
 from .store import Store
 
-__all__ = ["AnalyzeConfig", "applicable", "check_names", "default_names", "plan", "plan_views", "run_analyses"]
+__all__ = ["AnalyzeConfig", "applicable", "check_names", "default_names", "measure_names", "measures_command", "plan",
+           "plan_views", "run_analyses"]
 
 
 def default_names() -> list[str]:
@@ -35,6 +36,29 @@ def check_names(which: Sequence[str] | None) -> None:
     unknown = [a for a in (which or []) if a not in REGISTRY]
     if unknown:
         raise VitseeError(f"unknown analysis '{unknown[0]}': choose from {', '.join(REGISTRY)}")
+
+
+def measure_names(text: str | None) -> list[str]:
+    """Returns the layer x layer measures a `--measures` comma list names ('all': every one), in registry order;
+    an unknown one is the one-line VitseeError naming the known ones."""
+    from .analyses.similarity import layer_measures
+
+    if text is None:
+        return []
+    known = [a.name for a in layer_measures()]
+    asked = [part.strip() for part in text.split(",") if part.strip()]
+    if asked == ["all"]:
+        return known
+    unknown = [part for part in asked if part not in known]
+    if unknown or not asked:
+        what = f"'{unknown[0]}' is no measure" if unknown else "no measure named"
+        raise VitseeError(f"--measures {text}: {what}: use a comma list of {', '.join(known)}, or all")
+    return [name for name in known if name in asked]
+
+
+def measures_command(store_path, names: Sequence[str]) -> str:
+    """Returns the `vitsee analyze` command that computes the named layer x layer measures (none: all of them)."""
+    return f"vitsee analyze {store_path} --measures {','.join(names) if names else 'all'}"
 
 
 def run_order(analysis) -> tuple:
@@ -68,7 +92,7 @@ def plan_views(store: Store, which: Sequence[str] | None = None) -> list[Request
 def run_analyses(path: str | Path, which: Sequence[str] | None, cfg: AnalyzeConfig, progress: StepFn | None = None) -> list[str]:
     """Runs the plan of the named analyses (None: the default ones) on a store in this process and caches each
     result; returns what was done ('cka', 'attention:MODEL', 'heads:VIT:OTHER', ...)."""
-    with Store.writer(path) as store:
+    with Store.writer(path) as store, SHARED.run():  # the analyses of this run share their parts (base.SharedParts)
         check_ready(store, store.models)
         done = []
         for job in plan(store, which):

@@ -471,10 +471,12 @@ def _with_analysis_options(command, flags: bool):
     from .analyses import REGISTRY
 
     flags = [(a.name, a.option_help) for a in REGISTRY.values()] if flags else []
-    options = [o for a in REGISTRY.values() for o in a.options]
+    # an option several analyses declare (the measures' --max-images) is one option, given to each of them
+    options = list({o.name: o for a in REGISTRY.values() for o in a.options}.values())
     keyword = inspect.Parameter.KEYWORD_ONLY
-    added = [inspect.Parameter(name, keyword, default=False, annotation=Annotated[bool, typer.Option(f"--{name}", help=text)])
-             for name, text in flags]
+    added = [inspect.Parameter(name, keyword, default=False, annotation=Annotated[bool, typer.Option(
+                 f"--{name}", *([f"--{name.replace('_', '-')}"] if "_" in name else []), help=text)])
+             for name, text in flags]  # --rbf_cka as the view rbf_cka:A:B names it, or --rbf-cka
     added += [inspect.Parameter(o.attr, keyword, default=None,
                                 annotation=Annotated[Optional[o.type], typer.Option(f"--{o.name}", help=o.help)])
               for o in options]
@@ -501,7 +503,8 @@ def analyze(
     store: Annotated[Path, typer.Argument(help="a complete store")],
     batch_size: Annotated[Optional[int], typer.Option(help="images per CKA minibatch [default: 256]")] = None,
     shuffles: Annotated[Optional[int], typer.Option(help="average CKA over K seeded shuffles (0: store order) [default: 1]")] = None,
-    seed: Annotated[Optional[int], typer.Option(help="seed of the shuffles and the probe split [default: 0]")] = None,
+    seed: Annotated[Optional[int], typer.Option(
+        help="seed of the shuffles, the probe split and the measures' image subset and resamples [default: 0]")] = None,
     ci: Annotated[Optional[float], typer.Option(
         help="confidence level of the intervals (bootstrap over CKA minibatches, exact binomial for probes, "
              "Student-t for means over images); 0: none [default: 0.95]")] = None,
@@ -511,6 +514,9 @@ def analyze(
     recompute: Annotated[bool, typer.Option(help="ignore cached results")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bars")] = False,
     threads: Annotated[Optional[int], typer.Option(help="CPU compute threads (default: the usable cores other processes leave free; CKA Grams and probe fits also share the busy ones, a layer at a time)")] = None,
+    measures: Annotated[Optional[str], typer.Option(
+        help="layer x layer measures to compute beside the flags, a comma list (cka,rbf_cka,procrustes,svcca,pwcca,"
+             "mknn,cknna,rsa) or all; each on one Gram per layer, shared")] = None,
     *,
     chosen: list[str],
     given: dict,
@@ -519,10 +525,11 @@ def analyze(
     from dataclasses import fields
 
     from . import distributed
-    from .analyze import AnalyzeConfig, run_analyses
+    from .analyze import AnalyzeConfig, measure_names, run_analyses
     from .distributed import is_secondary
     from .threads import set_compute_threads
 
+    chosen = list(dict.fromkeys([*chosen, *measure_names(measures)]))
     base = AnalyzeConfig()
     own = {f.name for f in fields(AnalyzeConfig)}  # an analysis's option is a config field, or kept by its name
     cfg = AnalyzeConfig(

@@ -14,6 +14,8 @@ an existing shape is drawn here without code of its own:
   outlined, and a few other tokens' maps for comparison.
 - per-head values x layers (heads, Fig. 5): value against each head's distance, beside the heatmap.
 - a map over the input (ERF, Fig. 6): a few depths' maps side by side on one log scale.
+- measures side by side ("do the measures agree?"): each layer x layer measure's matrix of one pair of models with
+  the same axes, and their rank correlations as an annotated matrix.
 
 Orientation: heatmaps whose rows are layers (layer matrices, token ratios, heads) put row 0 at the bottom left, as the paper
 does, so depth grows up and to the right. The terminal (`vitsee show`, the TUI) draws row 0 at the top
@@ -55,6 +57,7 @@ BAD = "0.85"  # cells not computed (NaN)
 NONFINITE = "#b2182b"  # cells computed from NaN/Inf inputs (View.nonfinite): drawn over the grey
 LINE_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd")  # readouts: categorical, unlike the heatmaps
 MARGIN_PT = 8  # kept clear at the left and right edges by the figure's own lines of text
+PNG_DPI = 150  # what `vitsee export` draws at, and what the texts are measured at
 ORIENTATION = "layer 0 at the bottom, as in the paper; the app draws it at the top"
 WORD_BREAKS = "_.@:-/,;"  # where a name too long for a line is cut
 TICK_ROOM_PT = TICK_PT * 1.45  # along its axis, a layer's tick label needs this much room to stay apart
@@ -81,7 +84,7 @@ def figure_for(view: View, selection: tuple[int, int] | None = None, cmap: str =
 
 
 def save_png(view: View, path: str | Path, selection: tuple[int, int] | None = None, cmap: str = "viridis",
-             dpi: int = 150) -> Path:
+             dpi: int = PNG_DPI) -> Path:
     """Returns the path of the PNG of `view` written there (see `figure_for`)."""
     path = Path(path)
     fig = figure_for(view, selection=selection, cmap=cmap)
@@ -116,8 +119,9 @@ def _layer_matrix(view: View, selection, cmap: Colormap) -> Figure:
         r, c = selection
         _mark_cell(ax, r, c, f"{view.rows[r]} x {view.cols[c]}\n{view.value_name} {view.cell_text(r, c, 3)}"
                    f"{view.interval_text(r, c)}", toward=(n_cols / 2 - c, n_rows / 2 - r), cell_pt=330 / max(n_rows, n_cols))
-    _caption(fig, view, "hatched: not significant (p > 0.05)" if weak is not None and weak.any() else "",
-             orientation=True)
+    notes = ["hatched: not significant (p > 0.05)" if weak is not None and weak.any() else "",
+             view.analysis.caption_notes(view).removeprefix("; ")]  # a measure's image subset and parameters
+    _caption(fig, view, "; ".join(n for n in notes if n), orientation=True)
     return fig
 
 
@@ -585,9 +589,68 @@ def _model_matrix(view: View, selection, cmap: Colormap) -> Figure:
     return fig
 
 
+def _measures_agree(view: View, selection, cmap: Colormap) -> Figure:
+    """Returns each measure's layer x layer matrix side by side with the same axes, its colours over its own range
+    (the patterns compare, whatever each measure's scale; a distance's reversed, so the alike pairs are bright in
+    every panel), and beside them the rank correlations between the measures."""
+    panels = np.asarray(view.extra["panels"], dtype=float)
+    rows, cols = list(view.extra["panel_rows"]), list(view.extra["panel_cols"])
+    m = len(panels)
+    per_row = min(m, 4)
+    lines = math.ceil(m / per_row)
+    fig = _new_figure(view, (2.55 * per_row + 4.4, 2.75 * lines + 1.9))
+    outer = fig.add_gridspec(1, 2, width_ratios=[2.55 * per_row, 4.0])
+    grid = outer[0].subgridspec(lines, per_row)
+    first = None
+    for i, (panel, label, up) in enumerate(zip(panels, view.rows, view.extra["higher_is_better"])):
+        r, c = divmod(i, per_row)
+        ax = fig.add_subplot(grid[r, c], label=f"panel-{view.extra['measures'][i]}", sharex=first, sharey=first)
+        first = first or ax
+        finite = panel[np.isfinite(panel)]
+        low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+        image = ax.imshow(panel, origin="lower", cmap=cmap if up else cmap.reversed(), vmin=low,
+                          vmax=high if high > low else low + 1.0, interpolation="nearest", aspect="auto")
+        ax.set_title(label if up else f"{label} (low: alike)", fontsize=9)
+        bar = fig.colorbar(image, ax=ax, shrink=0.85, pad=0.03)
+        bar.ax.tick_params(labelsize=TICK_PT - 1)
+        if c == 0:
+            _layer_ticks(ax.yaxis, rows, room_in=2.0)
+            ax.set_ylabel(f"{view.models[0]} layer", fontsize=TICK_PT)
+        else:
+            ax.tick_params(axis="y", labelleft=False)
+        if i + per_row >= m:  # the lowest panel of its column
+            _layer_ticks(ax.xaxis, cols, room_in=1.9, rotate=True)
+            ax.set_xlabel(f"{view.models[-1]} layer", fontsize=TICK_PT)
+        else:
+            ax.tick_params(axis="x", labelbottom=False)
+    ax = fig.add_subplot(outer[1], label="rank-correlations")
+    finite = view.matrix[np.isfinite(view.matrix)]
+    low = 0.0 if finite.size and finite.min() >= 0 else -1.0  # no disagreement in sign: 0 to 1 shows more
+    image = ax.imshow(view.matrix, cmap=cmap, vmin=low, vmax=1.0, interpolation="nearest", aspect="equal")
+    for (r, c), value in np.ndenumerate(view.matrix):
+        if np.isfinite(value):
+            shade = cmap((value - low) / (1.0 - low))
+            ink = "black" if 0.299 * shade[0] + 0.587 * shade[1] + 0.114 * shade[2] > 0.5 else "white"
+            ax.text(c, r, f"{value:.2f}", ha="center", va="center", fontsize=TICK_PT + (1 if m <= 5 else 0),
+                    color=ink, gid="rank-correlation")
+    ax.set_xticks(np.arange(m), labels=view.cols, fontsize=TICK_PT, rotation=45, ha="right")
+    ax.set_yticks(np.arange(m), labels=view.rows, fontsize=TICK_PT)
+    ax.set_title(f"rank correlation over {view.extra['n_pairs']} layer pairs", fontsize=9)
+    fig.colorbar(image, ax=ax, label="Spearman", shrink=0.55)
+    if selection:
+        r, c = selection
+        ax.add_patch(Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, edgecolor=MARK, lw=2, gid="selection"))
+    colours = "each panel's colours span its own values" + (", a distance's reversed: bright is alike everywhere"
+                                                            if not all(view.extra["higher_is_better"]) else "")
+    _caption(fig, view, f"{colours}; {view.analysis.caption_notes(view).removeprefix('; ')}", orientation=True)
+    return fig
+
+
 def _new_figure(view: View, size: tuple[float, float]) -> Figure:
     """Returns an empty Agg figure with the view's title and subtitle across the top."""
-    fig = Figure(figsize=size, layout="constrained")
+    # laid out at the PNG's resolution: Agg's hinted text is some 4% wider at 150 dpi than at 100, enough to push a
+    # title wrapped to fit at 100 dpi past both edges of the PNG
+    fig = Figure(figsize=size, layout="constrained", dpi=PNG_DPI)
     FigureCanvasAgg(fig)
     title = wrap_to_width(fig, view.title, TITLE_PT, weight="bold") or [""]
     subtitle = wrap_to_width(fig, view.subtitle, SUBTITLE_PT)
@@ -758,5 +821,6 @@ DRAWINGS = {
     Shape.HEADS_BY_LAYER: _heads_by_layer,
     Shape.PIXEL_MAP: _pixel_map,
     Shape.MODEL_MATRIX: _model_matrix,
+    Shape.MEASURES_AGREE: _measures_agree,
 }
 MARKS_OWN_NONFINITE = frozenset({Shape.DEPTH_CURVES})

@@ -453,17 +453,28 @@ class Measure:
     defaults: dict
     higher_is_similar: bool = True  # False for a distance: small means alike, and its null is compared from above
     symmetric: bool = True
+    alike: str = "more alike"  # what a small p-value says of two layers
+    label: str = ""  # the measure as the words about its p-value name it (default: its name)
+
+    @property
+    def significance(self) -> str:
+        """Returns what a small permutation p-value of the measure means, in words (measures_stats.SIGNIFICANCE)."""
+        if not self.higher_is_similar:
+            return f"{self.alike} than images paired at random: p over permutations with a distance <= the observed one"
+        return (f"{self.alike} than images paired at random: p over permutations with {self.label or self.name} >= "
+                "the observed one")
 
 
 MEASURES = {m.name: m for m in (
-    Measure("linear_cka", ms.linear_cka, pairwise_linear_cka, {"debiased": False}),
-    Measure("rbf_cka", ms.rbf_cka, pairwise_rbf_cka, {"threshold": 0.5, "debiased": False}),
-    Measure("procrustes", ms.procrustes, pairwise_procrustes, {"alpha": 1.0}, higher_is_similar=False),
-    Measure("svcca", ms.svcca, pairwise_svcca, {"keep": 0.99}),
-    Measure("pwcca", ms.pwcca, pairwise_pwcca, {"keep": 0.99}, symmetric=False),
-    Measure("mknn", ms.mknn, pairwise_mknn, {"k": 10}),
-    Measure("cknna", ms.cknna, pairwise_cknna, {"k": 10}, symmetric=False),
-    Measure("rsa", ms.rsa, pairwise_rsa, {}),
+    Measure("linear_cka", ms.linear_cka, pairwise_linear_cka, {"debiased": False}, label="CKA"),
+    Measure("rbf_cka", ms.rbf_cka, pairwise_rbf_cka, {"threshold": 0.5, "debiased": False}, label="RBF CKA"),
+    Measure("procrustes", ms.procrustes, pairwise_procrustes, {"alpha": 1.0}, higher_is_similar=False, alike="closer"),
+    Measure("svcca", ms.svcca, pairwise_svcca, {"keep": 0.99}, alike="more correlated", label="SVCCA"),
+    Measure("pwcca", ms.pwcca, pairwise_pwcca, {"keep": 0.99}, symmetric=False, alike="more correlated",
+            label="PWCCA"),
+    Measure("mknn", ms.mknn, pairwise_mknn, {"k": 10}, alike="more shared neighbours"),
+    Measure("cknna", ms.cknna, pairwise_cknna, {"k": 10}, symmetric=False, label="CKNNA"),
+    Measure("rsa", ms.rsa, pairwise_rsa, {}, alike="more alike RDMs"),
 )}
 
 

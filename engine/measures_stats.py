@@ -29,46 +29,42 @@ once (LayerGrams.take): no pass over the features.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from . import stats
 from .errors import VitseeError
-from .measures_grams import LayerGrams, measure, pairwise
+from .measures_grams import MEASURES, LayerGrams, measure, pairwise
 
-SIGNIFICANCE = {
-    "linear_cka": "more alike than images paired at random: p over permutations with CKA >= the observed one",
-    "rbf_cka": "more alike than images paired at random: p over permutations with RBF CKA >= the observed one",
-    "procrustes": "closer than images paired at random: p over permutations with a distance <= the observed one",
-    "svcca": "more correlated than images paired at random: p over permutations with SVCCA >= the observed one",
-    "pwcca": "more correlated than images paired at random: p over permutations with PWCCA >= the observed one",
-    "mknn": "more shared neighbours than images paired at random: p over permutations with mknn >= the observed one",
-    "cknna": "more alike than images paired at random: p over permutations with CKNNA >= the observed one",
-    "rsa": "more alike RDMs than images paired at random: p over permutations with rsa >= the observed one",
-}
+# measure -> what its small p-value means (a distance's null is compared from above): measures_grams.Measure
+SIGNIFICANCE = {name: m.significance for name, m in MEASURES.items()}
 
 
 def bootstrap_replicates(grams_a: Sequence[LayerGrams], grams_b: Sequence[LayerGrams] | None, name: str,
-                         replicates: int = stats.BOOTSTRAP_REPLICATES, seed: int = 0, **params) -> np.ndarray:
+                         replicates: int = stats.BOOTSTRAP_REPLICATES, seed: int = 0,
+                         progress: Callable[[int, int], None] | None = None, **params) -> np.ndarray:
     """Returns (replicates, La, Lb): the measure on `replicates` resamples of the images (the same rows for every
-    layer of a replicate), seeded."""
+    layer of a replicate), seeded; `progress(done, total)` hears after each replicate."""
     a = list(grams_a)
     b = None if grams_b is None else list(grams_b)
     n = a[0].n
     if replicates < 1:
         raise VitseeError(f"bootstrap replicates={replicates}: use at least 1, e.g. {stats.BOOTSTRAP_REPLICATES}")
     out = []
-    for rows in stats.bootstrap_indices(n, replicates, seed):
+    for r, rows in enumerate(stats.bootstrap_indices(n, replicates, seed)):
         ra = [g.take(rows) for g in a]
         rb = None if b is None else [g.take(rows) for g in b]
         out.append(pairwise(ra, rb, name, **params))
+        if progress is not None:
+            progress(r + 1, replicates)
     return np.stack(out)
 
 
 def bootstrap_interval(grams_a: Sequence[LayerGrams], grams_b: Sequence[LayerGrams] | None, name: str,
                        level: float = stats.DEFAULT_CI, replicates: int = stats.BOOTSTRAP_REPLICATES, seed: int = 0,
-                       method: str = "percentile", **params) -> tuple[np.ndarray, np.ndarray]:
+                       method: str = "percentile", progress: Callable[[int, int], None] | None = None,
+                       **params) -> tuple[np.ndarray, np.ndarray]:
     """Returns (low, high), each (La, Lb): the bootstrap interval of the measure at `level`, over the replicates
     where it is defined (NaN where none is).
 
@@ -81,7 +77,7 @@ def bootstrap_interval(grams_a: Sequence[LayerGrams], grams_b: Sequence[LayerGra
     level = stats.check_level(level)
     if method not in ("percentile", "basic"):
         raise VitseeError(f"bootstrap method '{method}' is unknown: use percentile or basic")
-    reps = bootstrap_replicates(grams_a, grams_b, name, replicates, seed, **params)
+    reps = bootstrap_replicates(grams_a, grams_b, name, replicates, seed, progress, **params)
     tail = (1.0 - level) / 2
     finite = np.isfinite(reps).any(axis=0)
     low, high = np.full(reps.shape[1:], np.nan), np.full(reps.shape[1:], np.nan)
@@ -95,22 +91,31 @@ def bootstrap_interval(grams_a: Sequence[LayerGrams], grams_b: Sequence[LayerGra
 
 
 def null_values(grams_a: Sequence[LayerGrams], grams_b: Sequence[LayerGrams] | None, name: str,
-                permutations: int = stats.DEFAULT_PERMUTATIONS, seed: int = 0, **params) -> np.ndarray:
-    """Returns (permutations, La, Lb): the measure with the column layers' images permuted, seeded."""
+                permutations: int = stats.DEFAULT_PERMUTATIONS, seed: int = 0,
+                progress: Callable[[int, int], None] | None = None, **params) -> np.ndarray:
+    """Returns (permutations, La, Lb): the measure with the column layers' images permuted, seeded;
+    `progress(done, total)` hears after each permutation."""
     a = list(grams_a)
     b = a if grams_b is None else list(grams_b)
     if permutations < 1:
         raise VitseeError(f"permutations={permutations}: use at least 1, e.g. {stats.DEFAULT_PERMUTATIONS}")
-    perms = stats.batch_permutations(seed, 0, a[0].n, permutations)
-    return np.stack([pairwise(a, [g.take(p) for g in b], name, **params) for p in perms])
+    out = []
+    for k, p in enumerate(stats.batch_permutations(seed, 0, a[0].n, permutations)):
+        out.append(pairwise(a, [g.take(p) for g in b], name, **params))
+        if progress is not None:
+            progress(k + 1, permutations)
+    return np.stack(out)
 
 
 def permutation_p_value(grams_a: Sequence[LayerGrams], grams_b: Sequence[LayerGrams] | None, name: str,
-                        permutations: int = stats.DEFAULT_PERMUTATIONS, seed: int = 0, **params) -> np.ndarray:
+                        permutations: int = stats.DEFAULT_PERMUTATIONS, seed: int = 0,
+                        progress: Callable[[int, int], None] | None = None, observed: np.ndarray | None = None,
+                        **params) -> np.ndarray:
     """Returns (La, Lb) p-values (1 + #{null at least as extreme}) / (K + 1): from above for a distance, from below
-    for a similarity (SIGNIFICANCE says what each measure's small p means); NaN where the measure is."""
-    observed = pairwise(grams_a, grams_b, name, **params)
-    null = null_values(grams_a, grams_b, name, permutations, seed, **params)
+    for a similarity (SIGNIFICANCE says what each measure's small p means); NaN where the measure is. `observed`:
+    the measure of the grams as they are, when the caller has it already."""
+    observed = pairwise(grams_a, grams_b, name, **params) if observed is None else observed
+    null = null_values(grams_a, grams_b, name, permutations, seed, progress, **params)
     reached = (null >= observed) if measure(name).higher_is_similar else (null <= observed)
     p = (1.0 + reached.sum(axis=0)) / (permutations + 1.0)
     return np.where(np.isfinite(observed), p, np.nan)

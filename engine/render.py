@@ -8,8 +8,8 @@ characters wide and k sub-rows tall); wide ones are pooled (block means). Row 0 
 terminal app; the PNG figures put layer 0 at the bottom like the paper (see figures.py).
 
 Without colour (NO_COLOR, TERM=dumb, --color none) everything is plain ASCII: one matrix row per text
-row in density characters ' .:-=+*#%@', ASCII table borders, no escape codes. Per-head values by block and
-curves over depth are tables of numbers.
+row in density characters ' .:-=+*#%@', ASCII table borders, no escape codes. Per-head values by block,
+curves over depth and the measures' rank correlations are tables of numbers.
 """
 from __future__ import annotations
 
@@ -112,6 +112,7 @@ def _layer_matrix(view: View, mode: ColorMode, cmap: str, width: int, selection=
     model_a, model_b = (view.models + view.models)[:2] if view.models else ("rows", "cols")
     plot = Heatmap(view.matrix, view.rows, view.cols, scale, mode, width, nonfinite=view.nonfinite)
     where = f"rows: {model_a} layers, first at the top; columns: {model_b} layers, first at the left"
+    where += view.analysis.caption_notes(view)  # what the analysis adds (a measure's image subset, parameters)
     return [*plot.lines(), plot.legend(view.value_name), *plot.column_key(), Text(where, style=_style(mode, "dim")),
             *_nonfinite_lines(view, mode)]
 
@@ -202,6 +203,32 @@ def _depth_curves(view: View, mode: ColorMode, cmap: str = "", width: int = 0, s
     return [table, *lines]
 
 
+def _measures_agree(view: View, mode: ColorMode, cmap: str = "", width: int = 0, selection=None) -> list:
+    """Returns the measures x measures table of rank correlations, then each measure's range and most alike pair."""
+    table = _table(mode)
+    table.add_column("rank corr.")
+    for label in view.cols:
+        table.add_column(label, justify="right")
+    for r, label in enumerate(view.rows):
+        table.add_row(label, *[_fmt(v, 2) if r != c else "1" for c, v in enumerate(view.matrix[r])])
+    rows, cols = list(view.extra["panel_rows"]), list(view.extra["panel_cols"])
+    lines = [Text(f"{view.extra['n_pairs']} layer pairs; each measure's values and the pair it finds most alike:")]
+    within = len(set(view.models)) == 1
+    for label, panel, up in zip(view.rows, np.asarray(view.extra["panels"], dtype=float),
+                                view.extra["higher_is_better"]):
+        values = panel.copy()
+        if within:
+            np.fill_diagonal(values, np.nan)  # a layer with itself is alike by construction
+        if not np.isfinite(values).any():
+            lines.append(Text(f"  {label}: not computed"))
+            continue
+        r, c = np.unravel_index(np.nanargmax(values) if up else np.nanargmin(values), values.shape)
+        lines.append(Text(f"  {label}: {np.nanmin(values):.3f} .. {np.nanmax(values):.3f}, most alike "
+                          f"{rows[r]} x {cols[c]} ({values[r, c]:.3f}{'' if up else ', a distance: low is alike'})"))
+    caption = view.analysis.caption_notes(view).removeprefix("; ")
+    return [table, *lines, Text(caption, style=_style(mode, "dim"))]
+
+
 def _skip_curves(view: View, mode: ColorMode) -> list:
     """Returns the paper's Fig. 7 curves as numbers: per sublayer, the CLS ratio and the spatial tokens' mean."""
     cls = np.asarray(view.extra.get("cls", []), dtype=float)
@@ -276,8 +303,9 @@ DRAWINGS = {
     Shape.HEADS_BY_LAYER: _heads_by_layer,
     Shape.PIXEL_MAP: _pixel_map,
     Shape.MODEL_MATRIX: _model_matrix,
+    Shape.MEASURES_AGREE: _measures_agree,
 }
-TABLES = frozenset({Shape.HEADS_BY_BLOCK, Shape.DEPTH_CURVES})
+TABLES = frozenset({Shape.HEADS_BY_BLOCK, Shape.DEPTH_CURVES, Shape.MEASURES_AGREE})
 BEST_CELL = frozenset({Shape.LAYER_MATRIX, Shape.DEPTH_CURVES})
 
 

@@ -170,8 +170,9 @@ def best_cell(view: View) -> tuple[int, int] | None:
     """Returns the cell `vitsee show` reports: the best value (the largest, or the smallest where lower is better),
     off the diagonal of a layer x layer view within one model."""
     values = np.array(view.matrix, dtype=float)
-    if view.shape is Shape.LAYER_MATRIX and values.shape[0] == values.shape[1] and view.rows == view.cols:
-        np.fill_diagonal(values, np.nan)  # a layer against itself is alike by construction
+    alike = (Shape.LAYER_MATRIX, Shape.MEASURES_AGREE)  # a layer (a measure) against itself is alike by construction
+    if view.shape in alike and values.shape[0] == values.shape[1] and view.rows == view.cols:
+        np.fill_diagonal(values, np.nan)
     if not np.isfinite(values).any():
         return None
     pick = np.nanargmax if view.analysis.higher_is_better else np.nanargmin

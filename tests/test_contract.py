@@ -119,7 +119,7 @@ def test_its_view_draws_prints_and_exports_the_same_numbers(store, name, tmp_pat
 @pytest.mark.parametrize("name", NAMES)
 async def test_its_pane_shows_the_view_and_enter_on_the_first_cell_opens_its_detail(store, name, tmp_path):
     from vitsee.tui.screens.explorer import ExplorerScreen
-    from vitsee.tui.widgets.panes import KINDS
+    from vitsee.tui.widgets.panes import KINDS, TAB_LABELS
 
     _computed(store, name)
     app = make_app(store, tmp_path)
@@ -127,7 +127,12 @@ async def test_its_pane_shows_the_view_and_enter_on_the_first_cell_opens_its_det
         await settle(pilot, view_shown(KINDS[0]))
         if REGISTRY[name].takes_layer:
             app.screen.picked_layer[(name, VIT)] = LAYER
-        await pilot.press(str(KINDS.index(name) + 1))
+        if name in TAB_LABELS:  # its number key
+            await pilot.press(str(list(TAB_LABELS).index(name) + 1))
+        else:  # shown in its family's tab: the jump list (:) names every view
+            await pilot.press("colon")
+            await settle(pilot)
+            await pilot.press(*["down"] * KINDS.index(name), "enter")
         await settle(pilot, view_shown(name), timeout=60)
         pane = app.screen.pane(name)
         assert pane.loaded.spec == app.screen.spec_for(name)[0] and not pane.loaded.computed  # read from the cache
@@ -136,7 +141,8 @@ async def test_its_pane_shows_the_view_and_enter_on_the_first_cell_opens_its_det
         explorer, seen = app.screen, len(app.notes_seen)
         await pilot.press("enter")
         await settle(pilot)
-        # a detail opened, another view of the cell (the zoo's pair), or it said why not
+        # a detail opened, another view of the cell (the zoo's pair, the measure under the cursor of the measures'
+        # comparison), or it said why not
         assert app.screen is not explorer or explorer.kind != name or len(app.notes_seen) > seen
         if app.screen is not explorer:
             await pilot.press("escape")

@@ -14,7 +14,7 @@ from vitsee.tui.messages import RunEvent
 from vitsee.tui.options import AppOptions
 from vitsee.tui.screens.run import RunScreen
 from vitsee.tui.widgets.fit import fit_caption, fit_parts
-from vitsee.tui.widgets.panes import VIEW_LABELS
+from vitsee.tui.widgets.panes import TAB_LABELS
 from vitsee.tui.widgets.view_tabs import TAB_PADDING, tab_labels
 
 
@@ -28,13 +28,13 @@ def screen_text(app) -> list[str]:
 
 
 def test_tab_labels_shorten_only_as_far_as_the_row_needs():
-    assert tab_labels(VIEW_LABELS, 200) == {kind: f"{i} {name}" for i, (kind, name) in enumerate(VIEW_LABELS.items(), start=1)}
+    assert tab_labels(TAB_LABELS, 200) == {kind: f"{i} {name}" for i, (kind, name) in enumerate(TAB_LABELS.items(), start=1)}
     for width in (57, 60, 64):
-        labels = tab_labels(VIEW_LABELS, width)
+        labels = tab_labels(TAB_LABELS, width)
         assert sum(len(label) + TAB_PADDING for label in labels.values()) <= width
-        assert [label.split()[0] for label in labels.values()] == [str(i) for i in range(1, len(VIEW_LABELS) + 1)]
-    full = sum(len(label) + TAB_PADDING for label in tab_labels(VIEW_LABELS, 1000).values())
-    just = tab_labels(VIEW_LABELS, full - len("Attention") + len("Attn"))  # room for 'Attention' -> 'Attn' alone
+        assert [label.split()[0] for label in labels.values()] == [str(i) for i in range(1, len(TAB_LABELS) + 1)]
+    full = sum(len(label) + TAB_PADDING for label in tab_labels(TAB_LABELS, 1000).values())
+    just = tab_labels(TAB_LABELS, full - len("Attention") + len("Attn"))  # room for 'Attention' -> 'Attn' alone
     assert just["attention"] == "2 Attn" and just["spatial"] == "5 Spatial"
 
 

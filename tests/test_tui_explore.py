@@ -36,7 +36,9 @@ def test_every_registered_analysis_has_a_pane_and_the_tabs_follow_the_registry()
     assert all(cls.shape is REGISTRY[name].shape and panes.VIEW_LABELS[name] and panes.tooltip(name)
                for name, cls in panes.PANES.items())
     keys = {b.id: b.key for b in ExplorerScreen.BINDINGS if b.id and b.id.startswith("explorer.view_")}
-    assert keys == {f"explorer.view_{name}": str(i) for i, name in enumerate(REGISTRY, start=1)}
+    tabbed = [name for name, analysis in REGISTRY.items() if analysis.tab]  # the measures show in CKA's tab
+    assert keys == {f"explorer.view_{name}": str(i) for i, name in enumerate(tabbed, start=1)}
+    assert list(panes.TAB_LABELS) == tabbed and all(panes.tab_of(n) == "cka" for n in REGISTRY if n not in tabbed)
 
 
 def test_an_analysis_registered_without_a_pane_is_named_as_missing(monkeypatch):
@@ -45,7 +47,8 @@ def test_an_analysis_registered_without_a_pane_is_named_as_missing(monkeypatch):
 
     monkeypatch.delitem(PANE_CLASSES, REGISTRY["skip"].shape)  # no pane draws the skip ratios' shape
     assert panes.missing_panes() == ["skip"]
-    assert "skip" not in panes.registered_panes() and list(panes.registered_panes())[:3] == ["cka", "attention", "probes"]
+    tabbed = [name for name in panes.registered_panes() if REGISTRY[name].tab]
+    assert "skip" not in panes.registered_panes() and tabbed[:4] == ["cka", "attention", "probes", "spatial"]
 
 
 # --- search ---------------------------------------------------------------------------------------------------
@@ -160,8 +163,10 @@ async def test_colon_lists_every_view_with_the_current_models_and_goes_to_the_on
         options = [str(o.prompt) for o in jump.query_one("#jump-list").options]
         assert len(options) == len(REGISTRY)
         assert options[0].startswith("1  CKA") and options[0].endswith(f"cka:{VIT}:{RESNET}")
-        assert options[3].endswith(f"skip:{VIT}")
-        await pilot.press("down", "down", "down", "enter")  # from CKA to the fourth: skip ratios
+        assert options[1].startswith("1m RBF CKA") and options[1].endswith(f"rbf_cka:{VIT}:{RESNET}")  # CKA's tab, m
+        skip = list(REGISTRY).index("skip")
+        assert options[skip].startswith("4  Skip") and options[skip].endswith(f"skip:{VIT}")
+        await pilot.press(*["down"] * skip, "enter")  # from CKA to skip ratios
         await settle(pilot, view_shown("skip"))
         assert isinstance(app.screen, ExplorerScreen) and app.screen.kind == "skip"
         await pilot.press("colon")
@@ -257,7 +262,7 @@ async def test_enter_on_a_dossier_section_opens_its_full_view_at_that_layer(stor
         await settle(pilot, view_shown("cka"))
         dossier = await open_dossier(pilot, "blocks.3", "layer2.0")
         assert app.focused.target.kind == "cka"
-        await pilot.press("down", "down")  # CKA, the ViT's head distances, its probes
+        await pilot.press("down", "down", "down")  # CKA, every measure of the pair, the ViT's head distances, its probes
         assert (app.focused.target.kind, app.focused.target.model) == ("probes", VIT)
         await pilot.press("enter")
         await settle(pilot, view_shown("probes"))

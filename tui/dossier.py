@@ -72,6 +72,7 @@ def read_dossier(path: str | Path, summary: StoreSummary, cka: LoadedView, row: 
 
     path, known = Path(path), dict(known or {})
     dossier = Dossier(cka, row, col)
+    dossier.sections.append(measures_section(path, summary, cka, row, col, known))
     wanted = [(a, model, layer, _spec(a, model, layer, summary)) for model, layer in dossier.sides
               for a in dossier_analyses()]
     specs = {spec for *_, (spec, _) in wanted if spec is not None and spec not in known}
@@ -96,6 +97,55 @@ def read_dossier(path: str | Path, summary: StoreSummary, cka: LoadedView, row: 
         else:
             dossier.sections.append(section_of(analysis, model, layer, views[spec], notes[model]))
     return dossier
+
+
+MEASURES_TITLE = "Every measure of this pair"
+
+
+def measures_section(path: Path, summary: StoreSummary, cell: LoadedView, row: int, col: int,
+                     known: dict[str, LoadedView]) -> Section:
+    """Returns the section of the cell's layer pair in every layer x layer measure cached for its models: each
+    value with its interval and where the pair ranks among all pairs of the two models, then one line saying
+    whether the measures agree on that rank; what is not cached says how to compute it. Enter opens the
+    measures' comparison (the family's view that is no layer matrix), else the cell's own view."""
+    from vitsee.engine.analyses.agree import agreement_line, pair_rank, rank_words
+    from vitsee.engine.analyses.contract import Shape, analyses_of
+    from vitsee.engine.analyses.similarity import layer_measures
+    from vitsee.engine.analyze import measures_command
+    from vitsee.engine.store import Store
+    from vitsee.engine.views import cached_params, load_view
+
+    from vitsee.tui.results import ACCESS
+
+    view = cell.view
+    models = cell.spec.partition(":")[2]  # 'A:B' (or 'A'), as the cell's own view names them
+    row_layer, col_layer = view.rows[row], view.cols[col]
+    within = len(set(view.models)) == 1
+    views: dict[str, View] = {}
+    with ACCESS.read(), Store.open(path) as store:
+        for analysis in layer_measures():
+            spec = f"{analysis.name}:{models}"
+            if spec in known:
+                views[analysis.name] = known[spec].view
+            elif cached_params(store, spec) is not None:
+                views[analysis.name] = None  # read below, once the store is closed
+    lines, ranks, missing = [], {}, []
+    for analysis in layer_measures():
+        if analysis.name not in views:
+            missing.append(analysis.name)
+            continue
+        v = views[analysis.name] or load_view(path, f"{analysis.name}:{models}")
+        r, c = v.rows.index(row_layer), v.cols.index(col_layer)
+        share = pair_rank(v.matrix, r, c, analysis.higher_is_better, within)
+        ranks[analysis.label] = share
+        value = f"{v.value_name} {v.cell_text(r, c, 3)}{v.interval_text(r, c)}"
+        lines.append(f"{value}  ({rank_words(share)} of the pairs)")
+    lines.append(agreement_line(ranks))
+    if missing:
+        lines.append(f"not computed: {', '.join(missing)}: {measures_command(summary.path, missing)}")
+    family = analyses_of(view.analysis.family)
+    overview = next((a.name for a in family if a.shape is not Shape.LAYER_MATRIX), view.kind)
+    return Section(overview, view.models[0], row_layer, MEASURES_TITLE, lines, True)
 
 
 def _title(analysis, model: str, layer: str) -> str:

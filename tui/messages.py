@@ -153,3 +153,22 @@ class SearchChanged(Message):
 
     query: str
     submitted: bool
+
+
+@dataclass
+class ViewWanted(Message):
+    """A pane asks the explorer to show another view of the same models (the measures' comparison: the measure
+    under the cursor)."""
+
+    kind: str
+
+
+@dataclass
+class MeasuresFound(Message):
+    """Which views of the shown view's family are cached for its models (what `m` cycles), found by a worker."""
+
+    bubble = False  # posted by a worker straight to the screen that handles it
+
+    kind: str  # the view `m` was pressed on
+    cached: list[str]
+    places: tuple  # where the cursor was (Place, ...): kept on the next view

@@ -1,8 +1,10 @@
 """Plumbing the analyses share: their config, progress events, device choice, the read-ahead of store batches,
-the CKA batch plan, saving a result with its provenance, and reading which images hold NaN/Inf. No analysis lives
-here (the contract they keep is contract.py)."""
+the CKA batch plan, saving a result with its provenance, reading which images hold NaN/Inf, and the parts the
+analyses of one run share (SHARED: the layer measures' Grams). No analysis lives here (the contract they keep is
+contract.py)."""
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from collections.abc import Iterator, Sequence
@@ -32,6 +34,47 @@ def resolve_device(name: str) -> torch.device:
     if name == "cpu":
         return torch.device("cpu")
     raise VitseeError(f"unknown device '{name}': use auto, cpu, cuda or cuda:N")
+
+
+class SharedParts:
+    """What the analyses of one run may share: parts expensive to build that several analyses read (the layer
+    Grams every layer x layer measure is computed from), kept by key while a run is open and dropped when it ends.
+
+    The driver opens a run around its jobs (`with SHARED.run(): ...`); outside one, `get` builds every time, so a
+    lone analysis holds nothing after it returns. Safe to call from several threads: two that ask for one key at
+    once may both build it, and the first one kept serves later askers.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._depth = 0
+        self._parts: dict = {}
+
+    @contextlib.contextmanager
+    def run(self) -> Iterator[None]:
+        with self._lock:
+            self._depth += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._depth -= 1
+                if self._depth == 0:
+                    self._parts.clear()
+
+    def get(self, key, build):
+        """Returns the part kept under `key` in the open run, else `build()` (kept while a run is open)."""
+        with self._lock:
+            if key in self._parts:
+                return self._parts[key]
+        part = build()
+        with self._lock:
+            if self._depth:
+                part = self._parts.setdefault(key, part)
+        return part
+
+
+SHARED = SharedParts()
 
 
 def emit(progress: StepFn | None, analysis: str, done: int, total: int, message: str = "") -> None:

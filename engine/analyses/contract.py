@@ -68,6 +68,11 @@ class Shape(Enum):
     layer matrix); drawn in extra's `order` (a clustering), each model marked with its `families` entry. Optional:
     ci_low/ci_high per cell; extra: correspondences (each model's layers matched to another's: a, b, depth_a,
     depth_b_path, ...), measure (the analysis a cell opens: its layer x layer view of the pair)."""
+    MEASURES_AGREE = "measures side by side"
+    """rows x cols: the layer x layer measures of one pair of models, each against each, valued by how their
+    rankings of the layer pairs agree (a rank correlation); extra: panels (measures, A layers, B layers) each
+    measure's matrix, panel_rows/panel_cols (the layers), panel_names (each measure's value name),
+    higher_is_better (per measure), n_pairs, note (said under the picture)."""
 
 
 @dataclass(frozen=True)
@@ -192,8 +197,8 @@ class Analysis(ABC):
     is shaped, worded and summarised. A subclass that sets `name` is registered when its module is imported.
 
     Declared as data (class attributes), each with a default where one is usual:
-        name, label, short_label, title, figures, order, shape, family, option_help, options, by_default, cost, models,
-        takes_layer, needs, identity, model_fields, higher_is_better, nonfinite_source, dossier_title,
+        name, label, short_label, title, figures, order, shape, family, tab, option_help, options, by_default, cost,
+        models, takes_layer, needs, identity, model_fields, higher_is_better, nonfinite_source, dossier_title,
         layer_list_title, tooltip.
     Declared as methods: `not_applicable` (the one place the reason is written), `params` and `run` (or `compute`,
     which the default `run` caches), `view`, and the optional hooks below them.
@@ -209,6 +214,8 @@ class Analysis(ABC):
     shape: ClassVar[Shape]  # the picture its view is drawn as
     family: ClassVar[str] = ""  # analyses of one family compare the same things (every layer x layer similarity)
     tooltip: ClassVar[str] = ""  # what its number key does in the app (default: 'Show the LABEL view')
+    tab: ClassVar[bool] = True  # its own tab and number key in the app; False: it shows in the tab of the first
+    # analysis of its family that has one, where `m` cycles the family's views cached for the models shown
 
     # --- `vitsee analyze`
     option_help: ClassVar[str] = ""  # the help of its `--NAME` flag

@@ -10,18 +10,26 @@ lets the app and the dossier find the other measures of the same pair.
 images: a measure module declares its name, title and parameters and gives `measure(a, b)` (and, optionally,
 `prepare(x)`, e.g. a Gram matrix built once per layer). CKA (cka.py) is a LayerMatrix with its own minibatch
 estimator and statistics.
+
+`GramMeasure` is a LayerMatrix of one of the measures of engine/measures_grams.py (RBF CKA, Procrustes, SVCCA,
+PWCCA, mknn, CKNNA, RSA): each layer's LayerGrams is built once per driver run and shared by every measure of it
+(base.SHARED), every pair comes from the measure's all-pairs form, and intervals and p-values from
+engine/measures_stats.py over the same Grams. Its modules are declarations only.
 """
 from __future__ import annotations
 
+import hashlib
 from abc import abstractmethod
 from typing import ClassVar
 
 import numpy as np
 
+from .. import measures
 from ..errors import VitseeError
 from ..store import Store
-from .base import AnalyzeConfig, StepFn, emit, nonfinite_image_mask
-from .contract import Analysis, Request, Result, Shape, View, bootstrap_words, streaming_reason
+from .base import SHARED, AnalyzeConfig, StepFn, emit, nonfinite_image_mask, resolve_device
+from .contract import (Analysis, AnalysisOption, Request, Result, Shape, View, analyses_of, bootstrap_words,
+                       streaming_reason)
 
 FAMILY = "layer similarity"
 
@@ -39,6 +47,12 @@ def matrix_block(result: Result, model_a: str, model_b: str | None = None,
     return result[key][np.ix_(rows, cols)], [layers[i] for i in rows], [layers[i] for i in cols]
 
 
+def pair_requests(name: str, models: list[str]) -> list[Request]:
+    """Returns the views of a layer x layer analysis: the first model with itself, every pair, then the others."""
+    pairs = [Request(name, (a, b)) for i, a in enumerate(models) for b in models[i + 1:]]
+    return [Request(name, (m,)) for m in models[:1]] + pairs + [Request(name, (m,)) for m in models[1:]]
+
+
 class LayerMatrix(Analysis):
     """An analysis whose result is one value per pair of layers over all models (see the module's docstring)."""
 
@@ -51,14 +65,13 @@ class LayerMatrix(Analysis):
     needs = frozenset({"activations"})
     value_name: ClassVar[str] = ""  # what a cell's value is, for legends and the status line (default: the label)
     value_range: ClassVar[tuple[float | None, float | None]] = (0.0, 1.0)  # the colour range (None: the data's)
+    permutations_option: ClassVar[str] = "permutations"  # the `vitsee analyze` option that gives its p-values
 
     def not_applicable(self, store: Store, key: str) -> str | None:
         return None
 
     def requests(self, store: Store) -> list[Request]:
-        models = store.models
-        pairs = [Request(self.name, (a, b)) for i, a in enumerate(models) for b in models[i + 1:]]
-        return [Request(self.name, (m,)) for m in models[:1]] + pairs + [Request(self.name, (m,)) for m in models[1:]]
+        return pair_requests(self.name, store.models)
 
     def jobs(self, store: Store) -> list[Request]:
         """Returns the one job that computes every pair of the store's layers at once."""
@@ -170,3 +183,229 @@ class LayerPairMeasure(LayerMatrix):
         emit(progress, f"{self.name} pairs", 1, 1)
         return {"matrix": matrix, "model": np.array([params["models"].index(m) for m, _ in columns]),
                 "layer": np.array([layer for _, layer in columns]), "images": rows}
+
+
+def layer_measures() -> list[Analysis]:
+    """Returns the registered layer x layer measures (CKA, RBF CKA, Procrustes, ...): the family's analyses whose
+    view is a layer matrix, in registry order."""
+    return [a for a in analyses_of(FAMILY) if a.shape is Shape.LAYER_MATRIX]
+
+
+# --- the measures of engine/measures_grams.py ------------------------------------------------------------------
+
+GRAM_OPTIONS = (
+    AnalysisOption("max-images", int, "images the layer x layer measures other than CKA run on, a seeded subset of "
+                   "the store's (default: as many as keep the Grams of every layer within 2 GiB, at most 2048)"),
+    AnalysisOption("measure-bootstrap", int, "bootstrap resamples behind each interval of those measures, at the "
+                   "--ci level (each recomputes the measure: default 0, none)"),
+    AnalysisOption("measure-permutations", int, "permutations behind each p-value of those measures (each "
+                   "recomputes the measure: default 0, none)"),
+)
+# measure parameter -> its check (engine/measures.py), given the parameter, the measure and the image count
+_CHECKS = {
+    "threshold": lambda v, measure, n: measures.check_threshold(v),
+    "alpha": lambda v, measure, n: measures.check_alpha(v),
+    "keep": lambda v, measure, n: measures.check_keep(v, measure),
+    "k": lambda v, measure, n: measures.check_k(v, n, measure),
+}
+
+
+class GramMeasure(LayerMatrix):
+    """A layer x layer measure of engine/measures_grams.py computed on one Gram per layer.
+
+    Each stored layer's LayerGrams is built once on a seeded subset of at most `--max-images` images (default
+    measures_grams.default_max_images: the Grams of every layer within GRAM_MEMORY) and kept for the rest of the
+    driver's run (base.SHARED), so every measure of a `vitsee analyze` run reads the same Grams, and the parts they
+    derive (spectra, kNN masks, RDM ranks) are built once too. Every pair comes from the measure's all-pairs form
+    (measures_grams.pairwise_*), and, when asked for, the bootstrap interval and permutation p-value of
+    measures_stats over the same Grams.
+
+    A measure module declares its name, label, title, option_help, order, value range and direction, and its own
+    parameters (`parameters`: the measure's parameter -> the AnalysisOption that sets it); the rest is here.
+    """
+
+    measure: ClassVar[str] = ""  # its entry in measures_grams.MEASURES (default: the analysis's name)
+    parameters: ClassVar[dict[str, AnalysisOption]] = {}
+    # how long all pairs of 23 layers took at n = 1000 on one busy CPU core (benchmarks/README.md "Measures beyond
+    # linear CKA"), and whether the time grows as n^3 (a decomposition per pair) or as n^2: the warning's estimate
+    seconds_at_1000: ClassVar[float] = 1.0
+    cubic: ClassVar[bool] = False
+    by_default = False  # seconds to minutes each where CKA takes one: `vitsee analyze --measures ...` asks for them
+    permutations_option = "measure-permutations"
+    tab = False  # in the CKA tab, where `m` cycles the measures cached for the models shown
+    cost = 1
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        if cls.__dict__.get("name"):
+            cls.options = (*GRAM_OPTIONS, *cls.parameters.values())
+        super().__init_subclass__(**kwargs)
+
+    @property
+    def key(self) -> str:
+        """Returns the measure's name in engine/measures_grams.py."""
+        return self.measure or self.name
+
+    def not_applicable(self, store: Store, key: str) -> str | None:
+        if store.streaming:
+            return streaming_reason(store, f"{self.label} cannot be computed")
+        return None
+
+    def jobs(self, store: Store) -> list[Request]:
+        """Returns the one joint job, none where the store keeps no activations (the driver then says why)."""
+        return [] if store.streaming else super().jobs(store)
+
+    # --- parameters --------------------------------------------------------------------------------------------
+
+    def measure_values(self, params: dict) -> dict:
+        """Returns the measure's own parameters (threshold, alpha, keep, k, ...) from a result's params."""
+        from ..measures_grams import MEASURES
+
+        return {p: params[p] for p in MEASURES[self.key].defaults}
+
+    def params(self, store: Store, request: Request, cfg: AnalyzeConfig) -> dict:
+        from ..measures_grams import MEASURES, choose_images, default_max_images
+
+        models = store.models
+        layers = {m: store.layers(m) for m in models}
+        asked = cfg.options.get("max_images")
+        max_images = default_max_images(sum(map(len, layers.values()))) if asked is None else int(asked)
+        _, subset = choose_images(store.n_images, max_images, cfg.seed)  # too few: the one-line error
+        values = dict(MEASURES[self.key].defaults)
+        for name, option in self.parameters.items():  # given or default, checked now: before any work
+            value = cfg.options.get(option.attr, values[name])
+            value = values[name] if value is None else value
+            try:
+                values[name] = _CHECKS[name](value, self.key, subset["n_images"]) if name in _CHECKS else value
+            except VitseeError as exc:
+                raise VitseeError(f"--{option.name} {value}: {exc}") from None
+        params = {"models": models, "layers": layers, "n_images": store.n_images, "max_images": subset["n_images"],
+                  "seed": subset["seed"], **values}
+        settings = self.stats_settings(cfg)
+        return params if settings is None else {**params, "stats": settings}
+
+    @staticmethod
+    def stats_settings(cfg: AnalyzeConfig) -> dict | None:
+        """Returns the statistics a result records: the --ci level with --measure-bootstrap resamples, and
+        --measure-permutations; None when neither is asked for (the values alone)."""
+        from .. import stats as stats_mod
+
+        replicates = int(cfg.options.get("measure_bootstrap") or 0)
+        permutations = int(cfg.options.get("measure_permutations") or 0)
+        if replicates < 0 or permutations < 0:
+            bad = "--measure-bootstrap" if replicates < 0 else "--measure-permutations"
+            raise VitseeError(f"{bad} {min(replicates, permutations)} is negative: use 0 (none) or a count, e.g. 200")
+        level = cfg.ci if replicates else 0.0
+        if not level and not permutations:
+            return None
+        return {"ci": stats_mod.check_level(level) if level else 0.0, "bootstrap": replicates if level else 0,
+                "permutations": permutations, "seed": int(cfg.seed)}
+
+    def images(self, params: dict) -> np.ndarray:
+        """Returns the sorted indices of the images the measure runs on (measures_grams.choose_images)."""
+        from ..measures_grams import choose_images
+
+        return choose_images(params["n_images"], params["max_images"], params["seed"] or 0)[0]
+
+    def warning(self, store: Store, request: Request, cfg: AnalyzeConfig) -> str | None:
+        params = self.params(store, request, cfg)
+        n, layers = params["max_images"], sum(map(len, params["layers"].values()))
+        st = params.get("stats") or {}
+        passes = 1 + st.get("bootstrap", 0) + st.get("permutations", 0)
+        seconds = self.seconds_at_1000 * (n / 1000) ** (3 if self.cubic else 2) * (layers / 23) ** 2 * passes
+        if seconds < 60:
+            return None
+        return (f"{self.label} of {layers} layers over {n} images" + (f", {passes - 1} resamples" if passes > 1 else "")
+                + f": about {seconds / 60:.0f} min on one CPU core (--max-images fewer, a GPU, or --measure-bootstrap"
+                  " 0 --measure-permutations 0 shorten it)")
+
+    # --- running ------------------------------------------------------------------------------------------------
+
+    def compute(self, store: Store, request: Request, params: dict, cfg: AnalyzeConfig,
+                progress: StepFn | None = None) -> dict[str, np.ndarray]:
+        """Returns the joint (L, L) matrix of the measure over every stored layer of every model, with its
+        bootstrap interval and permutation p-values when params ask for them."""
+        from .. import measures_stats
+        from ..measures_grams import pairwise
+
+        for reason in (self.not_applicable(store, key) for key in params["models"]):
+            if reason:
+                raise VitseeError(reason)
+        columns = [(m, layer) for m in params["models"] for layer in params["layers"][m]]
+        rows = self.images(params)
+        grams = shared_layer_grams(store, columns, rows, resolve_device(cfg.device), progress, self.name)
+        ok = [i for i, g in enumerate(grams) if g is not None]  # the others hold NaN/Inf: NaN rows and columns
+        good = [grams[i] for i in ok]
+        values = self.measure_values(params)
+        size = (len(columns), len(columns))
+        arrays = {"matrix": np.full(size, np.nan), "model": np.array([params["models"].index(m) for m, _ in columns]),
+                  "layer": np.array([layer for _, layer in columns]), "images": rows}
+        cells = np.ix_(ok, ok)
+        if good:
+            arrays["matrix"][cells] = pairwise(good, None, self.key, **values)
+        emit(progress, f"{self.name} pairs", 1, 1)
+        st = params.get("stats")
+        if st and st["bootstrap"]:
+            arrays["ci_low"], arrays["ci_high"] = np.full(size, np.nan), np.full(size, np.nan)
+            if good:
+                step = lambda done, total: emit(progress, f"{self.name} bootstrap", done, total)  # noqa: E731
+                low, high = measures_stats.bootstrap_interval(good, None, self.key, st["ci"], st["bootstrap"],
+                                                              st["seed"], progress=step, **values)
+                arrays["ci_low"][cells], arrays["ci_high"][cells] = low, high
+        if st and st["permutations"]:
+            arrays["p_value"] = np.full(size, np.nan)
+            if good:
+                step = lambda done, total: emit(progress, f"{self.name} permutations", done, total)  # noqa: E731
+                arrays["p_value"][cells] = measures_stats.permutation_p_value(
+                    good, None, self.key, st["permutations"], st["seed"], progress=step,
+                    observed=arrays["matrix"][cells], **values)
+        return arrays
+
+    # --- the view -----------------------------------------------------------------------------------------------
+
+    def view(self, result: Result, request: Request, info: dict) -> View:
+        view = super().view(result, request, info)
+        used, n = int(result.params["max_images"]), int(result.params["n_images"])
+        if used < n:
+            view.title += f", {used} of {n} images"
+        return view
+
+    def interval_words(self, view: View, level: str) -> str:
+        st = view.params.get("stats") or {}
+        return (f"{level} percentile bootstrap over {st.get('bootstrap')} resamples of the "
+                f"{view.params.get('max_images')} images")
+
+    def caption_notes(self, view: View) -> str:
+        from ..measures_stats import SIGNIFICANCE
+
+        used, n, seed = view.params.get("max_images"), view.params.get("n_images"), view.params.get("seed")
+        notes = [f"on all {n} images" if used == n else
+                 f"on {used} of the {n} images, drawn with seed {seed} (--max-images)"]
+        values = self.measure_values(view.params)
+        if values:
+            notes.append(", ".join(f"{name} {('yes' if value else 'no') if isinstance(value, bool) else value}"
+                                   for name, value in values.items()))
+        if view.p_value is not None:
+            notes.append(f"small p: {SIGNIFICANCE[self.key]}")
+        return "".join(f"; {note}" for note in notes)
+
+
+def shared_layer_grams(store: Store, columns: list[tuple[str, str]], rows: np.ndarray, device,
+                       progress: StepFn | None = None, label: str = "") -> list:
+    """Returns each (model, layer)'s LayerGrams over the images `rows` on `device` (None for a layer whose
+    activations there hold NaN/Inf), each built once in the driver's run and shared by every measure of it."""
+    from ..measures_grams import LayerGrams
+
+    digest = hashlib.sha1(np.ascontiguousarray(rows, dtype=np.int64).tobytes()).hexdigest()
+
+    def build(model: str, layer: str):
+        x = store.activations(model, layer, rows)
+        if not np.isfinite(x).all():
+            return None
+        return LayerGrams.from_features(x, f"{model} {layer}", device)
+
+    out = []
+    for i, (model, layer) in enumerate(columns):
+        key = ("layer grams", str(store.path), model, layer, digest, str(device))
+        out.append(SHARED.get(key, lambda m=model, lay=layer: build(m, lay)))
+        emit(progress, f"{label} Grams", i + 1, len(columns))
+    return out

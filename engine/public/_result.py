@@ -222,7 +222,8 @@ class Result:
         best = best_cell(view)
         if best is not None:
             r, c = best
-            line += f"; highest {view.rows[r]} x {view.cols[c]} {view.cell_text(r, c)}{view.interval_text(r, c)}"
+            which = "highest" if view.analysis.higher_is_better else "lowest"  # a distance: the most alike is lowest
+            line += f"; {which} {view.rows[r]} x {view.cols[c]} {view.cell_text(r, c)}{view.interval_text(r, c)}"
         return line + f"; {view.n_images} images"
 
     def __repr__(self) -> str:

@@ -26,6 +26,7 @@ from vitsee.tui.messages import (
     CachingEnded,
     ExportWritten,
     LayerPicked,
+    MeasuresFound,
     ModelsPicked,
     PairOpened,
     ResultCached,
@@ -35,10 +36,11 @@ from vitsee.tui.messages import (
     SummaryLoaded,
     ViewFailed,
     ViewLoaded,
+    ViewWanted,
 )
 from vitsee.tui.options import COLORMAPS, AppOptions
 from vitsee.tui.results import INCOMPLETE_HINT, Cancelled, StoreSummary, export_view, read_summary, read_view
-from vitsee.tui.widgets.panes import KINDS, PANES, VIEW_LABELS, tooltip
+from vitsee.tui.widgets.panes import KINDS, PANES, TAB_LABELS, VIEW_LABELS, tab_of, tooltip
 from vitsee.tui.widgets.side_panel import SidePanel, matches_query, model_label
 from vitsee.tui.widgets.status_line import StatusLine
 from vitsee.tui.widgets.task_bar import StepThrottle, TaskBar
@@ -55,9 +57,9 @@ log = logging.getLogger(__name__)
 
 
 def view_bindings() -> list[Binding]:
-    """Returns a number key per pane, in REGISTRY order: 1 CKA, 2 Attention, ..."""
+    """Returns a number key per tab, in REGISTRY order: 1 CKA, 2 Attention, ..."""
     return [Binding(str(i), f"show_view('{kind}')", label, show=False, id=f"explorer.view_{kind}", tooltip=tooltip(kind))
-            for i, (kind, label) in enumerate(VIEW_LABELS.items(), start=1) if i <= 9]
+            for i, (kind, label) in enumerate(TAB_LABELS.items(), start=1) if i <= 9]
 
 
 def analysis_of(kind: str):
@@ -99,6 +101,10 @@ class ExplorerScreen(Screen):
                 tooltip="Close the search and list every layer again"),
         Binding("colon", "jump", "Jump", show=False, id="explorer.jump",
                 tooltip="List every view with what it shows for the current models, and go to the one picked"),
+        Binding("m", "cycle_measure", "Measure", show=False, id="explorer.measure",
+                tooltip="In the CKA view: the next layer x layer measure cached for these models (RBF CKA, "
+                        "Procrustes, SVCCA, PWCCA, mknn, CKNNA, RSA, then whether they agree), the cursor kept on "
+                        "its layer pair; with only CKA cached, the command that computes the others"),
         Binding("d", "dossier", "Dossier", show=False, id="explorer.dossier",
                 tooltip="In the CKA view: everything vitsee knows about the selected pair of layers (CKA, head "
                         "distances, probes, skip ratios, spatial maps, ERFs)"),
@@ -138,7 +144,8 @@ class ExplorerScreen(Screen):
         self._polling = False
         self._search = ""  # the search text n / N step through the matches of ("" : no search)
         self._match = -1  # which of them the cursor is on
-        self._pending: tuple[str, Place] | None = None  # (kind, place): the dossier's target, once its view is in
+        # (kind, places): where the cursor goes once that view is in (the dossier's layer, the cell `m` left)
+        self._pending: tuple[str, tuple[Place, ...]] | None = None
 
     # --- layout -------------------------------------------------------------------------------------------
 
@@ -147,7 +154,7 @@ class ExplorerScreen(Screen):
         with Horizontal(id="explorer-body"):
             yield SidePanel(id="side-panel")
             with Vertical(id="main"):
-                yield ViewTabs(VIEW_LABELS, active=self.kind)  # a snapshot opens on its own view
+                yield ViewTabs(TAB_LABELS, active=tab_of(self.kind))  # a snapshot opens on its own view
                 yield TaskBar(id="view-task")
                 with ContentSwitcher(initial=f"pane-{self.kind}", id="panes"):
                     for kind in KINDS:
@@ -301,8 +308,9 @@ class ExplorerScreen(Screen):
         self.kind = kind
         self.query_one("#panes", ContentSwitcher).current = f"pane-{kind}"
         tabs = self.query_one(ViewTabs)
-        if tabs.active != f"tab-{kind}":
-            tabs.active = f"tab-{kind}"
+        tabs.name_tab(tab_of(kind), VIEW_LABELS[kind])  # the CKA tab says which measure it shows
+        if tabs.active != f"tab-{tab_of(kind)}":
+            tabs.active = f"tab-{tab_of(kind)}"
         self.request(kind)
         self.query_one(StatusLine).show(self._status.get(kind, ""))
         self._update_side_panel()
@@ -314,7 +322,7 @@ class ExplorerScreen(Screen):
     @on(Tabs.TabActivated, "#view-tabs")
     def _tab_activated(self, event: Tabs.TabActivated) -> None:
         kind = (event.tab.id or "").removeprefix("tab-")
-        if kind in KINDS and kind != self.kind:
+        if kind in KINDS and kind != tab_of(self.kind):  # a measure shown in the CKA tab is that tab's view
             self.show_view(kind)
 
     def request(self, kind: str) -> None:
@@ -353,8 +361,10 @@ class ExplorerScreen(Screen):
         pending = self._pending
         if pending is not None and pending[0] == pane.kind and pane.loaded is not None:
             self._pending = None
-            if not pane.go_to(pending[1]):
-                self.notify(f"{pending[1].name} is not in this view", severity="warning", timeout=3)
+            for place in pending[1]:
+                if not pane.go_to(place):
+                    self.notify(f"{place.name} is not in this view", severity="warning", timeout=3)
+            pane.post_status()  # a heatmap not laid out yet moves its cursor without saying so
 
     def _focus_view(self) -> None:
         focused = self.focused
@@ -681,9 +691,11 @@ class ExplorerScreen(Screen):
         from vitsee.tui.screens.jump import JumpTarget
 
         targets = []
-        for i, (kind, label) in enumerate(VIEW_LABELS.items(), start=1):
+        numbers = {kind: str(i) for i, kind in enumerate(TAB_LABELS, start=1)}
+        for kind, label in VIEW_LABELS.items():
             spec, reason = self.spec_for(kind)
-            targets.append(JumpTarget(kind, str(i), label, spec or reason.splitlines()[0]))
+            key = numbers[kind] if kind in numbers else f"{numbers.get(tab_of(kind), '')}m"  # its tab, then m
+            targets.append(JumpTarget(kind, key, label, spec or reason.splitlines()[0]))
         return targets
 
     def action_jump(self) -> None:
@@ -694,6 +706,76 @@ class ExplorerScreen(Screen):
                 self.show_view(kind)
 
         self.app.push_screen(JumpScreen(self.jump_targets(), self.kind), go)
+
+    # --- the measures of a layer pair (m) -----------------------------------------------------------------------
+
+    def family_views(self, kind: str) -> list[str]:
+        """Returns the views of `kind`'s family (CKA, the other layer x layer measures, their comparison), in order."""
+        family = analysis_of(kind).family
+        return [k for k in KINDS if family and analysis_of(k).family == family]
+
+    def action_cycle_measure(self) -> None:
+        """Shows the next view of this view's family cached for the models shown, the cursor on the same layer pair
+        (a worker finds which are cached); says how to compute them when none but this one is."""
+        family = self.family_views(self.kind)
+        if len(family) < 2:
+            first = next((k for k in KINDS if len(self.family_views(k)) > 1), None)
+            where = f": press {list(TAB_LABELS).index(tab_of(first)) + 1} first" if first in TAB_LABELS else ""
+            self.notify(f"m cycles the layer x layer measures of the {VIEW_LABELS.get(first, 'CKA')} view{where}",
+                        severity="warning", timeout=4)
+            return
+        specs = {k: self.spec_for(k)[0] for k in family}
+        if specs[self.kind] is None or self.summary is None:
+            self.notify("nothing to compare yet: wait for the view to load", severity="warning", timeout=4)
+            return
+        pane = self.pane()
+        places: tuple[Place, ...] = ()
+        if pane.selection is not None and pane.view is not None and analysis_of(self.kind).family:
+            row, col = pane.selection
+            if pane.view.shape is analysis_of(family[0]).shape:  # a layer pair: the next measure keeps it
+                places = (Place(pane.view.rows[row]), Place(pane.view.cols[col], "col"))
+        self._find_measures(self.kind, specs, places)
+
+    @work(thread=True, exclusive=True, group="measures", exit_on_error=False)
+    def _find_measures(self, kind: str, specs: dict[str, str | None], places: tuple) -> None:
+        from vitsee.engine.store import Store
+        from vitsee.engine.views import cached_params
+        from vitsee.tui.results import ACCESS
+
+        try:
+            with ACCESS.read(), Store.open(self.path) as store:
+                cached = [k for k, spec in specs.items()
+                          if spec is not None and (spec in self._views or cached_params(store, spec) is not None)]
+        except VitseeError as exc:
+            self.app.call_from_thread(self.notify, str(exc), severity="error", timeout=8)
+            return
+        self.post_message(MeasuresFound(kind, cached, places))
+
+    def on_measures_found(self, message: MeasuresFound) -> None:
+        from vitsee.engine.analyze import measures_command
+
+        if message.kind != self.kind:  # the user moved on meanwhile
+            return
+        family = self.family_views(self.kind)
+        # cost 0 (the comparison of the cached measures): offered once another measure is cached, computed at once
+        measured = [k for k in message.cached if analysis_of(k).cost > 0]
+        cheap = len(measured) > 1
+        cycle = [k for k in family if k == self.kind or k in measured or (analysis_of(k).cost == 0 and cheap)]
+        if len(cycle) < 2 or not [k for k in measured if k != self.kind]:
+            missing = [k for k in family if k not in message.cached and analysis_of(k).cost > 0]
+            have = ", ".join(VIEW_LABELS[k] for k in measured) or "nothing"
+            self.notify(f"only {have} is cached for these models: `{measures_command(self.path, missing)}` "
+                        "computes the other measures", title="measures", severity="warning", timeout=10)
+            return
+        nxt = cycle[(cycle.index(self.kind) + 1) % len(cycle)]
+        if message.places and analysis_of(nxt).shape is analysis_of(self.kind).shape:
+            self._pending = (nxt, message.places)
+        self.show_view(nxt)
+
+    def on_view_wanted(self, message: ViewWanted) -> None:
+        message.stop()
+        if message.kind in KINDS:
+            self.show_view(message.kind)
 
     # --- the layer-pair dossier ------------------------------------------------------------------------------
 
@@ -736,7 +818,7 @@ class ExplorerScreen(Screen):
         if analysis.takes_layer:
             self.picked_layer[(kind, model)] = layer
         else:
-            self._pending = (kind, Place(layer))
+            self._pending = (kind, (Place(layer),))
         self.show_view(kind)
 
     # --- export -------------------------------------------------------------------------------------------------

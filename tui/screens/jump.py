@@ -18,7 +18,7 @@ class JumpTarget:
     """One pane as the overlay lists it: its key, its name, and its view string or why it has none."""
 
     kind: str
-    key: str  # the number key that shows it in the explorer
+    key: str  # the number key that shows it in the explorer ('1m': in tab 1, where m cycles to it)
     label: str
     what: str  # 'cka:vit:resnet' or the sentence the pane would show instead
 
@@ -49,7 +49,7 @@ class JumpScreen(ModalScreen[str | None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="jump"):
             yield Label("Go to a view", classes="jump--title")
-            yield OptionList(*[Option(f"{t.key}  {t.label:<10} {t.what}", id=t.kind) for t in self.targets],
+            yield OptionList(*[Option(f"{t.key:<2} {t.label:<10} {t.what}", id=t.kind) for t in self.targets],
                              id="jump-list")
             yield Label("\u2191\u2193 pick, Enter goes there, Esc stays", classes="jump--hint")
 

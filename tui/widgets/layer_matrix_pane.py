@@ -53,7 +53,8 @@ class LayerMatrixPane(HeatmapPane):
         if view is None or heatmap is None:
             return
         if view.p_value is None:
-            self.notify(f"this {self.label} result has no p-values: vitsee analyze STORE --{self.kind} --permutations 99",
+            option = getattr(view.analysis, "permutations_option", "permutations")
+            self.notify(f"this {self.label} result has no p-values: vitsee analyze STORE --{self.kind} --{option} 99",
                         severity="warning")
             return
         self.marks_on = not self.marks_on

@@ -2,7 +2,8 @@
 
 Importing this module imports every `*_pane.py` module of this package; each pane class enters
 view_pane.PANE_CLASSES under the shape it draws (a new kind of picture is one new pane module, found by being
-there). The explorer's tabs, number keys and command palette entries follow REGISTRY's order from here. A
+there). The explorer's tabs (an analysis declared without one shows in its family's tab), number keys and command
+palette entries follow REGISTRY's order from here. A
 registered analysis whose shape has no pane is a bug that tests/test_tui_explore.py catches; the app leaves it out
 rather than fail.
 """
@@ -41,6 +42,18 @@ def registered_panes() -> dict[str, type[ViewPane]]:
 PANES = registered_panes()
 KINDS = tuple(PANES)
 VIEW_LABELS = {kind: REGISTRY[kind].label for kind in PANES}
+
+
+def tab_of(kind: str) -> str:
+    """Returns the view whose tab shows `kind`: itself, or for an analysis without a tab of its own (the layer x
+    layer measures) the first of its family that has one (CKA), where `m` cycles the family."""
+    analysis = REGISTRY[kind]
+    if analysis.tab or not analysis.family:
+        return kind
+    return next((k for k in KINDS if REGISTRY[k].family == analysis.family and REGISTRY[k].tab), kind)
+
+
+TAB_LABELS = {kind: label for kind, label in VIEW_LABELS.items() if tab_of(kind) == kind}  # the tabs, keys 1-9
 
 
 def tooltip(kind: str) -> str:

@@ -48,6 +48,13 @@ class ViewTabs(Tabs, can_focus=False):
         tabs = [Tab(f"{i} {label}", id=f"tab-{kind}") for i, (kind, label) in enumerate(labels.items(), start=1)]
         super().__init__(*tabs, id="view-tabs", active=f"tab-{active}")
 
+    def name_tab(self, kind: str, label: str) -> None:
+        """Names tab `kind` after the view it shows now (the CKA tab showing RSA reads '1 RSA')."""
+        if self._labels.get(kind) != label:
+            self._labels[kind] = label
+            if self.size.width:  # else the first resize names it
+                self.on_resize()
+
     def on_resize(self) -> None:
         for kind, label in tab_labels(self._labels, self.size.width).items():
             tab = self.query_one(f"#tab-{kind}", Tab)
