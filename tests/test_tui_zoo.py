@@ -12,10 +12,10 @@ from helpers.app import make_app, settle, status, view_shown
 from helpers.stores import ZOO_MODELS
 from vitsee.engine.labels import model_labels
 from vitsee.engine.views import load_view
-from vitsee.tui.widgets.panes import KINDS
+from vitsee.tui.widgets.panes import TAB_LABELS
 from vitsee.tui.widgets.side_panel import SidePanel
 
-ZOO_KEY = str(KINDS.index("zoo") + 1)  # the number key the registry's order gives the Zoo tab
+ZOO_KEY = str(list(TAB_LABELS).index("zoo") + 1)  # the number key the order of the tabs gives the Zoo tab
 
 
 async def open_zoo(app, pilot) -> None:

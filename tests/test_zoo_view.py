@@ -96,8 +96,8 @@ class TestCommandLine:
         assert f"{view.matrix[0, 1]:.3f}" in text and "bootstrap interval over 3 minibatches" in text
 
     @pytest.mark.parametrize("args, message", [
-        (["show", "STORE", "zoo", "--zoo-measure", "rsa"],
-         "--zoo-measure rsa is not a layer x layer measure: choose from cka"),
+        (["show", "STORE", "zoo", "--zoo-measure", "attention"],
+         "--zoo-measure attention is not a layer x layer measure: choose from cka, rbf_cka, procrustes"),
         (["show", "STORE", "zoo", "--zoo-summary", "mean"],
          "--zoo-summary mean is not a zoo summary: choose from best_match, layer"),
         (["show", "STORE", "zoo", "--zoo-layers", f"{VIT}=blocks.1"], "add --zoo-summary layer"),
