@@ -281,7 +281,8 @@ def test_snapshot_of_a_view_not_cached_computes_it_first(tiny_store, tmp_path, c
 
 
 @pytest.mark.parametrize("view, expected", [
-    ("bogus", "error: --snapshot bogus: unknown view: give a kind (cka, attention"),
+    ("bogus", "error: --snapshot bogus: unknown view: give a kind (cka, rbf_cka, procrustes, svcca, pwcca, mknn, cknna, "
+              "rsa, agree, attention, probes, skip, spatial, heads, erf, zoo)"),
     ("cka:nomodel", "error: no model 'nomodel' in "),
     (f"attention:{RESNET}", f"error: STORE: cannot show attention:{RESNET}: {RESNET} has no attention distances "
                             "(resnet model): they exist for ViT- and Swin-like models only"),

@@ -84,7 +84,10 @@ def test_the_images_and_labels_are_those_of_the_dataset_or_given(store, tiny_sto
 
 
 def test_the_analyses_that_need_more_than_activations_say_so_in_one_line(store, capsys):
-    assert store.views() == ["cka:vit", "probes:vit"]
+    from vitsee.engine.analyses.similarity import layer_measures
+
+    measures = [f"{a.name}:vit" for a in layer_measures()]  # CKA and the other measures need activations only
+    assert store.views() == [*measures, "agree:vit", "probes:vit"]
     for spec, says in [("attention:vit", "no attention distances"), ("skip:vit", "no skip-connection statistics"),
                        ("spatial:vit", "spatial maps need `vitsee extract`"),
                        ("erf:vit", "effective receptive fields need the model"),
