@@ -179,9 +179,40 @@ class TestViews:
         store.heads("a", "b")
         store.erf("a")
         store.erf("a", "layer1")
+        store.measure("procrustes", "a", "b", procrustes_alpha=0.5)
+        store.measure("rsa", "a")
+        store.agree("a", "b")
+        store.zoo()
+        store.zoo("mknn", "layer", {"a": "blocks.1", "b": "layer2"}, knn_k=5)
         assert [spec for spec, _ in asked] == ["cka:a", "cka:a:b", "attention:a", "probes:a", "skip:a", "spatial:a",
-                                               "spatial:a:blocks.2", "heads:a:b", "erf:a", "erf:a:layer1"]
-        assert asked[1][1] == {"shuffles": 3}
+                                               "spatial:a:blocks.2", "heads:a:b", "erf:a", "erf:a:layer1",
+                                               "procrustes:a:b", "rsa:a", "agree:a:b", "zoo", "zoo"]
+        assert asked[1][1] == {"shuffles": 3} and asked[10][1] == {"procrustes_alpha": 0.5} and asked[13][1] == {}
+        assert asked[14][1] == {"zoo_measure": "mknn", "zoo_summary": "layer", "zoo_layers": "a=blocks.1,b=layer2",
+                                "knn_k": 5}
+
+    def test_a_measure_and_the_zoo_are_the_numbers_vitsee_export_writes(self, store, tmp_path, capsys):
+        rsa = store.measure("rsa", VIT, RESNET, max_images=32, progress=False)
+        code, _, err = run_cli(["export", store.path, f"rsa:{VIT}:{RESNET}", "--max-images", "32",
+                                "--out", tmp_path / "rsa.json"], capsys)
+        assert code == 0, err
+        exported = json.loads((tmp_path / "rsa.json").read_text())
+        assert np.array_equal(rsa.values, nan(exported["values"]), equal_nan=True)
+        assert rsa.params["max_images"] == 32 and exported["params"]["max_images"] == 32
+        zoo = store.zoo(progress=False)
+        code, _, err = run_cli(["export", store.path, "zoo", "--out", tmp_path / "zoo.json"], capsys)
+        assert code == 0, err
+        exported = json.loads((tmp_path / "zoo.json").read_text())
+        assert exported["models"] == store.models == zoo.rows
+        assert np.array_equal(zoo.values, nan(exported["values"]), equal_nan=True)
+        assert list(zoo.extra["order"]) == exported["order"]
+
+    def test_what_is_no_measure_or_no_option_is_one_line(self, store):
+        with pytest.raises(vitsee.VitseeError, match=r"^'attention' is not a layer x layer measure: use one of cka, "):
+            store.measure("attention", VIT)
+        with pytest.raises(vitsee.VitseeError, match=r"^no view takes the option zoo_meassure=: the analyses' options "
+                                                     r"are .*zoo_measure"):
+            store.view("zoo", zoo_meassure="rsa")
 
     @pytest.mark.parametrize("spec", ["nope:test_vit", "cka:nosuch", "spatial:test_vit:blocks.77",
                                       "attention:test_resnet", "heads:test_vit", "cka:test_vit:test_resnet:x"])

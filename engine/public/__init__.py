@@ -9,6 +9,8 @@
     cka.to_pandas()                      # row, col, value, ci_low, ci_high, p_value
     cka.plot()                           # the figure `vitsee export` draws
     store.attention(vit).plot()          # paper Fig. 3
+    store.measure("procrustes", vit, resnet)   # another measure of the same layer pairs
+    store.zoo()                          # every pair of the store's models
 
 The public API is what this module exports (`__all__`): `open`, `extract`, `train`, `from_features`, the `Store` and
 `Result` they return, `Images`, `measures` (similarity measures for arrays you already have), and `VitseeError`, the

@@ -13,7 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
+from vitsee.engine.analyses import REGISTRY
+from vitsee.engine.analyses.similarity import layer_measures
 from vitsee.engine.analyze import AnalyzeConfig
+from vitsee.engine.errors import VitseeError
 from vitsee.engine.stats import check_level, stats_settings
 from vitsee.engine.store import Store as _EngineStore
 from vitsee.engine.views import available_views, load_view
@@ -73,6 +76,17 @@ def view_config(batch_size: int | None = None, shuffles: int | None = None, seed
     return AnalyzeConfig(batch_size=base.batch_size if batch_size is None else batch_size,
                          shuffles=base.shuffles if shuffles is None else shuffles,
                          seed=base.seed if seed is None else seed, device=device or base.device, **stats)
+
+
+def analysis_options(given: dict) -> dict:
+    """Returns the analyses' own options of a view (Python names: `max_images`, `zoo_measure`, ...) as load_view
+    takes them; raises the one-line VitseeError for a name no analysis has."""
+    known = {o.attr: o for a in REGISTRY.values() for o in a.options}
+    for name in given:
+        if name not in known:
+            raise VitseeError(f"no view takes the option {name}=: the analyses' options are {', '.join(sorted(known))} "
+                              "(and batch_size, shuffles, seed, ci, permutations, device, progress)")
+    return {name: value for name, value in given.items() if value is not None}
 
 
 class Store:
@@ -145,7 +159,7 @@ class Store:
 
     def view(self, spec: str, *, batch_size: int | None = None, shuffles: int | None = None, seed: int | None = None,
              ci: float | None = None, permutations: int | None = None, device: str | None = None,
-             progress: bool = True) -> Result:
+             progress: bool = True, **options) -> Result:
         """Returns the result of a view, computing and caching it in the store if it is not cached yet.
 
         Args:
@@ -159,17 +173,22 @@ class Store:
             permutations: permutations behind each CKA p-value (0: none).
             device: auto, cpu, cuda or cuda:N for a computation.
             progress: draw a progress bar while computing.
+            **options: the analyses' own options of `vitsee show`, by their Python names: `max_images`,
+                `rbf_threshold`, `procrustes_alpha`, `cca_keep`, `knn_k`, `measure_bootstrap`, `measure_permutations`
+                (the measures), `zoo_measure`, `zoo_summary`, `zoo_layers` (the zoo), `spatial_layer`, `erf_images`,
+                `probe_max_dim`.
 
         Returns:
             A `Result`: the labelled values, intervals, p-values and parameters.
 
         Raises:
             VitseeError: an unknown view or model, a layer the model does not have, an analysis that does not apply
-                to the model; the message is the one `vitsee show` prints.
+                to the model, an option no analysis has; the message is the one `vitsee show` prints.
         """
         cfg = view_config(batch_size, shuffles, seed, device, ci, permutations)
+        given = analysis_options(options)
         with Bars(progress) as bars:
-            return Result(load_view(self.path, spec, cfg, progress=bars.analysis, device=device))
+            return Result(load_view(self.path, spec, cfg, progress=bars.analysis, device=device, options=given))
 
     def cka(self, a: str, b: str | None = None, **options) -> Result:
         """Returns linear CKA of every layer of model `a` against every layer of `b` (paper Fig. 1, 2; `b` None: `a`
@@ -199,6 +218,43 @@ class Store:
     def erf(self, model: str, layer: str | None = None, **options) -> Result:
         """Returns the effective receptive fields of a model's layers (paper Fig. 6); reloads the model."""
         return self.view(f"erf:{model}" if layer is None else f"erf:{model}:{layer}", **options)
+
+    def measure(self, name: str, a: str, b: str | None = None, **options) -> Result:
+        """Returns a layer x layer similarity measure of every layer of model `a` against every layer of `b` (`b`
+        None: `a` with itself): `cka` or a measure beyond linear CKA, `rbf_cka`, `procrustes` (a distance: low is
+        alike), `svcca`, `pwcca`, `mknn`, `cknna`, `rsa`. The measures other than CKA run on a seeded subset of at
+        most `max_images` images. Options as `view`, e.g. `store.measure("procrustes", vit, resnet,
+        procrustes_alpha=0.5)`.
+
+        Raises:
+            VitseeError: `name` is no layer x layer measure (the message names those there are), or as `view`.
+        """
+        measures = [a.name for a in layer_measures()]
+        if name not in measures:
+            raise VitseeError(f"'{name}' is not a layer x layer measure: use one of {', '.join(measures)}")
+        return self.view(f"{name}:{a}" if b is None else f"{name}:{a}:{b}", **options)
+
+    def agree(self, a: str, b: str | None = None, **options) -> Result:
+        """Returns how the cached layer x layer measures of models `a` and `b` agree: the Spearman correlation of
+        each measure's ranking of the layer pairs with each other's (`.extra["panels"]`: each measure's matrix).
+        Compute the measures first (`store.measure(...)` or `vitsee analyze STORE --measures all`). Options as
+        `view`."""
+        return self.view(f"agree:{a}" if b is None else f"agree:{a}:{b}", **options)
+
+    def zoo(self, measure: str | None = None, summary: str | None = None,
+            layers: dict[str, str] | None = None, **options) -> Result:
+        """Returns the zoo: one value per pair of the store's models, summarising the pair's layer x layer matrix
+        of `measure` (default `cka`) by `summary`: `best_match` (default: each layer's best match, both ways) or
+        `layer` (one layer per model, `layers` {model: layer}, the others their last layer). Rows and columns are
+        the store's models in its order; `.extra` holds the clustering `order`, the `families` and the layer
+        `correspondences`. Options as `view`.
+
+        Raises:
+            VitseeError: an unknown measure or summary, a layer a model does not have, or as `view`.
+        """
+        own = {"zoo_measure": measure, "zoo_summary": summary,
+               "zoo_layers": ",".join(f"{m}={layer}" for m, layer in layers.items()) if layers else None}
+        return self.view("zoo", **{k: v for k, v in own.items() if v is not None}, **options)
 
     # --- in a notebook -------------------------------------------------------------------------------
 
