@@ -555,7 +555,7 @@ class TestPublished:
 
     def test_rsa_matches_rsatoolbox(self):
         if importlib.util.find_spec("rsatoolbox") is None:
-            pytest.skip("rsatoolbox is not installed (pip install 'vitsee[compare]')")
+            pytest.skip("rsatoolbox is not installed (pip install -e '.[test]')")
         from rsatoolbox.data import Dataset
         from rsatoolbox.rdm import calc_rdm, compare
         x, y, wide, z = _layers(50)
@@ -567,7 +567,7 @@ class TestPublished:
 
     def test_debiased_linear_cka_matches_pytorch_cka(self):
         if importlib.util.find_spec("cka") is None or importlib.util.find_spec("cka.hsic") is None:
-            pytest.skip("pytorch-cka is not installed (pip install 'vitsee[bench]')")
+            pytest.skip("pytorch-cka is not installed (pip install -e '.[test]')")
         from cka.cka import cka_from_features
         x, y, wide, _ = _layers(50)
         for a, b in ((x, y), (y, wide)):
