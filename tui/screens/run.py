@@ -48,6 +48,7 @@ class RunPlan:
     # TrainEvents and the cancel event
     before: Callable[[Callable, threading.Event], None] | None = None
     resume: Path | None = None  # resume the run this store records, as `vitsee extract STORE` does
+    opened: Callable[[Path], None] | None = None  # told the store once it opens complete (the demo remembers it)
 
     @property
     def store(self) -> Path:
@@ -257,3 +258,5 @@ class RunScreen(Screen):
             self.app.pop_screen()
         self.app.open_store(message.store, analyse_all=True, analysis=plan.analysis if plan else None,
                             note=plan.note if plan else None, replace=True)
+        if plan is not None and plan.opened is not None:
+            plan.opened(message.store)
