@@ -319,6 +319,8 @@ def summary(values: list[float]) -> str:
 def main() -> int:
     import textual
 
+    if ARGS.first_frame:
+        return report_first_frame()
     zooms = ARGS.zoom or ["1:1", "fit"]
     print(
         f"{'Heatmap widget' if ARGS.widget else 'vitsee-tui CKA view'} {ARGS.matrix}x{ARGS.matrix}, "
@@ -327,8 +329,6 @@ def main() -> int:
         f"python {sys.version.split()[0]})"
     )
     headless_driver.HeadlessDriver = CountingDriver  # run_test looks the class up here at start-up
-    if ARGS.first_frame:
-        return report_first_frame()
     if ARGS.while_probes:
         return report_while_probes()
     ok = True
