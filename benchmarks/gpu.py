@@ -14,7 +14,8 @@ Steps, in this order (a step that fails or overruns its time says why in one lin
   extract    vit_base_patch16_224 and resnet50, random weights, over 2,048 synthetic images at 224 px (batch 256):
              images/s of `extract` against timm's plain forward on the device (inputs already there), the share of the
              pass the forward kept the GPU busy (CUDA events around each model's forward) and the GPU utilisation
-             nvidia-smi saw during the pass (when it is installed); fewer images when the disk cannot hold the store
+             nvidia-smi saw during the pass (when it is installed). The store (~41 GB) goes to /dev/shm when that can
+             hold it, so a slow disk cannot eat the minutes; else to the temp folder, with fewer images if it is short
   cka        all-pairs CKA over every layer of that store on the GPU: the analysis as `vitsee analyze --cka` runs it,
              and the Gram products alone on the first 512 images held on the device (TFLOP/s against the gemm step);
              pytorch-cka on those same features when it is installed ("not installed" otherwise)
@@ -26,6 +27,8 @@ Time: each step runs in a worker process with its own time cap, inside a budget 
 run; a step that overruns is killed with its worker, reported, and a new worker takes the steps left. The sizes leave
 headroom on an H100/H200 (expected: ~4 minutes); --quick halves them. Without a CUDA device (and no --dry-run) the
 script prints one line and exits 2. It installs nothing and needs no network: models are built with random weights.
+The stores are deleted at the end (unless --work names the folder); the workers' log (tracebacks) stays beside them.
+From the device tool of a session with a GPU: `python benchmarks/gpu.py --out $OUT/gpu-table`.
 """
 from __future__ import annotations
 
@@ -138,8 +141,15 @@ def gemm_tflops(n: int, device: str, tf32: bool) -> float:
 
     a = torch.randn(n, n, device=device)
     b = torch.randn(n, n, device=device)
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = tf32
+    # torch raises when its legacy and newer TF32 switches are mixed in one process: speak the one in use, as
+    # engine/analyses/cka.full_fp32_matmul does
+    matmul = torch.backends.cuda.matmul
+    try:
+        old, legacy = matmul.allow_tf32, True
+        matmul.allow_tf32 = tf32
+    except RuntimeError:
+        old, legacy = matmul.fp32_precision, False
+        matmul.fp32_precision = "tf32" if tf32 else "ieee"
     try:
         a @ b  # warm-up
         best = float("inf")
@@ -153,7 +163,10 @@ def gemm_tflops(n: int, device: str, tf32: bool) -> float:
                 torch.cuda.synchronize()
             best = min(best, (time.perf_counter() - start) / 3)
     finally:
-        torch.backends.cuda.matmul.allow_tf32 = old
+        if legacy:
+            matmul.allow_tf32 = old
+        else:
+            matmul.fp32_precision = old
     return 2 * n**3 / best / 1e12
 
 
@@ -263,7 +276,8 @@ def step_extract(s: Step) -> None:
     if per_image * n > 0.8 * free:
         n = max(z.batch_size, int(0.8 * free / per_image) // z.batch_size * z.batch_size)
         s.add("images (disk)", f"{n} instead of {z.n_images}: {free / 1e9:.0f} GB free, {per_image / 1e6:.1f} MB an image")
-    s.add("store size", f"{per_image * n / 1e9:.1f} GB for {n} images")
+    where = "in RAM (/dev/shm)" if str(s.work).startswith("/dev/shm") else f"on disk ({s.work})"
+    s.add("store size", f"{per_image * n / 1e9:.1f} GB for {n} images, {where}")
 
     # timm's plain forward on the device, inputs already there, fused attention: the yardstick
     plain_s = 0.0
@@ -409,7 +423,7 @@ def step_cka(s: Step) -> None:
     s.sync()
     peer_s = time.perf_counter() - start
     s.add("pytorch-cka, same features (1 joint call)",
-          f"{peer_s:.2f} s ({peer_s / best:.2f}x vitsee's time), max |diff| {np.max(np.abs(theirs - matrix)):.1e}")
+          f"{peer_s:.2f} s ({peer_s / best:.2f}x vitsee's time), largest difference {np.max(np.abs(theirs - matrix)):.1e}")
 
 
 def load_pytorch_cka():
@@ -574,10 +588,25 @@ def table(results: list[StepResult], title: str) -> str:
         peak = "" if r.peak_mib is None else f"{r.peak_mib:.0f}"
         rows = list(r.rows) + ([("error", r.error)] if r.error else [])
         for i, (figure, value) in enumerate(rows or [("", "")]):
-            cells = [r.step if i == 0 else "", figure, value.replace("|", "/"),
+            cells = [r.step if i == 0 else "", figure.replace("|", "\\|"), value.replace("|", "\\|"),
                      f"{r.seconds:.1f}" if i == 0 else "", peak if i == 0 else ""]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+STORE_MB_PER_IMAGE = 20.5  # ViT-B/16 + ResNet-50 blocks, heads and input at 224 px in fp16 (`vitsee extract` says 40.8 GB
+                           # for 2,048 images)
+
+
+def scratch_folder(sizes: Sizes) -> str | None:
+    """Returns /dev/shm when it can hold the extraction's store with room to spare (the store then lives in RAM, so a
+    slow disk cannot eat the run's minutes; 128 GiB hosts have room for 41 GB), else None: the system's temp folder."""
+    shm = Path("/dev/shm")
+    try:
+        free = shutil.disk_usage(shm).free
+    except OSError:
+        return None
+    return str(shm) if free > 1.3 * STORE_MB_PER_IMAGE * 1e6 * sizes.n_images else None
 
 
 def main() -> int:
@@ -612,14 +641,20 @@ def main() -> int:
             print(f"gpu.py: unknown step {unknown[0]}: choose from {', '.join(names)}", file=sys.stderr)
             return 2
         names = [n for n in names if n in args.steps.split(",")]
-    work = args.work or Path(tempfile.mkdtemp(prefix="vitsee-gpu-"))
+    work = args.work or Path(tempfile.mkdtemp(prefix="vitsee-gpu-", dir=None if args.dry_run else scratch_folder(sizes)))
     work.mkdir(parents=True, exist_ok=True)
     log_path = work / "gpu-steps.log"
     started = time.time()
     print(f"gpu.py: {len(names)} steps on {device}, sizes {'dry run' if args.dry_run else 'quick' if args.quick else 'full'}, "
           f"budget {args.budget_s:.0f} s; work folder {work} (worker output: {log_path})", file=sys.stderr, flush=True)
-    with open(log_path, "w") as log:
-        results = run_steps(names, device, sizes, work, args.budget_s, 1.0, log)
+    try:
+        with open(log_path, "w") as log:
+            results = run_steps(names, device, sizes, work, args.budget_s, 1.0, log)
+    finally:
+        if args.work is None:  # the stores (tens of GB, maybe in RAM) go; the workers' log stays for a traceback
+            for path in work.iterdir():
+                if path != log_path:
+                    shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
     title = (f"benchmarks/gpu.py{' --quick' if args.quick else ''}{' --dry-run' if args.dry_run else ''}: "
              f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(started))}, {time.time() - started:.0f} s in all")
     text = table(results, title)
@@ -629,10 +664,6 @@ def main() -> int:
         args.out.with_suffix(".md").write_text(text)
         args.out.with_suffix(".json").write_text(json.dumps(
             {"title": title, "device": device, "sizes": asdict(sizes), "steps": [asdict(r) for r in results]}, indent=1))
-    if args.work is None:  # the stores (tens of GB) go; the workers' log stays for a failed step's traceback
-        for path in work.iterdir():
-            if path != log_path:
-                shutil.rmtree(path) if path.is_dir() else path.unlink()
     return 1 if any(r.error for r in results) else 0
 
 
