@@ -179,15 +179,13 @@ class VitseeApp(App):
     def _check_demo(self, shown: Path) -> None:
         """Runs the demo's checks behind the store shown from the last launch; when they pick another store (pretrained
         weights now cached, another recipe, models missing) its run screen comes up to build it."""
-        from vitsee.tui.results import read_summary
+        from vitsee.tui.screens.run import what_is_missing
 
         try:
             plan = self._demo_plan()
             cfg = plan.config
-            if Path(cfg.store).resolve() == Path(shown).resolve():
-                summary = read_summary(cfg.store)
-                if summary.problem is None and len(summary.models) == len(cfg.models):
-                    return  # the same store, complete: what the run screen would have opened
+            if Path(cfg.store).resolve() == Path(shown).resolve() and what_is_missing(cfg) is None:
+                return  # the same store, complete: what the run screen would have opened
         except VitseeError as exc:
             self.call_from_thread(self.notify, str(exc), severity="error", timeout=10)
             return

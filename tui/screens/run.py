@@ -55,6 +55,17 @@ class RunPlan:
         return Path(self.resume if self.config is None else self.config.store)
 
 
+def what_is_missing(cfg: ExtractConfig) -> str | None:
+    """Returns why the store a run names cannot be opened as it is (its problem, 'models missing', 'no store'), or None
+    when it holds the run's models complete: what a plan with reuse_complete opens without running."""
+    if not Path(cfg.store).exists():
+        return "no store"
+    summary = read_summary(cfg.store)
+    if summary.problem is not None:
+        return summary.problem
+    return None if len(summary.models) == len(cfg.models) else "models missing"
+
+
 class RunScreen(Screen):
     """Progress of one extraction."""
 
@@ -164,11 +175,11 @@ class RunScreen(Screen):
             if plan.note and first:
                 self.post_message(RunEvent("plan", text=plan.note))
             if plan.reuse_complete and Path(cfg.store).exists():
-                summary = read_summary(cfg.store)
-                if summary.problem is None and len(summary.models) == len(cfg.models):
+                missing = what_is_missing(cfg)
+                if missing is None:
                     self.post_message(RunEnded(Path(cfg.store)))
                     return
-                self.post_message(RunEvent("plan", text=f"resuming: {summary.problem or 'models missing'}"))
+                self.post_message(RunEvent("plan", text=f"resuming: {missing}"))
             Path(cfg.store).parent.mkdir(parents=True, exist_ok=True)
             if plan.before is not None:
                 plan.before(self._post_train_event, self.cancel_event)
