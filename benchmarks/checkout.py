@@ -1,6 +1,7 @@
 """Runs another commit's vitsee beside this one, so a benchmark can time old and new interleaved in one run.
 
-    git worktree add /tmp/vitsee-old COMMIT        # or: mkdir /tmp/vitsee-old && git archive COMMIT | tar -x -C /tmp/vitsee-old
+    git worktree add /tmp/vitsee-old COMMIT
+    # or: mkdir /tmp/vitsee-old && git archive COMMIT | tar -x -C /tmp/vitsee-old
     python benchmarks/extract.py --whole-process --compare-with /tmp/vitsee-old
 
 `env_for(SRC)` returns the environment of a process that imports `vitsee` (and vitsee.engine, vitsee.tui) from the
@@ -23,7 +24,8 @@ def env_for(src: Path | None, base: dict[str, str] | None = None) -> dict[str, s
         return env
     src = Path(src).resolve()
     if not (src / "engine" / "public" / "__init__.py").is_file():
-        raise SystemExit(f"{src} is not a vitsee source tree (no engine/public/__init__.py): give a checkout of a commit")
+        raise SystemExit(f"{src} is not a vitsee source tree (no engine/public/__init__.py): give a checkout of a "
+                         "commit")
     shim = Path(tempfile.mkdtemp(prefix="vitsee-shim-"))
     package = shim / "vitsee"
     shutil.copytree(src / "engine" / "public", package)

@@ -326,7 +326,8 @@ def whole_process(args) -> int:
         print(f"stores: {len(first)} datasets each; {'every one identical' if same else 'DIFFERENT'} between the codes")
         if not same:
             for other in others:
-                print("  differ:", ", ".join(k for k in sorted(set(first) | set(other)) if first.get(k) != other.get(k)))
+                names = sorted(set(first) | set(other))
+                print("  differ:", ", ".join(k for k in names if first.get(k) != other.get(k)))
     print(f"target: extract at most 1.30x the plain process: {'met' if ok else 'MISSED'}")
     shutil.rmtree(work, ignore_errors=True)
     return 0 if ok else 1

@@ -2,7 +2,7 @@
 
     python benchmarks/gpu.py --out gpu-table.md             # on a CUDA machine: the whole list below
     python benchmarks/gpu.py --quick --out gpu-table.md     # half the sizes, when minutes are short
-    python benchmarks/gpu.py --dry-run --out /tmp/gpu.md    # the same code on the CPU with tiny sizes (the suite runs it)
+    python benchmarks/gpu.py --dry-run --out /tmp/gpu.md    # the same code on the CPU, tiny sizes (the suite runs it)
 
 Steps, in this order (a step that fails or overruns its time says why in one line of the table, and the rest run):
   env        the device, its memory, torch / CUDA / driver versions
@@ -275,7 +275,8 @@ def step_extract(s: Step) -> None:
     free = shutil.disk_usage(s.work).free
     if per_image * n > 0.8 * free:
         n = max(z.batch_size, int(0.8 * free / per_image) // z.batch_size * z.batch_size)
-        s.add("images (disk)", f"{n} instead of {z.n_images}: {free / 1e9:.0f} GB free, {per_image / 1e6:.1f} MB an image")
+        s.add("images (disk)",
+              f"{n} instead of {z.n_images}: {free / 1e9:.0f} GB free, {per_image / 1e6:.1f} MB an image")
     where = "in RAM (/dev/shm)" if str(s.work).startswith("/dev/shm") else f"on disk ({s.work})"
     s.add("store size", f"{per_image * n / 1e9:.1f} GB for {n} images, {where}")
 
@@ -361,7 +362,8 @@ class Utilisation:
         values = [float(v) for v in out.split() if re.fullmatch(r"\d+(\.\d+)?", v)]
         if not values:
             return "no samples"
-        return f"mean {sum(values) / len(values):.0f}%, median {sorted(values)[len(values) // 2]:.0f}% ({len(values)} samples)"
+        median = sorted(values)[len(values) // 2]
+        return f"mean {sum(values) / len(values):.0f}%, median {median:.0f}% ({len(values)} samples)"
 
 
 def big_store(s: Step) -> tuple[Path, int]:
@@ -423,7 +425,8 @@ def step_cka(s: Step) -> None:
     s.sync()
     peer_s = time.perf_counter() - start
     s.add("pytorch-cka, same features (1 joint call)",
-          f"{peer_s:.2f} s ({peer_s / best:.2f}x vitsee's time), largest difference {np.max(np.abs(theirs - matrix)):.1e}")
+          f"{peer_s:.2f} s ({peer_s / best:.2f}x vitsee's time), "
+          f"largest difference {np.max(np.abs(theirs - matrix)):.1e}")
 
 
 def load_pytorch_cka():
@@ -594,8 +597,8 @@ def table(results: list[StepResult], title: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-STORE_MB_PER_IMAGE = 20.5  # ViT-B/16 + ResNet-50 blocks, heads and input at 224 px in fp16 (`vitsee extract` says 40.8 GB
-                           # for 2,048 images)
+# ViT-B/16 + ResNet-50 blocks, heads and input at 224 px in fp16 (`vitsee extract` says 40.8 GB for 2,048 images)
+STORE_MB_PER_IMAGE = 20.5
 
 
 def scratch_folder(sizes: Sizes) -> str | None:
@@ -641,11 +644,13 @@ def main() -> int:
             print(f"gpu.py: unknown step {unknown[0]}: choose from {', '.join(names)}", file=sys.stderr)
             return 2
         names = [n for n in names if n in args.steps.split(",")]
-    work = args.work or Path(tempfile.mkdtemp(prefix="vitsee-gpu-", dir=None if args.dry_run else scratch_folder(sizes)))
+    scratch = None if args.dry_run else scratch_folder(sizes)
+    work = args.work or Path(tempfile.mkdtemp(prefix="vitsee-gpu-", dir=scratch))
     work.mkdir(parents=True, exist_ok=True)
     log_path = work / "gpu-steps.log"
     started = time.time()
-    print(f"gpu.py: {len(names)} steps on {device}, sizes {'dry run' if args.dry_run else 'quick' if args.quick else 'full'}, "
+    kind = "dry run" if args.dry_run else "quick" if args.quick else "full"
+    print(f"gpu.py: {len(names)} steps on {device}, sizes {kind}, "
           f"budget {args.budget_s:.0f} s; work folder {work} (worker output: {log_path})", file=sys.stderr, flush=True)
     try:
         with open(log_path, "w") as log:
@@ -663,7 +668,8 @@ def main() -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.with_suffix(".md").write_text(text)
         args.out.with_suffix(".json").write_text(json.dumps(
-            {"title": title, "device": device, "sizes": asdict(sizes), "steps": [asdict(r) for r in results]}, indent=1))
+            {"title": title, "device": device, "sizes": asdict(sizes), "steps": [asdict(r) for r in results]},
+            indent=1))
     return 1 if any(r.error for r in results) else 0
 
 

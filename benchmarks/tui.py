@@ -74,7 +74,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--first-frame", action="store_true",
                         help="time vitsee-tui --demo and vitsee-tui STORE from process start to the first heatmap")
     parser.add_argument("--cache", type=Path, default=None,
-                        help="--first-frame: XDG_CACHE_HOME with the demo store (default: the user's; built if missing)")
+                        help="--first-frame: XDG_CACHE_HOME with the demo store (default: the user's; built when "
+                        "missing)")
     parser.add_argument("--rounds", type=int, default=7, help="--first-frame: interleaved launches of each command")
     parser.add_argument("--offline", action="store_true", help="--first-frame: with HF_HUB_OFFLINE=1")
     parser.add_argument("--compare-with", type=Path, default=None,
@@ -418,7 +419,8 @@ def launch_to_heatmap(args: list[str], env: dict[str, str], cwd: Path, timeout_s
         os.close(master)
     if found is None:
         text = tail.decode("utf-8", "replace")[-600:]
-        raise SystemExit(f"vitsee-tui {' '.join(args)} showed no heatmap within {timeout_s:.0f} s; its last output: {text!r}")
+        raise SystemExit(f"vitsee-tui {' '.join(args)} showed no heatmap within {timeout_s:.0f} s; "
+                         f"its last output: {text!r}")
     return found
 
 

@@ -1,5 +1,5 @@
-"""benchmarks/gpu.py, the script a GPU runs the day one is lent: its dry run on the CPU goes through every step (the same
-code, tiny sizes), so it cannot rot between the days a GPU is at hand."""
+"""benchmarks/gpu.py, the script a GPU runs the day one is lent: its dry run on the CPU goes through every step (the
+same code, tiny sizes), so it cannot rot between the days a GPU is at hand."""
 from __future__ import annotations
 
 import json
