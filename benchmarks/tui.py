@@ -20,6 +20,17 @@ keys sent back to back would measure that cap instead of the widget.
 
 Targets: median under 16 ms and under 4 KB per move; the exit status is 1 when a median misses them.
 
+`--first-frame` times what a user waits for at launch: `vitsee-tui --demo` and `vitsee-tui STORE` on the same cached
+demo store, each a whole process in a pseudo-terminal (120 x 40, truecolor), from its start to the first heatmap
+cell written to the terminal (the upper half block the heatmap draws with), with the process's CPU seconds at that
+moment; launches interleaved over --rounds, each command once before as a warm-up (untimed). The demo store is built
+by a first `--demo` launch when the cache folder has none (minutes: it trains two small models). With
+--compare-with SRC another source tree (benchmarks/checkout.py) is launched the same way in the same rounds.
+Target: --demo's median within 1.2x of STORE's.
+
+    python benchmarks/tui.py --first-frame --cache /tmp/vitsee-cache --rounds 9
+    python benchmarks/tui.py --first-frame --cache /tmp/vitsee-cache --compare-with /tmp/vitsee-old
+
 `--while-probes` measures what a user feels while the app computes: the explorer's background worker (the one
 that caches every view) runs the real `run_probes` on the 32-image MLP-Mixer store of benchmarks/probes.py,
 over and over, its progress going to the task bar as in the app, while cursor keys arrive --key-gap-ms apart;
@@ -60,6 +71,15 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--same-priority", action="store_true",
                         help="--while-probes with the worker at the event loop's CPU priority (as before)")
     parser.add_argument("--key-gap-ms", type=float, default=150.0, help="--while-probes: time between keys")
+    parser.add_argument("--first-frame", action="store_true",
+                        help="time vitsee-tui --demo and vitsee-tui STORE from process start to the first heatmap")
+    parser.add_argument("--cache", type=Path, default=None,
+                        help="--first-frame: XDG_CACHE_HOME with the demo store (default: the user's; built when "
+                        "missing)")
+    parser.add_argument("--rounds", type=int, default=7, help="--first-frame: interleaved launches of each command")
+    parser.add_argument("--offline", action="store_true", help="--first-frame: with HF_HUB_OFFLINE=1")
+    parser.add_argument("--compare-with", type=Path, default=None,
+                        help="--first-frame: also launch the vitsee of this source tree (another commit's checkout)")
     return parser.parse_args()
 
 
@@ -300,6 +320,8 @@ def summary(values: list[float]) -> str:
 def main() -> int:
     import textual
 
+    if ARGS.first_frame:
+        return report_first_frame()
     zooms = ARGS.zoom or ["1:1", "fit"]
     print(
         f"{'Heatmap widget' if ARGS.widget else 'vitsee-tui CKA view'} {ARGS.matrix}x{ARGS.matrix}, "
@@ -337,6 +359,123 @@ def report_while_probes() -> int:
     print(f"  task bar, last seen: {texts[-1] if texts else '(empty)'}")
     ok = ms[-1] < LATENCY_TARGET_MS and p95 < LATENCY_TARGET_MS
     print(f"target: every key under {LATENCY_TARGET_MS:.0f} ms: {'met' if ok else 'MISSED'}")
+    return 0 if ok else 1
+
+
+# --- time to the first heatmap, whole processes ------------------------------------------------------------------
+
+FIRST_FRAME_TARGET = 1.2
+APP = "from vitsee.tui.app import main; main()"  # what the vitsee-tui script runs
+
+
+def process_cpu_s(pid: int) -> float:
+    """Returns the CPU seconds (user + system, all threads) a running process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def launch_to_heatmap(args: list[str], env: dict[str, str], cwd: Path, timeout_s: float = 60.0) -> tuple[float, float]:
+    """Starts `python -c APP *args` in a pseudo-terminal; returns (wall, CPU) seconds from the start to the first
+    heatmap cell on the terminal, then quits the app with q (it is killed if it has not exited 15 s later)."""
+    import fcntl
+    import pty
+    import select
+    import signal
+    import struct
+    import subprocess
+    import termios
+
+    from vitsee.tui.widgets.heatmap import UPPER_HALF
+
+    mark = UPPER_HALF.encode()
+    width, height = 120, 40
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", height, width, 0, 0))
+    start = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-c", APP, *args], stdin=slave, stdout=slave, stderr=slave, env=env,
+                            cwd=cwd, start_new_session=True)
+    os.close(slave)
+    seen, tail, found = b"", b"", None
+    try:
+        while found is None and time.perf_counter() - start < timeout_s and proc.poll() is None:
+            if not select.select([master], [], [], 0.2)[0]:
+                continue
+            chunk = os.read(master, 1 << 16)
+            if mark in tail[-4:] + chunk:
+                found = (time.perf_counter() - start, process_cpu_s(proc.pid))
+            tail = (tail + chunk)[-4096:]
+        os.write(master, b"q")
+        quit_by = time.perf_counter() + 15
+        while proc.poll() is None and time.perf_counter() < quit_by:
+            if select.select([master], [], [], 0.2)[0]:
+                try:
+                    os.read(master, 1 << 16)
+                except OSError:
+                    break
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        os.close(master)
+    if found is None:
+        text = tail.decode("utf-8", "replace")[-600:]
+        raise SystemExit(f"vitsee-tui {' '.join(args)} showed no heatmap within {timeout_s:.0f} s; "
+                         f"its last output: {text!r}")
+    return found
+
+
+def report_first_frame() -> int:
+    import tempfile
+
+    from checkout import env_for
+
+    work = Path(tempfile.mkdtemp(prefix="vitsee-first-frame-"))
+    base = dict(os.environ, TERM="xterm-256color", COLORTERM="truecolor", XDG_CONFIG_HOME=str(work / "config"),
+                XDG_STATE_HOME=str(work / "state"))
+    base.pop("NO_COLOR", None)
+    if ARGS.cache is not None:
+        base["XDG_CACHE_HOME"] = str(ARGS.cache.resolve())
+    if ARGS.offline:
+        base["HF_HUB_OFFLINE"] = "1"
+    folder = Path(base.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vitsee"
+    stores = sorted(folder.glob("demo-*.h5"), key=lambda p: p.stat().st_mtime)
+    if not stores:
+        print(f"no demo store in {folder}: building it with vitsee-tui --demo (minutes) ...", flush=True)
+        launch_to_heatmap(["--demo"], base, work, timeout_s=3600)
+        stores = sorted(folder.glob("demo-*.h5"), key=lambda p: p.stat().st_mtime)
+    store = stores[-1]
+    codes = {"this checkout": env_for(None, base)}
+    if ARGS.compare_with is not None:
+        codes[f"{ARGS.compare_with}"] = env_for(ARGS.compare_with, base)
+    commands = {"vitsee-tui STORE": [str(store)], "vitsee-tui --demo": ["--demo"]}
+    runs = [(code, name) for code in codes for name in commands]
+    for code, name in runs:  # warm-up: page cache, .pyc files, and the demo's record of the store it opened
+        launch_to_heatmap(commands[name], codes[code], work)
+    times: dict[tuple[str, str], list[tuple[float, float]]] = {run: [] for run in runs}
+    load_before = os.getloadavg()
+    for r in range(ARGS.rounds):
+        for code, name in runs[r % len(runs):] + runs[: r % len(runs)]:  # each round starts with another command
+            times[code, name].append(launch_to_heatmap(commands[name], codes[code], work))
+    load_after = os.getloadavg()
+    print(f"time to the first heatmap, whole process, {ARGS.rounds} interleaved launches each "
+          f"({'HF_HUB_OFFLINE=1' if ARGS.offline else 'Hub not forced offline'}); store {store}")
+    print(f"load average before {load_before[0]:.2f} / {load_before[1]:.2f}, after {load_after[0]:.2f} / "
+          f"{load_after[1]:.2f} (1 / 5 min), {os.cpu_count()} CPUs")
+    print(f"{'code':<28} {'command':<20} {'median s':>9} {'min s':>7} {'max s':>7} {'CPU s (median)':>15}")
+    ok = True
+    for code in codes:
+        medians = {}
+        for name in commands:
+            wall = [w for w, _ in times[code, name]]
+            cpu = [c for _, c in times[code, name]]
+            medians[name] = statistics.median(wall)
+            print(f"{code[-28:]:<28} {name:<20} {medians[name]:>9.2f} {min(wall):>7.2f} {max(wall):>7.2f} "
+                  f"{statistics.median(cpu):>15.2f}")
+        ratio = medians["vitsee-tui --demo"] / medians["vitsee-tui STORE"]
+        print(f"{code[-28:]:<28} {'--demo / STORE':<20} {ratio:>8.2f}x")
+        if code == "this checkout":
+            ok = ratio <= FIRST_FRAME_TARGET
+    print(f"target: --demo within {FIRST_FRAME_TARGET:.1f}x of STORE: {'met' if ok else 'MISSED'}")
     return 0 if ok else 1
 
 

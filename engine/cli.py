@@ -95,7 +95,7 @@ def extract(
     img_size: Annotated[Optional[int], typer.Option(help="build every model for N x N input")] = None,
     dtype: Annotated[str, typer.Option(help="float16 | float32 for stored activations")] = "float16",
     shuffle_seed: Annotated[Optional[int], typer.Option(help="take a seeded random subset instead of the first N")] = None,
-    workers: Annotated[Optional[int], typer.Option(help="image loading processes (default: cores - 1, at most 4)")] = None,
+    workers: Annotated[Optional[int], typer.Option(help="image loading processes (default: on a GPU cores - 1, at most 4; on the CPU 0, images load between forward passes)")] = None,
     streaming: Annotated[bool, typer.Option(help="keep no activations: CKA (store order, this batch size) and statistics straight from the forward pass")] = False,
     heads: Annotated[bool, typer.Option("--heads", help="with --streaming: also head-level CKA, each ViT head against the other models' layers (paper Fig. 5); without it head outputs are stored anyway")] = False,
     models_from: Annotated[list[Path], typer.Option("--models-from", help="a file of model specs, one per line as --model takes them (# comments); repeat for several")] = [],  # noqa: B006

@@ -337,11 +337,21 @@ def _loader(selection: Selection, group: Sequence[ModelPlan], batches: list[list
             slot[key] = len(transforms)
             transforms.append(mp.transform)
     dataset = _TransformedImages(selection.images, selection.indices, transforms)
-    workers = cfg.workers if cfg.workers is not None else min(4, max(1, (os.cpu_count() or 2) - 1))
+    workers = cfg.workers if cfg.workers is not None else default_workers(device)
     loader = torch.utils.data.DataLoader(
         dataset, batch_sampler=batches, num_workers=workers, pin_memory=device.type == "cuda", collate_fn=_collate
     )
     return loader, {mp.key: slot[repr(mp.transform)] for mp in group}
+
+
+def default_workers(device: torch.device) -> int:
+    """Returns how many loader processes a run starts without --workers: on a GPU the cores but one (at most 4), to
+    keep the device fed while they decode; on the CPU none. There the forward's torch threads take every core they
+    were given, and a loader process beside them takes one away: the other threads then wait for the descheduled one
+    at every parallel region, and each batch crosses between the processes through shared memory (two 19 MB
+    tensors a batch of 32 at 224 px). Loading in the main process, between forward passes, costs its own time only
+    (1.6-3 ms of CPU an image and transform: 6% of vit_tiny's forward at 224 px; benchmarks/README.md)."""
+    return min(4, max(1, (os.cpu_count() or 2) - 1)) if device.type != "cpu" else 0
 
 
 def _extract_pass(store, selection, plans, device, cfg, emit, cancel, nonfinite=None) -> tuple[int, int, bool]:
@@ -350,7 +360,7 @@ def _extract_pass(store, selection, plans, device, cfg, emit, cancel, nonfinite=
     torch_dtype = DTYPES[cfg.dtype]
     processed = 0
     cancelled = False
-    writer = BatchWriter(store, nonfinite=nonfinite)
+    writer = BatchWriter(store, nonfinite=nonfinite, inline=device.type == "cpu")
     copies = _HostCopies(device)
     try:
         for bs in sorted({mp.batch_size for mp in plans}):
@@ -398,7 +408,7 @@ def _streaming_pass(store, selection, plans, device, cfg, emit, cancel, nonfinit
     pending = list(range(first, n_batches))
     batches = [list(range(b * bs, min((b + 1) * bs, n))) for b in pending]
     processed, cancelled = 0, False
-    writer = BatchWriter(store, nonfinite=nonfinite)
+    writer = BatchWriter(store, nonfinite=nonfinite, inline=device.type == "cpu")
     copies = _HostCopies(device)
     try:
         if not pending:

@@ -576,6 +576,37 @@ async def test_the_demo_trains_its_models_once_in_the_cache_folder_says_trained_
             extracted = [e for e in events if e.stage == "extract"]
             # progress shown while training and building, none on reuse
             assert bool(trained) == bool(extracted) == (attempt == "build")
+            # a later launch opens the store the first one opened without a run screen (its checks come after the
+            # first view: they import timm and may wait on the Hub), and the checks find it is still the one
+            assert bool(events) == (attempt == "build")
+            assert json.loads((folder / "demo-last.json").read_text())["store"] == str(stores[0].resolve())
+            assert isinstance(app.screen, ExplorerScreen) and app.screen.path == stores[0].resolve()
         with h5py.File(stores[0], "r") as f:
             created.append(f.attrs["created"])
     assert created[0] == created[1]
+
+
+async def test_a_remembered_demo_store_its_checks_no_longer_pick_is_shown_then_the_picked_one_is_built(
+        store, tmp_path, monkeypatch):
+    from vitsee.tui import demo
+    from vitsee.tui.screens.run import RunScreen
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    small = {"models": ("test_vit", "test_resnet"), "batch_size": 8, "train_n_images": 60, "train_epochs": 1,
+             "trained": (("test_vit", {"patch_size": 8, "depth": 2}), ("test_resnet", {}))}
+    monkeypatch.setattr(VitseeApp, "demo_overrides", small)
+    old = shutil.copy(store, tmp_path / "demo-older.h5")  # e.g. made by an older recipe: another file name
+    demo.remember(old, "demo store of an older recipe")
+    app = make_app(None, tmp_path, demo=True)
+    shown = []
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda a: view_shown("cka")(a) or isinstance(a.screen, RunScreen), timeout=60, idle=False)
+        shown.append(app.screen.path)  # the remembered store's heatmap, before any check ran
+        await settle(pilot, lambda a: isinstance(a.screen, RunScreen), timeout=60, idle=False)
+        picked = tmp_path / "cache" / "vitsee" / "demo-trained-digits32-e1-s0.h5"
+        assert (f"the demo's checks pick {picked}: building it", "information") in notifications(app)
+        await settle(pilot, view_shown("cka"), timeout=180)
+        assert app.screen.path == picked and picked.exists()
+    assert shown == [Path(old)]
+    assert demo.last_opened().store == picked.resolve()

@@ -12,10 +12,12 @@ and key remaps come from $XDG_CONFIG_HOME/vitsee/config.toml (see tui/config.py)
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
+from textual import work
 from textual.app import App
 from textual.binding import Binding, BindingType
 
@@ -23,11 +25,16 @@ from vitsee.engine.colormap import ColorMode
 from vitsee.engine.errors import VitseeError
 from vitsee.tui.commands import VitseeCommands
 from vitsee.tui.config import COLOR_CHOICES, Settings, load_settings
+from vitsee.tui.logs import bug_text
+from vitsee.tui.messages import FirstViewShown
 from vitsee.tui.options import COLORMAPS, AppOptions
 
 if TYPE_CHECKING:
     from vitsee.engine.analyze import AnalyzeConfig
+    from vitsee.tui.screens.run import RunPlan
     from vitsee.tui.snapshot import SnapshotPlan
+
+log = logging.getLogger(__name__)
 
 
 class VitseeApp(App):
@@ -55,6 +62,7 @@ class VitseeApp(App):
         self.store = store
         self.demo = demo
         self.snapshot = snapshot  # --snapshot: open on its view, screenshot it, quit
+        self._demo_to_check: Path | None = None  # the demo store shown before its checks ran (see open_demo)
         if keymap:
             self.set_keymap(keymap)
 
@@ -130,21 +138,68 @@ class VitseeApp(App):
         if path is not None:
             self.resume_store(path)
 
+    DEMO_TITLE: ClassVar[str] = "Demo: a small ViT and a ResNet (trained here when no pretrained weights can be had)"
+
     def open_demo(self) -> None:
+        """Opens the demo store: the one the last launch opened at once, checked once its first view is on screen;
+        else through a run screen that checks, then builds it on first use."""
         from vitsee.tui import demo
-        from vitsee.tui.screens.run import RunPlan, RunScreen
+        from vitsee.tui.screens.run import RunScreen
 
-        def prepare() -> RunPlan:
-            choice = demo.choose(device=self.options.device, plan=demo.DemoPlan(**self.demo_overrides))
-            note = f"demo store {choice.config.store}: {choice.weights_note}"
-            before = None
-            if choice.training:
-                def before(progress, cancel):
-                    demo.prepare_trained(choice, progress, cancel)
-            return RunPlan(choice.config, choice.analysis, note=note, reuse_complete=True, before=before)
+        opened = demo.last_opened()
+        if opened is None:
+            self.push_screen(RunScreen(self.options, self._demo_plan, self.DEMO_TITLE))
+            return
+        self._demo_to_check = opened.store
+        plan = demo.DemoPlan(**self.demo_overrides)
+        self.open_store(opened.store, analyse_all=True, note=opened.note,
+                        analysis=lambda: demo.analysis_config(plan, self.options.device))
 
-        self.push_screen(RunScreen(self.options, prepare, "Demo: a small ViT and a ResNet (trained here when no "
-                                   "pretrained weights can be had)"))
+    def _demo_plan(self) -> RunPlan:
+        """Returns the demo's run: its checks (cached weights, the Hub, the recipe) and the store they pick
+        (worker threads only: the checks import timm and may wait on the network)."""
+        from vitsee.tui import demo
+        from vitsee.tui.screens.run import RunPlan
+
+        choice = demo.choose(device=self.options.device, plan=demo.DemoPlan(**self.demo_overrides))
+        note = f"demo store {choice.config.store}: {choice.weights_note}"
+        before = None
+        if choice.training:
+            def before(progress, cancel):
+                demo.prepare_trained(choice, progress, cancel)
+        return RunPlan(choice.config, choice.analysis, note=note, reuse_complete=True, before=before,
+                       opened=lambda store: demo.remember(store, note))
+
+    def on_first_view_shown(self, message: FirstViewShown) -> None:
+        if self._demo_to_check is not None and Path(message.path) == self._demo_to_check:
+            self._demo_to_check = None
+            self._check_demo(message.path)
+
+    @work(thread=True, group="demo-check", exit_on_error=False)
+    def _check_demo(self, shown: Path) -> None:
+        """Runs the demo's checks behind the store shown from the last launch; when they pick another store (pretrained
+        weights now cached, another recipe, models missing) its run screen comes up to build it."""
+        from vitsee.tui.screens.run import what_is_missing
+
+        try:
+            plan = self._demo_plan()
+            cfg = plan.config
+            if Path(cfg.store).resolve() == Path(shown).resolve() and what_is_missing(cfg) is None:
+                return  # the same store, complete: what the run screen would have opened
+        except VitseeError as exc:
+            self.call_from_thread(self.notify, str(exc), severity="error", timeout=10)
+            return
+        except Exception as exc:  # a bug: one line, the traceback in the log
+            log.exception("checking the demo")
+            self.call_from_thread(self.notify, bug_text("cannot check the demo store", exc), severity="error")
+            return
+        self.call_from_thread(self._rebuild_demo, plan)
+
+    def _rebuild_demo(self, plan: RunPlan) -> None:
+        from vitsee.tui.screens.run import RunScreen
+
+        self.notify(f"the demo's checks pick {plan.config.store}: building it", timeout=8)
+        self.push_screen(RunScreen(self.options, lambda: plan, self.DEMO_TITLE))
 
     demo_overrides: ClassVar[dict] = {}  # tests make the demo small
 

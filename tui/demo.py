@@ -187,3 +187,54 @@ def prepare_trained(choice: DemoChoice, progress, cancel=None) -> None:
     test_set = Path(choice.config.dataset.partition(":")[2])
     if not test_set.exists():
         write_held_out(choice.training[0], test_set)
+
+
+# --- the next launch: the store the demo opened last, shown before any of the checks above ----------------------
+# choose() imports timm (its pretrained configs), asks the Hub and digests the training recipes: 4-6 s on 2 cores
+# before the first frame. A launch after the first opens the store the last one opened, at once; the app runs
+# choose() once that store's first view is on screen and builds the store it names if that is another one.
+
+LAST_OPENED = "demo-last.json"
+
+
+@dataclass(frozen=True)
+class Opened:
+    """The demo store a launch opened complete, and the note the explorer showed about its weights."""
+
+    store: Path
+    note: str | None = None
+
+
+def remember(store: Path, note: str | None, folder: Path | None = None) -> None:
+    """Records the demo store that just opened complete, for the next launch to open first (a torn or missing
+    record only means the next launch checks before it opens, as the first does)."""
+    import json
+
+    folder = folder or cache_dir()
+    record = folder / LAST_OPENED
+    tmp = record.with_name(f".{record.name}.{os.getpid()}")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps({"store": str(Path(store).resolve()), "note": note}))
+        os.replace(tmp, record)
+    except OSError:  # a read-only cache: every launch checks first, as before
+        tmp.unlink(missing_ok=True)
+
+
+def last_opened(folder: Path | None = None) -> Opened | None:
+    """Returns the demo store the last launch opened while its file is there, else None (no torch, no network)."""
+    import json
+
+    try:
+        data = json.loads(((folder or cache_dir()) / LAST_OPENED).read_text())
+        opened = Opened(Path(data["store"]), data.get("note"))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return opened if opened.store.is_file() else None
+
+
+def analysis_config(plan: DemoPlan | None = None, device: str = "auto") -> AnalyzeConfig:
+    """Returns the parameters the demo computes uncached views with (those choose() gives)."""
+    from vitsee.engine.analyze import AnalyzeConfig
+
+    return AnalyzeConfig(device=device, probe_tokens=(plan or DemoPlan()).probe_tokens)

@@ -101,6 +101,13 @@ class ExportWritten(Message):
 
 
 @dataclass
+class FirstViewShown(Message):
+    """An explorer's first view is on screen, or says why it cannot be: the work that must not delay it may start."""
+
+    path: Path
+
+
+@dataclass
 class RunEvent(Message):
     """An extraction event: stage 'plan', 'load', 'extract' (done/total images) or 'done'."""
 

@@ -48,7 +48,7 @@ def extract(
         img_size: build every model for N x N input.
         dtype: float16 or float32 for the stored activations.
         shuffle_seed: take a seeded random subset instead of the first N.
-        workers: image loading processes (default: cores - 1, at most 4; 0: in this process).
+        workers: image loading processes (default: on a GPU cores - 1, at most 4; on the CPU 0: in this process).
         streaming: keep no activations, only CKA and statistics from the forward pass.
         heads: with streaming, also head-level CKA (paper Fig. 5).
         overwrite: replace an existing store.

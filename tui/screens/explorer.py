@@ -8,6 +8,7 @@ its progress in the bar above the panes; after a new run a background pass cache
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
@@ -25,6 +26,7 @@ from vitsee.tui.messages import (
     AnalysisStep,
     CachingEnded,
     ExportWritten,
+    FirstViewShown,
     LayerPicked,
     MeasuresFound,
     ModelsPicked,
@@ -123,12 +125,16 @@ class ExplorerScreen(Screen):
     """
 
     def __init__(self, path: Path, options: AppOptions, *, analyse_all: bool = False, note: str | None = None,
-                 analysis: AnalyzeConfig | None = None) -> None:
+                 analysis: AnalyzeConfig | Callable[[], AnalyzeConfig] | None = None) -> None:
         super().__init__()
         self.path = Path(path)
         self.options = options
-        self.analysis = analysis  # None: the app's defaults, made in a worker (the engine imports torch)
+        # None: the app's defaults; a callable: what makes them; either made in a worker (the engine imports torch)
+        self.analysis = analysis
         self.analyse_all = analyse_all
+        # the first view is on screen or says why not: until then nothing else is started that could delay it
+        self._first_shown = False
+        self._caching_waits = False  # the background pass, waiting for that
         self.note = note
         self.summary: StoreSummary | None = None
         self.kind = KINDS[0]  # the first view of the registry (CKA)
@@ -191,6 +197,7 @@ class ExplorerScreen(Screen):
             self.pane(kind).show_message(message.error)
         self.query_one(StatusLine).show(message.error)
         self.notify(message.error, severity="error", timeout=10)
+        self._view_settled()
 
     def _show_title(self) -> None:
         """Puts the longest title that fits the bar: every model's weights in full, else in a word, else the
@@ -232,7 +239,10 @@ class ExplorerScreen(Screen):
         self._watch_extraction(summary)
         self.show_view(self.kind)
         if self.analyse_all and summary.problem is None:
-            self._analyse_all()
+            if self._first_shown:
+                self._analyse_all()
+            else:  # it reads and computes on the same cores and GIL as the first view: it starts once that is shown
+                self._caching_waits = True
 
     # --- an extraction in progress ---------------------------------------------------------------------------
 
@@ -331,6 +341,8 @@ class ExplorerScreen(Screen):
         spec, reason = self.spec_for(kind)
         if spec is None:
             pane.show_message(reason)
+            if self.summary is not None or self._failure is not None:
+                self._view_settled()
             return
         if pane.loaded is not None and pane.loaded.spec == spec:
             pane.post_status()
@@ -355,6 +367,18 @@ class ExplorerScreen(Screen):
             self._update_side_panel()
             self._focus_view()
             self.call_after_refresh(self._go_pending, pane)  # once a new heatmap is mounted
+            if not self._first_shown:
+                pane.when_drawn(self._view_settled)
+
+    def _view_settled(self) -> None:
+        """The first view is drawn (or says why not): starts what waited for it, and tells the app."""
+        if self._first_shown:
+            return
+        self._first_shown = True
+        if self._caching_waits:
+            self._caching_waits = False
+            self._analyse_all()
+        self.post_message(FirstViewShown(self.path))
 
     def _go_pending(self, pane: ViewPane) -> None:
         """Moves the cursor to where the dossier asked to open this view, once its numbers are shown."""
@@ -394,6 +418,8 @@ class ExplorerScreen(Screen):
 
     def _config(self) -> AnalyzeConfig:
         """Returns the parameters for what is not cached (worker threads only: it imports the engine)."""
+        if callable(self.analysis):
+            self.analysis = self.analysis()
         return self.analysis or self.options.analysis_config()
 
     @work(thread=True, exclusive=True, group="view", exit_on_error=False)
@@ -457,6 +483,8 @@ class ExplorerScreen(Screen):
         kind = message.spec.partition(":")[0]
         if self.spec_for(kind)[0] == message.spec:
             self.pane(kind).show_message(message.error)
+            if kind == self.kind:
+                self._view_settled()
         self.notify(message.error, severity="error", timeout=10)
 
     def action_cancel(self) -> None:

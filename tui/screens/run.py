@@ -48,10 +48,22 @@ class RunPlan:
     # TrainEvents and the cancel event
     before: Callable[[Callable, threading.Event], None] | None = None
     resume: Path | None = None  # resume the run this store records, as `vitsee extract STORE` does
+    opened: Callable[[Path], None] | None = None  # told the store once it opens complete (the demo remembers it)
 
     @property
     def store(self) -> Path:
         return Path(self.resume if self.config is None else self.config.store)
+
+
+def what_is_missing(cfg: ExtractConfig) -> str | None:
+    """Returns why the store a run names cannot be opened as it is (its problem, 'models missing', 'no store'), or None
+    when it holds the run's models complete: what a plan with reuse_complete opens without running."""
+    if not Path(cfg.store).exists():
+        return "no store"
+    summary = read_summary(cfg.store)
+    if summary.problem is not None:
+        return summary.problem
+    return None if len(summary.models) == len(cfg.models) else "models missing"
 
 
 class RunScreen(Screen):
@@ -163,11 +175,11 @@ class RunScreen(Screen):
             if plan.note and first:
                 self.post_message(RunEvent("plan", text=plan.note))
             if plan.reuse_complete and Path(cfg.store).exists():
-                summary = read_summary(cfg.store)
-                if summary.problem is None and len(summary.models) == len(cfg.models):
+                missing = what_is_missing(cfg)
+                if missing is None:
                     self.post_message(RunEnded(Path(cfg.store)))
                     return
-                self.post_message(RunEvent("plan", text=f"resuming: {summary.problem or 'models missing'}"))
+                self.post_message(RunEvent("plan", text=f"resuming: {missing}"))
             Path(cfg.store).parent.mkdir(parents=True, exist_ok=True)
             if plan.before is not None:
                 plan.before(self._post_train_event, self.cancel_event)
@@ -257,3 +269,5 @@ class RunScreen(Screen):
             self.app.pop_screen()
         self.app.open_store(message.store, analyse_all=True, analysis=plan.analysis if plan else None,
                             note=plan.note if plan else None, replace=True)
+        if plan is not None and plan.opened is not None:
+            plan.opened(message.store)

@@ -3,11 +3,14 @@ to show, the body, and the selection (the cell an export marks and the status li
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.geometry import Region
+from textual.strip import Strip
 from textual.widget import Widget
 from textual.widgets import Label, Static
 
@@ -70,6 +73,20 @@ class ViewPane(Vertical):
         self.cmap = cmap
         self.loaded: LoadedView | None = None
         self._early: tuple[str, object] | None = None  # what was asked before the pane's children existed
+        self._when_drawn: list[Callable[[], object]] = []  # called once the shown view is on screen
+
+    def when_drawn(self, callback: Callable[[], object]) -> None:
+        """Calls callback once the view shown now has been painted and the screen has nothing left to repaint."""
+        self._when_drawn.append(callback)
+        self.refresh()
+
+    def render_lines(self, crop: Region) -> list[Strip]:
+        lines = super().render_lines(crop)
+        if self._when_drawn and self.loaded is not None:  # painting the view: the frame is being written
+            callbacks, self._when_drawn = self._when_drawn, []
+            for callback in callbacks:
+                self.call_after_refresh(callback)  # after this frame and any left to paint (a heatmap mounted late)
+        return lines
 
     def compose(self) -> ComposeResult:
         yield Label("", classes="pane--title")
