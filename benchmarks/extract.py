@@ -253,6 +253,7 @@ def store_digest(path: Path) -> dict[str, str]:
 
 
 def whole_process(args) -> int:
+    import timm
     from safetensors.torch import save_file
 
     from checkout import env_for

@@ -538,7 +538,7 @@ def run_steps(names: list[str], device: str, sizes: Sizes, work: Path, budget_s:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--steps", ",".join(todo), "--device", device,
                "--work", str(work), "--sizes", json.dumps(asdict(sizes))]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT, start_new_session=True)
-        current, started, buffer = None, time.monotonic(), ""
+        current, started = None, time.monotonic()
         while True:
             cap = (CAPS_S.get(current, ANALYSIS_CAP_S) * scale) if current else 120 * scale
             limit = min(started + cap, deadline)

@@ -395,7 +395,7 @@ def launch_to_heatmap(args: list[str], env: dict[str, str], cwd: Path, timeout_s
     proc = subprocess.Popen([sys.executable, "-c", APP, *args], stdin=slave, stdout=slave, stderr=slave, env=env,
                             cwd=cwd, start_new_session=True)
     os.close(slave)
-    seen, tail, found = b"", b"", None
+    tail, found = b"", None
     try:
         while found is None and time.perf_counter() - start < timeout_s and proc.poll() is None:
             if not select.select([master], [], [], 0.2)[0]:
