@@ -62,9 +62,3 @@ class MeasuresAgreePane(HeatmapPane):
         return (f"{view.rows[row]} x {view.cols[col]}  rank correlation {heatmap.describe(row, col)} over "
                 f"{view.extra['n_pairs']} layer pairs")
 
-    def jump_to_layer(self, layer: str) -> bool:
-        heatmap, view = self.heatmap, self.view
-        if heatmap is None or view is None or layer not in view.rows:
-            return False
-        heatmap.cursor = (view.rows.index(layer), heatmap.cursor[1])
-        return True

@@ -84,13 +84,6 @@ class LayerMatrixPane(HeatmapPane):
         interval = view.interval_text(row, col) if value == value else ""
         return f"{heatmap.row_labels[row]} x {heatmap.col_labels[col]}  {view.value_name} {heatmap.describe(row, col)}{interval}"
 
-    def jump_to_layer(self, layer: str) -> bool:
-        heatmap, view = self.heatmap, self.view
-        if heatmap is None or view is None or layer not in view.rows:
-            return False
-        heatmap.cursor = (view.rows.index(layer), heatmap.cursor[1])
-        return True
-
     def places(self) -> list[Place]:
         """Returns model A's row layers, then, across two models, model B's column layers."""
         view = self.view

@@ -230,3 +230,12 @@ class HeatmapPane(ViewPane):
             return False
         self.heatmap.action_cycle_zoom()
         return True
+
+    def jump_to_layer(self, layer: str) -> bool:
+        """Moves the cursor to the row of that name, keeping its column (a layer x layer matrix's rows are
+        layers); returns False where no row is."""
+        heatmap, view = self.heatmap, self.view
+        if heatmap is None or view is None or layer not in view.rows:
+            return False
+        heatmap.cursor = (view.rows.index(layer), heatmap.cursor[1])
+        return True
