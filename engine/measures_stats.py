@@ -29,7 +29,7 @@ once (LayerGrams.take): no pass over the features.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -46,19 +46,25 @@ def bootstrap_replicates(grams_a: Sequence[LayerGrams], grams_b: Sequence[LayerG
                          progress: Callable[[int, int], None] | None = None, **params) -> np.ndarray:
     """Returns (replicates, La, Lb): the measure on `replicates` resamples of the images (the same rows for every
     layer of a replicate), seeded; `progress(done, total)` hears after each replicate."""
+    return np.stack(list(iter_bootstrap_replicates(grams_a, grams_b, name, replicates, seed, progress, **params)))
+
+
+def iter_bootstrap_replicates(grams_a: Sequence[LayerGrams], grams_b: Sequence[LayerGrams] | None, name: str,
+                              replicates: int = stats.BOOTSTRAP_REPLICATES, seed: int = 0,
+                              progress: Callable[[int, int], None] | None = None, **params) -> Iterator[np.ndarray]:
+    """Yields bootstrap_replicates' (La, Lb) matrices one at a time, in the same order: what a summary of each
+    replicate's whole matrix needs (the zoo's interval of a pair's best match) without holding them all."""
     a = list(grams_a)
     b = None if grams_b is None else list(grams_b)
     n = a[0].n
     if replicates < 1:
         raise VitseeError(f"bootstrap replicates={replicates}: use at least 1, e.g. {stats.BOOTSTRAP_REPLICATES}")
-    out = []
     for r, rows in enumerate(stats.bootstrap_indices(n, replicates, seed)):
         ra = [g.take(rows) for g in a]
         rb = None if b is None else [g.take(rows) for g in b]
-        out.append(pairwise(ra, rb, name, **params))
+        yield pairwise(ra, rb, name, **params)
         if progress is not None:
             progress(r + 1, replicates)
-    return np.stack(out)
 
 
 def bootstrap_interval(grams_a: Sequence[LayerGrams], grams_b: Sequence[LayerGrams] | None, name: str,

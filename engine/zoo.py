@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -426,4 +426,49 @@ def zoo_from_hsic(hsic: np.ndarray, columns: Sequence[tuple[str, str]], models: 
     zoo = _build(matrix, columns, models, summary, layers, families, interval_of)
     zoo.interval = (f"{level:g} percentile bootstrap over {min(len(f) for f in filled)} batches, {replicates} replicates"
                     + (f", endpoints averaged over {len(filled)} shuffles" if len(filled) > 1 else ""))
+    return zoo
+
+
+def zoo_from_replicates(result: Any, replicates: Iterable[np.ndarray], level: float, summary: str = "best_match",
+                        layers: dict[str, str] | None = None, families: Sequence[str] | None = None,
+                        what: str = "") -> Zoo:
+    """Returns the Zoo of a cached layer x layer result (as zoo_from_cka) with each pair's percentile bootstrap
+    interval at `level` from `replicates`: the measure's whole joint (L, L) matrix on each bootstrap resample of the
+    images, every cell of a replicate from the same resample (measures_stats.iter_bootstrap_replicates), so the
+    summary of a replicate is one draw of the summary and the interval carries the dependence between cells, as
+    zoo_from_hsic's does for CKA. The replicates are read one at a time: memory holds (R, n, n) summaries, not
+    (R, L, L) matrices. A replicate whose summary is not finite is left out. what: how the replicates were made,
+    for `interval`.
+    """
+    zoo = zoo_from_cka(result, summary, layers, families)
+    models = zoo.models
+    columns = [(models[int(i)], str(name)) for i, name in zip(result["model"], result["layer"])]
+    idx = _blocks(columns, models)
+    names = {m: [columns[i][1] for i in idx[m]] for m in models}
+    cell = _summary_cells(summary, models, names, layers)
+    n, draws = len(models), []
+    for matrix in replicates:
+        matrix = np.asarray(matrix, dtype=np.float64)
+        if matrix.shape != (len(columns), len(columns)):
+            raise VitseeError(f"a bootstrap replicate of shape {matrix.shape} for a result of {len(columns)} layers: "
+                              "give replicates of the same result")
+        values = np.full((n, n), np.nan)
+        for a in range(n):
+            for b in range(a, n):
+                block = matrix[np.ix_(idx[models[a]], idx[models[b]])]
+                values[a, b] = values[b, a] = summarise(block, summary, cell[models[a]], cell[models[b]])
+        draws.append(values)
+    if not draws:
+        raise VitseeError("no bootstrap replicates were given: ask for some (e.g. --measure-bootstrap 200)")
+    level = stats_mod.check_level(level)
+    tail = (1.0 - level) / 2
+    stacked = np.stack(draws)  # (R, n, n)
+    finite = np.isfinite(stacked).any(axis=0)
+    if finite.any():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            q = np.nanquantile(stacked[:, finite], [tail, 1.0 - tail], axis=0)
+        zoo.ci_low[finite], zoo.ci_high[finite] = q[0], q[1]
+    zoo.interval = (f"{level:g} percentile bootstrap over {len(draws)} resamples of the images"
+                    + (f" {what}" if what else "") + ", each replicate's summary from the pair's whole matrix")
     return zoo

@@ -21,6 +21,9 @@ def best_match_by_loops(m: np.ndarray) -> float:
     return (sum(rows) / len(rows) + sum(cols) / len(cols)) / 2
 
 
+MEASURE_VALUES = {"mknn": {"k": 10}, "procrustes": {"alpha": 1.0}}  # the measures' defaults
+
+
 class TestNumbers:
     def test_each_value_is_the_best_match_of_the_pairs_own_cka_view(self, zoo_store):
         view = load_view(zoo_store, "zoo")
@@ -70,9 +73,50 @@ class TestNumbers:
         rows, cols = block.min(axis=1).mean(), block.min(axis=0).mean()
         assert view.matrix[0, 1] == pytest.approx((rows + cols) / 2, abs=1e-12)
         np.testing.assert_allclose(np.diag(view.matrix), 0.0, atol=1e-12)
-        assert view.ci_low is None and view.extra["interval"].startswith("none: 1-CKA keeps no per-batch terms")
+        assert view.ci_low is None and view.extra["interval"].startswith("none: 1-CKA keeps no per-batch terms or resamples")
         c = next(c for c in view.extra["correspondences"] if (c["a"], c["b"]) == (VIT, RESNET))
         assert c["argmax"] == [int(j) for j in block.argmin(axis=1)]  # the nearest layer, not the farthest
+
+
+    @pytest.mark.parametrize("measure", ["mknn", "procrustes"])
+    def test_a_measures_own_resamples_give_each_pairs_interval(self, zoo_store, tmp_path, measure):
+        """With --measure-bootstrap, a zoo of a Gram measure has intervals from the measure's own resamples of
+        the images: the `layer` summary's interval is then that cell's own interval (the same draws), and the
+        best-match interval is the quantiles of each replicate's best match, here recomputed by loops."""
+        from vitsee.engine import measures_stats
+        from vitsee.engine.measures_grams import LayerGrams
+
+        path = copy_store(zoo_store, tmp_path / "zoo.h5")
+        options = {"zoo_measure": measure, "measure_bootstrap": 40, "max_images": 24}
+        last = load_view(path, "zoo", ZOO_CFG.with_options({**options, "zoo_summary": "layer"}))
+        pair = load_view(path, f"{measure}:{VIT}:{RESNET}", ZOO_CFG.with_options(options))
+        assert last.matrix[0, 1] == pair.matrix[-1, -1]
+        assert last.ci_low[0, 1] == pytest.approx(pair.ci_low[-1, -1], abs=1e-12)
+        assert last.ci_high[0, 1] == pytest.approx(pair.ci_high[-1, -1], abs=1e-12)
+        assert "40 resamples of the images" in last.extra["interval"] and not last.rough
+
+        view = load_view(path, "zoo", ZOO_CFG.with_options(options))
+        with Store.open(path) as s:
+            (cached,) = [r for r in s.results(measure) if (r["params"].get("stats") or {}).get("bootstrap")]
+            result = Result.load(s, measure, cached["params"])
+            rows = np.asarray(result["images"])
+            grams = {m: [LayerGrams.from_features(s.activations(m, layer, rows), layer, "cpu")
+                         for layer in s.layers(m)] for m in (VIT, RESNET)}
+        values = MEASURE_VALUES[measure]
+        reps = measures_stats.bootstrap_replicates(grams[VIT], grams[RESNET], measure, 40, 0, **values)
+        sign = 1.0 if measure == "mknn" else -1.0  # a distance: each layer's nearest, the mean of minima
+        draws = [sign * best_match_by_loops(sign * r) for r in reps]
+        low, high = np.quantile(draws, [0.025, 0.975])
+        assert view.ci_low[0, 1] == pytest.approx(low, abs=1e-9)
+        assert view.ci_high[0, 1] == pytest.approx(high, abs=1e-9)
+        assert view.ci_low[1, 0] == view.ci_low[0, 1] and view.ci_low[0, 1] <= view.ci_high[0, 1]
+
+    def test_a_gram_measure_without_resamples_names_the_option_that_gives_intervals(self, zoo_store, tmp_path):
+        path = copy_store(zoo_store, tmp_path / "zoo.h5")
+        view = load_view(path, "zoo", ZOO_CFG.with_options({"zoo_measure": "mknn", "max_images": 24}))
+        assert view.ci_low is None
+        assert view.extra["interval"] == ("none: mknn was computed without bootstrap resamples: add "
+                                          "--measure-bootstrap 200 to `vitsee analyze --zoo --zoo-measure mknn`")
 
 
 class TestCommandLine:

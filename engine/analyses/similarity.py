@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 from abc import abstractmethod
+from collections.abc import Iterator
 from typing import ClassVar
 
 import numpy as np
@@ -100,6 +101,14 @@ class LayerMatrix(Analysis):
         (HSIC sums (K, L, L), each batch's HSIC terms (K, B, L, L)), K shuffles, the matrix being sums_ij /
         sqrt(sums_ii sums_jj) averaged over shuffles (the zoo's intervals of a pair's summary, engine/zoo.py);
         None when the measure has no such terms (the default)."""
+        return None
+
+    def bootstrap_matrices(self, store: Store, result: Result, device: str = "auto",
+                           progress: StepFn | None = None) -> tuple[Iterator[np.ndarray], str] | None:
+        """Returns (the joint (L, L) matrix of `result` on each of its bootstrap resamples of the images, one at a
+        time; how they were drawn, in words) for a measure whose result was computed with bootstrap resamples of
+        whole images (the zoo's interval of a pair's summary, engine/zoo.py zoo_from_replicates); None when it has
+        none (the default)."""
         return None
 
     def nonfinite_images(self, view: View, store: Store) -> np.ndarray:
@@ -359,6 +368,36 @@ class GramMeasure(LayerMatrix):
                     good, None, self.key, st["permutations"], st["seed"], progress=step,
                     observed=arrays["matrix"][cells], **values)
         return arrays
+
+    def bootstrap_matrices(self, store: Store, result: Result, device: str = "auto",
+                           progress: StepFn | None = None) -> tuple[Iterator[np.ndarray], str] | None:
+        """Returns the result's bootstrap replicates of the whole joint matrix (the resamples, seed and Grams of its
+        per-cell interval, so the same draws), NaN rows and columns where a layer holds NaN/Inf; None for a result
+        computed without --measure-bootstrap."""
+        from .. import measures_stats
+
+        params = result.params
+        st = params.get("stats") or {}
+        if not st.get("bootstrap"):
+            return None
+        columns = [(m, layer) for m in params["models"] for layer in params["layers"][m]]
+        rows = np.asarray(result["images"], dtype=np.int64)
+        grams = shared_layer_grams(store, columns, rows, resolve_device(device), progress, self.name)
+        ok = [i for i, g in enumerate(grams) if g is not None]
+        if not ok:
+            return None
+        cells = np.ix_(ok, ok)
+
+        def matrices() -> Iterator[np.ndarray]:
+            step = lambda done, total: emit(progress, f"{self.name} bootstrap", done, total)  # noqa: E731
+            for part in measures_stats.iter_bootstrap_replicates([grams[i] for i in ok], None, self.key,
+                                                                 st["bootstrap"], st["seed"], step,
+                                                                 **self.measure_values(params)):
+                whole = np.full((len(columns), len(columns)), np.nan)
+                whole[cells] = part
+                yield whole
+
+        return matrices(), f"(the {self.label} result's own, {len(rows)} images, seed {st['seed']})"
 
     # --- the view -----------------------------------------------------------------------------------------------
 

@@ -18,7 +18,11 @@ Intervals: a percentile bootstrap over minibatches of images of the pair's *summ
 pair's whole layer x layer matrix from per-batch terms, engine/zoo.py `bootstrap_pair_interval`). Only a measure
 that can give per-batch HSIC terms (`LayerMatrix.batch_hsic`: linear CKA, from the activations in the batches of
 its cached result, or from a `--grams` store's Grams) has them; one pass over the activations or Grams makes them.
-Otherwise the intervals are NaN and `interval` says why (per-cell intervals give no honest interval of a max).
+A measure computed with bootstrap resamples of whole images (`--measure-bootstrap`: every Gram measure,
+`LayerMatrix.bootstrap_matrices`) gives instead its own resamples again, each one the whole joint matrix on one
+resample, and each replicate's summary is one draw (engine/zoo.py `zoo_from_replicates`): the same draws as its
+per-cell intervals, at the cost of the measure's bootstrap once more. Otherwise the intervals are NaN and `interval`
+says why and how to get them (per-cell intervals give no honest interval of a max).
 
 The view names no model (`zoo`): its rows and columns are all of the store's models, in the store's order.
 """
@@ -160,10 +164,21 @@ class ModelZoo(Analysis):
         zoo = numbers.zoo_from_cka(signed, params["summary"], layers, families)
         low, high = np.full_like(zoo.values, np.nan), np.full_like(zoo.values, np.nan)
         st = params.get("stats") or {}
-        n_batches, interval = 0, f"none: {measure.label} keeps no per-batch terms to resample"
+        n_batches, interval = 0, f"none: {measure.label} keeps no per-batch terms or resamples to resample"
+        if any(o.name == "measure-bootstrap" for o in measure.options):
+            interval = (f"none: {measure.label} was computed without bootstrap resamples: add --measure-bootstrap "
+                        f"200 to `vitsee analyze --zoo --zoo-measure {measure.name}`")
         terms = measure.batch_hsic(store, result, cfg.device, progress) if st.get("ci") and sign > 0 else None
+        resamples = (measure.bootstrap_matrices(store, result, cfg.device, progress)
+                     if st.get("ci") and terms is None else None)
         if not st.get("ci"):
             interval = "none: --ci 0"
+        elif resamples is not None:  # the measure's own resamples of whole images: each one's summary is a draw
+            matrices, how = resamples
+            boot = numbers.zoo_from_replicates(signed, (sign * m for m in matrices), st["ci"], params["summary"],
+                                               layers, families, how)
+            low, high = (boot.ci_low, boot.ci_high) if sign > 0 else (-boot.ci_high, -boot.ci_low)
+            interval = boot.interval
         elif terms is not None:
             sums, batches = terms
             columns = [(m, layer) for m in result.params["models"] for layer in result.params["layers"][m]]
@@ -207,7 +222,8 @@ class ModelZoo(Analysis):
                  "measure": params["measure"], "summary_layers": params["summary_layers"],
                  "interval": str(result["interval"][0]), "correspondences": correspondences}
         if has_ci:
-            extra["n_batches"] = int(result["n_batches"])
+            if int(result["n_batches"]):  # CKA's minibatches; a measure's resamples of images have none
+                extra["n_batches"] = int(result["n_batches"])
         else:  # the JSON still has the fields the zoo promises: null where there is no interval
             extra["ci_low"], extra["ci_high"] = low, high
         higher = measure.higher_is_better if measure is not None else True
@@ -220,5 +236,7 @@ class ModelZoo(Analysis):
                     ci_low=low if has_ci else None, ci_high=high if has_ci else None)
 
     def interval_words(self, view: View, level: str) -> str:
+        if not view.extra.get("n_batches"):  # a measure's own resamples of images: zoo_from_replicates said how
+            return f"{level} {str(view.extra.get('interval', '')).split(' ', 1)[-1]}"
         return (bootstrap_words(view, level)
                 + ", each replicate's summary taken from the pair's whole layer x layer matrix")
