@@ -299,7 +299,7 @@ def test_a_snapshot_of_a_missing_store_or_without_out_is_one_line_and_exit_2(tmp
     code, _, err = run_main([tmp_path / "nope.h5", "--snapshot", "cka", "--out", tmp_path / "x.svg"], capsys)
     assert code == 2 and "nope.h5 does not exist" in err and err.count("\n") == 1
     code, _, err = run_main([tmp_path / "nope.h5", "--snapshot", "cka"], capsys)
-    assert code == 2 and err == "error: --snapshot needs --out FILE.svg: where to write the screenshot\n"
+    assert code == 2 and err == "error: --snapshot needs --out FILE.svg (or FILE.png): where to write the screenshot\n"
     code, _, err = run_main([tmp_path / "nope.h5", "--size", "80x24"], capsys)
     assert code == 2 and err.startswith("error: --size goes with --snapshot VIEW")
 
@@ -307,7 +307,7 @@ def test_a_snapshot_of_a_missing_store_or_without_out_is_one_line_and_exit_2(tmp
 @pytest.mark.parametrize("size, out, expected", [
     ("100000x100000", "x.svg", "--size 100000x100000: a snapshot is at most 1000x1000"),
     ("1001x40", "x.svg", "--size 1001x40: a snapshot is at most 1000x1000"),
-    ("120x40", "shots.svg", "--out TMP/shots.svg is a folder: name the SVG file to write"),
+    ("120x40", "shots.svg", "--out TMP/shots.svg is a folder: name the file to write"),
     ("120x40", "notes/x.svg", "--out TMP/notes/x.svg: TMP/notes is a file, not a folder"),
 ])
 def test_a_snapshot_too_large_or_onto_a_folder_is_refused_in_one_line_before_the_app_starts(store, tmp_path, capsys,

@@ -2,7 +2,7 @@
 
     vitsee-tui [STORE] [--export-dir DIR] [--no-mouse] [--color auto|truecolor|256|16|none] [--demo]
     vitsee-tui --show-config
-    vitsee-tui STORE --snapshot VIEW --out screen.svg [--size 120x40]
+    vitsee-tui STORE --snapshot VIEW --out screen.svg|screen.png [--size 120x40]
 
 With a STORE it opens on the CKA view of its first model; without one it lists the stores in the current
 folder and offers a new run; --demo builds (once) and opens a small store of a ViT and a ResNet. Settings
@@ -239,8 +239,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="print each setting, its value and where it came from, and the key remaps; then exit")
     parser.add_argument("--snapshot", metavar="VIEW", default=None,
                         help="render VIEW (cka:A:B, attention:MODEL, ... or a kind such as attention) once its data "
-                        "is drawn, write the screen to --out as SVG and exit")
-    parser.add_argument("--out", type=Path, default=None, help="the SVG file --snapshot writes")
+                        "is drawn, write the screen to --out (SVG or PNG) and exit")
+    parser.add_argument("--out", type=Path, default=None, help="the file --snapshot writes: *.svg or *.png")
     parser.add_argument("--size", default=None, help="the terminal size --snapshot renders at (default 120x40)")
     return parser.parse_args(argv)
 
@@ -269,7 +269,7 @@ def build_app(args: argparse.Namespace, settings: Settings | None = None) -> Vit
                           "or drop the flag")
     options = settings.options()
     if snapshot is not None and settings["color"] == "auto":
-        options.color_mode = ColorMode.TRUECOLOR  # an SVG shows every colour, whatever terminal runs this
+        options.color_mode = ColorMode.TRUECOLOR  # a screenshot shows every colour, whatever terminal runs this
     return VitseeApp(args.store, options=options, demo=args.demo, keymap=settings.keymap(),
                      snapshot=snapshot)
 

@@ -1,4 +1,5 @@
-"""`vitsee-tui STORE --snapshot VIEW --out screen.svg`: the screen the app would show for a view, as an SVG.
+"""`vitsee-tui STORE --snapshot VIEW --out screen.svg|screen.png`: the screen the app would show for a view, as an SVG
+(Textual's screenshot) or a PNG (every cell painted as a terminal shows it, tui/png.py).
 
 The real app runs headless at the asked size and opens the store on the view; an auto-pilot waits until the
 view's numbers are on screen (a view not cached yet is computed first, as the app would), then writes the
@@ -25,11 +26,12 @@ SIZE = re.compile(r"(\d+)x(\d+)")
 MIN_SIZE = (40, 12)
 MAX_SIZE = (1000, 1000)  # a headless screen of C x R cells holds them all: 100000 x 100000 grew past 9.7 GB
 POLL_SECONDS = 0.05
+FORMATS = (".svg", ".png")
 
 
 @dataclass
 class SnapshotPlan:
-    """What to render: a view kind, the models (and layer) it names, where the SVG goes, at what size."""
+    """What to render: a view kind, the models (and layer) it names, where the SVG or PNG goes, at what size."""
 
     store: Path
     view: str
@@ -39,7 +41,7 @@ class SnapshotPlan:
     out: Path
     size: tuple[int, int]
     error: str | None = None  # why the view could not be shown (set by the pilot)
-    spec: str | None = None  # the view the SVG shows
+    spec: str | None = None  # the view the screenshot shows
 
 
 def parse_size(text: str) -> tuple[int, int]:
@@ -60,14 +62,14 @@ def plan_snapshot(store: Path, view: str, out: Path | None, size: str) -> Snapsh
     """Returns the plan for a snapshot, the view's models resolved in the store (a VitseeError for a bad
     view, size or store)."""
     if out is None:
-        raise VitseeError("--snapshot needs --out FILE.svg: where to write the screenshot")
-    if out.suffix.lower() != ".svg":
-        raise VitseeError(f"--out {out}: the snapshot is an SVG: name the file *.svg")
+        raise VitseeError("--snapshot needs --out FILE.svg (or FILE.png): where to write the screenshot")
+    if out.suffix.lower() not in FORMATS:
+        raise VitseeError(f"--out {out}: a snapshot is an SVG or a PNG: name the file *.svg or *.png")
     if out.is_dir():
-        raise VitseeError(f"--out {out} is a folder: name the SVG file to write, such as {out / 'screen.svg'}")
+        raise VitseeError(f"--out {out} is a folder: name the file to write, such as {out / 'screen.svg'}")
     blocking = next((p for p in [out.parent, *out.parent.parents] if p.exists()), None)
     if blocking is not None and not blocking.is_dir():
-        raise VitseeError(f"--out {out}: {blocking} is a file, not a folder: write the SVG somewhere else")
+        raise VitseeError(f"--out {out}: {blocking} is a file, not a folder: write the screenshot somewhere else")
     columns_rows = parse_size(size)
     if ":" not in view:
         if view not in VIEW_LABELS:
@@ -119,7 +121,8 @@ def _state(plan: SnapshotPlan, screen) -> tuple[str, str]:
 
 
 async def take(plan: SnapshotPlan, pilot: Pilot) -> None:
-    """Waits until the view is drawn, writes the SVG and exits the app (return code 0, or 2 with plan.error)."""
+    """Waits until the view is drawn, writes the SVG or PNG and exits the app (return code 0, or 2 with
+    plan.error)."""
     app = pilot.app
     while True:
         await pilot.pause(POLL_SECONDS)
@@ -137,12 +140,17 @@ async def take(plan: SnapshotPlan, pilot: Pilot) -> None:
     await pilot.wait_for_scheduled_animations()
     app.clear_notifications()  # toasts ("computed and cached ...") would cover the view in a report
     await pilot.pause()
-    svg = app.export_screenshot(title=f"vitsee-tui {plan.store.name} {plan.spec}")
+    if plan.out.suffix.lower() == ".png":
+        from vitsee.tui.png import screen_png
+
+        data = screen_png(app)
+    else:
+        data = app.export_screenshot(title=f"vitsee-tui {plan.store.name} {plan.spec}").encode("utf-8")
     partial = plan.out.with_name(f".{plan.out.name}.{time.time_ns()}.part")
     try:
         plan.out.parent.mkdir(parents=True, exist_ok=True)
-        partial.write_text(svg, encoding="utf-8")
-        partial.replace(plan.out)  # a reader never sees half an SVG
+        partial.write_bytes(data)
+        partial.replace(plan.out)  # a reader never sees half a file
     except OSError as exc:  # made a folder, or read-only, while the view was computed
         partial.unlink(missing_ok=True)
         plan.error = f"cannot write {plan.out} ({brief(exc)}): check the path, or give another --out"
