@@ -110,6 +110,47 @@ class TestZooView:
             assert "best-match CKA" in app.screen.query_one("#status-line").shown  # the value, not only the pair
 
 
+async def test_m_summarises_the_next_measure_cached_and_its_own_scale(zoo_store, tmp_path):
+    """m in the Zoo reads the zoo of the next layer x layer measure cached for every model (a distance here:
+    minima, its own range and name on the legend), then comes back to CKA."""
+    from vitsee.engine.analyze import run_analyses
+    from vitsee.engine.store import copy_store
+    from helpers.stores import ZOO_CFG
+
+    path = copy_store(zoo_store, tmp_path / "zoo.h5")
+    run_analyses(path, ["procrustes"], ZOO_CFG)
+    procrustes = load_view(path, "zoo", options={"zoo_measure": "procrustes"})
+    order = procrustes.extra["order"]
+    app = make_app(path, tmp_path)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await open_zoo(app, pilot)
+        pane = app.screen.pane("zoo")
+        cka = pane.view.matrix.copy()
+        await pilot.press("m")
+        await settle(pilot, lambda a: pane.view is not None and pane.view.params["measure"] == "procrustes")
+        heatmap = pane.heatmap
+        assert heatmap.matrix.tolist() == procrustes.matrix[order][:, order].tolist()
+        assert heatmap.value_name == "best-match Procrustes" and (heatmap._vmin, heatmap._vmax) == (None, None)
+        assert "best-match Procrustes" in status(app) and "Zoo: best-match Procrustes" in pane.view.title
+        assert ("Zoo: Procrustes", "information") in app.notes_seen
+        await pilot.press("m")
+        await settle(pilot, lambda a: pane.view is not None and pane.view.params["measure"] == "cka")
+        assert pane.view.matrix.tolist() == cka.tolist() and pane.heatmap.value_name == "best-match CKA"
+        assert (pane.heatmap._vmin, pane.heatmap._vmax) == (0.0, 1.0)
+
+
+async def test_m_with_only_cka_cached_names_the_command_for_the_others(zoo_store, tmp_path):
+    app = make_app(zoo_store, tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await open_zoo(app, pilot)
+        await pilot.press("m")
+        await settle(pilot, lambda a: any("measures" in m for m, _ in a.notes_seen))
+        (note,) = [m for m, _ in app.notes_seen if "--measures" in m]
+        assert note.startswith("only CKA is cached for every model: `vitsee analyze ")
+        assert "--measures rbf_cka,procrustes" in note and note.endswith("then m shows them here")
+        assert app.screen.pane("zoo").view.params["measure"] == "cka"
+
+
 async def test_the_tab_computes_a_missing_zoo_from_the_cka_already_cached(store, tmp_path):
     from vitsee.engine.store import Store, copy_store
 

@@ -158,6 +158,7 @@ class LoadedView:
     shapes: dict[str, dict[str, tuple[int, ...]]]  # model -> layer -> per-image shape
     init_notes: dict[str, str] = field(default_factory=dict)  # model -> why its random init looks degenerate
     path: Path | None = None  # the store it came from (a detail reads per-image numbers from it)
+    options: dict = field(default_factory=dict)  # the analysis's own options it was read with (the zoo's measure)
 
 
 class StoreAccess:
@@ -231,8 +232,11 @@ def yield_cpu_to_event_loop(nice: int = WORKER_NICE) -> bool:
 
 
 def read_view(path: str | Path, spec: str, base: an.AnalyzeConfig, progress: StepFn | None = None,
-              cancelled: Callable[[], bool] = lambda: False, warn: Callable[[str], None] | None = None) -> LoadedView:
+              cancelled: Callable[[], bool] = lambda: False, warn: Callable[[str], None] | None = None,
+              options: dict | None = None) -> LoadedView:
     """Returns the view named by spec, from the cache when it is there, else computed and cached first.
+    `options`: the analysis's own options that say what the view is of (the zoo's measure), as `vitsee show` takes
+    them (attribute -> value).
 
     `cancelled` is polled at every progress step; when it says so the computation stops with Cancelled
     and nothing is cached. `warn` hears, before it starts, that a computation is expected to be long.
@@ -249,8 +253,9 @@ def read_view(path: str | Path, spec: str, base: an.AnalyzeConfig, progress: Ste
 
     start = time.perf_counter()
     with ACCESS.read(), Store.open(path) as store:
-        cached = cached_params(store, spec) is not None  # any cached estimate serves the app
+        cached = cached_params(store, spec, options=options) is not None  # any cached estimate serves the app
         request = request_of(store, spec)
+        base = base.with_options(options)
         warning = None if cached else request.analysis.warning(store, request, base)
     if warning and warn is not None:
         warn(warning)
@@ -264,11 +269,11 @@ def read_view(path: str | Path, spec: str, base: an.AnalyzeConfig, progress: Ste
                 raise Cancelled(spec)
             compute_view(store, spec, base, step)
     with ACCESS.read():
-        view = load_view(path, spec)
+        view = load_view(path, spec, options=options)
         with Store.open(path) as store:
             shapes = {m: {layer: store.layer_shape(m, layer) for layer in store.layers(m)} for m in view.models}
             notes = {m: note for m in view.models if (note := random_init_note(store.model_info(m)))}
-    return LoadedView(spec, view, not cached, time.perf_counter() - start, shapes, notes, Path(path))
+    return LoadedView(spec, view, not cached, time.perf_counter() - start, shapes, notes, Path(path), dict(options or {}))
 
 
 def read_head_distances(path: str | Path, model: str, block: int, head: int) -> np.ndarray:

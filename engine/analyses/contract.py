@@ -199,7 +199,7 @@ class Analysis(ABC):
     Declared as data (class attributes), each with a default where one is usual:
         name, label, short_label, title, figures, order, shape, family, tab, option_help, options, by_default, cost,
         models, takes_layer, needs, identity, model_fields, higher_is_better, nonfinite_source, dossier_title,
-        layer_list_title, tooltip.
+        layer_list_title, tooltip, measure_option.
     Declared as methods: `not_applicable` (the one place the reason is written), `params` and `run` (or `compute`,
     which the default `run` caches), `view`, and the optional hooks below them.
     """
@@ -238,6 +238,9 @@ class Analysis(ABC):
     nonfinite_source: ClassVar[str] = "per-image statistics"  # where a NaN/Inf cell's NaN came from
     dossier_title: ClassVar[str | None] = None  # its section in a layer pair's dossier (None: none)
     layer_list_title: ClassVar[str] = "Layers (Enter: go)"  # the app's side panel over its view
+    # the attribute of its option that names the measure its view summarises (the zoo's `zoo_measure`): `m` in the app
+    # cycles it over measure_choices; "" for a view of one fixed measure
+    measure_option: ClassVar[str] = ""
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -335,6 +338,15 @@ class Analysis(ABC):
     def command(self, store_path: Any, layer: str | None = None) -> str:
         """Returns the `vitsee analyze` command that computes its result (for a layer, where that matters)."""
         return f"vitsee analyze {store_path} --{self.name}"
+
+    def measure_choices(self, store: Store) -> list[str]:
+        """Returns the measures (analysis names) its `measure_option` can name that the store has cached, so
+        that its view of them is at hand; none where it has no such option."""
+        return []
+
+    def measure_of_view(self, view: View) -> str:
+        """Returns the measure (analysis name) a view of it summarises; "" where it has no `measure_option`."""
+        return ""
 
     # --- the view ----------------------------------------------------------------------------------------------
 

@@ -112,6 +112,7 @@ class ModelZoo(Analysis):
     identity = ("measure", "models", "layers", "n_images", "summary", "summary_layers")
     nonfinite_source = "activations"
     layer_list_title = "Models (Enter: go)"
+    measure_option = "zoo_measure"
 
     def not_applicable(self, store: Store, key: str) -> str | None:
         if len(store.models) < 2:
@@ -124,6 +125,23 @@ class ModelZoo(Analysis):
 
     def command(self, store_path, layer: str | None = None) -> str:
         return f"vitsee analyze {store_path} --zoo"
+
+    def measure_choices(self, store: Store) -> list[str]:
+        """Returns the layer x layer measures with a result cached over every stored layer of every model of the
+        store (any estimate: the app's zoo takes the one cached), in registry order: those a zoo of them reads at
+        once."""
+        found = []
+        for measure in measures():
+            try:
+                jobs = measure.jobs(store)
+                if jobs and measure.cached_params(store, measure.params(store, jobs[0], AnalyzeConfig())) is not None:
+                    found.append(measure.name)
+            except VitseeError:  # not applicable to this store (a streaming store's Gram measures, too few images)
+                continue
+        return found
+
+    def measure_of_view(self, view: View) -> str:
+        return str(view.params.get("measure") or DEFAULT_MEASURE)
 
     # --- parameters and running -------------------------------------------------------------------------------
 

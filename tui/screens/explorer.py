@@ -106,7 +106,8 @@ class ExplorerScreen(Screen):
         Binding("m", "cycle_measure", "Measure", show=False, id="explorer.measure",
                 tooltip="In the CKA view: the next layer x layer measure cached for these models (RBF CKA, "
                         "Procrustes, SVCCA, PWCCA, mknn, CKNNA, RSA, then whether they agree), the cursor kept on "
-                        "its layer pair; with only CKA cached, the command that computes the others"),
+                        "its layer pair; in the zoo, the next measure it summarises; with only CKA cached, the "
+                        "command that computes the others"),
         Binding("d", "dossier", "Dossier", show=False, id="explorer.dossier",
                 tooltip="In the CKA view: everything vitsee knows about the selected pair of layers (CKA, head "
                         "distances, probes, skip ratios, spatial maps, ERFs)"),
@@ -143,6 +144,8 @@ class ExplorerScreen(Screen):
         self.keep_model_b = False  # set before opening (a snapshot of cka:A): no A x B on first load
         self.picked_layer: dict[tuple[str, str], str] = {}  # (view, model) -> the layer a one-layer view is of
         self._views: dict[str, object] = {}  # spec -> LoadedView, kept so switching back costs nothing
+        # kind -> the analysis's own options its view is read with ({"zoo_measure": "mknn"}: `m` in the zoo)
+        self.view_options: dict[str, dict] = {}
         self._status: dict[str, str] = {}
         self._loading: str | None = None
         self._failure: str | None = None  # why the store could not be opened: what every pane says
@@ -344,11 +347,11 @@ class ExplorerScreen(Screen):
             if self.summary is not None or self._failure is not None:
                 self._view_settled()
             return
-        if pane.loaded is not None and pane.loaded.spec == spec:
+        if pane.loaded is not None and self._is_current(pane.loaded, spec):
             pane.post_status()
             self._go_pending(pane)
             return
-        if spec in self._views:
+        if spec in self._views and self._is_current(self._views[spec], spec):
             self._show(pane, self._views[spec])
             return
         if self._loading == spec:
@@ -360,6 +363,10 @@ class ExplorerScreen(Screen):
         )
         self._loading = spec
         self._load(spec)
+
+    def _is_current(self, loaded, spec: str) -> bool:
+        """Returns whether a loaded view is of `spec` read with the options its kind has now."""
+        return loaded.spec == spec and loaded.options == self.view_options.get(spec.partition(":")[0], {})
 
     def _show(self, pane: ViewPane, loaded) -> None:
         pane.show(loaded)
@@ -433,7 +440,7 @@ class ExplorerScreen(Screen):
 
         try:
             loaded = read_view(self.path, spec, self._config(), progress, cancelled=lambda: worker.is_cancelled,
-                               warn=self._warn_from_worker)
+                               warn=self._warn_from_worker, options=self.view_options.get(spec.partition(":")[0]))
         except Cancelled:
             return
         except VitseeError as exc:
@@ -466,11 +473,15 @@ class ExplorerScreen(Screen):
 
     def on_view_loaded(self, message: ViewLoaded) -> None:
         loaded = message.loaded
-        self._views[loaded.spec] = loaded
         if self._loading == loaded.spec:
             self._loading = None
             self.query_one("#view-task", TaskBar).stop()
         kind = loaded.view.kind
+        if not self._is_current(loaded, loaded.spec):  # read with options the view has left since (the zoo's measure)
+            if kind == self.kind and self.spec_for(kind)[0] == loaded.spec:
+                self.request(kind)
+            return
+        self._views[loaded.spec] = loaded
         if self.spec_for(kind)[0] == loaded.spec:
             self._show(self.pane(kind), loaded)
         if loaded.computed:
@@ -744,7 +755,14 @@ class ExplorerScreen(Screen):
 
     def action_cycle_measure(self) -> None:
         """Shows the next view of this view's family cached for the models shown, the cursor on the same layer pair
-        (a worker finds which are cached); says how to compute them when none but this one is."""
+        (a worker finds which are cached); says how to compute them when none but this one is. In a view that
+        summarises a measure (the zoo), the next measure cached for every model, summarised."""
+        if analysis_of(self.kind).measure_option:
+            if self.summary is None or self.pane().view is None:
+                self.notify("nothing to switch yet: wait for the view to load", severity="warning", timeout=4)
+                return
+            self._find_summarised(self.kind)
+            return
         family = self.family_views(self.kind)
         if len(family) < 2:
             first = next((k for k in KINDS if len(self.family_views(k)) > 1), None)
@@ -779,10 +797,46 @@ class ExplorerScreen(Screen):
             return
         self.post_message(MeasuresFound(kind, cached, places))
 
+    @work(thread=True, exclusive=True, group="measures", exit_on_error=False)
+    def _find_summarised(self, kind: str) -> None:
+        from vitsee.engine.store import Store
+        from vitsee.tui.results import ACCESS
+
+        try:
+            with ACCESS.read(), Store.open(self.path) as store:
+                choices = analysis_of(kind).measure_choices(store)
+        except VitseeError as exc:
+            self.app.call_from_thread(self.notify, str(exc), severity="error", timeout=8)
+            return
+        self.post_message(MeasuresFound(kind, choices, ()))
+
+    def _summarise_next(self, choices: list[str]) -> None:
+        """Reads this view again with the next of the measures cached (its `measure_option`), or says how to cache
+        others."""
+        from vitsee.engine.analyze import measures_command
+
+        analysis, pane = analysis_of(self.kind), self.pane()
+        current = analysis.measure_of_view(pane.view) if pane.view is not None else ""
+        others = [k for k in choices if k != current]
+        if not others:
+            missing = [k for k in self.family_views(current or KINDS[0]) if analysis_of(k).cost > 0 and k != current]
+            self.notify(f"only {VIEW_LABELS.get(current, current)} is cached for every model: "
+                        f"`{measures_command(self.path, missing)}` computes the others, then m shows them here",
+                        title="measures", severity="warning", timeout=10)
+            return
+        nxt = choices[(choices.index(current) + 1) % len(choices)] if current in choices else others[0]
+        self.view_options[self.kind] = {analysis.measure_option: nxt}
+        self._loading = None  # a read with the measure left behind is superseded (the view worker is exclusive)
+        self.request(self.kind)
+        self.notify(f"{analysis.label}: {VIEW_LABELS.get(nxt, nxt)}", timeout=3)
+
     def on_measures_found(self, message: MeasuresFound) -> None:
         from vitsee.engine.analyze import measures_command
 
         if message.kind != self.kind:  # the user moved on meanwhile
+            return
+        if analysis_of(self.kind).measure_option:
+            self._summarise_next(message.cached)
             return
         family = self.family_views(self.kind)
         # cost 0 (the comparison of the cached measures): offered once another measure is cached, computed at once

@@ -286,6 +286,11 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
         self._generation += 1
         self._layout_key = None
 
+    def set_scale(self, vmin: float | None, vmax: float | None, value_name: str) -> None:
+        """Set the value range (None: from the data) and the values' name for the next set_data, which draws them:
+        for a pane whose view changes what it measures (the zoo's measure: 0-1 CKA, then a distance)."""
+        self._vmin, self._vmax, self.value_name = vmin, vmax, value_name
+
     def set_data(
         self,
         matrix: np.ndarray,

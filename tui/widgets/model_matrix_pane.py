@@ -102,8 +102,8 @@ class ModelMatrixPane(HeatmapPane):
             self.query_one(".pane--body").mount(heatmap, before=0)
         else:
             heatmap.set_cmap(self.cmap)
-            heatmap.set_data(shown, rows, families, vmin=view.vmin, vmax=view.vmax, nonfinite=nonfinite,
-                             nonfinite_text=describe)
+            heatmap.set_scale(view.vmin, view.vmax, view.value_name)  # `m` may have changed the measure
+            heatmap.set_data(shown, rows, families, nonfinite=nonfinite, nonfinite_text=describe)
         if not 0 <= self.reference < len(view.rows):
             self.reference = 0
         self.plot_curves()
