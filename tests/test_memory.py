@@ -82,3 +82,15 @@ def test_running_moments_merge_batches_of_any_size_exactly_enough():
         moments.update(x[start:stop])
     np.testing.assert_allclose(moments.mean, x.mean(axis=0), rtol=1e-14)
     np.testing.assert_allclose(moments.std, x.std(axis=0), rtol=1e-10)
+
+
+def test_running_moments_of_an_inf_input_are_nan_there_without_a_warning():
+    x = np.ones((6, 3))
+    x[2, 1] = np.inf
+    moments = RunningMoments()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # `vitsee analyze` on a store with Inf activations printed numpy's warning
+        moments.update(x[:3])
+        moments.update(x[3:])
+    assert np.isnan(moments.std[1]) and moments.std[[0, 2]].tolist() == [0.0, 0.0]
+    assert moments.mean[[0, 2]].tolist() == [1.0, 1.0]

@@ -207,12 +207,15 @@ class RunningMoments:
         if b == 0:
             return
         x = np.asarray(x, dtype=np.float64)
-        mean_b = x.mean(axis=0)
-        m2_b = np.square(x - mean_b).sum(axis=0)
-        n = self.n + b
-        delta = mean_b - self._mean
-        self._mean = self._mean + delta * (b / n)
-        self._m2 = self._m2 + m2_b + np.square(delta) * (self.n * b / n)
+        # an Inf input makes its element's moments NaN (inf - inf), which the views mark as computed from NaN/Inf
+        # inputs: numpy's warning about it would be a stray line on the command line's output, not news
+        with np.errstate(invalid="ignore", over="ignore"):
+            mean_b = x.mean(axis=0)
+            m2_b = np.square(x - mean_b).sum(axis=0)
+            n = self.n + b
+            delta = mean_b - self._mean
+            self._mean = self._mean + delta * (b / n)
+            self._m2 = self._m2 + m2_b + np.square(delta) * (self.n * b / n)
         self.n = n
 
     @property
