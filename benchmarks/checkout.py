@@ -9,6 +9,7 @@ source tree SRC instead of this checkout's editable install: a folder whose `vit
 links to SRC/engine, SRC/tui and SRC/assets, first on PYTHONPATH (the editable install's finder comes after
 sys.path, so the folder wins). The same interpreter and packages run both, so only vitsee's code differs.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,8 +25,9 @@ def env_for(src: Path | None, base: dict[str, str] | None = None) -> dict[str, s
         return env
     src = Path(src).resolve()
     if not (src / "engine" / "public" / "__init__.py").is_file():
-        raise SystemExit(f"{src} is not a vitsee source tree (no engine/public/__init__.py): give a checkout of a "
-                         "commit")
+        raise SystemExit(
+            f"{src} is not a vitsee source tree (no engine/public/__init__.py): give a checkout of a commit"
+        )
     shim = Path(tempfile.mkdtemp(prefix="vitsee-shim-"))
     package = shim / "vitsee"
     shutil.copytree(src / "engine" / "public", package)

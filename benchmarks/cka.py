@@ -77,25 +77,31 @@ def main() -> None:
     vit_layers, cnn_layers = (int(v) for v in args.layers.split(","))
     shapes = layer_shapes(vit_layers, cnn_layers)
     torch.manual_seed(0)
-    print(f"job: {vit_layers} ViT-like + {cnn_layers} ResNet-like layers = {len(shapes)} x {len(shapes)} CKA, "
-          f"n={args.n}, batch={args.batch_size}, offset={args.offset}, device={device}, "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(
+        f"job: {vit_layers} ViT-like + {cnn_layers} ResNet-like layers = {len(shapes)} x {len(shapes)} CKA, "
+        f"n={args.n}, batch={args.batch_size}, offset={args.offset}, device={device}, "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads"
+    )
     feats = synthetic_features(args.n, shapes, args.offset, vit_layers, seed=0)
     print(f"features: {sum(f.numel() for f in feats) * 4 / 2**30:.2f} GiB fp32")
 
     if args.stats:
         feats = [f.to(device) for f in feats]
         bs = args.batch_size
-        methods = {"vitsee minibatch_cka": lambda: vcka.minibatch_cka(feats, batch_size=bs, device=device),
-                   STATS_METHOD: lambda: vitsee_with_stats(feats, bs, device, args.permutations)}
+        methods = {
+            "vitsee minibatch_cka": lambda: vcka.minibatch_cka(feats, batch_size=bs, device=device),
+            STATS_METHOD: lambda: vitsee_with_stats(feats, bs, device, args.permutations),
+        }
         timings = round_robin(methods, device, args.repeats, args.budget_s)
         plain, with_stats = timings["vitsee minibatch_cka"], timings[STATS_METHOD]
         same = np.array_equal(plain[2], with_stats[2])
         print(f"\n{'method':<40} {'seconds':>9} {'cpu-s':>8}")
         for name, (seconds, cpu, _) in timings.items():
             print(f"{name:<40} {seconds:>9.3f} {cpu:>8.2f}")
-        print(f"with statistics / without: {with_stats[0] / plain[0]:.2f}x wall, {with_stats[1] / plain[1]:.2f}x CPU "
-              f"(target <= 1.5x); CKA values bit-identical: {same}")
+        print(
+            f"with statistics / without: {with_stats[0] / plain[0]:.2f}x wall, {with_stats[1] / plain[1]:.2f}x CPU "
+            f"(target <= 1.5x); CKA values bit-identical: {same}"
+        )
         return
     t0 = time.perf_counter()
     ref = reference_cka(feats, args.batch_size)
@@ -139,8 +145,10 @@ def main() -> None:
     rate = flops / ours / 1e12
     peak = peak_tflops(device)
     where = f"{rate / peak:.0%} of {peak:g} TFLOP/s peak" if peak else "peak unknown for this device"
-    print(f"\nvitsee GEMMs: {flops / 1e12:.3f} TFLOP (Grams as performed + pair products) in {ours:.3f} s "
-          f"= {rate:.3f} TFLOP/s achieved ({where})")
+    print(
+        f"\nvitsee GEMMs: {flops / 1e12:.3f} TFLOP (Grams as performed + pair products) in {ours:.3f} s "
+        f"= {rate:.3f} TFLOP/s achieved ({where})"
+    )
 
 
 def parse_args() -> argparse.Namespace:
@@ -239,7 +247,9 @@ def reference_cka(feats: list[torch.Tensor], batch_size: int) -> np.ndarray:
 STATS_METHOD = "vitsee + 95% CI + p-values"
 
 
-def vitsee_with_stats(feats: list[torch.Tensor], batch_size: int, device: torch.device, permutations: int) -> np.ndarray:
+def vitsee_with_stats(
+    feats: list[torch.Tensor], batch_size: int, device: torch.device, permutations: int
+) -> np.ndarray:
     """Return the (L, L) CKA, computing on the way what `vitsee analyze` adds by default: per-batch HSIC terms, the
     null sums of `permutations` permuted pairings, a 1,000-replicate bootstrap interval and the p-values."""
     from vitsee.engine import stats
@@ -304,8 +314,9 @@ class FeatureReplay(nn.Module):
 
 def index_loader(n: int, batch_size: int) -> DataLoader:
     # Both packages refuse (or mis-handle) a batch under 4: drop it, as vitsee does.
-    return DataLoader(TensorDataset(torch.arange(n)), batch_size=batch_size, shuffle=False,
-                      drop_last=n % batch_size < vcka.MIN_BATCH)
+    return DataLoader(
+        TensorDataset(torch.arange(n)), batch_size=batch_size, shuffle=False, drop_last=n % batch_size < vcka.MIN_BATCH
+    )
 
 
 def pytorch_cka_joint(feats: list[torch.Tensor], batch_size: int, device: torch.device) -> Callable[[], np.ndarray]:
@@ -315,15 +326,17 @@ def pytorch_cka_joint(feats: list[torch.Tensor], batch_size: int, device: torch.
     model = FeatureReplay(feats)
 
     def run() -> np.ndarray:
-        (matrix,) = compute_cka(model, model, index_loader(len(feats[0]), batch_size), layers=model.names,
-                                device=device, progress=False)
+        (matrix,) = compute_cka(
+            model, model, index_loader(len(feats[0]), batch_size), layers=model.names, device=device, progress=False
+        )
         return matrix.cpu().numpy()
 
     return run
 
 
-def pytorch_cka_readme(feats: list[torch.Tensor], vit_layers: int, batch_size: int,
-                       device: torch.device) -> Callable[[], np.ndarray]:
+def pytorch_cka_readme(
+    feats: list[torch.Tensor], vit_layers: int, batch_size: int, device: torch.device
+) -> Callable[[], np.ndarray]:
     """pytorch-cka as its README shows: compute_cka(model1, model2, ...) for ViT-ViT, CNN-CNN and ViT-CNN."""
     from cka import compute_cka  # PyPI pytorch-cka
 
@@ -331,8 +344,15 @@ def pytorch_cka_readme(feats: list[torch.Tensor], vit_layers: int, batch_size: i
 
     def run() -> np.ndarray:
         def call(a: FeatureReplay, b: FeatureReplay) -> np.ndarray:
-            (matrix,) = compute_cka(a, b, index_loader(len(feats[0]), batch_size), layers=a.names,
-                                    model2_layers=b.names, device=device, progress=False)
+            (matrix,) = compute_cka(
+                a,
+                b,
+                index_loader(len(feats[0]), batch_size),
+                layers=a.names,
+                model2_layers=b.names,
+                device=device,
+                progress=False,
+            )
             return matrix.cpu().numpy()
 
         vv, cc, vc = call(vit, vit), call(cnn, cnn), call(vit, cnn)
@@ -347,8 +367,15 @@ def torch_cka_joint(feats: list[torch.Tensor], batch_size: int, device: torch.de
 
     def run() -> np.ndarray:
         model = FeatureReplay(feats)  # fresh: CKA() registers hooks that are never removed
-        cka = CKA(model, model, model1_name="joint", model2_name="joint (again)",
-                  model1_layers=model.names, model2_layers=model.names, device=str(device))
+        cka = CKA(
+            model,
+            model,
+            model1_name="joint",
+            model2_name="joint (again)",
+            model1_layers=model.names,
+            model2_layers=model.names,
+            device=str(device),
+        )
         with contextlib.redirect_stderr(io.StringIO()):  # its tqdm bar
             cka.compare(index_loader(len(feats[0]), batch_size))
         return cka.export()["CKA"].cpu().numpy()
@@ -360,8 +387,9 @@ def torch_cka_joint(feats: list[torch.Tensor], batch_size: int, device: torch.de
 # Measuring
 
 
-def round_robin(methods: dict[str, Callable[[], np.ndarray]], device: torch.device, repeats: int,
-                budget_s: float) -> dict[str, tuple[float, float, np.ndarray]]:
+def round_robin(
+    methods: dict[str, Callable[[], np.ndarray]], device: torch.device, repeats: int, budget_s: float
+) -> dict[str, tuple[float, float, np.ndarray]]:
     """Return {name: (best wall seconds, CPU seconds of that run, output)}, running the methods in turns.
 
     Turns (not one method's repeats back to back) spread the swings of a shared machine over all methods; a
@@ -422,8 +450,11 @@ def accuracy_table(feats: list[torch.Tensor], batch_size: int, device: torch.dev
     saved = vcka.GRAM_DTYPE, vcka.PAIR_DTYPE
     print(f"{'Gram':<8} {'pairs':<8} {'seconds':>8} {'max |diff| vs fp64':>19}")
     try:
-        for gram_dtype, pair_dtype in ((torch.float32, torch.float64), (torch.float32, torch.float32),
-                                       (torch.float64, torch.float64)):
+        for gram_dtype, pair_dtype in (
+            (torch.float32, torch.float64),
+            (torch.float32, torch.float32),
+            (torch.float64, torch.float64),
+        ):
             vcka.GRAM_DTYPE, vcka.PAIR_DTYPE = gram_dtype, pair_dtype
             run = {"vitsee": lambda: vcka.minibatch_cka(feats, batch_size=batch_size, device=device)}
             seconds, _, out = round_robin(run, device, 1, 0.0)["vitsee"]
@@ -456,8 +487,9 @@ def busy_core():
         spinner.join()
 
 
-def busy_core_table(feats: list[torch.Tensor], vit_layers: int, batch_size: int, device: torch.device,
-                    repeats: int, budget_s: float) -> None:
+def busy_core_table(
+    feats: list[torch.Tensor], vit_layers: int, batch_size: int, device: torch.device, repeats: int, budget_s: float
+) -> None:
     """Print vitsee (and pytorch-cka, if installed) idle and with one core busy: at torch's default thread count
     with the layer Grams one after another (vitsee before task workers), and as `vitsee analyze` sets it up
     (vitsee.engine.threads.set_compute_threads(): torch threads on the free cores, task workers on every usable
@@ -490,10 +522,15 @@ def busy_core_table(feats: list[torch.Tensor], vit_layers: int, batch_size: int,
         print(f"{condition:<14} {setup:<18} {threads:>7} {workers:>7} {name:<22} {seconds:>8.3f} {cpu:>7.2f}")
     ours = {c: s for c, setup, _, _, n, s, _ in rows if setup == "as vitsee analyze" and n.startswith("vitsee")}
     theirs = {c: s for c, setup, _, _, n, s, _ in rows if setup == "torch default" and n.startswith("pytorch-cka")}
-    print(f"\nvitsee as analyze sets it up: one core busy / idle = {ours['one core busy'] / ours['idle']:.2f}x (target: at most 1.5x)")
+    print(
+        f"\nvitsee as analyze sets it up: one core busy / idle = {ours['one core busy'] / ours['idle']:.2f}x (target: at most 1.5x)"
+    )
     if theirs:
-        print(f"one core busy: vitsee {ours['one core busy']:.2f} s, pytorch-cka at torch's default threads "
-              f"{theirs['one core busy']:.2f} s (target: vitsee at or below it)")
+        print(
+            f"one core busy: vitsee {ours['one core busy']:.2f} s, pytorch-cka at torch's default threads "
+            f"{theirs['one core busy']:.2f} s (target: vitsee at or below it)"
+        )
+
 
 if __name__ == "__main__":
     main()

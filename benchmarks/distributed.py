@@ -8,6 +8,7 @@ largest difference between the two CKA matrices.
 torchrun gives each process OMP_NUM_THREADS=1 unless it is set; the one-process run keeps torch's default
 (every core), so on a CPU box the comparison is N processes x 1 thread against 1 process x all threads.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,12 +47,40 @@ def main() -> int:
     args = parser.parse_args()
 
     vitsee = str(Path(sys.executable).with_name("vitsee"))
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.nproc), "--no-python", vitsee]
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(args.nproc),
+        "--no-python",
+        vitsee,
+    ]
     folder = Path(tempfile.mkdtemp(prefix="vitsee-distributed-"))
     run = [arg for m in args.models for arg in ("--model", m)] + [
-        "--dataset", "synthetic", "--n-images", str(args.n_images), "--batch-size", str(args.batch_size),
-        "--img-size", str(args.img_size), "--device", args.device, "--quiet"]
-    cka = ["--cka", "--shuffles", str(args.shuffles), "--batch-size", str(args.batch_size), "--device", args.device, "--quiet"]
+        "--dataset",
+        "synthetic",
+        "--n-images",
+        str(args.n_images),
+        "--batch-size",
+        str(args.batch_size),
+        "--img-size",
+        str(args.img_size),
+        "--device",
+        args.device,
+        "--quiet",
+    ]
+    cka = [
+        "--cka",
+        "--shuffles",
+        str(args.shuffles),
+        "--batch-size",
+        str(args.batch_size),
+        "--device",
+        args.device,
+        "--quiet",
+    ]
 
     one, many = folder / "one.h5", folder / "many.h5"
     rows = [
@@ -60,10 +89,14 @@ def main() -> int:
     ]
     cfg = AnalyzeConfig(batch_size=args.batch_size, shuffles=args.shuffles)
     with Store.open(one) as a, Store.open(many) as b:
-        diff = np.abs(a.get_result("cka", cka_params(a, cfg))["matrix"] - b.get_result("cka", cka_params(b, cfg))["matrix"]).max()
+        diff = np.abs(
+            a.get_result("cka", cka_params(a, cfg))["matrix"] - b.get_result("cka", cka_params(b, cfg))["matrix"]
+        ).max()
     models = " + ".join(m.split("@")[0] for m in args.models)
-    print(f"{models}, {args.n_images} synthetic images, batch {args.batch_size}, {args.img_size} px, {args.device}, "
-          f"{os.cpu_count()} cores")
+    print(
+        f"{models}, {args.n_images} synthetic images, batch {args.batch_size}, {args.img_size} px, {args.device}, "
+        f"{os.cpu_count()} cores"
+    )
     print(f"{'command':<16} {'1 process s':>12} {f'{args.nproc} processes s':>14} {'speed-up':>9}")
     for name, t1, tn in rows:
         print(f"{name:<16} {t1:>12.1f} {tn:>14.1f} {t1 / tn:>8.2f}x")

@@ -31,6 +31,7 @@ take every core, which `--threads 2` reproduces on a busy 2-core one.
     python benchmarks/extract.py --whole-process --rounds 5
     python benchmarks/extract.py --whole-process --rounds 5 --compare-with /tmp/vitsee-old
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,7 +62,9 @@ def _cpu_s() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def bare_forward_s(specs: list[str], n_images: int, batch_size: int, img_size: int, device: torch.device) -> tuple[float, float]:
+def bare_forward_s(
+    specs: list[str], n_images: int, batch_size: int, img_size: int, device: torch.device
+) -> tuple[float, float]:
     """Returns (wall, CPU) seconds for the models' plain forward over n images (after one warm-up batch)."""
     total, cpu = 0.0, 0.0
     for spec in specs:
@@ -103,8 +106,17 @@ def loading_s(specs: list[str], n_images: int, batch_size: int, img_size: int, w
     return time.perf_counter() - t0
 
 
-def extract_s(specs: list[str], n_images: int, batch_size: int, img_size: int, device: str, workers: int | None,
-              dtype: str, folder: Path, profile: bool = False) -> tuple[float, float, int]:
+def extract_s(
+    specs: list[str],
+    n_images: int,
+    batch_size: int,
+    img_size: int,
+    device: str,
+    workers: int | None,
+    dtype: str,
+    folder: Path,
+    profile: bool = False,
+) -> tuple[float, float, int]:
     """Returns (wall, CPU seconds of the extraction pass, bytes written) for a new store of the models."""
     marks: dict[str, float] = {}
 
@@ -114,9 +126,18 @@ def extract_s(specs: list[str], n_images: int, batch_size: int, img_size: int, d
         elif event.stage == "done":  # the loader's workers have been joined by now
             marks["end"], marks["cpu1"] = time.perf_counter(), _cpu_s()
 
-    cfg = ExtractConfig(store=folder / f"bench-{len(list(folder.iterdir()))}.h5", models=specs, dataset="synthetic",
-                        n_images=n_images, batch_size=batch_size, img_size=img_size, device=device, workers=workers,
-                        dtype=dtype, force=True)
+    cfg = ExtractConfig(
+        store=folder / f"bench-{len(list(folder.iterdir()))}.h5",
+        models=specs,
+        dataset="synthetic",
+        n_images=n_images,
+        batch_size=batch_size,
+        img_size=img_size,
+        device=device,
+        workers=workers,
+        dtype=dtype,
+        force=True,
+    )
     profiler = cProfile.Profile() if profile else None
     if profiler:
         profiler.enable()
@@ -151,11 +172,18 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats; the best of each is kept")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's, every core)")
     parser.add_argument("--profile", action="store_true", help="cProfile one extraction of all models")
-    parser.add_argument("--whole-process", action="store_true",
-                        help="vitsee extract as a process against a plain timm process (96 images, 224 px, batch 32)")
+    parser.add_argument(
+        "--whole-process",
+        action="store_true",
+        help="vitsee extract as a process against a plain timm process (96 images, 224 px, batch 32)",
+    )
     parser.add_argument("--rounds", type=int, default=5, help="--whole-process: interleaved rounds")
-    parser.add_argument("--compare-with", type=Path, default=None,
-                        help="--whole-process: also run the vitsee extract of this source tree (another commit's checkout)")
+    parser.add_argument(
+        "--compare-with",
+        type=Path,
+        default=None,
+        help="--whole-process: also run the vitsee extract of this source tree (another commit's checkout)",
+    )
     args = parser.parse_args()
     if args.whole_process:
         return whole_process(args)
@@ -164,28 +192,58 @@ def main() -> int:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     folder = Path(tempfile.mkdtemp(prefix="vitsee-extract-bench-"))
-    extract_s(args.models[:1], 2 * args.batch_size, args.batch_size, args.img_size, args.device, args.workers, args.dtype, folder)  # warm-up
+    extract_s(
+        args.models[:1],
+        2 * args.batch_size,
+        args.batch_size,
+        args.img_size,
+        args.device,
+        args.workers,
+        args.dtype,
+        folder,
+    )  # warm-up
     if args.profile:
-        extract_s(args.models, args.n_images, args.batch_size, args.img_size, args.device, args.workers, args.dtype, folder, profile=True)
+        extract_s(
+            args.models,
+            args.n_images,
+            args.batch_size,
+            args.img_size,
+            args.device,
+            args.workers,
+            args.dtype,
+            folder,
+            profile=True,
+        )
         return 0
-    print(f"{args.n_images} synthetic images, batch {args.batch_size}, {args.img_size} px, {device}, {torch.get_num_threads()} threads, {args.dtype}")
-    print(f"{'models':<44} {'bare img/s':>10} {'loading img/s':>13} {'extract img/s':>13} {'time ratio':>10} {'CPU ratio':>9} {'MB/s written':>12}")
+    print(
+        f"{args.n_images} synthetic images, batch {args.batch_size}, {args.img_size} px, {device}, {torch.get_num_threads()} threads, {args.dtype}"
+    )
+    print(
+        f"{'models':<44} {'bare img/s':>10} {'loading img/s':>13} {'extract img/s':>13} {'time ratio':>10} {'CPU ratio':>9} {'MB/s written':>12}"
+    )
     runs = [[m] for m in args.models] + ([args.models] if len(args.models) > 1 else [])
     worst = 0.0
     for specs in runs:
         # best of a few interleaved repeats: on a shared machine the mean measures the neighbours
         bare, bare_cpu, seconds, cpu, written = float("inf"), float("inf"), float("inf"), float("inf"), 0
-        load = min(loading_s(specs, args.n_images, args.batch_size, args.img_size, args.workers) for _ in range(args.repeats))
+        load = min(
+            loading_s(specs, args.n_images, args.batch_size, args.img_size, args.workers) for _ in range(args.repeats)
+        )
         for _ in range(args.repeats):
             wall_s, cpu_s = bare_forward_s(specs, args.n_images, args.batch_size, args.img_size, device)
             bare, bare_cpu = min(bare, wall_s), min(bare_cpu, cpu_s)
-            wall_s, cpu_s, written = extract_s(specs, args.n_images, args.batch_size, args.img_size, args.device, args.workers, args.dtype, folder)
+            wall_s, cpu_s, written = extract_s(
+                specs, args.n_images, args.batch_size, args.img_size, args.device, args.workers, args.dtype, folder
+            )
             seconds, cpu = min(seconds, wall_s), min(cpu, cpu_s)
         ratio = seconds / bare
         worst = max(worst, ratio)
         name = " + ".join(s.split("@")[0] for s in specs)
-        print(f"{name:<44} {args.n_images / bare:>10.1f} {args.n_images / load:>13.1f} {args.n_images / seconds:>13.1f} {ratio:>9.2f}x {cpu / bare_cpu:>8.2f}x "
-              f"{written / seconds / 1e6:>12.1f}", flush=True)
+        print(
+            f"{name:<44} {args.n_images / bare:>10.1f} {args.n_images / load:>13.1f} {args.n_images / seconds:>13.1f} {ratio:>9.2f}x {cpu / bare_cpu:>8.2f}x "
+            f"{written / seconds / 1e6:>12.1f}",
+            flush=True,
+        )
     print(f"worst ratio {worst:.2f}x (target: at most 1.30x)")
     return 0 if worst <= 1.3 else 1
 
@@ -244,10 +302,12 @@ def store_digest(path: Path) -> dict[str, str]:
     files = [path, *sorted(Path(f"{path}.d").rglob("*.h5"))]
     for file in files:
         with h5py.File(file, "r") as h5:
+
             def visit(name, obj, file=file):
                 if isinstance(obj, h5py.Dataset):
                     key = f"{'' if file == path else file.relative_to(f'{path}.d')}/{name}"
                     digests[key] = hashlib.sha256(np.ascontiguousarray(obj[()]).tobytes()).hexdigest()
+
             h5.visititems(visit)
     return digests
 
@@ -270,8 +330,11 @@ def whole_process(args) -> int:
 
     synthetic = open_dataset("synthetic")
     npz = work / "images.npz"
-    np.savez(npz, images=np.stack([np.asarray(synthetic.image(i)) for i in range(WHOLE_IMAGES)]),
-             labels=synthetic.labels()[:WHOLE_IMAGES])
+    np.savez(
+        npz,
+        images=np.stack([np.asarray(synthetic.image(i)) for i in range(WHOLE_IMAGES)]),
+        labels=synthetic.labels()[:WHOLE_IMAGES],
+    )
     codes = {"this checkout": env_for(None)}
     if args.compare_with is not None:
         codes[str(args.compare_with)] = env_for(args.compare_with)
@@ -280,8 +343,20 @@ def whole_process(args) -> int:
     def extract_argv(store: Path) -> list[str]:
         models = [a for pair in pairs for a in ("-m", pair)]
         threads = ["--threads", str(args.threads)] if args.threads else []
-        return [sys.executable, "-c", CLI, "extract", str(store), *models, "--dataset", f"npz:{npz}",
-                "--batch-size", str(WHOLE_BATCH), "-q", *threads]
+        return [
+            sys.executable,
+            "-c",
+            CLI,
+            "extract",
+            str(store),
+            *models,
+            "--dataset",
+            f"npz:{npz}",
+            "--batch-size",
+            str(WHOLE_BATCH),
+            "-q",
+            *threads,
+        ]
 
     digests = {}
     for code, env in codes.items():  # warm-up, untimed (page cache, .pyc files); its store is the one hashed
@@ -302,12 +377,18 @@ def whole_process(args) -> int:
                     shutil.rmtree(f"{store}.d", ignore_errors=True)
     load_after = os.getloadavg()
     threads = f"{args.threads} torch threads in both" if args.threads else "default threads"
-    print(f"whole processes: {' + '.join(WHOLE_MODELS)} (random weights from .safetensors files), {WHOLE_IMAGES} "
-          f"images at 224 px, batch {WHOLE_BATCH}, {threads} and options, {args.rounds} interleaved rounds")
-    print(f"load average before {load_before[0]:.2f} / {load_before[1]:.2f}, after {load_after[0]:.2f} / "
-          f"{load_after[1]:.2f} (1 / 5 min), {os.cpu_count()} CPUs")
-    print(f"{'code':<24} {'plain s':>8} {'extract s':>10} {'time ratio':>11} {'per-round ratios':>24} "
-          f"{'plain CPU s':>12} {'extract CPU s':>14} {'CPU ratio':>10}")
+    print(
+        f"whole processes: {' + '.join(WHOLE_MODELS)} (random weights from .safetensors files), {WHOLE_IMAGES} "
+        f"images at 224 px, batch {WHOLE_BATCH}, {threads} and options, {args.rounds} interleaved rounds"
+    )
+    print(
+        f"load average before {load_before[0]:.2f} / {load_before[1]:.2f}, after {load_after[0]:.2f} / "
+        f"{load_after[1]:.2f} (1 / 5 min), {os.cpu_count()} CPUs"
+    )
+    print(
+        f"{'code':<24} {'plain s':>8} {'extract s':>10} {'time ratio':>11} {'per-round ratios':>24} "
+        f"{'plain CPU s':>12} {'extract CPU s':>14} {'CPU ratio':>10}"
+    )
     ok = True
     for code in codes:
         plain_t, extract_t = times[code, "plain"], times[code, "extract"]
@@ -316,8 +397,10 @@ def whole_process(args) -> int:
         cpu = {what: statistics.median(c for _, c in times[code, what]) for what in ("plain", "extract")}
         ratio = med["extract"] / med["plain"]
         spread = f"{min(walls):.2f}-{max(walls):.2f}x"
-        print(f"{code[-24:]:<24} {med['plain']:>8.2f} {med['extract']:>10.2f} {ratio:>10.2f}x {spread:>24} "
-              f"{cpu['plain']:>12.2f} {cpu['extract']:>14.2f} {cpu['extract'] / cpu['plain']:>9.2f}x")
+        print(
+            f"{code[-24:]:<24} {med['plain']:>8.2f} {med['extract']:>10.2f} {ratio:>10.2f}x {spread:>24} "
+            f"{cpu['plain']:>12.2f} {cpu['extract']:>14.2f} {cpu['extract'] / cpu['plain']:>9.2f}x"
+        )
         if code == "this checkout":
             ok = ratio <= 1.3
     if len(digests) > 1:

@@ -15,6 +15,7 @@ applies) and `vitsee analyze COPY --heads --erf` there through the CLI, then rec
 It reads the result files with h5py directly, never through the engine's Store, so it measures the engine from
 outside and survives any rewrite of it. `compare` prints every difference and exits 1 if there is one.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,8 +47,22 @@ def _cli(*args: str, threads: int | None = None, check: bool = True) -> subproce
 
 def build(folder: Path, bench: bool = False) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    common = ["--dataset", "synthetic", "--n-images", "48", "--batch-size", "16", "--img-size", "64", "--device",
-              "cpu", "--workers", "0", "-q", "--overwrite"]
+    common = [
+        "--dataset",
+        "synthetic",
+        "--n-images",
+        "48",
+        "--batch-size",
+        "16",
+        "--img-size",
+        "64",
+        "--device",
+        "cpu",
+        "--workers",
+        "0",
+        "-q",
+        "--overwrite",
+    ]
     _cli("extract", folder / "tiny.h5", "-m", VIT, "-m", RESNET, *common)
     _cli("extract", folder / "stream.h5", "-m", VIT, "-m", RESNET, "--streaming", "--heads", *common)
     if bench:
@@ -90,8 +105,10 @@ def _results(store: Path) -> dict[str, dict]:
         if "results" in f:
             for analysis, group in f["results"].items():
                 for rid, res in group.items():
-                    out[f"{analysis}/{rid}"] = {"params": _sha(str(res.attrs.get("params", "")).encode()),
-                                                "arrays": _arrays(res)}
+                    out[f"{analysis}/{rid}"] = {
+                        "params": _sha(str(res.attrs.get("params", "")).encode()),
+                        "arrays": _arrays(res),
+                    }
     return out
 
 
@@ -103,8 +120,12 @@ def _models(store: Path) -> list[tuple[str, str]]:
             out.append((key, json.loads(f["models"][key].attrs["record"]).get("family", "")))
     for file in sorted((Path(f"{store}.d") / "models").glob("*.h5")):
         with h5py.File(file, "r") as f:
-            out.append((json.loads(f.attrs["record"])["key"] if "key" in json.loads(f.attrs["record"]) else file.stem,
-                        json.loads(f.attrs["record"]).get("family", "")))
+            out.append(
+                (
+                    json.loads(f.attrs["record"])["key"] if "key" in json.loads(f.attrs["record"]) else file.stem,
+                    json.loads(f.attrs["record"]).get("family", ""),
+                )
+            )
     return out
 
 

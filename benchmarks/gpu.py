@@ -30,6 +30,7 @@ script prints one line and exits 2. It installs nothing and needs no network: mo
 The stores are deleted at the end (unless --work names the folder); the workers' log (tracebacks) stays beside them.
 From the device tool of a session with a GPU: `python benchmarks/gpu.py --out $OUT/gpu-table`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -72,8 +73,18 @@ class Sizes:
 
 FULL = Sizes()
 QUICK = Sizes(n_images=1024, small_images=32, small_batch=16, cka_subset=256, gemm_n=4096, erf_images=16)
-DRY = Sizes(models=("vit_tiny_patch16_224@random:0", "resnet18@random:0"), img_size=32, n_images=16, batch_size=8,
-            small_img_size=32, small_images=16, small_batch=8, cka_subset=8, gemm_n=128, erf_images=2)
+DRY = Sizes(
+    models=("vit_tiny_patch16_224@random:0", "resnet18@random:0"),
+    img_size=32,
+    n_images=16,
+    batch_size=8,
+    small_img_size=32,
+    small_images=16,
+    small_batch=8,
+    cka_subset=8,
+    gemm_n=128,
+    erf_images=2,
+)
 
 # step -> its time cap in seconds (full sizes); the analyses not named here get ANALYSIS_CAP_S
 CAPS_S = {"env": 30, "gemm": 30, "tests": 120, "agreement": 100, "extract": 170, "cka": 80}
@@ -122,13 +133,20 @@ def step_env(s: Step) -> None:
         s.add("device", f"cpu ({os.cpu_count()} cores): dry run")
         return
     props = torch.cuda.get_device_properties(0)
-    s.add("device", f"{props.name}, {props.total_memory / 2**30:.0f} GiB, {props.multi_processor_count} SMs, "
-                    f"compute capability {props.major}.{props.minor}")
+    s.add(
+        "device",
+        f"{props.name}, {props.total_memory / 2**30:.0f} GiB, {props.multi_processor_count} SMs, "
+        f"compute capability {props.major}.{props.minor}",
+    )
     s.add("CUDA / cuDNN", f"{torch.version.cuda} / {torch.backends.cudnn.version()}")
     smi = shutil.which("nvidia-smi")
     if smi:
-        out = subprocess.run([smi, "--query-gpu=driver_version,clocks.max.sm,power.limit", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20)
+        out = subprocess.run(
+            [smi, "--query-gpu=driver_version,clocks.max.sm,power.limit", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
         s.add("driver, max SM clock, power limit", out.stdout.strip() or out.stderr.strip()[:120])
     else:
         s.add("nvidia-smi", "not found")
@@ -179,8 +197,15 @@ def step_gemm(s: Step) -> None:
 
 
 def step_tests(s: Step) -> None:
-    files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py")
-                   if "cuda" in p.read_text(errors="replace").lower()) if (ROOT / "tests").is_dir() else []
+    files = (
+        sorted(
+            str(p.relative_to(ROOT))
+            for p in (ROOT / "tests").glob("test_*.py")
+            if "cuda" in p.read_text(errors="replace").lower()
+        )
+        if (ROOT / "tests").is_dir()
+        else []
+    )
     if not files:
         raise RuntimeError(f"no test files mention CUDA under {ROOT / 'tests'} (the suite is not beside this script)")
     try:
@@ -188,13 +213,27 @@ def step_tests(s: Step) -> None:
     except ImportError:
         raise RuntimeError("pytest not installed (pip install 'vitsee[test]' where the suite should run)") from None
     # a dry run has no GPU to run them on: it checks that they are found
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", "-k", "cuda", *files,
-           *([] if s.cuda else ["--collect-only"])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-rfE",
+        "-p",
+        "no:cacheprovider",
+        "-k",
+        "cuda",
+        *files,
+        *([] if s.cuda else ["--collect-only"]),
+    ]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=CAPS_S["tests"] - 10)
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr.strip()[-200:]
     s.add("pytest -k cuda " + " ".join(Path(f).stem for f in files), summary.strip("= "))
-    failed = [line.split(" ", 1)[1].split(" - ")[0] for line in done.stdout.splitlines()
-              if line.startswith(("FAILED ", "ERROR "))]
+    failed = [
+        line.split(" ", 1)[1].split(" - ")[0]
+        for line in done.stdout.splitlines()
+        if line.startswith(("FAILED ", "ERROR "))
+    ]
     if failed:
         s.add("failed", ", ".join(failed[:6]) + (f" and {len(failed) - 6} more" if len(failed) > 6 else ""))
     if done.returncode not in (0, 5):  # 5: nothing selected
@@ -206,8 +245,16 @@ def extract_store(path: Path, models, n_images: int, batch_size: int, img_size, 
     from vitsee.engine.extract import run_extraction
     from vitsee.engine.extract_plan import ExtractConfig
 
-    cfg = ExtractConfig(store=path, models=list(models), dataset="synthetic", n_images=n_images, batch_size=batch_size,
-                        img_size=img_size, device=device, overwrite=path.exists())
+    cfg = ExtractConfig(
+        store=path,
+        models=list(models),
+        dataset="synthetic",
+        n_images=n_images,
+        batch_size=batch_size,
+        img_size=img_size,
+        device=device,
+        overwrite=path.exists(),
+    )
     return run_extraction(cfg, progress)
 
 
@@ -250,8 +297,12 @@ def step_agreement(s: Step) -> None:
                     on_gpu = analysis.run(b, job, AnalyzeConfig(device=s.device, **cfg))
                     worst = max(worst, result_difference(on_cpu, on_gpu))
                     jobs += 1
-            s.add(f"{name}: max |CPU - GPU|", f"{worst:.2e} over {jobs} result(s) ({time.perf_counter() - start:.1f} s)"
-                  if jobs else "applies to no model of the small store")
+            s.add(
+                f"{name}: max |CPU - GPU|",
+                f"{worst:.2e} over {jobs} result(s) ({time.perf_counter() - start:.1f} s)"
+                if jobs
+                else "applies to no model of the small store",
+            )
         except Exception as exc:  # one analysis failing says so and the others still run
             s.add(f"{name}: max |CPU - GPU|", f"error: {one_line(exc)}")
 
@@ -269,14 +320,24 @@ def step_extract(s: Step) -> None:
     n = z.n_images
     store = s.work / "big.h5"
     # the disk: the store's expected size from a dry run of the same models, fewer images if it would not fit
-    probe = estimate(ExtractConfig(store=store, models=list(z.models), dataset="synthetic", n_images=z.batch_size,
-                                   batch_size=z.batch_size, img_size=z.img_size, device=s.device))
+    probe = estimate(
+        ExtractConfig(
+            store=store,
+            models=list(z.models),
+            dataset="synthetic",
+            n_images=z.batch_size,
+            batch_size=z.batch_size,
+            img_size=z.img_size,
+            device=s.device,
+        )
+    )
     per_image = probe.total_bytes / z.batch_size
     free = shutil.disk_usage(s.work).free
     if per_image * n > 0.8 * free:
         n = max(z.batch_size, int(0.8 * free / per_image) // z.batch_size * z.batch_size)
-        s.add("images (disk)",
-              f"{n} instead of {z.n_images}: {free / 1e9:.0f} GB free, {per_image / 1e6:.1f} MB an image")
+        s.add(
+            "images (disk)", f"{n} instead of {z.n_images}: {free / 1e9:.0f} GB free, {per_image / 1e6:.1f} MB an image"
+        )
     where = "in RAM (/dev/shm)" if str(s.work).startswith("/dev/shm") else f"on disk ({s.work})"
     s.add("store size", f"{per_image * n / 1e9:.1f} GB for {n} images, {where}")
 
@@ -336,8 +397,10 @@ def step_extract(s: Step) -> None:
     pass_s = marks["end"] - marks["start"]
     s.sync()
     gpu_s = sum(b.elapsed_time(e) / 1000 for b, e in busy) if s.cuda else sum(busy)
-    s.add("extract (hooks, fp16 copies, loader, writer, HDF5)",
-          f"{n / pass_s:.0f} images/s ({pass_s:.1f} s; {pass_s / plain_s:.2f}x the plain forward's time)")
+    s.add(
+        "extract (hooks, fp16 copies, loader, writer, HDF5)",
+        f"{n / pass_s:.0f} images/s ({pass_s:.1f} s; {pass_s / plain_s:.2f}x the plain forward's time)",
+    )
     s.add("forward busy share of the pass", f"{gpu_s / pass_s:.0%} ({gpu_s:.1f} s of forward in {pass_s:.1f} s)")
     if util is not None:
         s.add("GPU utilisation during the pass (nvidia-smi)", seen)
@@ -350,9 +413,16 @@ class Utilisation:
 
     def __init__(self):
         smi = shutil.which("nvidia-smi")
-        self.proc = None if smi is None else subprocess.Popen(
-            [smi, "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms", "200", "-i", "0"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.proc = (
+            None
+            if smi is None
+            else subprocess.Popen(
+                [smi, "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms", "200", "-i", "0"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
+        )
 
     def stop(self) -> str:
         if self.proc is None:
@@ -395,8 +465,7 @@ def step_cka(s: Step) -> None:
         took = time.perf_counter() - start
         s.add(f"vitsee analyze --cka ({len(columns)} layers, {n} images, its defaults)", f"{took:.1f} s")
         m = min(z.cka_subset, n)
-        feats = [torch.from_numpy(np.ascontiguousarray(store.layer_dataset(k, l)[:m])).to(s.device)
-                 for k, l in columns]
+        feats = [torch.from_numpy(np.ascontiguousarray(store.layer_dataset(k, l)[:m])).to(s.device) for k, l in columns]
     dims = [int(np.prod(f.shape[1:])) for f in feats]
     batch = min(z.batch_size, m)
     flops = sum(2 * batch * batch * d for d in dims) * (m // batch)  # each layer's Gram x x^T, once per batch
@@ -424,9 +493,11 @@ def step_cka(s: Step) -> None:
     theirs = run()
     s.sync()
     peer_s = time.perf_counter() - start
-    s.add("pytorch-cka, same features (1 joint call)",
-          f"{peer_s:.2f} s ({peer_s / best:.2f}x vitsee's time), "
-          f"largest difference {np.max(np.abs(theirs - matrix)):.1e}")
+    s.add(
+        "pytorch-cka, same features (1 joint call)",
+        f"{peer_s:.2f} s ({peer_s / best:.2f}x vitsee's time), "
+        f"largest difference {np.max(np.abs(theirs - matrix)):.1e}",
+    )
 
 
 def load_pytorch_cka():
@@ -471,8 +542,14 @@ def steps_in_order() -> dict:
     """Returns step name -> function, in the order they run."""
     from vitsee.engine.analyses import REGISTRY
 
-    steps = {"env": step_env, "gemm": step_gemm, "tests": step_tests, "agreement": step_agreement,
-             "extract": step_extract, "cka": step_cka}
+    steps = {
+        "env": step_env,
+        "gemm": step_gemm,
+        "tests": step_tests,
+        "agreement": step_agreement,
+        "extract": step_extract,
+        "cka": step_cka,
+    }
     for name in REGISTRY:
         if name != "cka":
             steps[name] = analysis_step(name)
@@ -524,8 +601,9 @@ def worker(args) -> int:
 # --- the parent: workers, time caps, the table -------------------------------------------------------------------
 
 
-def run_steps(names: list[str], device: str, sizes: Sizes, work: Path, budget_s: float, scale: float,
-              log) -> list[StepResult]:
+def run_steps(
+    names: list[str], device: str, sizes: Sizes, work: Path, budget_s: float, scale: float, log
+) -> list[StepResult]:
     """Runs the steps in worker processes within the budget; returns one result per step, in order."""
     deadline = time.monotonic() + budget_s
     results: dict[str, StepResult] = {}
@@ -535,8 +613,19 @@ def run_steps(names: list[str], device: str, sizes: Sizes, work: Path, budget_s:
             for name in todo:
                 results[name] = StepResult(name, error=f"not run: the {budget_s:.0f} s budget was spent")
             break
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--steps", ",".join(todo), "--device", device,
-               "--work", str(work), "--sizes", json.dumps(asdict(sizes))]
+        cmd = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--worker",
+            "--steps",
+            ",".join(todo),
+            "--device",
+            device,
+            "--work",
+            str(work),
+            "--sizes",
+            json.dumps(asdict(sizes)),
+        ]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT, start_new_session=True)
         current, started = None, time.monotonic()
         while True:
@@ -550,15 +639,18 @@ def run_steps(names: list[str], device: str, sizes: Sizes, work: Path, budget_s:
                     break
                 if not line.startswith(MARK):
                     continue
-                message = json.loads(line[len(MARK):])
+                message = json.loads(line[len(MARK) :])
                 if "start" in message:
                     current, started = message["start"], time.monotonic()
                     continue
                 result = StepResult(**{**message, "rows": [tuple(r) for r in message["rows"]]})
                 results[result.step] = result
                 todo.remove(result.step)
-                print(f"  {result.step}: {result.seconds:.1f} s" + (f" ({result.error})" if result.error else ""),
-                      file=sys.stderr, flush=True)
+                print(
+                    f"  {result.step}: {result.seconds:.1f} s" + (f" ({result.error})" if result.error else ""),
+                    file=sys.stderr,
+                    flush=True,
+                )
                 current = None
                 continue
             if time.monotonic() >= limit:  # overran its cap or the budget: stop the worker and its children
@@ -566,20 +658,25 @@ def run_steps(names: list[str], device: str, sizes: Sizes, work: Path, budget_s:
                 proc.wait()
                 name = current or todo[0]
                 why = "the run's budget" if limit >= deadline else f"its {cap:.0f} s cap"
-                results[name] = StepResult(name, seconds=time.monotonic() - started,
-                                           error=f"stopped after {time.monotonic() - started:.0f} s: {why}")
+                results[name] = StepResult(
+                    name,
+                    seconds=time.monotonic() - started,
+                    error=f"stopped after {time.monotonic() - started:.0f} s: {why}",
+                )
                 todo.remove(name)
                 break
         if proc.poll() is None:
             proc.wait()
         if current is None and todo and proc.returncode not in (0, -signal.SIGKILL):  # it failed before a step began
             for name in todo:
-                results[name] = StepResult(name, error=f"the worker process failed to start (exit {proc.returncode}): "
-                                                       "see the log")
+                results[name] = StepResult(
+                    name, error=f"the worker process failed to start (exit {proc.returncode}): see the log"
+                )
             break
         if todo and current in todo:  # the worker died inside a step (a crash, not an exception)
-            results[current] = StepResult(current, seconds=time.monotonic() - started,
-                                          error=f"worker died (exit {proc.returncode}): see the log")
+            results[current] = StepResult(
+                current, seconds=time.monotonic() - started, error=f"worker died (exit {proc.returncode}): see the log"
+            )
             todo.remove(current)
     return [results[name] for name in names]
 
@@ -591,8 +688,13 @@ def table(results: list[StepResult], title: str) -> str:
         peak = "" if r.peak_mib is None else f"{r.peak_mib:.0f}"
         rows = list(r.rows) + ([("error", r.error)] if r.error else [])
         for i, (figure, value) in enumerate(rows or [("", "")]):
-            cells = [r.step if i == 0 else "", figure.replace("|", "\\|"), value.replace("|", "\\|"),
-                     f"{r.seconds:.1f}" if i == 0 else "", peak if i == 0 else ""]
+            cells = [
+                r.step if i == 0 else "",
+                figure.replace("|", "\\|"),
+                value.replace("|", "\\|"),
+                f"{r.seconds:.1f}" if i == 0 else "",
+                peak if i == 0 else "",
+            ]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -613,8 +715,9 @@ def scratch_folder(sizes: Sizes) -> str | None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     parser.add_argument("--out", type=Path, default=None, help="also write the table to OUT.md and OUT.json")
     parser.add_argument("--quick", action="store_true", help="half the sizes")
     parser.add_argument("--dry-run", action="store_true", help="the same steps on the CPU with tiny sizes")
@@ -632,8 +735,11 @@ def main() -> int:
         import torch
 
         if not torch.cuda.is_available():
-            print("gpu.py: no CUDA device is visible (torch.cuda.is_available() is False): run it on a GPU machine, "
-                  "or --dry-run to check it on the CPU", file=sys.stderr)
+            print(
+                "gpu.py: no CUDA device is visible (torch.cuda.is_available() is False): run it on a GPU machine, "
+                "or --dry-run to check it on the CPU",
+                file=sys.stderr,
+            )
             return 2
     device = "cpu" if args.dry_run else "cuda"
     sizes = DRY if args.dry_run else QUICK if args.quick else FULL
@@ -650,8 +756,12 @@ def main() -> int:
     log_path = work / "gpu-steps.log"
     started = time.time()
     kind = "dry run" if args.dry_run else "quick" if args.quick else "full"
-    print(f"gpu.py: {len(names)} steps on {device}, sizes {kind}, "
-          f"budget {args.budget_s:.0f} s; work folder {work} (worker output: {log_path})", file=sys.stderr, flush=True)
+    print(
+        f"gpu.py: {len(names)} steps on {device}, sizes {kind}, "
+        f"budget {args.budget_s:.0f} s; work folder {work} (worker output: {log_path})",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
         with open(log_path, "w") as log:
             results = run_steps(names, device, sizes, work, args.budget_s, 1.0, log)
@@ -660,16 +770,21 @@ def main() -> int:
             for path in work.iterdir():
                 if path != log_path:
                     shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
-    title = (f"benchmarks/gpu.py{' --quick' if args.quick else ''}{' --dry-run' if args.dry_run else ''}: "
-             f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(started))}, {time.time() - started:.0f} s in all")
+    title = (
+        f"benchmarks/gpu.py{' --quick' if args.quick else ''}{' --dry-run' if args.dry_run else ''}: "
+        f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(started))}, {time.time() - started:.0f} s in all"
+    )
     text = table(results, title)
     print(text)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.with_suffix(".md").write_text(text)
-        args.out.with_suffix(".json").write_text(json.dumps(
-            {"title": title, "device": device, "sizes": asdict(sizes), "steps": [asdict(r) for r in results]},
-            indent=1))
+        args.out.with_suffix(".json").write_text(
+            json.dumps(
+                {"title": title, "device": device, "sizes": asdict(sizes), "steps": [asdict(r) for r in results]},
+                indent=1,
+            )
+        )
     return 1 if any(r.error for r in results) else 0
 
 

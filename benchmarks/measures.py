@@ -41,10 +41,33 @@ from vitsee.engine.threads import set_compute_threads
 
 BENCH = Path("/work/fpstores/bench.h5")
 BIG = Path("/tmp/measures_2000.h5")
-BUILD = ["vitsee", "extract", str(BIG), "-m", "vit_tiny_patch16_224@random:0", "-m", "resnet18@random:0",
-         "--dataset", "synthetic", "-n", "2000", "--img-size", "32", "--device", "cpu"]
-MEASURES = [("linear_cka", {}), ("rbf_cka", {}), ("procrustes", {}), ("svcca", {}), ("pwcca", {}),
-            ("mknn", {"k": 10}), ("cknna", {"k": 10}), ("rsa", {})]
+BUILD = [
+    "vitsee",
+    "extract",
+    str(BIG),
+    "-m",
+    "vit_tiny_patch16_224@random:0",
+    "-m",
+    "resnet18@random:0",
+    "--dataset",
+    "synthetic",
+    "-n",
+    "2000",
+    "--img-size",
+    "32",
+    "--device",
+    "cpu",
+]
+MEASURES = [
+    ("linear_cka", {}),
+    ("rbf_cka", {}),
+    ("procrustes", {}),
+    ("svcca", {}),
+    ("pwcca", {}),
+    ("mknn", {"k": 10}),
+    ("cknna", {"k": 10}),
+    ("rsa", {}),
+]
 
 
 class PeakRSS:
@@ -93,6 +116,7 @@ def counted():
     def c_build(cls, *a, **k):
         COUNTS["gram"] += 1
         return build(cls, *a, **k)
+
     torch.linalg.eigh, torch.sort, mg.LayerGrams.from_features = c_eigh, c_sort, classmethod(c_build)
     try:
         yield
@@ -155,8 +179,14 @@ def run(store_path: Path, n: int, procrustes_full: int, per_pair: bool) -> list[
             _, wall, rise = timed(lambda: mg.pairwise(grams, None, name, **params))
             rows.append((f"{name} all pairs", wall, rise, f"{L} x {L}"))
         shared = {k: COUNTS[k] - before[k] for k in COUNTS}
-    rows.append(("  Grams / eigh / sorts added by all the pairs", 0.0, 0.0,
-                 f"{shared['gram']} / {shared['eigh']} / {shared['sort']}"))
+    rows.append(
+        (
+            "  Grams / eigh / sorts added by all the pairs",
+            0.0,
+            0.0,
+            f"{shared['gram']} / {shared['eigh']} / {shared['sort']}",
+        )
+    )
     _, wall, rise = timed(lambda: minibatch_cka(feats, batch_size=min(256, len(idx))))
     rows.append(("vitsee minibatch CKA (batch 256)", wall, rise, "the `cka` view's estimator"))
     rows.append(("parts held (all layers)", 0.0, held_bytes(grams) / 2**20, "MiB, not a rise"))
@@ -165,7 +195,9 @@ def run(store_path: Path, n: int, procrustes_full: int, per_pair: bool) -> list[
         for name, params in MEASURES:
             fn = mg.MEASURES[name].direct
             _, wall, rise = timed(lambda: [[fn(a, b, **params) for b in few] for a in few])
-            rows.append((f"{name} direct, pair by pair", wall * L * L / 9, rise, "~ from 9 pairs; Grams rebuilt per call"))
+            rows.append(
+                (f"{name} direct, pair by pair", wall * L * L / 9, rise, "~ from 9 pairs; Grams rebuilt per call")
+            )
     return rows
 
 

@@ -10,6 +10,7 @@ analyze` in its own subprocess and reads that child's peak resident set size fro
 
 The exit status is 1 when the peak at the largest size is more than 20% above the smallest.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,11 +34,23 @@ ANALYSES = ("cka", "attention", "probes", "skip", "spatial")
 def fake_vit_record(key: str = "fake_vit@random:0") -> dict:
     """Returns the metadata of a ViT-like model as extraction records it (grid 8x8 of 8 px, 1 CLS token)."""
     return {
-        "key": key, "spec": key, "name": "fake_vit", "tag": None, "timm_name": "fake_vit", "family": "vit",
-        "grid_size": [GRID, GRID], "patch_size": [PATCH, PATCH], "num_prefix_tokens": 1, "num_blocks": BLOCKS,
-        "num_heads": HEADS, "data_config": {"input_size": [3, GRID * PATCH, GRID * PATCH]}, "extra": {},
+        "key": key,
+        "spec": key,
+        "name": "fake_vit",
+        "tag": None,
+        "timm_name": "fake_vit",
+        "family": "vit",
+        "grid_size": [GRID, GRID],
+        "patch_size": [PATCH, PATCH],
+        "num_prefix_tokens": 1,
+        "num_blocks": BLOCKS,
+        "num_heads": HEADS,
+        "data_config": {"input_size": [3, GRID * PATCH, GRID * PATCH]},
+        "extra": {},
         "weights": {"kind": "random", "seed": 0, "path": None, "sha256": None, "source": "benchmarks/memory.py"},
-        "transform": "synthetic", "layers_arg": "blocks", "dtype": "float16",
+        "transform": "synthetic",
+        "layers_arg": "blocks",
+        "dtype": "float16",
     }
 
 
@@ -47,13 +60,20 @@ def build_store(path: Path, n_images: int, batch_size: int = 256, seed: int = 0)
     layers = [LayerSpec("patch_embed", (GRID * GRID, DIM), 0, "patch_embed")]
     layers += [LayerSpec(f"blocks.{i}", (TOKENS, DIM), 1, f"blocks.{i}") for i in range(BLOCKS)]
     layers += [LayerSpec("norm", (TOKENS, DIM), 1, "norm")]
-    stats = [ArraySpec("attention_distance", (BLOCKS, HEADS)), ArraySpec("attention_distance_renorm", (BLOCKS, HEADS)),
-             ArraySpec("skip_ratio_attn", (BLOCKS, TOKENS)), ArraySpec("skip_ratio_mlp", (BLOCKS, TOKENS))]
+    stats = [
+        ArraySpec("attention_distance", (BLOCKS, HEADS)),
+        ArraySpec("attention_distance_renorm", (BLOCKS, HEADS)),
+        ArraySpec("skip_ratio_attn", (BLOCKS, TOKENS)),
+        ArraySpec("skip_ratio_mlp", (BLOCKS, TOKENS)),
+    ]
     labels = np.arange(n_images) % CLASSES
     with store_mod.creating(path, overwrite=True) as h5:
-        store_mod.write_images(h5, f"synthetic-features:{seed}", np.arange(n_images), labels,
-                               [f"class {c}" for c in range(CLASSES)], None)
-        store_mod.add_model_layout(h5, record, layers, stats, (3, GRID * PATCH, GRID * PATCH), batch_size, "float16", n_images)
+        store_mod.write_images(
+            h5, f"synthetic-features:{seed}", np.arange(n_images), labels, [f"class {c}" for c in range(CLASSES)], None
+        )
+        store_mod.add_model_layout(
+            h5, record, layers, stats, (3, GRID * PATCH, GRID * PATCH), batch_size, "float16", n_images
+        )
     rng = np.random.default_rng(seed)
     class_dirs = rng.standard_normal((CLASSES, DIM)).astype(np.float32)
     mixing = rng.standard_normal((len(layers), DIM, DIM)).astype(np.float32) / np.sqrt(DIM)
@@ -68,9 +88,12 @@ def build_store(path: Path, n_images: int, batch_size: int = 256, seed: int = 0)
                 x = np.tanh(x @ mixing[i]) + 0.5 * x  # each layer a mix of the one before: CKA has structure
                 acts[layer.name] = (x[:, 1:] if layer.name == "patch_embed" else x).astype(np.float16)
             dist = r.uniform(5, 60, (m, BLOCKS, HEADS)).astype(np.float32)
-            stat = {"attention_distance": dist, "attention_distance_renorm": dist * 1.1,
-                    "skip_ratio_attn": r.uniform(0.5, 5, (m, BLOCKS, TOKENS)).astype(np.float32),
-                    "skip_ratio_mlp": r.uniform(0.5, 5, (m, BLOCKS, TOKENS)).astype(np.float32)}
+            stat = {
+                "attention_distance": dist,
+                "attention_distance_renorm": dist * 1.1,
+                "skip_ratio_attn": r.uniform(0.5, 5, (m, BLOCKS, TOKENS)).astype(np.float32),
+                "skip_ratio_mlp": r.uniform(0.5, 5, (m, BLOCKS, TOKENS)).astype(np.float32),
+            }
             pixels = r.standard_normal((m, 3, GRID * PATCH, GRID * PATCH), dtype=np.float32).astype(np.float16)
             store.write_batch(record["key"], b, acts, stat, pixels, [0] * len(layers))
     return path
@@ -99,9 +122,15 @@ def main() -> int:
     folder = args.keep or Path(tempfile.mkdtemp(prefix="vitsee-memory-"))
     folder.mkdir(parents=True, exist_ok=True)
     floor, _ = peak_rss_mb([sys.executable, "-c", "import vitsee.engine.cli, vitsee.engine.analyze, torch"])
-    print(f"peak RSS of `vitsee analyze STORE --<analysis> --device cpu` (MB; one subprocess each); "
-          f"importing torch and vitsee alone: {floor:.0f} MB")
-    print(f"{'images':>7} {'store':>9} {'build s':>8} " + " ".join(f"{a:>10}" for a in args.analyses) + f" {'peak':>8} {'analyze s':>10}")
+    print(
+        f"peak RSS of `vitsee analyze STORE --<analysis> --device cpu` (MB; one subprocess each); "
+        f"importing torch and vitsee alone: {floor:.0f} MB"
+    )
+    print(
+        f"{'images':>7} {'store':>9} {'build s':>8} "
+        + " ".join(f"{a:>10}" for a in args.analyses)
+        + f" {'peak':>8} {'analyze s':>10}"
+    )
     peaks = []
     for n in args.sizes:
         path = folder / f"memory-{n}.h5"
@@ -110,17 +139,26 @@ def main() -> int:
         build = time.perf_counter() - t0
         row, total_s = [], 0.0
         for analysis in args.analyses:
-            mb, s = peak_rss_mb([*vitsee, "analyze", str(path), f"--{analysis}", "--device", "cpu", "--quiet", "--recompute"])
+            mb, s = peak_rss_mb(
+                [*vitsee, "analyze", str(path), f"--{analysis}", "--device", "cpu", "--quiet", "--recompute"]
+            )
             row.append(mb)
             total_s += s
         peaks.append(max(row))
         size_mb = path.stat().st_size / 1e6
-        print(f"{n:>7} {size_mb:>7.0f}MB {build:>8.1f} " + " ".join(f"{v:>10.0f}" for v in row) + f" {peaks[-1]:>8.0f} {total_s:>10.1f}", flush=True)
+        print(
+            f"{n:>7} {size_mb:>7.0f}MB {build:>8.1f} "
+            + " ".join(f"{v:>10.0f}" for v in row)
+            + f" {peaks[-1]:>8.0f} {total_s:>10.1f}",
+            flush=True,
+        )
         if args.keep is None:
             path.unlink()
     growth = peaks[-1] / peaks[0] - 1
-    print(f"peak at {args.sizes[-1]} images vs {args.sizes[0]}: {growth:+.1%} (target: within +20%); "
-          f"above the import floor: {peaks[0] - floor:.0f} MB -> {peaks[-1] - floor:.0f} MB")
+    print(
+        f"peak at {args.sizes[-1]} images vs {args.sizes[0]}: {growth:+.1%} (target: within +20%); "
+        f"above the import floor: {peaks[0] - floor:.0f} MB -> {peaks[-1] - floor:.0f} MB"
+    )
     return 0 if growth <= 0.20 else 1
 
 

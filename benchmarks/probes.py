@@ -13,6 +13,7 @@ analyses.
     python benchmarks/probes.py --layers sublayers    # the app's 32-image sublayers store
     python benchmarks/probes.py --device cuda
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,9 +46,20 @@ def build_store(path: Path, model: str, n_images: int, img_size: int, layers: st
                 return
     t0 = time.perf_counter()
     layer_arg = layers if layers in ("blocks", "sublayers") else layers.split(",")
-    run_extraction(ExtractConfig(store=path, models=[model], dataset="synthetic", n_images=n_images,
-                                 batch_size=16, img_size=img_size, layers=layer_arg, device=device, overwrite=True,
-                                 force=True))
+    run_extraction(
+        ExtractConfig(
+            store=path,
+            models=[model],
+            dataset="synthetic",
+            n_images=n_images,
+            batch_size=16,
+            img_size=img_size,
+            layers=layer_arg,
+            device=device,
+            overwrite=True,
+            force=True,
+        )
+    )
     print(f"extracted {path} in {time.perf_counter() - t0:.0f} s", flush=True)
 
 
@@ -75,11 +87,17 @@ def main() -> int:
     p.add_argument("--model", default="mixer_b16_224@random:0")
     p.add_argument("--n-images", type=int, default=32)
     p.add_argument("--img-size", type=int, default=224)
-    p.add_argument("--layers", default=MIXER_BLOCKS, help="blocks | sublayers | NAME,NAME (default: stem, the 12 blocks, norm)")
+    p.add_argument(
+        "--layers", default=MIXER_BLOCKS, help="blocks | sublayers | NAME,NAME (default: stem, the 12 blocks, norm)"
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument("--store", type=Path, default=None, help="where to keep the store (default: a temp folder)")
-    p.add_argument("--space", default="auto", choices=["auto", "primal", "dual"],
-                   help="force the probes' solve space; primal is how every probe was solved before the dual form")
+    p.add_argument(
+        "--space",
+        default="auto",
+        choices=["auto", "primal", "dual"],
+        help="force the probes' solve space; primal is how every probe was solved before the dual form",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: as vitsee analyze picks them)")
     p.add_argument("--repeats", type=int, default=3, help="best of this many interleaved runs (default 3)")
     p.add_argument("--budget-s", type=float, default=120.0, help="no more repeats once an analysis used this long")
@@ -92,9 +110,12 @@ def main() -> int:
         key = store.models[0]
         shapes = {tuple(store.layer_shape(key, layer)) for layer in store.layers(key)}
         n_layers = len(store.layers(key))
-    print(f"{args.model}, {args.n_images} images at {args.img_size} px, {n_layers} layers {sorted(shapes)}, "
-          f"{args.device}, torch {torch.__version__}, {torch.get_num_threads()} threads, {task_workers()} task workers, "
-          f"load average {os.getloadavg()[0]:.2f}", flush=True)
+    print(
+        f"{args.model}, {args.n_images} images at {args.img_size} px, {n_layers} layers {sorted(shapes)}, "
+        f"{args.device}, torch {torch.__version__}, {torch.get_num_threads()} threads, {task_workers()} task workers, "
+        f"load average {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
     if args.space != "auto":
         probes.solve_space = lambda n_examples, n_features: args.space  # what new_accumulator asks
     cfg = AnalyzeConfig(device=args.device, recompute=True)
@@ -102,8 +123,10 @@ def main() -> int:
         estimate = estimate_probe_seconds(store, key, cfg)
     best = time_analyses(path, cfg, args.repeats, args.budget_s)
     ratio = best["probes"] / best["cka"]
-    print(f"probes ({args.space}) {best['probes']:.2f} s (estimated beforehand: {estimate:.1f} s), cka {best['cka']:.2f} s: "
-          f"probes/CKA {ratio:.1f}x (target: at most {TARGET:g}x); load average {os.getloadavg()[0]:.2f}")
+    print(
+        f"probes ({args.space}) {best['probes']:.2f} s (estimated beforehand: {estimate:.1f} s), cka {best['cka']:.2f} s: "
+        f"probes/CKA {ratio:.1f}x (target: at most {TARGET:g}x); load average {os.getloadavg()[0]:.2f}"
+    )
     return 0 if ratio <= TARGET else 1
 
 

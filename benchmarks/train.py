@@ -10,6 +10,7 @@ is skipped when its output exists, so an interrupted run continues) and prints t
 Wall time on a shared machine says little: the load average is printed beside it, and the CPU time of a
 one-thread run is about what an idle machine's wall time would be.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,24 @@ from pathlib import Path
 
 import numpy as np
 
-VIT = ["-m", "vit_tiny_patch16_224", "--model-arg", "patch_size=4", "--model-arg", "embed_dim=64", "--model-arg",
-       "depth=6", "--model-arg", "num_heads=4", "--model-arg", "mlp_ratio=2", "--img-size", "32", "--dataset", "digits"]
+VIT = [
+    "-m",
+    "vit_tiny_patch16_224",
+    "--model-arg",
+    "patch_size=4",
+    "--model-arg",
+    "embed_dim=64",
+    "--model-arg",
+    "depth=6",
+    "--model-arg",
+    "num_heads=4",
+    "--model-arg",
+    "mlp_ratio=2",
+    "--img-size",
+    "32",
+    "--dataset",
+    "digits",
+]
 NAME = "vit_tiny_patch16_224"
 
 
@@ -65,8 +82,9 @@ async def launch(cache: Path) -> dict:
         panes = screen.query("#pane-cka") if isinstance(screen, ExplorerScreen) else []
         return bool(panes) and screen.kind == "cka" and panes.first().loaded is not None
 
-    app = VitseeApp(None, options=AppOptions(color_mode=ColorMode.TRUECOLOR, export_dir=cache / "exports",
-                                             folder=cache), demo=True)
+    app = VitseeApp(
+        None, options=AppOptions(color_mode=ColorMode.TRUECOLOR, export_dir=cache / "exports", folder=cache), demo=True
+    )
     async with app.run_test(size=(120, 40), message_hook=hook) as pilot:
         while not heatmap_shown(app):
             await pilot.pause(0.2)
@@ -103,16 +121,16 @@ def vitsee(*argv, cwd: Path) -> float:
 
 # name -> `vitsee train` options; every run shares the split (seed 0) and so the held-out test.npz
 RUNS = {
-    "vit": [],                                        # the recipe's default; vit_tiny has a class token (CLS head)
-    "vit-lr1e-3": ["--lr", "1e-3"],                   # Fig. 8 compares at 1e-3: without a skip 3e-3 does not train
+    "vit": [],  # the recipe's default; vit_tiny has a class token (CLS head)
+    "vit-lr1e-3": ["--lr", "1e-3"],  # Fig. 8 compares at 1e-3: without a skip 3e-3 does not train
     "noskip-lr1e-3": ["--no-skip", "blocks.1", "--lr", "1e-3"],
     "noskip": ["--no-skip", "blocks.1"],
-    "noskip-mlp": ["--no-skip", "blocks.1.mlp"],      # only the MLP's skip, at the recipe's 3e-3
-    "f01": ["--data-fraction", "0.1"],                # Fig. 12, the same 15 epochs: fewer steps
+    "noskip-mlp": ["--no-skip", "blocks.1.mlp"],  # only the MLP's skip, at the recipe's 3e-3
+    "f01": ["--data-fraction", "0.1"],  # Fig. 12, the same 15 epochs: fewer steps
     "f03": ["--data-fraction", "0.3"],
     "f01-steps": ["--data-fraction", "0.1", "--epochs", "150"],  # the same 660 steps as the whole split
     "f03-steps": ["--data-fraction", "0.3", "--epochs", "50"],
-    "gap": ["--pool", "avg"],                         # Fig. 10, 11
+    "gap": ["--pool", "avg"],  # Fig. 10, 11
 }
 STORES = {  # store -> (runs, analyses)
     "fig8": (["vit-lr1e-3", "noskip-lr1e-3", "vit", "noskip-mlp"], ["--cka"]),
@@ -163,8 +181,10 @@ def fig8(work: Path) -> None:
         b = {r: i for i, r in enumerate(rows)}
         early = [b[r] for r in ("patch_embed", "blocks.0")]
         late = [b[f"blocks.{i}"] for i in range(2, 6)] + [b["norm"]]
-        print(f"| {name} | {np.nanmean(off):.3f} | {np.nanmean(cka[np.ix_(early, late)]):.3f} | "
-              f"{np.nanmean(cka[np.ix_(late, late)][~np.eye(len(late), dtype=bool)]):.3f} |")
+        print(
+            f"| {name} | {np.nanmean(off):.3f} | {np.nanmean(cka[np.ix_(early, late)]):.3f} | "
+            f"{np.nanmean(cka[np.ix_(late, late)][~np.eye(len(late), dtype=bool)]):.3f} |"
+        )
         print("  rows:", " ".join(rows))
         for r, row in zip(rows, cka):
             print(f"  {r:12s}", " ".join(f"{v:.2f}" for v in row))
@@ -194,8 +214,10 @@ def fig10(work: Path) -> None:
         view = exported(work, "fig10", f"probes:{model(name)}")
         acc = dict(zip(view["cols"], values(view)[view["rows"].index("blocks.5")]))  # a GAP model has no CLS column
         readouts = " / ".join(f"{acc[c]:.2f}" if c in acc else "-" for c in ("CLS", "GAP", "tokens (mean)"))
-        print(f"| {name} | {np.nanmean(own):.3f} | {np.nanmean(other):.3f} | {np.mean(peak == tok):.2f} | "
-              f"{np.mean(near):.2f} | {readouts} |")
+        print(
+            f"| {name} | {np.nanmean(own):.3f} | {np.nanmean(other):.3f} | {np.mean(peak == tok):.2f} | "
+            f"{np.mean(near):.2f} | {readouts} |"
+        )
 
 
 def paper(args) -> None:
@@ -206,8 +228,10 @@ def paper(args) -> None:
         r = trained(work, name)
         accs = [h["test_accuracy"] for h in r["history"]]
         shown = accs if len(accs) <= 15 else accs[:: len(accs) // 15][:14] + accs[-1:]
-        print(f"| {name} | {r['n_train']} | {' '.join(f'{a:.2f}' for a in shown)} | "
-              f"{sum(h['seconds'] for h in r['history']):.0f} |")
+        print(
+            f"| {name} | {r['n_train']} | {' '.join(f'{a:.2f}' for a in shown)} | "
+            f"{sum(h['seconds'] for h in r['history']):.0f} |"
+        )
     for store in STORES:
         extracted(work, store)
     fig8(work)

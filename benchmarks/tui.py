@@ -65,21 +65,38 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--widget", action="store_true", help="measure the bare Heatmap, not the app")
     parser.add_argument("--while-probes", action="store_true", help="key latency while a probe worker computes")
-    parser.add_argument("--probe-store", type=Path, default=None,
-                        help="store for --while-probes (default: benchmarks/probes.py's, built when missing)")
+    parser.add_argument(
+        "--probe-store",
+        type=Path,
+        default=None,
+        help="store for --while-probes (default: benchmarks/probes.py's, built when missing)",
+    )
     parser.add_argument("--no-worker", action="store_true", help="--while-probes without the worker: the baseline")
-    parser.add_argument("--same-priority", action="store_true",
-                        help="--while-probes with the worker at the event loop's CPU priority (as before)")
+    parser.add_argument(
+        "--same-priority",
+        action="store_true",
+        help="--while-probes with the worker at the event loop's CPU priority (as before)",
+    )
     parser.add_argument("--key-gap-ms", type=float, default=150.0, help="--while-probes: time between keys")
-    parser.add_argument("--first-frame", action="store_true",
-                        help="time vitsee-tui --demo and vitsee-tui STORE from process start to the first heatmap")
-    parser.add_argument("--cache", type=Path, default=None,
-                        help="--first-frame: XDG_CACHE_HOME with the demo store (default: the user's; built when "
-                        "missing)")
+    parser.add_argument(
+        "--first-frame",
+        action="store_true",
+        help="time vitsee-tui --demo and vitsee-tui STORE from process start to the first heatmap",
+    )
+    parser.add_argument(
+        "--cache",
+        type=Path,
+        default=None,
+        help="--first-frame: XDG_CACHE_HOME with the demo store (default: the user's; built when missing)",
+    )
     parser.add_argument("--rounds", type=int, default=7, help="--first-frame: interleaved launches of each command")
     parser.add_argument("--offline", action="store_true", help="--first-frame: with HF_HUB_OFFLINE=1")
-    parser.add_argument("--compare-with", type=Path, default=None,
-                        help="--first-frame: also launch the vitsee of this source tree (another commit's checkout)")
+    parser.add_argument(
+        "--compare-with",
+        type=Path,
+        default=None,
+        help="--first-frame: also launch the vitsee of this source tree (another commit's checkout)",
+    )
     return parser.parse_args()
 
 
@@ -174,9 +191,23 @@ def app_on_cka_view(matrix: np.ndarray, zoom: str, color_mode: str):
     key = "vit_bench@random:0"
     layers = [f"blocks.{i}" for i in range(len(matrix))]
     shapes = {layer: (197, 768) for layer in layers}
-    summary = results.StoreSummary(Path("bench.h5"), 1024, "synthetic", [results.ModelSummary(
-        key=key, family="vit", weights="random init (seed 0)", layers=layers, shapes=shapes, rows_done=1024,
-        views=[], spatial_layers=[])])
+    summary = results.StoreSummary(
+        Path("bench.h5"),
+        1024,
+        "synthetic",
+        [
+            results.ModelSummary(
+                key=key,
+                family="vit",
+                weights="random init (seed 0)",
+                layers=layers,
+                shapes=shapes,
+                rows_done=1024,
+                views=[],
+                spatial_layers=[],
+            )
+        ],
+    )
     view = View("cka", f"cka:{key}", f"CKA {key}", "", matrix, layers, layers, "CKA", 0.0, 1.0, {}, {}, [key, key])
     loaded = results.LoadedView(f"cka:{key}", view, False, 0.0, {key: shapes})
     explorer.read_summary = lambda path: summary
@@ -273,7 +304,9 @@ async def measure_while_probes() -> dict[str, list[float]]:
     app = app_on_cka_view(cka_like(ARGS.matrix), "1:1", ARGS.color_mode)
     shown = explorer.read_view
     compute = probe_job(store_path)
-    explorer.read_view = lambda path, spec, *a, **k: (compute if spec.startswith("probes") else shown)(path, spec, *a, **k)
+    explorer.read_view = lambda path, spec, *a, **k: (compute if spec.startswith("probes") else shown)(
+        path, spec, *a, **k
+    )
     result: dict[str, list[float]] = {"ms": [], "bar_texts": []}
     async with app.run_test(size=(width, height)) as pilot:
         driver = app._driver
@@ -336,9 +369,14 @@ def main() -> int:
     for zoom in zooms:
         result = asyncio.run(measure(zoom))
         moves, scrolls = len(result["bytes"]), result["scroll_bytes"]
-        print(f"\nzoom {zoom}: {moves} moves within the view" + (
-            f", {len(scrolls)} that scrolled it (full repaint, median {statistics.median(scrolls) / 1024:.0f} KB)"
-            if scrolls else ""))
+        print(
+            f"\nzoom {zoom}: {moves} moves within the view"
+            + (
+                f", {len(scrolls)} that scrolled it (full repaint, median {statistics.median(scrolls) / 1024:.0f} KB)"
+                if scrolls
+                else ""
+            )
+        )
         print(f"  key -> heatmap frame written (ms)   {summary(result['first_ms'])}")
         print(f"  key -> status line written too (ms) {summary(result['last_ms'])}")
         print(f"  heatmap's own work per move (ms)    {summary(result['widget_ms'])}")
@@ -352,8 +390,10 @@ def report_while_probes() -> int:
     result = asyncio.run(measure_while_probes())
     ms = sorted(result["ms"])
     p50, p95 = statistics.median(ms), ms[int(0.95 * (len(ms) - 1))]
-    print(f"{'with no worker (baseline)' if ARGS.no_worker else 'while a probe worker computes'} (load average {os.getloadavg()[0]:.1f}): {len(ms)} keys "
-          f"{ARGS.key_gap_ms:.0f} ms apart")
+    print(
+        f"{'with no worker (baseline)' if ARGS.no_worker else 'while a probe worker computes'} (load average {os.getloadavg()[0]:.1f}): {len(ms)} keys "
+        f"{ARGS.key_gap_ms:.0f} ms apart"
+    )
     print(f"  key -> frame with the moved cursor (ms)   p50 {p50:7.1f}   p95 {p95:7.1f}   max {ms[-1]:7.1f}")
     texts = [t for t in result["bar_texts"] if t]
     print(f"  task bar, last seen: {texts[-1] if texts else '(empty)'}")
@@ -392,8 +432,15 @@ def launch_to_heatmap(args: list[str], env: dict[str, str], cwd: Path, timeout_s
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", height, width, 0, 0))
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", APP, *args], stdin=slave, stdout=slave, stderr=slave, env=env,
-                            cwd=cwd, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", APP, *args],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
+    )
     os.close(slave)
     tail, found = b"", None
     try:
@@ -419,8 +466,9 @@ def launch_to_heatmap(args: list[str], env: dict[str, str], cwd: Path, timeout_s
         os.close(master)
     if found is None:
         text = tail.decode("utf-8", "replace")[-600:]
-        raise SystemExit(f"vitsee-tui {' '.join(args)} showed no heatmap within {timeout_s:.0f} s; "
-                         f"its last output: {text!r}")
+        raise SystemExit(
+            f"vitsee-tui {' '.join(args)} showed no heatmap within {timeout_s:.0f} s; its last output: {text!r}"
+        )
     return found
 
 
@@ -430,8 +478,13 @@ def report_first_frame() -> int:
     from checkout import env_for
 
     work = Path(tempfile.mkdtemp(prefix="vitsee-first-frame-"))
-    base = dict(os.environ, TERM="xterm-256color", COLORTERM="truecolor", XDG_CONFIG_HOME=str(work / "config"),
-                XDG_STATE_HOME=str(work / "state"))
+    base = dict(
+        os.environ,
+        TERM="xterm-256color",
+        COLORTERM="truecolor",
+        XDG_CONFIG_HOME=str(work / "config"),
+        XDG_STATE_HOME=str(work / "state"),
+    )
     base.pop("NO_COLOR", None)
     if ARGS.cache is not None:
         base["XDG_CACHE_HOME"] = str(ARGS.cache.resolve())
@@ -454,13 +507,17 @@ def report_first_frame() -> int:
     times: dict[tuple[str, str], list[tuple[float, float]]] = {run: [] for run in runs}
     load_before = os.getloadavg()
     for r in range(ARGS.rounds):
-        for code, name in runs[r % len(runs):] + runs[: r % len(runs)]:  # each round starts with another command
+        for code, name in runs[r % len(runs) :] + runs[: r % len(runs)]:  # each round starts with another command
             times[code, name].append(launch_to_heatmap(commands[name], codes[code], work))
     load_after = os.getloadavg()
-    print(f"time to the first heatmap, whole process, {ARGS.rounds} interleaved launches each "
-          f"({'HF_HUB_OFFLINE=1' if ARGS.offline else 'Hub not forced offline'}); store {store}")
-    print(f"load average before {load_before[0]:.2f} / {load_before[1]:.2f}, after {load_after[0]:.2f} / "
-          f"{load_after[1]:.2f} (1 / 5 min), {os.cpu_count()} CPUs")
+    print(
+        f"time to the first heatmap, whole process, {ARGS.rounds} interleaved launches each "
+        f"({'HF_HUB_OFFLINE=1' if ARGS.offline else 'Hub not forced offline'}); store {store}"
+    )
+    print(
+        f"load average before {load_before[0]:.2f} / {load_before[1]:.2f}, after {load_after[0]:.2f} / "
+        f"{load_after[1]:.2f} (1 / 5 min), {os.cpu_count()} CPUs"
+    )
     print(f"{'code':<28} {'command':<20} {'median s':>9} {'min s':>7} {'max s':>7} {'CPU s (median)':>15}")
     ok = True
     for code in codes:
@@ -469,8 +526,10 @@ def report_first_frame() -> int:
             wall = [w for w, _ in times[code, name]]
             cpu = [c for _, c in times[code, name]]
             medians[name] = statistics.median(wall)
-            print(f"{code[-28:]:<28} {name:<20} {medians[name]:>9.2f} {min(wall):>7.2f} {max(wall):>7.2f} "
-                  f"{statistics.median(cpu):>15.2f}")
+            print(
+                f"{code[-28:]:<28} {name:<20} {medians[name]:>9.2f} {min(wall):>7.2f} {max(wall):>7.2f} "
+                f"{statistics.median(cpu):>15.2f}"
+            )
         ratio = medians["vitsee-tui --demo"] / medians["vitsee-tui STORE"]
         print(f"{code[-28:]:<28} {'--demo / STORE':<20} {ratio:>8.2f}x")
         if code == "this checkout":

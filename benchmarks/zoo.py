@@ -16,6 +16,7 @@ They are registered in timm under names of their own in each child (the same cod
 Targets: extraction time linear in the models (seconds per model flat), peak RSS in waves flat (16 within 1.2x of 4).
 The exit status is 1 when the peak RSS in waves at the largest zoo is more than 20% above the smallest's.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,13 +45,26 @@ def register() -> None:
         return lambda **kw: timm.create_model(variant, **{**fixed, **kw})
 
     archs = {
-        "vit_zoo_bench": ("vision_transformer", make("vit_small_patch16_224", patch_size=8, embed_dim=256, depth=6, num_heads=4)),
-        "deit_zoo_bench": ("deit", make("deit_tiny_distilled_patch16_224", patch_size=8, embed_dim=256, depth=6, num_heads=4)),
-        "vitdeep_zoo_bench": ("vision_transformer", make("vit_small_patch16_224", patch_size=8, embed_dim=160, depth=12, num_heads=4)),
-        "swin_zoo_bench": ("swin_transformer", make("swin_tiny_patch4_window7_224", embed_dim=96, depths=(2, 6),
-                                                    num_heads=(3, 6), window_size=4)),
-        "mixer_zoo_bench": ("mlp_mixer", lambda **kw: _create_mixer("mixer_s16_224", **{"patch_size": 8, "num_blocks": 6,
-                                                                                          "embed_dim": 384, **kw})),
+        "vit_zoo_bench": (
+            "vision_transformer",
+            make("vit_small_patch16_224", patch_size=8, embed_dim=256, depth=6, num_heads=4),
+        ),
+        "deit_zoo_bench": (
+            "deit",
+            make("deit_tiny_distilled_patch16_224", patch_size=8, embed_dim=256, depth=6, num_heads=4),
+        ),
+        "vitdeep_zoo_bench": (
+            "vision_transformer",
+            make("vit_small_patch16_224", patch_size=8, embed_dim=160, depth=12, num_heads=4),
+        ),
+        "swin_zoo_bench": (
+            "swin_transformer",
+            make("swin_tiny_patch4_window7_224", embed_dim=96, depths=(2, 6), num_heads=(3, 6), window_size=4),
+        ),
+        "mixer_zoo_bench": (
+            "mlp_mixer",
+            lambda **kw: _create_mixer("mixer_s16_224", **{"patch_size": 8, "num_blocks": 6, "embed_dim": 384, **kw}),
+        ),
         "resnet_zoo_bench": ("resnet", make("resnet18")),
         "resnetv2_zoo_bench": ("resnetv2", make("resnetv2_18")),
         "convnext_zoo_bench": ("convnext", make("convnext_femto")),
@@ -84,16 +98,29 @@ def child(store: str, n: int, budget: str | None, images: int, batch: int) -> No
 
     set_compute_threads(None)
     t0 = time.perf_counter()
-    result = run_extraction(ExtractConfig(store=store, models=zoo(n), dataset="synthetic", n_images=images,
-                                          batch_size=batch, img_size=IMG, device="cpu", workers=0, grams=True,
-                                          memory_budget=parse_bytes(budget) if budget else None))
+    result = run_extraction(
+        ExtractConfig(
+            store=store,
+            models=zoo(n),
+            dataset="synthetic",
+            n_images=images,
+            batch_size=batch,
+            img_size=IMG,
+            device="cpu",
+            workers=0,
+            grams=True,
+            memory_budget=parse_bytes(budget) if budget else None,
+        )
+    )
     waves = next((m.split("they run in ")[1].split(" waves")[0] for m in result.messages if "they run in" in m), "1")
     print(json.dumps({"seconds": time.perf_counter() - t0, "waves": int(waves)}))
 
 
 def run_child(args: list[str]) -> tuple[dict, float, float]:
     """Runs this script as a child; returns (what it printed, its peak RSS in MB, its CPU seconds, user + system)."""
-    proc = subprocess.Popen([sys.executable, __file__, "--child", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--child", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     _, status, usage = os.wait4(proc.pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"zoo {' '.join(args)} failed:\n{proc.stderr.read().decode()}")
@@ -138,18 +165,29 @@ def main() -> int:
 
     from vitsee.engine.models import load_model
 
-    sizes = {a: sum(p.numel() * p.element_size() for p in load_model(f"{a}_zoo_bench@random:0", img_size=IMG).model.parameters()) / 1e6
-             for a in ARCHS}
+    sizes = {
+        a: sum(
+            p.numel() * p.element_size() for p in load_model(f"{a}_zoo_bench@random:0", img_size=IMG).model.parameters()
+        )
+        / 1e6
+        for a in ARCHS
+    }
     folder = args.keep or Path(tempfile.mkdtemp(prefix="vitsee-zoo-"))
     folder.mkdir(parents=True, exist_ok=True)
     floor, floor_cpu = run_child_floor()
-    print(f"zoos of small models over {args.images} synthetic images at {IMG} px, batches of {args.batch_size}, "
-          f"`extract --grams`, CPU, torch {torch.__version__}; weights (MB): "
-          + ", ".join(f"{a} {mb:.0f}" for a, mb in sizes.items()))
-    print(f"importing torch and vitsee alone: {floor:.0f} MB peak RSS, {floor_cpu:.1f} CPU s (left out of CPU s/model); "
-          f"load average {os.getloadavg()[0]:.1f}")
-    print(f"{'models':>6} {'run':>24} {'waves':>5} {'extract s':>9} {'s/model':>7} {'CPU s':>6} {'CPU s/model':>11} "
-          f"{'peak RSS MB':>11} {'disk MB':>8} {'pairs s':>7} {'layers':>6}")
+    print(
+        f"zoos of small models over {args.images} synthetic images at {IMG} px, batches of {args.batch_size}, "
+        f"`extract --grams`, CPU, torch {torch.__version__}; weights (MB): "
+        + ", ".join(f"{a} {mb:.0f}" for a, mb in sizes.items())
+    )
+    print(
+        f"importing torch and vitsee alone: {floor:.0f} MB peak RSS, {floor_cpu:.1f} CPU s (left out of CPU s/model); "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
+    print(
+        f"{'models':>6} {'run':>24} {'waves':>5} {'extract s':>9} {'s/model':>7} {'CPU s':>6} {'CPU s/model':>11} "
+        f"{'peak RSS MB':>11} {'disk MB':>8} {'pairs s':>7} {'layers':>6}"
+    )
     peaks = []
     for n in args.sizes:
         runs = [("waves", args.budget)] + ([] if args.no_one_pass else [("one pass", "-")])
@@ -160,9 +198,12 @@ def main() -> int:
             if label == "waves":
                 peaks.append(peak)
             name = f"{label} (budget {budget})" if budget != "-" else "one pass (all resident)"
-            print(f"{n:>6} {name:>24} {out['waves']:>5} {out['seconds']:>9.1f} {out['seconds'] / n:>7.2f} {cpu:>6.1f} "
-                  f"{(cpu - floor_cpu) / n:>11.2f} {peak:>11.0f} "
-                  f"{disk_mb(store):>8.1f} {pairs:>7.2f} {layers:>6}  (load {os.getloadavg()[0]:.1f})", flush=True)
+            print(
+                f"{n:>6} {name:>24} {out['waves']:>5} {out['seconds']:>9.1f} {out['seconds'] / n:>7.2f} {cpu:>6.1f} "
+                f"{(cpu - floor_cpu) / n:>11.2f} {peak:>11.0f} "
+                f"{disk_mb(store):>8.1f} {pairs:>7.2f} {layers:>6}  (load {os.getloadavg()[0]:.1f})",
+                flush=True,
+            )
             if args.keep is None:
                 store.unlink()
                 shutil.rmtree(f"{store}.d", ignore_errors=True)

@@ -4,6 +4,7 @@
 view by view, and each job is a Request of a registered analysis (engine/analyses/). Under torchrun the CLI calls
 `distributed.analyze_sharded`, which shares the CKA out and then calls `run_analyses` for the rest.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -15,8 +16,17 @@ from .analyses.contract import SLOW, Request, per_model
 from .errors import VitseeError
 from .store import Store
 
-__all__ = ["AnalyzeConfig", "applicable", "check_names", "default_names", "measure_names", "measures_command", "plan",
-           "plan_views", "run_analyses"]
+__all__ = [
+    "AnalyzeConfig",
+    "applicable",
+    "check_names",
+    "default_names",
+    "measure_names",
+    "measures_command",
+    "plan",
+    "plan_views",
+    "run_analyses",
+]
 
 
 def default_names() -> list[str]:
@@ -27,8 +37,11 @@ def default_names() -> list[str]:
 def applicable(store: Store, model: str) -> list[str]:
     """Returns the default analyses of one model (attention:MODEL, ...) that apply to a model of this store."""
     key = store.resolve_model(model)
-    return [name for name in default_names()
-            if per_model(REGISTRY[name]) and REGISTRY[name].not_applicable(store, key) is None]
+    return [
+        name
+        for name in default_names()
+        if per_model(REGISTRY[name]) and REGISTRY[name].not_applicable(store, key) is None
+    ]
 
 
 def check_names(which: Sequence[str] | None) -> None:
@@ -89,7 +102,9 @@ def plan_views(store: Store, which: Sequence[str] | None = None) -> list[Request
     return [view for job in plan(store, which) for view in job.analysis.served(store, job)]
 
 
-def run_analyses(path: str | Path, which: Sequence[str] | None, cfg: AnalyzeConfig, progress: StepFn | None = None) -> list[str]:
+def run_analyses(
+    path: str | Path, which: Sequence[str] | None, cfg: AnalyzeConfig, progress: StepFn | None = None
+) -> list[str]:
     """Runs the plan of the named analyses (None: the default ones) on a store in this process and caches each
     result; returns what was done ('cka', 'attention:MODEL', 'heads:VIT:OTHER', ...)."""
     with Store.writer(path) as store, SHARED.run():  # the analyses of this run share their parts (base.SharedParts)

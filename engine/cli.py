@@ -3,6 +3,7 @@
 Thin on purpose: parse, call the engine, render with Rich. A VitseeError becomes one line on stderr and
 a non-zero exit; anything else is a bug and keeps its traceback.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,7 +41,14 @@ def _warn(event) -> None:
 def _progress_bar(quiet: bool, warn: bool = True):
     """Returns (callback, context manager) drawing extraction progress on stderr; quiet: no bars or progress
     lines, but the warnings about the data (fp16 loss, non-finite values) still, as `vitsee info` shows them."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     if quiet:
         return (lambda e: _warn(e) if warn and e.stage == "warning" else None), _NoBar()
@@ -86,27 +94,89 @@ def _progress_bar(quiet: bool, warn: bool = True):
 def extract(
     ctx: typer.Context,
     store: Annotated[Path, typer.Argument(help="HDF5 store to create, resume or append to")],
-    model: Annotated[list[str], typer.Option("--model", "-m", help="NAME[.TAG][@pretrained|@random[:SEED]|@PATH]; repeat for several; none: resume the run STORE records")] = [],  # noqa: B006
-    dataset: Annotated[str, typer.Option(help="digits | samples | synthetic | imagefolder:PATH | cifar10:PATH | cifar100:PATH | npz:PATH")] = "samples",
+    model: Annotated[
+        list[str],
+        typer.Option(
+            "--model",
+            "-m",
+            help="NAME[.TAG][@pretrained|@random[:SEED]|@PATH]; repeat for several; none: resume the run STORE records",
+        ),
+    ] = [],  # noqa: B006
+    dataset: Annotated[
+        str,
+        typer.Option(help="digits | samples | synthetic | imagefolder:PATH | cifar10:PATH | cifar100:PATH | npz:PATH"),
+    ] = "samples",
     n_images: Annotated[Optional[int], typer.Option("--n-images", "-n", help="how many images (default: all)")] = None,
     batch_size: Annotated[int, typer.Option(help="images per forward pass and per stored chunk")] = 64,
     device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")] = "auto",
     layers: Annotated[str, typer.Option(help="blocks | sublayers | NAME,NAME,... (timm module paths)")] = "blocks",
     img_size: Annotated[Optional[int], typer.Option(help="build every model for N x N input")] = None,
     dtype: Annotated[str, typer.Option(help="float16 | float32 for stored activations")] = "float16",
-    shuffle_seed: Annotated[Optional[int], typer.Option(help="take a seeded random subset instead of the first N")] = None,
-    workers: Annotated[Optional[int], typer.Option(help="image loading processes (default: on a GPU cores - 1, at most 4; on the CPU 0, images load between forward passes)")] = None,
-    streaming: Annotated[bool, typer.Option(help="keep no activations: CKA (store order, this batch size) and statistics straight from the forward pass")] = False,
-    heads: Annotated[bool, typer.Option("--heads", help="with --streaming: also head-level CKA, each ViT head against the other models' layers (paper Fig. 5); without it head outputs are stored anyway")] = False,
-    models_from: Annotated[list[Path], typer.Option("--models-from", help="a file of model specs, one per line as --model takes them (# comments); repeat for several")] = [],  # noqa: B006
-    models_pattern: Annotated[list[str], typer.Option("--models", help="every timm model with pretrained weights matching a pattern, e.g. 'vit_tiny*' (timm.list_models(PATTERN, pretrained=True))")] = [],  # noqa: B006
-    skip_missing: Annotated[bool, typer.Option("--skip-missing", help="leave out listed models whose weights cannot be had here, and say so")] = False,
-    grams: Annotated[bool, typer.Option("--grams", help="streaming for a zoo: keep each layer's Gram of each batch (4 x images x batch size bytes a layer), so models run a few at a time and can be added later")] = False,
-    memory_budget: Annotated[Optional[str], typer.Option("--memory-budget", help="memory the models may take at once, e.g. 4G (default: half of what is free); more models run in waves")] = None,
+    shuffle_seed: Annotated[
+        Optional[int], typer.Option(help="take a seeded random subset instead of the first N")
+    ] = None,
+    workers: Annotated[
+        Optional[int],
+        typer.Option(
+            help="image loading processes (default: on a GPU cores - 1, at most 4; on the CPU 0, images load between forward passes)"
+        ),
+    ] = None,
+    streaming: Annotated[
+        bool,
+        typer.Option(
+            help="keep no activations: CKA (store order, this batch size) and statistics straight from the forward pass"
+        ),
+    ] = False,
+    heads: Annotated[
+        bool,
+        typer.Option(
+            "--heads",
+            help="with --streaming: also head-level CKA, each ViT head against the other models' layers (paper Fig. 5); without it head outputs are stored anyway",
+        ),
+    ] = False,
+    models_from: Annotated[
+        list[Path],
+        typer.Option(
+            "--models-from",
+            help="a file of model specs, one per line as --model takes them (# comments); repeat for several",
+        ),
+    ] = [],  # noqa: B006
+    models_pattern: Annotated[
+        list[str],
+        typer.Option(
+            "--models",
+            help="every timm model with pretrained weights matching a pattern, e.g. 'vit_tiny*' (timm.list_models(PATTERN, pretrained=True))",
+        ),
+    ] = [],  # noqa: B006
+    skip_missing: Annotated[
+        bool,
+        typer.Option("--skip-missing", help="leave out listed models whose weights cannot be had here, and say so"),
+    ] = False,
+    grams: Annotated[
+        bool,
+        typer.Option(
+            "--grams",
+            help="streaming for a zoo: keep each layer's Gram of each batch (4 x images x batch size bytes a layer), so models run a few at a time and can be added later",
+        ),
+    ] = False,
+    memory_budget: Annotated[
+        Optional[str],
+        typer.Option(
+            "--memory-budget",
+            help="memory the models may take at once, e.g. 4G (default: half of what is free); more models run in waves",
+        ),
+    ] = None,
     overwrite: Annotated[bool, typer.Option(help="replace an existing store")] = False,
     force: Annotated[bool, typer.Option(help="start even if the disk looks too small")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar (warnings about the data still print)")] = False,
-    threads: Annotated[Optional[int], typer.Option(help="CPU compute threads (default: the usable cores other processes leave free; CKA Grams and probe fits also share the busy ones, a layer at a time)")] = None,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="no progress bar (warnings about the data still print)")
+    ] = False,
+    threads: Annotated[
+        Optional[int],
+        typer.Option(
+            help="CPU compute threads (default: the usable cores other processes leave free; CKA Grams and probe fits also share the busy ones, a layer at a time)"
+        ),
+    ] = None,
 ) -> None:
     """Run models over images and store layer activations and per-image statistics (resumable: with no
     --model, `vitsee extract STORE` finishes the run STORE records)."""
@@ -125,8 +195,14 @@ def extract(
     if models_from or models_pattern:
         model = _listed_models(model, models_from, models_pattern, skip_missing, quiet)
     if not model:
-        resume = plan_resume(store, _typed_options(ctx), device=_typed(ctx, "device", device), workers=workers, force=force,
-                             memory_budget=budget)
+        resume = plan_resume(
+            store,
+            _typed_options(ctx),
+            device=_typed(ctx, "device", device),
+            workers=workers,
+            force=force,
+            memory_budget=budget,
+        )
         if not quiet:
             err.print(resume.describe(), highlight=False, soft_wrap=True)
         if resume.complete:
@@ -134,9 +210,23 @@ def extract(
         run = lambda progress: resume_extraction(resume, progress=progress, driver=driver)  # noqa: E731
     else:
         cfg = ExtractConfig(
-            store=store, models=model, dataset=dataset, n_images=n_images, batch_size=batch_size, device=device,
-            layers=layers, img_size=img_size, dtype=dtype, shuffle_seed=shuffle_seed, overwrite=overwrite,
-            force=force, workers=workers, streaming=streaming, heads=heads, grams=grams, memory_budget=budget,
+            store=store,
+            models=model,
+            dataset=dataset,
+            n_images=n_images,
+            batch_size=batch_size,
+            device=device,
+            layers=layers,
+            img_size=img_size,
+            dtype=dtype,
+            shuffle_seed=shuffle_seed,
+            overwrite=overwrite,
+            force=force,
+            workers=workers,
+            streaming=streaming,
+            heads=heads,
+            grams=grams,
+            memory_budget=budget,
         )
         run = lambda progress: driver(cfg, progress=progress)  # noqa: E731
     set_compute_threads(threads)
@@ -153,11 +243,14 @@ def extract(
         rate = result.images_processed / result.seconds if result.seconds else 0
         err.print(
             f"wrote {result.store}: {', '.join(result.models)}; {result.images_processed} images in "
-            f"{result.seconds:.1f} s ({rate:.1f} img/s)", highlight=False,
+            f"{result.seconds:.1f} s ({rate:.1f} img/s)",
+            highlight=False,
         )
 
 
-def _listed_models(specs: list[str], files: list[Path], patterns: list[str], skip_missing: bool, quiet: bool) -> list[str]:
+def _listed_models(
+    specs: list[str], files: list[Path], patterns: list[str], skip_missing: bool, quiet: bool
+) -> list[str]:
     """Returns the specs to extract from -m, --models-from and --models, after printing the plan of their weights
     (cached here, would be downloaded, cannot be had) on stderr."""
     from .models import model_list
@@ -168,8 +261,12 @@ def _listed_models(specs: list[str], files: list[Path], patterns: list[str], ski
             err.print(line, highlight=False, soft_wrap=True, markup=False)
     run = listed.check(skip_missing)
     if listed.missing and not quiet:
-        err.print(f"left out (--skip-missing): {', '.join(e.spec for e in listed.missing)}", highlight=False,
-                  soft_wrap=True, markup=False)
+        err.print(
+            f"left out (--skip-missing): {', '.join(e.spec for e in listed.missing)}",
+            highlight=False,
+            soft_wrap=True,
+            markup=False,
+        )
     return run
 
 
@@ -190,14 +287,27 @@ def _typed_options(ctx: typer.Context) -> dict:
 
 def _train_bar(quiet: bool):
     """Returns (callback, stop) drawing a Rich bar per epoch on stderr and one line when each epoch ends."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     if quiet:
         return (lambda _e: None), (lambda: None)
     bar = Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]:.3f}  acc {task.fields[acc]:.3f}"), TimeElapsedColumn(), TextColumn("ETA"),
-        TimeRemainingColumn(), console=err, transient=True,
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]:.3f}  acc {task.fields[acc]:.3f}"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=err,
+        transient=True,
     )
     state: dict = {}
 
@@ -210,42 +320,90 @@ def _train_bar(quiet: bool):
                     bar.remove_task(state["task"])
                 bar.start()
                 state["epoch"] = event.epoch
-                state["task"] = bar.add_task(f"epoch {event.epoch}/{event.epochs}", total=event.total, loss=0.0, acc=0.0)
+                state["task"] = bar.add_task(
+                    f"epoch {event.epoch}/{event.epochs}", total=event.total, loss=0.0, acc=0.0
+                )
             bar.update(state["task"], completed=event.done, loss=event.loss, acc=event.accuracy)
         elif event.stage == "epoch":
             bar.stop()
             r = event.row
-            err.print(f"epoch {r['epoch']}/{event.epochs}  loss {r['train_loss']:.4f}  train acc {r['train_accuracy']:.3f}  "
-                      f"test acc {r['test_accuracy']:.3f}  lr {r['lr']:.2e}  {r['seconds']:.1f} s", highlight=False)
+            err.print(
+                f"epoch {r['epoch']}/{event.epochs}  loss {r['train_loss']:.4f}  train acc {r['train_accuracy']:.3f}  "
+                f"test acc {r['test_accuracy']:.3f}  lr {r['lr']:.2e}  {r['seconds']:.1f} s",
+                highlight=False,
+            )
 
     return on_event, bar.stop
 
 
 @app.command()
 def train(
-    out_file: Annotated[Path, typer.Argument(metavar="OUT.safetensors", help="weights file to write (with its training record)")],
+    out_file: Annotated[
+        Path, typer.Argument(metavar="OUT.safetensors", help="weights file to write (with its training record)")
+    ],
     model: Annotated[str, typer.Option("--model", "-m", help="timm model name, e.g. vit_tiny_patch16_224 or resnet18")],
-    model_arg: Annotated[list[str], typer.Option("--model-arg", help="KEY=VALUE for timm.create_model, e.g. patch_size=4; repeat")] = [],  # noqa: B006
+    model_arg: Annotated[
+        list[str], typer.Option("--model-arg", help="KEY=VALUE for timm.create_model, e.g. patch_size=4; repeat")
+    ] = [],  # noqa: B006
     img_size: Annotated[Optional[int], typer.Option(help="train at N x N input")] = None,
-    dataset: Annotated[str, typer.Option(help="a labelled set: digits | synthetic | imagefolder:PATH | cifar10:PATH | cifar100:PATH | npz:PATH")] = "digits",
-    n_images: Annotated[Optional[int], typer.Option("--n-images", "-n", help="split a seeded N of the set (default: all)")] = None,
-    data_fraction: Annotated[float, typer.Option(help="train on a seeded fraction in (0, 1] of the training split")] = 1.0,
-    test_fraction: Annotated[float, typer.Option(help="part of the images held out for testing, never trained on")] = 0.2,
-    epochs: Annotated[Optional[int], typer.Option(help="epochs [default: the family's recipe, ViT 15, ResNet 6]")] = None,
+    dataset: Annotated[
+        str,
+        typer.Option(
+            help="a labelled set: digits | synthetic | imagefolder:PATH | cifar10:PATH | cifar100:PATH | npz:PATH"
+        ),
+    ] = "digits",
+    n_images: Annotated[
+        Optional[int], typer.Option("--n-images", "-n", help="split a seeded N of the set (default: all)")
+    ] = None,
+    data_fraction: Annotated[
+        float, typer.Option(help="train on a seeded fraction in (0, 1] of the training split")
+    ] = 1.0,
+    test_fraction: Annotated[
+        float, typer.Option(help="part of the images held out for testing, never trained on")
+    ] = 0.2,
+    epochs: Annotated[
+        Optional[int], typer.Option(help="epochs [default: the family's recipe, ViT 15, ResNet 6]")
+    ] = None,
     batch_size: Annotated[Optional[int], typer.Option(help="images per step [default: ViT 32, ResNet 64]")] = None,
-    lr: Annotated[Optional[float], typer.Option(help="peak AdamW learning rate [default: 3e-3 ViT, 2e-3 ResNet]")] = None,
-    weight_decay: Annotated[Optional[float], typer.Option(help="AdamW weight decay [default: 0.05 ViT, 0.01 ResNet]")] = None,
-    warmup_epochs: Annotated[Optional[float], typer.Option(help="linear warm-up before the cosine decay [default: 0.5]")] = None,
+    lr: Annotated[
+        Optional[float], typer.Option(help="peak AdamW learning rate [default: 3e-3 ViT, 2e-3 ResNet]")
+    ] = None,
+    weight_decay: Annotated[
+        Optional[float], typer.Option(help="AdamW weight decay [default: 0.05 ViT, 0.01 ResNet]")
+    ] = None,
+    warmup_epochs: Annotated[
+        Optional[float], typer.Option(help="linear warm-up before the cosine decay [default: 0.5]")
+    ] = None,
     label_smoothing: Annotated[Optional[float], typer.Option(help="[default: 0.1]")] = None,
-    augment: Annotated[Optional[bool], typer.Option("--augment/--no-augment", help="light augmentation (timm's training transform: random resized crops) [default: ResNet yes, ViT no]")] = None,
+    augment: Annotated[
+        Optional[bool],
+        typer.Option(
+            "--augment/--no-augment",
+            help="light augmentation (timm's training transform: random resized crops) [default: ResNet yes, ViT no]",
+        ),
+    ] = None,
     seed: Annotated[int, typer.Option(help="seed of the split, the init and the data order")] = 0,
     device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")] = "auto",
     workers: Annotated[int, typer.Option(help="image loading processes")] = 0,
-    threads: Annotated[Optional[int], typer.Option(help="torch compute threads [default: 1 on CPU, faster on a shared machine; torch's own on a GPU]")] = None,
-    no_skip: Annotated[Optional[str], typer.Option(help="remove residual adds: BLOCK[.attn|.mlp],... e.g. blocks.3")] = None,
-    pool: Annotated[Optional[str], typer.Option(help="ViT classifier: cls (class token) | avg (GAP, no class token)")] = None,
-    held_out: Annotated[Optional[Path], typer.Option(help="also write the test split (never trained on) as FILE.npz for extract --dataset npz:FILE")] = None,
-    overwrite: Annotated[bool, typer.Option(help="replace an existing OUT (and start over from any checkpoint)")] = False,
+    threads: Annotated[
+        Optional[int],
+        typer.Option(
+            help="torch compute threads [default: 1 on CPU, faster on a shared machine; torch's own on a GPU]"
+        ),
+    ] = None,
+    no_skip: Annotated[
+        Optional[str], typer.Option(help="remove residual adds: BLOCK[.attn|.mlp],... e.g. blocks.3")
+    ] = None,
+    pool: Annotated[
+        Optional[str], typer.Option(help="ViT classifier: cls (class token) | avg (GAP, no class token)")
+    ] = None,
+    held_out: Annotated[
+        Optional[Path],
+        typer.Option(help="also write the test split (never trained on) as FILE.npz for extract --dataset npz:FILE"),
+    ] = None,
+    overwrite: Annotated[
+        bool, typer.Option(help="replace an existing OUT (and start over from any checkpoint)")
+    ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar or epoch lines")] = False,
 ) -> None:
     """Train a timm classifier with the paper's interventions; resumable, OUT written at the end."""
@@ -254,11 +412,28 @@ def train(
     from .train import train as run_training
 
     cfg = TrainConfig(
-        out=out_file, model=model, model_args=parse_model_args(model_arg), img_size=img_size, dataset=dataset,
-        n_images=n_images, data_fraction=data_fraction, test_fraction=test_fraction, seed=seed,
-        no_skip=parse_no_skip(no_skip), pool=pool, epochs=epochs, batch_size=batch_size, lr=lr,
-        weight_decay=weight_decay, warmup_epochs=warmup_epochs, label_smoothing=label_smoothing, augment=augment,
-        device=device, workers=workers, threads=threads, overwrite=overwrite,
+        out=out_file,
+        model=model,
+        model_args=parse_model_args(model_arg),
+        img_size=img_size,
+        dataset=dataset,
+        n_images=n_images,
+        data_fraction=data_fraction,
+        test_fraction=test_fraction,
+        seed=seed,
+        no_skip=parse_no_skip(no_skip),
+        pool=pool,
+        epochs=epochs,
+        batch_size=batch_size,
+        lr=lr,
+        weight_decay=weight_decay,
+        warmup_epochs=warmup_epochs,
+        label_smoothing=label_smoothing,
+        augment=augment,
+        device=device,
+        workers=workers,
+        threads=threads,
+        overwrite=overwrite,
     )
     if held_out is not None:
         check_held_out(held_out, out_file)
@@ -266,16 +441,21 @@ def train(
     try:
         result = run_training(cfg, progress=on_event)
     except KeyboardInterrupt:
-        err.print(f"interrupted: finished epochs are kept in {checkpoint_path(out_file)}; rerun the same command to resume",
-                  highlight=False)
+        err.print(
+            f"interrupted: finished epochs are kept in {checkpoint_path(out_file)}; rerun the same command to resume",
+            highlight=False,
+        )
         raise typer.Exit(130) from None
     finally:
         stop()
     if held_out is not None:
         write_held_out(cfg, held_out)
     if not quiet:
-        err.print(f"{result.seconds:.1f} s; extract it with -m {model}@{result.out}"
-                  + (f" --dataset npz:{held_out}" if held_out else ""), highlight=False)
+        err.print(
+            f"{result.seconds:.1f} s; extract it with -m {model}@{result.out}"
+            + (f" --dataset npz:{held_out}" if held_out else ""),
+            highlight=False,
+        )
 
 
 @app.command()
@@ -290,34 +470,53 @@ def info(store: Annotated[Path, typer.Argument(help="a store made by `vitsee ext
 
     with Store.open(store) as s:
         record = s.run_config()
-        resume = (f"resume it with `vitsee extract {store}`" if record is not None
-                  else "rerun the `vitsee extract` command that made it to resume")
+        resume = (
+            f"resume it with `vitsee extract {store}`"
+            if record is not None
+            else "rerun the `vitsee extract` command that made it to resume"
+        )
         status = "complete" if s.complete else f"[yellow]incomplete[/] ({escape(resume)})"
-        out.print(f"[bold]{escape(str(store))}[/]  {human_bytes(store.stat().st_size)} on disk, {status}", highlight=False)
+        out.print(
+            f"[bold]{escape(str(store))}[/]  {human_bytes(store.stat().st_size)} on disk, {status}", highlight=False
+        )
         if record is not None:
             out.print(f"made by: {escape(command_line(store, record))}", highlight=False)
         side = s.files_beside()
         if side["files"]:
-            out.print(f"beside it in {s.sidecar.name}/: {side['models']} appended model file(s), {side['results']} cached "
-                      f"result file(s), {human_bytes(side['bytes'])} (move or copy the store and this folder together)",
-                      highlight=False)
+            out.print(
+                f"beside it in {s.sidecar.name}/: {side['models']} appended model file(s), {side['results']} cached "
+                f"result file(s), {human_bytes(side['bytes'])} (move or copy the store and this folder together)",
+                highlight=False,
+            )
         moved = find_moved_folder(store, s.store_id)
         if moved is not None:
-            out.print(f"[yellow]{escape(str(moved))} holds appended models or cached results of this store[/] (it was "
-                      f"moved without its folder): {escape(_folder_back(moved, s.sidecar))}", highlight=False)
+            out.print(
+                f"[yellow]{escape(str(moved))} holds appended models or cached results of this store[/] (it was "
+                f"moved without its folder): {escape(_folder_back(moved, s.sidecar))}",
+                highlight=False,
+            )
         if s.streaming:
             heads = " and head-level CKA" if s.streamed_heads() else ""  # extract --streaming --heads
-            out.print(f"streaming: activations not stored (statistics and CKA{heads} from the forward pass only)", highlight=False)
+            out.print(
+                f"streaming: activations not stored (statistics and CKA{heads} from the forward pass only)",
+                highlight=False,
+            )
         if s.shard_files:
             size = sum(f.stat().st_size for f in s.shard_files)
-            out.print(f"stitched from {len(s.shard_files)} torchrun shards in {s.shard_files[0].parent.name}/ "
-                      f"({human_bytes(size)} on disk): keep the folder beside the store", highlight=False)
+            out.print(
+                f"stitched from {len(s.shard_files)} torchrun shards in {s.shard_files[0].parent.name}/ "
+                f"({human_bytes(size)} on disk): keep the folder beside the store",
+                highlight=False,
+            )
         names = s.class_names
         labels = s.labels
         label_text = f"{len(set(labels.tolist()))} classes" if labels is not None else "no labels"
         seed = f", shuffle seed {s.shuffle_seed}" if s.shuffle_seed is not None else ""
-        out.print(f"images: {s.n_images} of [cyan]{s.dataset_spec}[/]{seed}, {label_text}"
-                  + (f" ({', '.join(names[:6])}{' ...' if len(names) > 6 else ''})" if names else ""), highlight=False)
+        out.print(
+            f"images: {s.n_images} of [cyan]{s.dataset_spec}[/]{seed}, {label_text}"
+            + (f" ({', '.join(names[:6])}{' ...' if len(names) > 6 else ''})" if names else ""),
+            highlight=False,
+        )
         for key in s.models:
             meta = s.model_info(key)
             w = meta["weights"]
@@ -334,14 +533,20 @@ def info(store: Annotated[Path, typer.Argument(help="a store made by `vitsee ext
             note = random_init_note(meta)
             if note:
                 out.print(f"  [yellow]{note}[/]", highlight=False)
-            out.print(f"  input {meta['data_config']['input_size']}{_grid_text(meta)}; {meta['dtype']}, batch {meta['batch_size']}; "
-                      f"{done}/{s.n_images} rows done; {human_bytes(s.model_bytes(key))}", highlight=False)
+            out.print(
+                f"  input {meta['data_config']['input_size']}{_grid_text(meta)}; {meta['dtype']}, batch {meta['batch_size']}; "
+                f"{done}/{s.n_images} rows done; {human_bytes(s.model_bytes(key))}",
+                highlight=False,
+            )
             lossy = meta.get("fp16_lossy_layers") or []
             if lossy:
                 worst = max(meta["fp16_loss"][layer] for layer in lossy)
-                out.print(f"  [yellow]float16 storage lost up to {worst:.1e} of the signal[/] of {len(lossy)} layer(s) "
-                          f"({', '.join(lossy[:4])}{' ...' if len(lossy) > 4 else ''}): CKA on them may be off; "
-                          "re-extract with --dtype float32", highlight=False)
+                out.print(
+                    f"  [yellow]float16 storage lost up to {worst:.1e} of the signal[/] of {len(lossy)} layer(s) "
+                    f"({', '.join(lossy[:4])}{' ...' if len(lossy) > 4 else ''}): CKA on them may be off; "
+                    "re-extract with --dtype float32",
+                    highlight=False,
+                )
             table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
             table.add_column("layer")
             table.add_column("shape / image")
@@ -356,11 +561,22 @@ def info(store: Annotated[Path, typer.Argument(help="a store made by `vitsee ext
                 for d in shape:
                     n_el *= d
                 size = "not stored" if s.streaming else human_bytes(n_el * itemsize * s.n_images)
-                table.add_row(layer, "x".join(map(str, shape)), s.layer_layout(key, layer), size,
-                              str(nonfinite[layer]) if nonfinite[layer] else "")
+                table.add_row(
+                    layer,
+                    "x".join(map(str, shape)),
+                    s.layer_layout(key, layer),
+                    size,
+                    str(nonfinite[layer]) if nonfinite[layer] else "",
+                )
             out.print(table)
             if s.stats(key):
-                out.print("  statistics: " + ", ".join(f"{n} {'x'.join(map(str, s.model_group(key)['stats'][n].shape[1:]))}" for n in s.stats(key)), highlight=False)
+                out.print(
+                    "  statistics: "
+                    + ", ".join(
+                        f"{n} {'x'.join(map(str, s.model_group(key)['stats'][n].shape[1:]))}" for n in s.stats(key)
+                    ),
+                    highlight=False,
+                )
         results = s.results()
         if results:
             out.print()
@@ -388,8 +604,12 @@ def _grid_text(meta: dict) -> str:
     text = f", grid {gh}x{gw} of {px} px"
     if meta.get("family") == "swin":
         stages = meta["extra"]["stages"]
-        return text + ", windows " + ", ".join(f"{st['window'][0]}x{st['window'][1]} of {st['token_px'][0]} px" for st in stages) \
+        return (
+            text
+            + ", windows "
+            + ", ".join(f"{st['window'][0]}x{st['window'][1]} of {st['token_px'][0]} px" for st in stages)
             + f", {'/'.join(str(st['heads']) for st in stages)} heads per stage"
+        )
     prefix = int(meta.get("num_prefix_tokens") or 0)
     names = meta.get("prefix_names") or []
     text += f", {prefix} prefix token(s)" + (f" ({', '.join(names)})" if names else "")
@@ -423,9 +643,13 @@ def models(
 def layers(
     model: Annotated[str, typer.Argument(help="NAME[.TAG][@WEIGHTS]")],
     img_size: Annotated[Optional[int], typer.Option(help="build for N x N input")] = None,
-    granularity: Annotated[Optional[str], typer.Option(
-        help="blocks | sublayers | modules (every module path); default: sublayers, or modules for a model "
-             "outside the ViT/ResNet/Mixer/Swin families")] = None,
+    granularity: Annotated[
+        Optional[str],
+        typer.Option(
+            help="blocks | sublayers | modules (every module path); default: sublayers, or modules for a model "
+            "outside the ViT/ResNet/Mixer/Swin families"
+        ),
+    ] = None,
 ) -> None:
     """List the layer names a model offers to --layers, in forward order."""
     from .models import layer_points, load_model, parse_model_spec
@@ -437,8 +661,13 @@ def layers(
         spec = parse_model_spec(f"{spec.timm_name}@random")
     loaded = load_model(spec, img_size=img_size)
     if granularity is None and loaded.family == "other":  # no blocks or sublayers defined: module paths are the names
-        err.print(f"{type(loaded.model).__name__} is outside the ViT/ResNet/Mixer/Swin families: listing every module "
-                  "path (--granularity modules); pass any of them to --layers", style="dim", highlight=False, soft_wrap=True)
+        err.print(
+            f"{type(loaded.model).__name__} is outside the ViT/ResNet/Mixer/Swin families: listing every module "
+            "path (--granularity modules); pass any of them to --layers",
+            style="dim",
+            highlight=False,
+            soft_wrap=True,
+        )
         granularity = "modules"
     if granularity == "modules":
         for name, module in loaded.model.named_modules():
@@ -474,13 +703,29 @@ def _with_analysis_options(command, flags: bool):
     # an option several analyses declare (the measures' --max-images) is one option, given to each of them
     options = list({o.name: o for a in REGISTRY.values() for o in a.options}.values())
     keyword = inspect.Parameter.KEYWORD_ONLY
-    added = [inspect.Parameter(name, keyword, default=False, annotation=Annotated[bool, typer.Option(
-                 f"--{name}", *([f"--{name.replace('_', '-')}"] if "_" in name else []), help=text)])
-             for name, text in flags]  # --rbf_cka as the view rbf_cka:A:B names it, or --rbf-cka
-    added += [inspect.Parameter(o.attr, keyword, default=None,
-                                annotation=Annotated[Optional[o.type], typer.Option(f"--{o.name}", help=o.help)])
-              for o in options]
-    own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name not in ("chosen", "given")]
+    added = [
+        inspect.Parameter(
+            name,
+            keyword,
+            default=False,
+            annotation=Annotated[
+                bool, typer.Option(f"--{name}", *([f"--{name.replace('_', '-')}"] if "_" in name else []), help=text)
+            ],
+        )
+        for name, text in flags
+    ]  # --rbf_cka as the view rbf_cka:A:B names it, or --rbf-cka
+    added += [
+        inspect.Parameter(
+            o.attr,
+            keyword,
+            default=None,
+            annotation=Annotated[Optional[o.type], typer.Option(f"--{o.name}", help=o.help)],
+        )
+        for o in options
+    ]
+    own = [
+        p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name not in ("chosen", "given")
+    ]
     positional = [p for p in own if p.kind is not keyword]
     rest = [p.replace(kind=keyword) for p in own if p.kind is keyword or p.default is not inspect.Parameter.empty]
     positional = [p for p in positional if p.default is inspect.Parameter.empty]
@@ -502,21 +747,41 @@ def _with_analysis_options(command, flags: bool):
 def analyze(
     store: Annotated[Path, typer.Argument(help="a complete store")],
     batch_size: Annotated[Optional[int], typer.Option(help="images per CKA minibatch [default: 256]")] = None,
-    shuffles: Annotated[Optional[int], typer.Option(help="average CKA over K seeded shuffles (0: store order) [default: 1]")] = None,
-    seed: Annotated[Optional[int], typer.Option(
-        help="seed of the shuffles, the probe split and the measures' image subset and resamples [default: 0]")] = None,
-    ci: Annotated[Optional[float], typer.Option(
-        help="confidence level of the intervals (bootstrap over CKA minibatches, exact binomial for probes, "
-             "Student-t for means over images); 0: none [default: 0.95]")] = None,
-    permutations: Annotated[Optional[int], typer.Option(
-        help="permutations behind each CKA p-value; 0: none [default: 99]")] = None,
+    shuffles: Annotated[
+        Optional[int], typer.Option(help="average CKA over K seeded shuffles (0: store order) [default: 1]")
+    ] = None,
+    seed: Annotated[
+        Optional[int],
+        typer.Option(
+            help="seed of the shuffles, the probe split and the measures' image subset and resamples [default: 0]"
+        ),
+    ] = None,
+    ci: Annotated[
+        Optional[float],
+        typer.Option(
+            help="confidence level of the intervals (bootstrap over CKA minibatches, exact binomial for probes, "
+            "Student-t for means over images); 0: none [default: 0.95]"
+        ),
+    ] = None,
+    permutations: Annotated[
+        Optional[int], typer.Option(help="permutations behind each CKA p-value; 0: none [default: 99]")
+    ] = None,
     device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")] = "auto",
     recompute: Annotated[bool, typer.Option(help="ignore cached results")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bars")] = False,
-    threads: Annotated[Optional[int], typer.Option(help="CPU compute threads (default: the usable cores other processes leave free; CKA Grams and probe fits also share the busy ones, a layer at a time)")] = None,
-    measures: Annotated[Optional[str], typer.Option(
-        help="layer x layer measures to compute beside the flags, a comma list (cka,rbf_cka,procrustes,svcca,pwcca,"
-             "mknn,cknna,rsa) or all; each on one Gram per layer, shared")] = None,
+    threads: Annotated[
+        Optional[int],
+        typer.Option(
+            help="CPU compute threads (default: the usable cores other processes leave free; CKA Grams and probe fits also share the busy ones, a layer at a time)"
+        ),
+    ] = None,
+    measures: Annotated[
+        Optional[str],
+        typer.Option(
+            help="layer x layer measures to compute beside the flags, a comma list (cka,rbf_cka,procrustes,svcca,pwcca,"
+            "mknn,cknna,rsa) or all; each on one Gram per layer, shared"
+        ),
+    ] = None,
     *,
     chosen: list[str],
     given: dict,
@@ -533,11 +798,19 @@ def analyze(
     base = AnalyzeConfig()
     own = {f.name for f in fields(AnalyzeConfig)}  # an analysis's option is a config field, or kept by its name
     cfg = AnalyzeConfig(
-        batch_size=base.batch_size if batch_size is None else batch_size, shuffles=base.shuffles if shuffles is None else shuffles,
-        seed=base.seed if seed is None else seed, device=device, recompute=recompute,
-        any_cka_estimate=batch_size is None and shuffles is None and seed is None and ci is None and permutations is None,
+        batch_size=base.batch_size if batch_size is None else batch_size,
+        shuffles=base.shuffles if shuffles is None else shuffles,
+        seed=base.seed if seed is None else seed,
+        device=device,
+        recompute=recompute,
+        any_cka_estimate=batch_size is None
+        and shuffles is None
+        and seed is None
+        and ci is None
+        and permutations is None,
         options={k: v for k, v in given.items() if k not in own},
-        **{k: v for k, v in given.items() if k in own}, **_stats_options(ci, permutations),
+        **{k: v for k, v in given.items() if k in own},
+        **_stats_options(ci, permutations),
     )
     quiet = quiet or is_secondary()  # under torchrun rank 0 speaks for the run
     set_compute_threads(threads)
@@ -601,7 +874,12 @@ EST_HELP = "if the result must be computed (default: use any cached one)"
 ViewBatchSize = Annotated[Optional[int], typer.Option(help=f"CKA minibatch size {EST_HELP}")]
 ViewShuffles = Annotated[Optional[int], typer.Option(help=f"CKA shuffles {EST_HELP}")]
 ViewSeed = Annotated[Optional[int], typer.Option(help=f"seed {EST_HELP}")]
-ViewDevice = Annotated[Optional[str], typer.Option(help="auto | cpu | cuda: where to compute a view not cached yet (the cached one is shown whatever device made it)")]
+ViewDevice = Annotated[
+    Optional[str],
+    typer.Option(
+        help="auto | cpu | cuda: where to compute a view not cached yet (the cached one is shown whatever device made it)"
+    ),
+]
 ViewCI = Annotated[Optional[float], typer.Option(help=f"confidence level of the intervals (0: none) {EST_HELP}")]
 ViewPermutations = Annotated[Optional[int], typer.Option(help=f"permutations per CKA p-value (0: none) {EST_HELP}")]
 
@@ -627,8 +905,9 @@ def export(
     from .views import load_view
 
     check_export(out_file, cmap)  # before the view is computed: a refused export changes nothing
-    v = load_view(store, view, _view_config(batch_size, shuffles, seed, device, ci, permutations), device=device,
-                  options=given)
+    v = load_view(
+        store, view, _view_config(batch_size, shuffles, seed, device, ci, permutations), device=device, options=given
+    )
     path = write_view(v, out_file, cmap=cmap)
     err.print(f"wrote {path}", highlight=False)
 
@@ -640,7 +919,9 @@ def show(
     view: Annotated[str, typer.Argument(help=VIEW_ARG)],
     color: Annotated[str, typer.Option(help="auto | truecolor | 256 | 16 | none")] = "auto",
     cmap: Annotated[str, typer.Option(help="viridis | magma | cividis")] = "viridis",
-    fmt: Annotated[str, typer.Option("--format", help="text (a heatmap or table) | csv | json (the numbers only)")] = "text",
+    fmt: Annotated[
+        str, typer.Option("--format", help="text (a heatmap or table) | csv | json (the numbers only)")
+    ] = "text",
     batch_size: ViewBatchSize = None,
     shuffles: ViewShuffles = None,
     seed: ViewSeed = None,
@@ -663,8 +944,9 @@ def show(
     piped = color == "auto" and not out.is_terminal
     if piped:  # uncoloured half blocks carry no value: the ASCII ramp does, and the numbers follow
         mode = ColorMode.NONE
-    v = load_view(store, view, _view_config(batch_size, shuffles, seed, device, ci, permutations), device=device,
-                  options=given)
+    v = load_view(
+        store, view, _view_config(batch_size, shuffles, seed, device, ci, permutations), device=device, options=given
+    )
     if fmt != "text":
         text = v.to_csv() if fmt == "csv" else json.dumps(v.to_json(), indent=1)
         out.file.write(text if text.endswith("\n") else text + "\n")
@@ -673,7 +955,9 @@ def show(
     # an explicit --color keeps its colours when piped (e.g. into less -R); auto follows the terminal
     console = out
     if color != "auto" and mode is not ColorMode.NONE:
-        console = Console(file=out.file, force_terminal=True, color_system=systems[mode], width=out.width, soft_wrap=True)
+        console = Console(
+            file=out.file, force_terminal=True, color_system=systems[mode], width=out.width, soft_wrap=True
+        )
     for renderable in render_view(v, color=mode.value, cmap=cmap, width=console.width):
         console.print(renderable)
     if piped and not prints_numbers(v):  # a table prints its numbers already
@@ -711,14 +995,20 @@ def _main() -> None:
         if not _is_hdf5_error(exc):
             raise
         # damage inside a store that opened fine shows up as an HDF5 read error on first use
-        err.print(f"[bold red]error:[/] a store file could not be read ({brief(exc)}): it is damaged; restore it "
-                  "from a copy, or re-extract it (`vitsee extract ... --overwrite`)", highlight=False, soft_wrap=True)
+        err.print(
+            f"[bold red]error:[/] a store file could not be read ({brief(exc)}): it is damaged; restore it "
+            "from a copy, or re-extract it (`vitsee extract ... --overwrite`)",
+            highlight=False,
+            soft_wrap=True,
+        )
         sys.exit(2)
 
 
 def _is_hdf5_error(exc: OSError) -> bool:
     text = str(exc)
-    return any(marker in text for marker in ("Unable to synchronously", "HDF5", "h5py", "Can't read data", "file signature"))
+    return any(
+        marker in text for marker in ("Unable to synchronously", "HDF5", "h5py", "Can't read data", "file signature")
+    )
 
 
 if __name__ == "__main__":

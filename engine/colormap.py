@@ -220,9 +220,11 @@ def _to_lab(rgb: np.ndarray) -> np.ndarray:
     """Return CIELAB (D65) coordinates of uint8 sRGB colours (..., 3)."""
     channel = np.asarray(rgb, dtype=np.float64) / 255.0
     linear = np.where(channel <= 0.04045, channel / 12.92, ((channel + 0.055) / 1.055) ** 2.4)
-    xyz = linear @ np.array(
-        [[0.4124, 0.2126, 0.0193], [0.3576, 0.7152, 0.1192], [0.1805, 0.0722, 0.9505]]
-    ) / np.array([0.95047, 1.0, 1.08883])
+    xyz = (
+        linear
+        @ np.array([[0.4124, 0.2126, 0.0193], [0.3576, 0.7152, 0.1192], [0.1805, 0.0722, 0.9505]])
+        / np.array([0.95047, 1.0, 1.08883])
+    )
     f = np.where(xyz > (6 / 29) ** 3, np.cbrt(xyz), xyz / (3 * (6 / 29) ** 2) + 4 / 29)
     return np.stack([116 * f[..., 1] - 16, 500 * (f[..., 0] - f[..., 1]), 200 * (f[..., 1] - f[..., 2])], axis=-1)
 
@@ -236,8 +238,22 @@ def lightness(rgb: np.ndarray) -> np.ndarray:
 # only property the 16-colour ramp leans on.
 ANSI_16_RGB = np.array(
     [
-        (0, 0, 0), (205, 0, 0), (0, 205, 0), (205, 205, 0), (0, 0, 238), (205, 0, 205), (0, 205, 205), (229, 229, 229),
-        (127, 127, 127), (255, 0, 0), (0, 255, 0), (255, 255, 0), (92, 92, 255), (255, 0, 255), (0, 255, 255), (255, 255, 255),
+        (0, 0, 0),
+        (205, 0, 0),
+        (0, 205, 0),
+        (205, 205, 0),
+        (0, 0, 238),
+        (205, 0, 205),
+        (0, 205, 205),
+        (229, 229, 229),
+        (127, 127, 127),
+        (255, 0, 0),
+        (0, 255, 0),
+        (255, 255, 0),
+        (92, 92, 255),
+        (255, 0, 255),
+        (0, 255, 255),
+        (255, 255, 255),
     ],
     dtype=np.uint8,
 )
@@ -375,8 +391,9 @@ def is_grey(rgb: np.ndarray) -> np.ndarray:
     return rgb.max(axis=-1) == rgb.min(axis=-1)
 
 
-def nearest_monotone_ramp(target_rgb: np.ndarray, candidates_rgb: np.ndarray, min_step: float,
-                          repeat_cost: float) -> np.ndarray:
+def nearest_monotone_ramp(
+    target_rgb: np.ndarray, candidates_rgb: np.ndarray, min_step: float, repeat_cost: float
+) -> np.ndarray:
     """Return, per target colour, the index of a candidate: the ramp nearest the targets in CIELAB (lightness
     weighted by LIGHTNESS_WEIGHT) whose lightness never falls.
 

@@ -6,6 +6,7 @@ and timm's own datasets (`timm.data.create_dataset`, never downloading): `torch/
 recognised by itself. Every set gives RGB PIL images in a fixed
 order and integer labels (-1 where a set has none).
 """
+
 from __future__ import annotations
 
 import builtins
@@ -108,8 +109,21 @@ class DigitsSet(ImageSet):
 
 
 SAMPLE_PHOTOS = (
-    "astronaut", "camera", "coffee", "chelsea", "rocket", "coins", "hubble_deep_field",
-    "immunohistochemistry", "moon", "brick", "grass", "gravel", "retina", "clock", "cell",
+    "astronaut",
+    "camera",
+    "coffee",
+    "chelsea",
+    "rocket",
+    "coins",
+    "hubble_deep_field",
+    "immunohistochemistry",
+    "moon",
+    "brick",
+    "grass",
+    "gravel",
+    "retina",
+    "clock",
+    "cell",
 )
 SAMPLE_CROPS_PER_PHOTO = 16
 
@@ -301,8 +315,10 @@ def _numpy_rebuilders() -> dict[tuple[str, str], object]:
 # bytes helper Python 3 writes for bytes under protocol 2. Anything else (os.system, eval, ...) is refused
 # before it is called, so a crafted file cannot run code.
 _PICKLE_GLOBALS = {
-    **{("builtins", n): getattr(builtins, n)
-       for n in ("set", "frozenset", "bytearray", "bytes", "complex", "int", "float", "str", "list", "dict", "tuple")},
+    **{
+        ("builtins", n): getattr(builtins, n)
+        for n in ("set", "frozenset", "bytearray", "bytes", "complex", "int", "float", "str", "list", "dict", "tuple")
+    },
     ("_codecs", "encode"): codecs.encode,
     **_numpy_rebuilders(),
 }
@@ -313,7 +329,9 @@ class _ArrayUnpickler(pickle.Unpickler):
 
     def find_class(self, module: str, name: str):
         if (module, name) not in _PICKLE_GLOBALS:
-            raise pickle.UnpicklingError(f"it asks for {module}.{name}, which a CIFAR pickle never holds; nothing was run")
+            raise pickle.UnpicklingError(
+                f"it asks for {module}.{name}, which a CIFAR pickle never holds; nothing was run"
+            )
         return _PICKLE_GLOBALS[(module, name)]
 
 
@@ -339,7 +357,11 @@ class CifarSet(ImageSet):
             )
         else:
             sub, parts, label_key, meta, names_key = (
-                "cifar-100-python", ["test", "train"], b"fine_labels", "meta", b"fine_label_names",
+                "cifar-100-python",
+                ["test", "train"],
+                b"fine_labels",
+                "meta",
+                b"fine_label_names",
             )
         if not (root / parts[0]).exists() and (root / sub / parts[0]).exists():
             root = root / sub
@@ -391,7 +413,9 @@ class CifarSet(ImageSet):
                 f"{path}: b'data' is {data.dtype} {data.shape}, not uint8 (N, 3072) rows of 32x32 RGB: {way_out}"
             )
         if labels.shape != (len(data),) or labels.dtype.kind not in "iu":
-            raise VitseeError(f"{path}: {labels.dtype} labels of shape {labels.shape} for {len(data)} images: {way_out}")
+            raise VitseeError(
+                f"{path}: {labels.dtype} labels of shape {labels.shape} for {len(data)} images: {way_out}"
+            )
         return data.reshape(-1, 3, 32, 32), labels.astype(np.int64)
 
     def __len__(self) -> int:
@@ -421,12 +445,16 @@ class NpzSet(ImageSet):
             with np.load(path, allow_pickle=False) as z:
                 if "images" not in z:
                     found = f"found: {', '.join(z.files)}" if z.files else "it holds no arrays"
-                    raise VitseeError(f"{path} has no 'images' array ({found}): save one with np.savez(path, images=..., labels=...)")
+                    raise VitseeError(
+                        f"{path} has no 'images' array ({found}): save one with np.savez(path, images=..., labels=...)"
+                    )
                 images = z["images"]
                 labels = z["labels"] if "labels" in z else None
                 names = z["class_names"] if "class_names" in z else None
         except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-            raise VitseeError(f"cannot read {path} as .npz ({brief(exc)}): write it with np.savez(path, images=..., labels=...)") from exc
+            raise VitseeError(
+                f"cannot read {path} as .npz ({brief(exc)}): write it with np.savez(path, images=..., labels=...)"
+            ) from exc
         _check_npz_images(path, images)
         self._images = images
         self._labels = None if labels is None else _npz_labels(path, labels, len(images))
@@ -452,9 +480,11 @@ def _check_npz_images(path: Path, images: np.ndarray) -> None:
     if shape[0] == 0:
         raise VitseeError(f"{path}: 'images' {shape} holds no images: save at least {MIN_IMAGES}")
     if 0 in shape[1:3]:
-        raise VitseeError(f"{path}: 'images' {shape} has images of zero height or width: save (N, H, W[, C]) with H, W >= 1")
+        raise VitseeError(
+            f"{path}: 'images' {shape} has images of zero height or width: save (N, H, W[, C]) with H, W >= 1"
+        )
     if images.ndim == 4 and shape[3] not in (1, 3, 4):
-        hint = (" (it looks channels-first: save images.transpose(0, 2, 3, 1))" if shape[1] in (1, 3, 4) else "")
+        hint = " (it looks channels-first: save images.transpose(0, 2, 3, 1))" if shape[1] in (1, 3, 4) else ""
         raise VitseeError(
             f"{path}: 'images' {shape} has {shape[3]} channels; vitsee reads 1 (grey), 3 (RGB) or 4 (RGBA){hint}"
         )
@@ -463,7 +493,9 @@ def _check_npz_images(path: Path, images: np.ndarray) -> None:
 def _npz_labels(path: Path, labels: np.ndarray, n_images: int) -> np.ndarray:
     """Returns an .npz's labels as (N,) int64 class indices, or raises a VitseeError naming the bad ones."""
     if labels.ndim != 1:
-        raise VitseeError(f"{path}: 'labels' has shape {labels.shape}; save one class index per image, shape ({n_images},)")
+        raise VitseeError(
+            f"{path}: 'labels' has shape {labels.shape}; save one class index per image, shape ({n_images},)"
+        )
     if len(labels) != n_images:
         raise VitseeError(f"{path}: {len(labels)} labels for {n_images} images; they must match")
     if labels.dtype.kind not in "iubf":
@@ -482,7 +514,9 @@ def _npz_labels(path: Path, labels: np.ndarray, n_images: int) -> np.ndarray:
             )
     out = labels.astype(np.int64)
     if len(out) and out.min() < -1:
-        raise VitseeError(f"{path}: label {int(out.min())} is not a class index: use 0..K-1, or -1 for an unlabelled image")
+        raise VitseeError(
+            f"{path}: label {int(out.min())} is not a class index: use 0..K-1, or -1 for an unlabelled image"
+        )
     return out
 
 
@@ -575,8 +609,10 @@ class TarSet(_TimmSet):
                 raise VitseeError(f"cannot read image {what} ({brief(exc)}): remove or replace it in the tar") from exc
 
 
-TORCH_CIFAR = {"cifar10": ("cifar-10-batches-py", "cifar-10-python.tar.gz"),
-               "cifar100": ("cifar-100-python", "cifar-100-python.tar.gz")}
+TORCH_CIFAR = {
+    "cifar10": ("cifar-10-batches-py", "cifar-10-python.tar.gz"),
+    "cifar100": ("cifar-100-python", "cifar-100-python.tar.gz"),
+}
 
 
 class TorchCifarSet(_TimmSet):
@@ -588,11 +624,15 @@ class TorchCifarSet(_TimmSet):
         if root.name == folder:  # the extracted folder itself was given
             root = root.parent
         self.root, self.variant = root, variant
-        self._missing = (f"torch/{variant}:{root} does not hold {folder}/ with torchvision's md5-checked files, and "
-                         f"vitsee never downloads: extract {archive} into {root}")
+        self._missing = (
+            f"torch/{variant}:{root} does not hold {folder}/ with torchvision's md5-checked files, and "
+            f"vitsee never downloads: extract {archive} into {root}"
+        )
         if not root.is_dir():
-            raise VitseeError(f"torch/{variant} root folder {root} does not exist, and vitsee never downloads: "
-                              f"give the folder holding {folder}/ (extract {archive} there)")
+            raise VitseeError(
+                f"torch/{variant} root folder {root} does not exist, and vitsee never downloads: "
+                f"give the folder holding {folder}/ (extract {archive} there)"
+            )
         self.spec = f"torch/{variant}:{root}"
         test, train = self.ds
         self._n_test = len(test)
@@ -681,8 +721,10 @@ def open_dataset(spec: str) -> ImageSet:
     if kind[:6].lower() == "torch/":
         variant = kind[6:].lower()
         if variant not in TORCH_CIFAR or not sep or not rest:
-            raise VitseeError(f"unknown dataset '{spec}': vitsee reads torch/cifar10:ROOT and torch/cifar100:ROOT "
-                              "(ROOT: the folder holding the extracted archive)")
+            raise VitseeError(
+                f"unknown dataset '{spec}': vitsee reads torch/cifar10:ROOT and torch/cifar100:ROOT "
+                "(ROOT: the folder holding the extracted archive)"
+            )
         return TorchCifarSet(Path(os.path.expanduser(rest)).resolve(), variant)
     if sep and kind in PATH_DATASETS:
         path = Path(os.path.expanduser(rest)).resolve()
@@ -756,7 +798,11 @@ class Selection:
 
 
 def train_test_split(
-    n_available: int, test_fraction: float, seed: int, n_images: int | None = None, data_fraction: float = 1.0,
+    n_available: int,
+    test_fraction: float,
+    seed: int,
+    n_images: int | None = None,
+    data_fraction: float = 1.0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Returns (train, test) image indices: a seeded split of the set (or of a seeded n_images of it), then a
     seeded data_fraction of the training part.
@@ -765,7 +811,9 @@ def train_test_split(
     fractions share it, and the fractions nest (the 10% is inside the 30%). Test images are never in train.
     """
     if not 0 < data_fraction <= 1:
-        raise VitseeError(f"--data-fraction {data_fraction} is outside (0, 1]: use e.g. 0.1 for a tenth of the training split")
+        raise VitseeError(
+            f"--data-fraction {data_fraction} is outside (0, 1]: use e.g. 0.1 for a tenth of the training split"
+        )
     if not 0 < test_fraction < 1:
         raise VitseeError(f"--test-fraction {test_fraction} is outside (0, 1): use e.g. 0.2")
     if n_images is not None and n_images > n_available:

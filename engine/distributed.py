@@ -14,6 +14,7 @@ import this module) and calls `extract_sharded` or `analyze_sharded`:
 The store and its shards must be on a file system every node sees. Processes talk over NCCL on CUDA and
 gloo on CPU.
 """
+
 from __future__ import annotations
 
 import gc
@@ -80,7 +81,9 @@ def init(rank: Rank, device: str) -> None:
     try:
         dist.init_process_group(backend, rank=rank.rank, world_size=rank.world, timeout=timedelta(hours=2))
     except ValueError as exc:  # MASTER_ADDR / MASTER_PORT missing
-        raise VitseeError(f"cannot join the torchrun process group ({exc}): launch with torchrun, which sets them") from exc
+        raise VitseeError(
+            f"cannot join the torchrun process group ({exc}): launch with torchrun, which sets them"
+        ) from exc
 
 
 def shutdown() -> None:
@@ -106,8 +109,10 @@ def agree(error: BaseException | None, what: str) -> None:
     failed = [(r, msg) for r, msg in enumerate(outcomes) if msg is not None]
     if failed:
         r, msg = failed[0]
-        raise VitseeError(f"{what} failed on rank{'s' if len(failed) > 1 else ''} {', '.join(str(f[0]) for f in failed)} "
-                          f"(rank {r}: {msg}): fix it and rerun the same torchrun command")
+        raise VitseeError(
+            f"{what} failed on rank{'s' if len(failed) > 1 else ''} {', '.join(str(f[0]) for f in failed)} "
+            f"(rank {r}: {msg}): fix it and rerun the same torchrun command"
+        )
 
 
 def gather(value) -> list:
@@ -161,8 +166,15 @@ def extract_sharded(cfg, progress=None, cancel: threading.Event | None = None):
                 )
             todo = shards.models_to_extract(cfg)
             first, stop = batch_range(n_batches, rank)
-            shard = Shard(rank.rank, rank.world, first, stop, first * cfg.batch_size, min(stop * cfg.batch_size, n),
-                          run_id=shards.run_id(cfg, rank.world))
+            shard = Shard(
+                rank.rank,
+                rank.world,
+                first,
+                stop,
+                first * cfg.batch_size,
+                min(stop * cfg.batch_size, n),
+                run_id=shards.run_id(cfg, rank.world),
+            )
         except BaseException as exc:
             error = exc
         agree(error, "planning the extraction")
@@ -187,8 +199,14 @@ def extract_sharded(cfg, progress=None, cancel: threading.Event | None = None):
                 error = exc
         agree(error, f"stitching {store.name}")
         counts = gather((result.images_processed, result.bytes_written, result.seconds))
-        return replace(result, store=store, models=todo, images_processed=sum(c[0] for c in counts),
-                       bytes_written=sum(c[1] for c in counts), seconds=max(c[2] for c in counts))
+        return replace(
+            result,
+            store=store,
+            models=todo,
+            images_processed=sum(c[0] for c in counts),
+            bytes_written=sum(c[1] for c in counts),
+            seconds=max(c[2] for c in counts),
+        )
     finally:
         shutdown()
 
@@ -214,15 +232,19 @@ def analyze_sharded(path, which, cfg, progress=None) -> list[str]:
             store = Store.writer(path) if rank.main else Store.open(path)
             check_ready(store, store.models)
             params = cka_params(store, cfg)
-            compute = (which is None or cka in which) and not store.streaming and (
-                cfg.recompute or store.get_result(cka, params) is None)
+            compute = (
+                (which is None or cka in which)
+                and not store.streaming
+                and (cfg.recompute or store.get_result(cka, params) is None)
+            )
         except BaseException as exc:
             error = exc
         try:
             agree(error, f"opening {path}")
             if compute:
-                out = compute_cka(store, params, torch.device(device), progress if rank.main else None,
-                                  share=(rank.rank, rank.world))  # batches dealt out round-robin
+                out = compute_cka(
+                    store, params, torch.device(device), progress if rank.main else None, share=(rank.rank, rank.world)
+                )  # batches dealt out round-robin
                 states = all_reduce_sum(out["states"])
                 if rank.main:
                     save_result(store, cka, params, finish_cka(states, out["columns"], params))

@@ -1,6 +1,7 @@
 """Writing a view to a file: a figure (.png, engine/figures.py), its numbers (.json) or a table (.csv).
 
 Apart from engine/views.py so that views never import the figures that draw them."""
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,9 @@ def check_export(out: str | Path, cmap: str = "viridis") -> Path:
         with tempfile.NamedTemporaryFile(dir=out.parent, prefix=f".{out.name}.", suffix=".check"):
             pass
     except OSError as exc:
-        raise VitseeError(f"cannot write into folder {out.parent} ({brief(exc)}): check its permissions, "
-                          "or choose another --out") from None
+        raise VitseeError(
+            f"cannot write into folder {out.parent} ({brief(exc)}): check its permissions, or choose another --out"
+        ) from None
     return out
 
 
@@ -49,8 +51,13 @@ def write_view(view: View, out: str | Path, selection: tuple[int, int] | None = 
         if suffix == ".json":
             payload = view.to_json()
             if selection is not None:
-                payload["selection"] = {"row": selection[0], "col": selection[1], "row_label": view.rows[selection[0]],
-                                        "col_label": view.cols[selection[1]], "value": to_jsonable(view.matrix[selection])}
+                payload["selection"] = {
+                    "row": selection[0],
+                    "col": selection[1],
+                    "row_label": view.rows[selection[0]],
+                    "col_label": view.cols[selection[1]],
+                    "value": to_jsonable(view.matrix[selection]),
+                }
                 for name in ("ci_low", "ci_high", "p_value"):
                     if getattr(view, name) is not None:
                         payload["selection"][name] = to_jsonable(getattr(view, name)[selection])

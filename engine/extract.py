@@ -15,6 +15,7 @@ its head-level CKA accumulator the same way (engine/analyses/heads.py) and are d
 This module holds `run_extraction` and the passes; planning and the checks before a run are in
 engine/extract_plan.py, the writer thread and the host copies in engine/writer.py.
 """
+
 from __future__ import annotations
 
 import os
@@ -34,8 +35,21 @@ from .analyses.cka import save_streamed_cka, stream_batch, streaming_accumulator
 from .analyses.heads import StreamedHeads, save_streamed_heads
 from .data import ImageSet, Selection, loader_batches
 from .errors import VitseeError
-from .extract_plan import (DTYPES, ExtractConfig, ExtractResult, ModelPlan, Progress, ProgressFn, _check_disk, _estimate,
-                           _free_memory, _release, memory_budget, plan, waves)
+from .extract_plan import (
+    DTYPES,
+    ExtractConfig,
+    ExtractResult,
+    ModelPlan,
+    Progress,
+    ProgressFn,
+    _check_disk,
+    _estimate,
+    _free_memory,
+    _release,
+    memory_budget,
+    plan,
+    waves,
+)
 from .recorders import ActivationRecorder, HeadOutputRecorder, fp16_note
 from .run_config import Resume, run_record
 from .store import LayerSpec, Store
@@ -102,8 +116,14 @@ def _nonfinite_rows(acts: dict[str, torch.Tensor], layers: Sequence[LayerSpec]) 
         # a sum in fp32 is finite exactly when every value is (fp16 values cannot overflow it), and reads
         # the data once at memory speed; only a layer that fails it is counted value by value
         b = values[0].shape[0]
-        return torch.stack([torch.zeros(b, dtype=torch.int64) if torch.isfinite(v.sum(dtype=torch.float32))
-                            else (~torch.isfinite(v)).sum(dim=1) for v in values])
+        return torch.stack(
+            [
+                torch.zeros(b, dtype=torch.int64)
+                if torch.isfinite(v.sum(dtype=torch.float32))
+                else (~torch.isfinite(v)).sum(dim=1)
+                for v in values
+            ]
+        )
     return torch.stack([(~torch.isfinite(v)).sum(dim=1) for v in values])  # no host sync on the device
 
 
@@ -123,8 +143,12 @@ def _forward_batch(mp: ModelPlan, x: torch.Tensor, batch: int, torch_dtype: torc
     acts, stats = _forward(mp, x)
     nonfinite = _nonfinite_rows(acts, mp.layers)
     if mp.gram_maker is not None:  # a zoo's streaming: each layer's Gram of the batch instead of its activations
-        stats.update({f"{GRAMS}{layer.name}": gram_rows(mp.gram_maker.layer_gram(acts.pop(layer.name)), mp.batch_size)
-                      for layer in mp.layers})
+        stats.update(
+            {
+                f"{GRAMS}{layer.name}": gram_rows(mp.gram_maker.layer_gram(acts.pop(layer.name)), mp.batch_size)
+                for layer in mp.layers
+            }
+        )
         copies.begin()
         host = GramBatch(mp.key, batch, copies.to_host(stats), {mp.key: copies.to_host({"c": nonfinite})["c"]})
         host.ready = copies.ready()
@@ -183,8 +207,10 @@ def run_extraction(
         raise
     if lock is None and existing is not None:  # another run created the store while this one was planned
         _release(plans, existing)
-        raise VitseeError(f"{store_path} was created by another vitsee process while this run started: "
-                          "rerun the same command to add to it (or resume it)")
+        raise VitseeError(
+            f"{store_path} was created by another vitsee process while this run started: "
+            "rerun the same command to add to it (or resume it)"
+        )
     n = len(selection)
     messages = []
     try:
@@ -219,13 +245,24 @@ def run_extraction(
                 lock = store_mod.WriteLock(store_path)
             with store_mod.creating(store_path, overwrite=cfg.overwrite, lock=lock) as h5:
                 images = selection.images
-                store_mod.write_images(h5, images.spec, selection.indices, selection.labels, images.class_names, selection.shuffle_seed)
+                store_mod.write_images(
+                    h5, images.spec, selection.indices, selection.labels, images.class_names, selection.shuffle_seed
+                )
                 h5.attrs["run_config"] = store_mod.json_attr(record)  # `vitsee extract STORE` resumes from it
                 if cfg.shard is not None:
                     h5.attrs["shard"] = store_mod.json_attr(cfg.shard.__dict__)
                 for mp in plans:
-                    store_mod.add_model_layout(h5, mp.record, mp.layers, mp.stats, mp.input_shape, mp.batch_size,
-                                               cfg.dtype, n, streaming=cfg.streaming)
+                    store_mod.add_model_layout(
+                        h5,
+                        mp.record,
+                        mp.layers,
+                        mp.stats,
+                        mp.input_shape,
+                        mp.batch_size,
+                        cfg.dtype,
+                        n,
+                        streaming=cfg.streaming,
+                    )
                 if cfg.grams:
                     add_gram_state(h5, cfg.batch_size)
                 elif cfg.streaming:
@@ -235,12 +272,14 @@ def run_extraction(
         else:
             for mp in plans:
                 if mp.new:
-                    existing.add_model(mp.record, mp.layers, mp.stats, mp.input_shape, mp.batch_size, cfg.dtype,
-                                       run_config=record)
+                    existing.add_model(
+                        mp.record, mp.layers, mp.stats, mp.input_shape, mp.batch_size, cfg.dtype, run_config=record
+                    )
         run_pass = _streaming_pass if cfg.streaming and not cfg.grams else _extract_pass
         nonfinite = NonfiniteLog(store_path, plans, cfg.shard.start if cfg.shard is not None else 0)
-        processed, bytes_written, cancelled = _run_waves(run_pass, groups, existing, selection, plans, device, cfg, emit,
-                                                         cancel, nonfinite)
+        processed, bytes_written, cancelled = _run_waves(
+            run_pass, groups, existing, selection, plans, device, cfg, emit, cancel, nonfinite
+        )
         if cfg.streaming and not cancelled and existing.complete and cfg.shard is None:
             save_streamed_cka(existing)  # a shard's share is summed with the others' when they are stitched
             save_streamed_heads(existing)
@@ -257,8 +296,9 @@ def run_extraction(
     return ExtractResult(store_path, [mp.key for mp in plans], processed, seconds, bytes_written, cancelled, messages)
 
 
-def resume_extraction(resume: Resume, progress: ProgressFn | None = None, cancel: threading.Event | None = None,
-                      driver=None) -> ExtractResult:
+def resume_extraction(
+    resume: Resume, progress: ProgressFn | None = None, cancel: threading.Event | None = None, driver=None
+) -> ExtractResult:
     """Returns the ExtractResult of the resumed run(s) (run_config.plan_resume), each run by driver
     (run_extraction unless given, e.g. the torchrun one); cancelled when one was, the rest then not started."""
     driver = driver or run_extraction
@@ -285,13 +325,16 @@ def _waves_note(plans: Sequence[ModelPlan], groups: list[list[ModelPlan]], budge
             f"{store_mod.human_bytes(budget)}, and --streaming without --grams runs them all in one pass: add --grams "
             "(each model streams its own Grams, a few models at a time), raise --memory-budget, or stream fewer models"
         )
-    return (f"{sum(map(len, groups))} models take {store_mod.human_bytes(total)} together, over the memory budget of "
-            f"{store_mod.human_bytes(budget)}: they run in {len(groups)} waves of at most {max(map(len, groups))}, "
-            "each reading the images again")
+    return (
+        f"{sum(map(len, groups))} models take {store_mod.human_bytes(total)} together, over the memory budget of "
+        f"{store_mod.human_bytes(budget)}: they run in {len(groups)} waves of at most {max(map(len, groups))}, "
+        "each reading the images again"
+    )
 
 
-def _run_waves(run_pass, groups: list[list[ModelPlan]], store, selection, plans, device, cfg, emit, cancel,
-               nonfinite) -> tuple[int, int, bool]:
+def _run_waves(
+    run_pass, groups: list[list[ModelPlan]], store, selection, plans, device, cfg, emit, cancel, nonfinite
+) -> tuple[int, int, bool]:
     """Runs the pass over every model at once when they fit the memory budget together (one wave: one pass, as a run
     always did), else once per wave, its models loaded when it starts and released when it ends, so no more than one
     wave is ever resident. Returns (images, bytes written, cancelled)."""
@@ -327,8 +370,9 @@ def _run_waves(run_pass, groups: list[list[ModelPlan]], store, selection, plans,
     return processed, written, False
 
 
-def _loader(selection: Selection, group: Sequence[ModelPlan], batches: list[list[int]], device: torch.device,
-            cfg: ExtractConfig) -> tuple[torch.utils.data.DataLoader, dict[str, int]]:
+def _loader(
+    selection: Selection, group: Sequence[ModelPlan], batches: list[list[int]], device: torch.device, cfg: ExtractConfig
+) -> tuple[torch.utils.data.DataLoader, dict[str, int]]:
     """Returns a loader yielding per batch one input tensor per distinct transform, and model -> slot."""
     transforms, slot = [], {}
     for mp in group:
@@ -432,9 +476,13 @@ def _streaming_pass(store, selection, plans, device, cfg, emit, cancel, nonfinit
                 head_states = {h.vit: h.update(outputs[h.vit], by_column) for h in heads}
                 del feats, by_column, outputs
                 copies.begin()
-                host = _StreamedBatch(b, {m: copies.to_host(v) for m, v in stats.items()},
-                                      {m: copies.to_host({"c": c})["c"] for m, c in bad.items()},
-                                      copies.to_host({"state": state})["state"], heads_states=copies.to_host(head_states))
+                host = _StreamedBatch(
+                    b,
+                    {m: copies.to_host(v) for m, v in stats.items()},
+                    {m: copies.to_host({"c": c})["c"] for m, c in bad.items()},
+                    copies.to_host({"state": state})["state"],
+                    heads_states=copies.to_host(head_states),
+                )
                 host.ready = copies.ready()
                 writer.put(host)
                 rows = min(bs, n - b * bs)

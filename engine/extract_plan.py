@@ -57,7 +57,9 @@ class ExtractConfig:
     heads: bool = False  # with streaming: accumulate head-level CKA (without, head outputs are stored anyway)
     shard: Shard | None = None  # set by the torchrun driver: this process extracts these rows into their own file
     grams: bool = False  # streaming that keeps each layer's per-batch Gram (a zoo: models run in waves; zoo_store.py)
-    memory_budget: int | None = None  # bytes the resident models may take at once (None: MEMORY_FRACTION of what is free)
+    memory_budget: int | None = (
+        None  # bytes the resident models may take at once (None: MEMORY_FRACTION of what is free)
+    )
 
     def __post_init__(self):
         # checked here, where the CLI and the app's form both build the config, so both get one line
@@ -65,14 +67,20 @@ class ExtractConfig:
         if self.grams:
             self.streaming = True  # Grams are what a streaming zoo keeps instead of activations
             if self.heads:
-                raise VitseeError("--heads streams head-level CKA in one pass over all models, and --grams runs the models "
-                                  "one at a time: leave out --heads (or --grams), or analyze heads on a store with activations")
+                raise VitseeError(
+                    "--heads streams head-level CKA in one pass over all models, and --grams runs the models "
+                    "one at a time: leave out --heads (or --grams), or analyze heads on a store with activations"
+                )
         if self.memory_budget is not None and self.memory_budget <= 0:
-            raise VitseeError(f"--memory-budget {self.memory_budget} is not a size: give bytes such as 4G or 512M, "
-                              "or leave it out for half of the memory available")
+            raise VitseeError(
+                f"--memory-budget {self.memory_budget} is not a size: give bytes such as 4G or 512M, "
+                "or leave it out for half of the memory available"
+            )
         if self.img_size is not None and self.img_size < 1:
-            raise VitseeError(f"--img-size {self.img_size} is not a size in pixels: use a positive size such as 224, "
-                              "or leave it out for the model's own")
+            raise VitseeError(
+                f"--img-size {self.img_size} is not a size in pixels: use a positive size such as 224, "
+                "or leave it out for the model's own"
+            )
         if self.shuffle_seed is not None and not 0 <= self.shuffle_seed < 2**63:
             raise VitseeError(f"--shuffle-seed {self.shuffle_seed} is out of range: use a seed from 0 to {2**63 - 1}")
         if self.workers is not None and self.workers < 0:
@@ -82,8 +90,10 @@ class ExtractConfig:
         if self.dtype not in DTYPES:
             raise VitseeError(f"unknown --dtype '{self.dtype}': use float16 or float32")
         if self.heads and self.streaming and len(self.models) == 1:
-            raise VitseeError(f"--heads compares a ViT's attention heads with another model's layers, and this "
-                              f"streaming run has one model ({self.models[0]}): add --model NAME (e.g. a ResNet) or leave out --heads")
+            raise VitseeError(
+                f"--heads compares a ViT's attention heads with another model's layers, and this "
+                f"streaming run has one model ({self.models[0]}): add --model NAME (e.g. a ResNet) or leave out --heads"
+            )
 
 
 LAYER_GRANULARITIES = ("blocks", "sublayers")
@@ -100,8 +110,10 @@ def parse_layers(layers: str | Sequence[str]) -> str | list[str]:
         names = [str(name).strip() for name in layers]
     names = [name for name in names if name]
     if not names:
-        raise VitseeError(f"--layers {layers!r} names no layer: use blocks, sublayers or NAME,NAME,... "
-                          "(the names `vitsee layers MODEL` lists)")
+        raise VitseeError(
+            f"--layers {layers!r} names no layer: use blocks, sublayers or NAME,NAME,... "
+            "(the names `vitsee layers MODEL` lists)"
+        )
     return names
 
 
@@ -196,8 +208,10 @@ class ModelPlan:
         if loaded.weights != self.loaded.weights:
             for rec in recorders:
                 rec.detach()
-            raise VitseeError(f"the weights of {self.key} changed while the run was going ({loaded.weights.get('path')}): "
-                              "put the file back and rerun the same command to resume, or extract into a new store")
+            raise VitseeError(
+                f"the weights of {self.key} changed while the run was going ({loaded.weights.get('path')}): "
+                "put the file back and rerun the same command to resume, or extract into a new store"
+            )
         self.loaded, self.recorders = loaded, recorders
 
     @property
@@ -268,8 +282,8 @@ def check_same_mode(store: Store, cfg: ExtractConfig, keys: list[str]) -> None:
     if cfg.streaming and cfg.grams != keeps_grams(store):
         raise VitseeError(
             f"{store.path} keeps each layer's per-batch Grams (--grams): add --grams to resume it or to add models to it"
-            if keeps_grams(store) else
-            f"{store.path} streamed one all-pairs CKA accumulator, not per-model Grams: stream the zoo with --grams "
+            if keeps_grams(store)
+            else f"{store.path} streamed one all-pairs CKA accumulator, not per-model Grams: stream the zoo with --grams "
             "into another store (or --overwrite), or leave out --grams to resume it"
         )
     new = [k for k in keys if k not in store.models]
@@ -290,8 +304,13 @@ def check_same_mode(store: Store, cfg: ExtractConfig, keys: list[str]) -> None:
         )
 
 
-def plan(cfg: ExtractConfig, device: torch.device, emit: ProgressFn, lock: store_mod.WriteLock | None = None,
-         budget: int | None = None) -> tuple[Selection, list[ModelPlan], Store | None]:
+def plan(
+    cfg: ExtractConfig,
+    device: torch.device,
+    emit: ProgressFn,
+    lock: store_mod.WriteLock | None = None,
+    budget: int | None = None,
+) -> tuple[Selection, list[ModelPlan], Store | None]:
     """Returns the run's images, one ModelPlan per model, and the existing store if resuming/appending
     (opened for writing under lock, or read-only to only look, as `estimate` does).
 
@@ -304,7 +323,9 @@ def plan(cfg: ExtractConfig, device: torch.device, emit: ProgressFn, lock: store
     specs: list[ModelSpec] = [parse_model_spec(m) for m in cfg.models]
     keys = [s.key for s in specs]
     if len(set(keys)) != len(keys):
-        raise VitseeError(f"model {keys[0] if keys.count(keys[0]) > 1 else keys[1]} is given twice: list each model once")
+        raise VitseeError(
+            f"model {keys[0] if keys.count(keys[0]) > 1 else keys[1]} is given twice: list each model once"
+        )
     images = open_dataset(cfg.dataset)
     indices = select_indices(len(images), cfg.n_images, cfg.shuffle_seed)
     if cfg.shard is not None:
@@ -358,10 +379,21 @@ def plan(cfg: ExtractConfig, device: torch.device, emit: ProgressFn, lock: store
             if cfg.grams:  # a zoo keeps each layer's Gram of each batch instead (zoo_store.py)
                 stats += gram_specs(layer_specs, batch_size)
             heads = any(isinstance(r, HeadOutputRecorder) for r in recorders)
-            mp = ModelPlan(loaded, recorders, layer_specs, stats, tuple(example.shape[1:]), transform, batch_size, new,
-                           done, record, resident_bytes=_resident_bytes(loaded.model),
-                           reopen=lambda spec=spec, heads=heads: _open_model(spec, cfg, device, lambda _m: heads),
-                           gram_maker=gram_maker)
+            mp = ModelPlan(
+                loaded,
+                recorders,
+                layer_specs,
+                stats,
+                tuple(example.shape[1:]),
+                transform,
+                batch_size,
+                new,
+                done,
+                record,
+                resident_bytes=_resident_bytes(loaded.model),
+                reopen=lambda spec=spec, heads=heads: _open_model(spec, cfg, device, lambda _m: heads),
+                gram_maker=gram_maker,
+            )
             mp.batch_bytes = mp.bytes(batch_size, cfg.dtype)
             plans.append(mp)
             if budget is not None and (releasing or kept + mp.cost > budget):
@@ -382,8 +414,9 @@ def plan(cfg: ExtractConfig, device: torch.device, emit: ProgressFn, lock: store
     return selection, plans, existing
 
 
-def _open_model(spec: ModelSpec, cfg: ExtractConfig, device: torch.device,
-                heads: Callable[[LoadedModel], bool]) -> tuple[LoadedModel, list[Recorder]]:
+def _open_model(
+    spec: ModelSpec, cfg: ExtractConfig, device: torch.device, heads: Callable[[LoadedModel], bool]
+) -> tuple[LoadedModel, list[Recorder]]:
     """Returns a spec's model on the device with the run's recorders attached (head outputs when heads(model) says)."""
     torch_dtype = DTYPES[cfg.dtype]
     loaded = load_model(spec, img_size=cfg.img_size, device=device)
@@ -477,8 +510,10 @@ def _without_heads(recorders: list[Recorder], stats: list[ArraySpec]) -> tuple[l
     for rec in recorders:
         if isinstance(rec, HeadOutputRecorder):
             rec.detach()
-    return ([r for r in recorders if not isinstance(r, HeadOutputRecorder)],
-            [s for s in stats if not s.name.startswith(HeadOutputRecorder.PREFIX)])
+    return (
+        [r for r in recorders if not isinstance(r, HeadOutputRecorder)],
+        [s for s in stats if not s.name.startswith(HeadOutputRecorder.PREFIX)],
+    )
 
 
 def _check_disk(path: Path, needed: int, force: bool) -> None:
@@ -504,7 +539,9 @@ class SizeEstimate:
 
     def describe(self) -> str:
         """Returns the one-line plan message: images, models and the expected size on disk."""
-        text = f"{self.n_images} images x {self.n_models} model(s), expected size on disk {human_bytes(self.total_bytes)}"
+        text = (
+            f"{self.n_images} images x {self.n_models} model(s), expected size on disk {human_bytes(self.total_bytes)}"
+        )
         if self.grams:
             text += " (streaming Grams: statistics and each layer's batch Grams, activations not stored)"
         elif self.streaming:

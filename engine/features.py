@@ -10,6 +10,7 @@ skip, spatial maps, heads and ERFs say that they need `vitsee extract`.
 A model's weights record is `{"kind": "features", "source": ...}`; `is_features_model` is how the analyses that
 need the model itself or its input tell such a model apart.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -43,8 +44,9 @@ class FeatureImages:
     shuffle_seed: int | None = None
 
 
-def feature_images(n: int, images: str | None = None, shuffle_seed: int | None = None, labels=None,
-                   class_names=None) -> FeatureImages:
+def feature_images(
+    n: int, images: str | None = None, shuffle_seed: int | None = None, labels=None, class_names=None
+) -> FeatureImages:
     """Returns the images of n feature rows: the first n of a dataset spec (or a seeded n, as `vitsee extract
     --n-images n --shuffle-seed S` takes them), with its labels unless `labels` gives them; or n unnamed images."""
     from .data import MIN_IMAGES, open_dataset, select_indices  # image decoding: not for the analyses that import this
@@ -60,8 +62,9 @@ def feature_images(n: int, images: str | None = None, shuffle_seed: int | None =
     if labels is not None:
         known = np.asarray(labels)
         if known.shape != (n,):
-            raise VitseeError(f"labels have shape {known.shape}, the features {n} images: "
-                              "give one class index per image")
+            raise VitseeError(
+                f"labels have shape {known.shape}, the features {n} images: give one class index per image"
+            )
         if known.dtype.kind == "f" and not np.all(known == np.round(known)):
             raise VitseeError("labels must be class indices (whole numbers, -1 for none), not fractions")
         known = known.astype(np.int64)
@@ -77,8 +80,10 @@ def _check_name(kind: str, name, where: str = "") -> str:
         raise VitseeError(f"{kind} name {name!r}{where} is not a name: use a non-empty string")
     if "/" in name or name != name.strip() or (kind == "model" and ":" in name):
         bad = "'/' or ':'" if kind == "model" else "'/'"
-        raise VitseeError(f"{kind} name '{name}'{where} holds {bad} or surrounding spaces, which the store cannot key: "
-                          f"rename it, e.g. '{name.strip().replace('/', '.').replace(':', '-')}'")
+        raise VitseeError(
+            f"{kind} name '{name}'{where} holds {bad} or surrounding spaces, which the store cannot key: "
+            f"rename it, e.g. '{name.strip().replace('/', '.').replace(':', '-')}'"
+        )
     return name
 
 
@@ -106,15 +111,18 @@ def check_features(features) -> tuple[int, dict[str, dict[str, np.ndarray]]]:
     """Returns (images, {model: {layer: (N, ...) array}}) of a features mapping, or raises the VitseeError that
     says what is wrong with it (its shape, a name, an array)."""
     if not isinstance(features, Mapping) or not features:
-        raise VitseeError("features must be a dict {model: {layer: array (images, ...)}}, e.g. "
-                          "{'alexnet': {'features.10': acts}}")
+        raise VitseeError(
+            "features must be a dict {model: {layer: array (images, ...)}}, e.g. {'alexnet': {'features.10': acts}}"
+        )
     out: dict[str, dict[str, np.ndarray]] = {}
     n = None
     for model, layers in features.items():
         _check_name("model", model)
         if not isinstance(layers, Mapping):
-            raise VitseeError(f"features['{model}'] is not a dict of layers: give {{model: {{layer: array}}}}, e.g. "
-                              f"{{'my_model': {{'{model}': acts}}}} for one layer")
+            raise VitseeError(
+                f"features['{model}'] is not a dict of layers: give {{model: {{layer: array}}}}, e.g. "
+                f"{{'my_model': {{'{model}': acts}}}} for one layer"
+            )
         if not layers:
             raise VitseeError(f"model '{model}' has no layers: give at least one {{layer: array}}")
         out[model] = {}
@@ -122,22 +130,34 @@ def check_features(features) -> tuple[int, dict[str, dict[str, np.ndarray]]]:
             _check_name("layer", layer, f" of model '{model}'")
             array = as_array(array)
             if array.dtype.kind not in "fiub" or array.ndim < 2:
-                raise VitseeError(f"layer '{layer}' of model '{model}' is a {array.dtype} array of shape "
-                                  f"{array.shape}: "
-                                  "give numbers shaped (images, ...), e.g. (N, D) or (N, C, H, W)")
+                raise VitseeError(
+                    f"layer '{layer}' of model '{model}' is a {array.dtype} array of shape "
+                    f"{array.shape}: "
+                    "give numbers shaped (images, ...), e.g. (N, D) or (N, C, H, W)"
+                )
             if n is None:
                 n = len(array)
             if len(array) != n:
-                raise VitseeError(f"layer '{layer}' of model '{model}' has {len(array)} images and the first layer "
-                                  f"{n}: "
-                                  "every layer of every model must hold the same images in the same order")
+                raise VitseeError(
+                    f"layer '{layer}' of model '{model}' has {len(array)} images and the first layer "
+                    f"{n}: "
+                    "every layer of every model must hold the same images in the same order"
+                )
             out[model][layer] = array
     return int(n), out
 
 
-def write_feature_store(path: str | Path, features, images: FeatureImages, *, dtype: str = "float32",
-                        batch_size: int = 64, prefix_tokens: int = 0, source: str = "vitsee.from_features",
-                        overwrite: bool = False) -> Path:
+def write_feature_store(
+    path: str | Path,
+    features,
+    images: FeatureImages,
+    *,
+    dtype: str = "float32",
+    batch_size: int = 64,
+    prefix_tokens: int = 0,
+    source: str = "vitsee.from_features",
+    overwrite: bool = False,
+) -> Path:
     """Writes a store holding the given activations as models of their own; returns its path.
 
     features: {model: {layer: (N, ...) numpy array}} (checked by check_features), layers in forward order;
@@ -148,17 +168,20 @@ def write_feature_store(path: str | Path, features, images: FeatureImages, *, dt
     if batch_size < 1:
         raise VitseeError(f"batch_size must be at least 1, got {batch_size}")
     if prefix_tokens < 0:
-        raise VitseeError(f"prefix_tokens {prefix_tokens} is negative: use 0 (no CLS or register tokens) "
-                          "or their count")
+        raise VitseeError(
+            f"prefix_tokens {prefix_tokens} is negative: use 0 (no CLS or register tokens) or their count"
+        )
     n, features = check_features(features)
     if len(images.indices) != n:
-        raise VitseeError(f"the images are {len(images.indices)} and the features {n}: give the images the "
-                          "features were made of")
+        raise VitseeError(
+            f"the images are {len(images.indices)} and the features {n}: give the images the features were made of"
+        )
     path = Path(path)
     specs = {m: [_layer_spec(name, a, prefix_tokens) for name, a in layers.items()] for m, layers in features.items()}
     with store_mod.creating(path, overwrite=overwrite) as h5:
-        store_mod.write_images(h5, images.dataset, images.indices, images.labels, images.class_names,
-                               images.shuffle_seed)
+        store_mod.write_images(
+            h5, images.dataset, images.indices, images.labels, images.class_names, images.shuffle_seed
+        )
         for model, layers in specs.items():
             record = _record(model, source, prefix_tokens)
             store_mod.add_model_layout(h5, record, layers, [], (1,), batch_size, dtype, n)
@@ -176,10 +199,21 @@ def write_feature_store(path: str | Path, features, images: FeatureImages, *, dt
 def _record(model: str, source: str, prefix_tokens: int) -> dict:
     """Returns the model record of a features model: what extraction records, with nothing known of the model."""
     return {
-        "key": model, "spec": model, "name": model, "tag": None, "timm_name": None, "family": "other",
+        "key": model,
+        "spec": model,
+        "name": model,
+        "tag": None,
+        "timm_name": None,
+        "family": "other",
         "weights": {"kind": FEATURES, "source": source, "seed": None, "path": None, "sha256": None},
-        "data_config": {"input_size": None}, "grid_size": None, "patch_size": None,
+        "data_config": {"input_size": None},
+        "grid_size": None,
+        "patch_size": None,
         # the first prefix token of a token layer is taken for a class token (the probes' CLS readout)
-        "num_prefix_tokens": int(prefix_tokens), "cls_token": bool(prefix_tokens), "prefix_names": [],
-        "num_blocks": 0, "num_heads": 0, "extra": {},
+        "num_prefix_tokens": int(prefix_tokens),
+        "cls_token": bool(prefix_tokens),
+        "prefix_names": [],
+        "num_blocks": 0,
+        "num_heads": 0,
+        "extra": {},
     }

@@ -30,6 +30,7 @@ A selection (row, col) is a cell of `view.matrix`: it is outlined (gid "selectio
 beside it; for attention the row picks the block of the histogram, for probes the layer of the token map,
 for spatial the token whose map is drawn.
 """
+
 from __future__ import annotations
 
 import math
@@ -73,8 +74,16 @@ def figure_for(view: View, selection: tuple[int, int] | None = None, cmap: str =
     note = view.nonfinite_note() if view.shape not in MARKS_OWN_NONFINITE else ""
     if note:  # under the axes: which cells are non-finite, in the figure itself
         lines = wrap_to_width(fig, note, TICK_PT)
-        fig.text(MARGIN_PT / 72 / fig.get_figwidth(), 0.005, "\n".join(lines), fontsize=TICK_PT, color=NONFINITE,
-                 ha="left", va="bottom", gid="nonfinite-note")
+        fig.text(
+            MARGIN_PT / 72 / fig.get_figwidth(),
+            0.005,
+            "\n".join(lines),
+            fontsize=TICK_PT,
+            color=NONFINITE,
+            ha="left",
+            va="bottom",
+            gid="nonfinite-note",
+        )
         engine = fig.get_layout_engine()
         left, bottom, width, height = engine.get()["rect"]
         room = (len(lines) * TICK_PT * 1.3 + 4) / (fig.get_figheight() * 72)
@@ -83,8 +92,9 @@ def figure_for(view: View, selection: tuple[int, int] | None = None, cmap: str =
     return fig
 
 
-def save_png(view: View, path: str | Path, selection: tuple[int, int] | None = None, cmap: str = "viridis",
-             dpi: int = PNG_DPI) -> Path:
+def save_png(
+    view: View, path: str | Path, selection: tuple[int, int] | None = None, cmap: str = "viridis", dpi: int = PNG_DPI
+) -> Path:
     """Returns the path of the PNG of `view` written there (see `figure_for`)."""
     path = Path(path)
     fig = figure_for(view, selection=selection, cmap=cmap)
@@ -101,8 +111,15 @@ def _layer_matrix(view: View, selection, cmap: Colormap) -> Figure:
     fig = _new_figure(view, (6.6, 6.0))
     ax = fig.add_subplot(label="heatmap")
     vmin, vmax = _value_range(view)
-    image = ax.imshow(view.matrix, origin="lower", cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest",
-                      aspect="equal" if n_rows == n_cols else "auto")
+    image = ax.imshow(
+        view.matrix,
+        origin="lower",
+        cmap=cmap,
+        vmin=vmin,
+        vmax=vmax,
+        interpolation="nearest",
+        aspect="equal" if n_rows == n_cols else "auto",
+    )
     _layer_ticks(ax.yaxis, view.rows, room_in=4.6)
     _layer_ticks(ax.xaxis, view.cols, room_in=4.6, rotate=True)
     model_a, model_b = (view.models + view.models)[:2] if view.models else ("", "")
@@ -113,14 +130,25 @@ def _layer_matrix(view: View, selection, cmap: Colormap) -> Figure:
     weak = view.not_significant()
     if weak is not None:  # hatch, not colour: the cell's value stays readable under the hatching
         for r, c in zip(*np.nonzero(weak)):
-            ax.add_patch(Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, hatch="///", edgecolor="0.85", lw=0,
-                                   gid="not-significant"))
+            ax.add_patch(
+                Rectangle(
+                    (c - 0.5, r - 0.5), 1, 1, fill=False, hatch="///", edgecolor="0.85", lw=0, gid="not-significant"
+                )
+            )
     if selection:
         r, c = selection
-        _mark_cell(ax, r, c, f"{view.rows[r]} x {view.cols[c]}\n{view.value_name} {view.cell_text(r, c, 3)}"
-                   f"{view.interval_text(r, c)}", toward=(n_cols / 2 - c, n_rows / 2 - r), cell_pt=330 / max(n_rows, n_cols))
-    notes = ["hatched: not significant (p > 0.05)" if weak is not None and weak.any() else "",
-             view.analysis.caption_notes(view).removeprefix("; ")]  # a measure's image subset and parameters
+        _mark_cell(
+            ax,
+            r,
+            c,
+            f"{view.rows[r]} x {view.cols[c]}\n{view.value_name} {view.cell_text(r, c, 3)}{view.interval_text(r, c)}",
+            toward=(n_cols / 2 - c, n_rows / 2 - r),
+            cell_pt=330 / max(n_rows, n_cols),
+        )
+    notes = [
+        "hatched: not significant (p > 0.05)" if weak is not None and weak.any() else "",
+        view.analysis.caption_notes(view).removeprefix("; "),
+    ]  # a measure's image subset and parameters
     _caption(fig, view, "; ".join(n for n in notes if n), orientation=True)
     return fig
 
@@ -149,30 +177,79 @@ def _heads_by_block(view: View, selection, cmap: Colormap) -> Figure:
     # heads of a block sit side by side (sorted, nearest first) so their error bars do not hide each other
     spread = np.linspace(-0.28, 0.28, n_heads) if n_heads > 1 else np.zeros(1)
     x = np.arange(n_blocks)[:, None] + spread[None, :]
-    spread_bars = ax.errorbar(x.ravel(), mean.ravel(), yerr=std.ravel(), fmt="none", ecolor="0.65", elinewidth=0.8,
-                              zorder=1, label="std over images")
+    spread_bars = ax.errorbar(
+        x.ravel(),
+        mean.ravel(),
+        yerr=std.ravel(),
+        fmt="none",
+        ecolor="0.65",
+        elinewidth=0.8,
+        zorder=1,
+        label="std over images",
+    )
     spread_bars.lines[2][0].set_gid("spread")
     if view.ci_low is not None:  # whiskers: the interval of each head's mean, inside the spread of single images
         low, high = np.asarray(view.ci_low, dtype=float), np.asarray(view.ci_high, dtype=float)
-        whiskers = ax.errorbar(x.ravel(), mean.ravel(), yerr=[(mean - low).ravel(), (high - mean).ravel()], fmt="none",
-                               ecolor="0.1", elinewidth=1.1, capsize=2.0, zorder=1.5,
-                               label=f"{view.ci_level:.0%} interval of the mean")
+        whiskers = ax.errorbar(
+            x.ravel(),
+            mean.ravel(),
+            yerr=[(mean - low).ravel(), (high - mean).ravel()],
+            fmt="none",
+            ecolor="0.1",
+            elinewidth=1.1,
+            capsize=2.0,
+            zorder=1.5,
+            label=f"{view.ci_level:.0%} interval of the mean",
+        )
         whiskers.lines[2][0].set_gid("interval")
-    ax.scatter(x.ravel(), mean.ravel(), c=mean.ravel(), cmap=cmap, vmin=vmin, vmax=vmax, s=22, edgecolors="0.15",
-               linewidths=0.5, zorder=2, label="head (mean over images)", gid="heads")
+    ax.scatter(
+        x.ravel(),
+        mean.ravel(),
+        c=mean.ravel(),
+        cmap=cmap,
+        vmin=vmin,
+        vmax=vmax,
+        s=22,
+        edgecolors="0.15",
+        linewidths=0.5,
+        zorder=2,
+        label="head (mean over images)",
+        gid="heads",
+    )
     per_block = np.asarray(view.extra.get("uniform_px_per_block", np.full(n_blocks, uniform)), dtype=float)
     if np.allclose(per_block, uniform):
         ax.axhline(uniform, ls="--", color="0.25", lw=1, label=f"uniform attention ({uniform:.1f} px)")
     else:  # Swin: uniform attention inside a window of each block's stage
-        ax.hlines(per_block, np.arange(n_blocks) - 0.45, np.arange(n_blocks) + 0.45, ls="--", color="0.25", lw=1,
-                  label="uniform attention in a window")
+        ax.hlines(
+            per_block,
+            np.arange(n_blocks) - 0.45,
+            np.arange(n_blocks) + 0.45,
+            ls="--",
+            color="0.25",
+            lw=1,
+            label="uniform attention in a window",
+        )
         uniform = float(per_block[selection[0] if selection else 0])
     if view.nonfinite is not None and view.nonfinite.any():  # no distance to plot: a cross at the top instead
         rows, cols = np.nonzero(view.nonfinite)
-        ax.scatter(x[rows, cols], np.full(len(rows), vmax), marker="x", color=NONFINITE, s=30, clip_on=False,
-                   zorder=3, label="head with a NaN/Inf distance", gid="nonfinite")
-    ax.set_xticks(np.arange(n_blocks), labels=view.rows, rotation=45 if n_blocks > 8 else 0,
-                  ha="right" if n_blocks > 8 else "center", fontsize=TICK_PT)
+        ax.scatter(
+            x[rows, cols],
+            np.full(len(rows), vmax),
+            marker="x",
+            color=NONFINITE,
+            s=30,
+            clip_on=False,
+            zorder=3,
+            label="head with a NaN/Inf distance",
+            gid="nonfinite",
+        )
+    ax.set_xticks(
+        np.arange(n_blocks),
+        labels=view.rows,
+        rotation=45 if n_blocks > 8 else 0,
+        ha="right" if n_blocks > 8 else "center",
+        fontsize=TICK_PT,
+    )
     ax.set_xlim(-0.6, n_blocks - 0.4)
     ax.set_ylim(vmin, vmax)
     ax.set_xlabel("block")
@@ -183,20 +260,35 @@ def _heads_by_block(view: View, selection, cmap: Colormap) -> Figure:
     ax.axvspan(block - 0.45, block + 0.45, color="0.93", zorder=0)
     if selection:
         r, c = selection
-        ax.scatter([x[r, c]], [mean[r, c]], s=110, facecolors="none", edgecolors=MARK, linewidths=1.6, zorder=3,
-                   gid="selection")
+        ax.scatter(
+            [x[r, c]],
+            [mean[r, c]],
+            s=110,
+            facecolors="none",
+            edgecolors=MARK,
+            linewidths=1.6,
+            zorder=3,
+            gid="selection",
+        )
         value = f"{_fmt(mean[r, c], 1)} ± {_fmt(std[r, c], 1)} px" if np.isfinite(mean[r, c]) else view.cell_text(r, c)
-        ax.annotate(f"{view.rows[r]}, head {c + 1} of {n_heads} (sorted)\n{value}",
-                    xy=(x[r, c], mean[r, c] if np.isfinite(mean[r, c]) else vmax), xytext=(14 if r < n_blocks / 2 else -14, 14), textcoords="offset points",
-                    ha="left" if r < n_blocks / 2 else "right", fontsize=TICK_PT, bbox=_BOX,
-                    arrowprops={"arrowstyle": "-", "color": MARK})
+        ax.annotate(
+            f"{view.rows[r]}, head {c + 1} of {n_heads} (sorted)\n{value}",
+            xy=(x[r, c], mean[r, c] if np.isfinite(mean[r, c]) else vmax),
+            xytext=(14 if r < n_blocks / 2 else -14, 14),
+            textcoords="offset points",
+            ha="left" if r < n_blocks / 2 else "right",
+            fontsize=TICK_PT,
+            bbox=_BOX,
+            arrowprops={"arrowstyle": "-", "color": MARK},
+        )
 
     hist.stairs(counts[block], edges, fill=True, color=cmap(0.35), alpha=0.85)
     hist.axvline(uniform, ls="--", color="0.25", lw=1)
     hist.set_xlim(edges[0], edges[-1])
     left_out = view.n_images * n_heads - int(counts[block].sum()) if view.n_images else 0
-    hist.set_title(f"{view.rows[block]}: heads x images" + (f"\n({left_out} NaN/Inf left out)" if left_out > 0 else ""),
-                   fontsize=9)
+    hist.set_title(
+        f"{view.rows[block]}: heads x images" + (f"\n({left_out} NaN/Inf left out)" if left_out > 0 else ""), fontsize=9
+    )
     hist.set_xlabel("mean attention distance (px)")
     hist.set_ylabel("count")
     _caption(fig, view)
@@ -220,31 +312,72 @@ def _depth_curves(view: View, selection, cmap: Colormap) -> Figure:
         color = LINE_COLORS[j % len(LINE_COLORS)]
         ax.plot(x, acc, marker="o", ms=3.5, lw=1.4, color=color, label=readout, gid=f"readout:{readout}")
         if view.ci_low is not None:
-            ax.fill_between(x, view.ci_low[:, j], view.ci_high[:, j], color=color, alpha=0.16, lw=0, gid=f"band:{readout}")
+            ax.fill_between(
+                x, view.ci_low[:, j], view.ci_high[:, j], color=color, alpha=0.16, lw=0, gid=f"band:{readout}"
+            )
         if np.isfinite(acc).any():
             best = np.flatnonzero(acc == np.nanmax(acc))  # every layer that ties for best (small test splits tie)
-            ax.plot(best, acc[best], marker="*", ms=13, color=color, mec="0.1", mew=0.6, ls="none", zorder=4,
-                    gid=f"best:{readout}")
-            ax.annotate(_fmt(acc[best[-1]], 2), (best[-1], acc[best[-1]]), xytext=(0, 8), textcoords="offset points",
-                        ha="center", fontsize=TICK_PT, color=color)
+            ax.plot(
+                best,
+                acc[best],
+                marker="*",
+                ms=13,
+                color=color,
+                mec="0.1",
+                mew=0.6,
+                ls="none",
+                zorder=4,
+                gid=f"best:{readout}",
+            )
+            ax.annotate(
+                _fmt(acc[best[-1]], 2),
+                (best[-1], acc[best[-1]]),
+                xytext=(0, 8),
+                textcoords="offset points",
+                ha="center",
+                fontsize=TICK_PT,
+                color=color,
+            )
     if chance is not None:
         ax.axhline(chance, ls=":", color="0.3", lw=1.2, label=f"chance ({chance:.2f})", gid="chance")
-    ax.set_xticks(x, labels=view.rows, rotation=45 if n_layers > 6 else 0, ha="right" if n_layers > 6 else "center",
-                  fontsize=TICK_PT)
+    ax.set_xticks(
+        x,
+        labels=view.rows,
+        rotation=45 if n_layers > 6 else 0,
+        ha="right" if n_layers > 6 else "center",
+        fontsize=TICK_PT,
+    )
     ax.set_ylim(vmin, vmax + 0.05 * (vmax - vmin))  # room for the best values' labels
     ax.set_xlabel("layer")
     ax.set_ylabel("test accuracy")
     for j, readout in enumerate(view.cols):  # readouts not fitted: their features hold NaN/Inf
         skipped = np.flatnonzero(view.nonfinite[:, j]) if view.nonfinite is not None else []
         if len(skipped):
-            ax.scatter(skipped, np.full(len(skipped), vmin), marker="x", color=NONFINITE, s=30, clip_on=False,
-                       zorder=4, label=f"{readout}: not fitted (NaN/Inf)", gid=f"skipped:{readout}")
+            ax.scatter(
+                skipped,
+                np.full(len(skipped), vmin),
+                marker="x",
+                color=NONFINITE,
+                s=30,
+                clip_on=False,
+                zorder=4,
+                label=f"{readout}: not fitted (NaN/Inf)",
+                gid=f"skipped:{readout}",
+            )
     ax.legend(fontsize=TICK_PT, loc="best")
     if selection:
         r, c = selection
         ax.axvspan(r - 0.4, r + 0.4, color="0.93", zorder=0)
-        ax.scatter([r], [view.matrix[r, c]], s=110, facecolors="none", edgecolors=MARK, linewidths=1.6, zorder=5,
-                   gid="selection")
+        ax.scatter(
+            [r],
+            [view.matrix[r, c]],
+            s=110,
+            facecolors="none",
+            edgecolors=MARK,
+            linewidths=1.6,
+            zorder=5,
+            gid="selection",
+        )
 
     if layer:
         accuracy = np.asarray(token_maps[layer], dtype=float)
@@ -255,8 +388,9 @@ def _depth_curves(view: View, selection, cmap: Colormap) -> Figure:
         else:  # a view without the layout: infer it from the token count
             prefix, (gh, gw) = token_grid(len(accuracy), has_cls="CLS" in view.cols)
         tokens = fig.add_subplot(grid[1], label="token map")
-        image = tokens.imshow(accuracy[prefix:].reshape(gh, gw), cmap=cmap, vmin=vmin, vmax=vmax,
-                              interpolation="nearest")
+        image = tokens.imshow(
+            accuracy[prefix:].reshape(gh, gw), cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest"
+        )
         title = f"{layer}: per-token probes"
         if prefix:
             title += f"\nCLS token {_fmt(accuracy[0], 2)}"
@@ -290,8 +424,14 @@ def _token_ratios(view: View, selection, cmap: Colormap) -> Figure:
     _overlay_nonfinite(ax, view.nonfinite, origin="lower", aspect="auto")
     if selection:
         r, c = selection
-        _mark_cell(ax, r, c, f"{view.rows[r]}, {view.cols[c]}\nratio {view.cell_text(r, c, 2, 'no finite ratio')}",
-                   toward=(n_cols / 2 - c, n_rows / 2 - r), cell_pt=280 / max(n_rows, n_cols))
+        _mark_cell(
+            ax,
+            r,
+            c,
+            f"{view.rows[r]}, {view.cols[c]}\nratio {view.cell_text(r, c, 2, 'no finite ratio')}",
+            toward=(n_cols / 2 - c, n_rows / 2 - r),
+            cell_pt=280 / max(n_rows, n_cols),
+        )
 
     curves = fig.add_subplot(grid[1], label="curves")
     x = np.arange(n_rows)
@@ -312,8 +452,16 @@ def _token_ratios(view: View, selection, cmap: Colormap) -> Figure:
             _plain_log_labels(curves.yaxis)
         curves.legend(fontsize=TICK_PT)
     else:
-        curves.text(0.5, 0.5, "no finite ratios\n(a residual branch that adds zero)", ha="center", va="center",
-                    transform=curves.transAxes, fontsize=9, color="0.35")
+        curves.text(
+            0.5,
+            0.5,
+            "no finite ratios\n(a residual branch that adds zero)",
+            ha="center",
+            va="center",
+            transform=curves.transAxes,
+            fontsize=9,
+            color="0.35",
+        )
         curves.set_yticks([])
     _layer_ticks(curves.xaxis, view.rows, room_in=2.6, rotate=True)
     curves.set_xlim(-0.5, n_rows - 0.5)
@@ -341,11 +489,19 @@ def _token_maps(view: View, selection, cmap: Colormap) -> Figure:
     if selection:
         r, c = selection
         pi, pj = divmod(c, gw)
-        ax.add_patch(Rectangle((pj - 0.5, pi - 0.5), 1, 1, fill=False, edgecolor=MARK, lw=1.6, ls="--", gid="selection"))
-        ax.annotate(f"{view.cols[c]}: {view.value_name} {view.cell_text(r, c, 3)}", (pj, pi),
-                    xytext=(12 if pj < gw / 2 else -12, -14 if pi < gh / 2 else 14), textcoords="offset points",
-                    ha="left" if pj < gw / 2 else "right", fontsize=TICK_PT, bbox=_BOX,
-                    arrowprops={"arrowstyle": "-", "color": MARK})
+        ax.add_patch(
+            Rectangle((pj - 0.5, pi - 0.5), 1, 1, fill=False, edgecolor=MARK, lw=1.6, ls="--", gid="selection")
+        )
+        ax.annotate(
+            f"{view.cols[c]}: {view.value_name} {view.cell_text(r, c, 3)}",
+            (pj, pi),
+            xytext=(12 if pj < gw / 2 else -12, -14 if pi < gh / 2 else 14),
+            textcoords="offset points",
+            ha="left" if pj < gw / 2 else "right",
+            fontsize=TICK_PT,
+            bbox=_BOX,
+            arrowprops={"arrowstyle": "-", "color": MARK},
+        )
 
     rows_k, cols_k = len(others[0]), len(others[1])
     small = grid[1].subgridspec(rows_k, cols_k)
@@ -403,12 +559,21 @@ def _overlay_nonfinite(ax, mask: np.ndarray | None, origin: str, aspect: str) ->
     from matplotlib.colors import ListedColormap
 
     cells = np.ma.masked_where(~np.asarray(mask, dtype=bool), np.ones(np.shape(mask)))
-    ax.imshow(cells, cmap=ListedColormap([NONFINITE]), vmin=0, vmax=1, origin=origin, aspect=aspect,
-              interpolation="nearest", gid="nonfinite")
+    ax.imshow(
+        cells,
+        cmap=ListedColormap([NONFINITE]),
+        vmin=0,
+        vmax=1,
+        origin=origin,
+        aspect=aspect,
+        interpolation="nearest",
+        gid="nonfinite",
+    )
 
 
 def _spread_tokens(gh: int, gw: int) -> tuple[list[int], list[int]]:
     """Returns up to 3 grid rows and 3 grid columns spread over the grid (corners, edges, centre)."""
+
     def pick(n: int) -> list[int]:
         return sorted({0, (n - 1) // 2, n - 1}) if n > 1 else [0]
 
@@ -447,12 +612,28 @@ def _heads_by_layer(view: View, selection, cmap: Colormap) -> Figure:
     colours = cmap(np.linspace(0.0, 0.9, max(len(blocks), 1)))
     for i, b in enumerate(blocks):
         mine = block == b
-        ax.scatter(distance[mine], values[mine], s=26, color=colours[i], edgecolors="0.15", linewidths=0.5,
-                   label=f"block {b}", gid=f"block-{b}")
+        ax.scatter(
+            distance[mine],
+            values[mine],
+            s=26,
+            color=colours[i],
+            edgecolors="0.15",
+            linewidths=0.5,
+            label=f"block {b}",
+            gid=f"block-{b}",
+        )
     if selection:
         r = selection[0]
-        ax.scatter([distance[r]], [values[r]], s=120, facecolors="none", edgecolors=MARK, linewidths=1.6, zorder=3,
-                   gid="selection")
+        ax.scatter(
+            [distance[r]],
+            [values[r]],
+            s=120,
+            facecolors="none",
+            edgecolors=MARK,
+            linewidths=1.6,
+            zorder=3,
+            gid="selection",
+        )
     ax.set_xlabel("mean attention distance (px)")
     ax.set_ylabel(f"CKA with {view.models[-1]} {view.cols[col]}")
     if len(blocks) <= MAX_LEGEND_BLOCKS:
@@ -461,8 +642,13 @@ def _heads_by_layer(view: View, selection, cmap: Colormap) -> Figure:
         from matplotlib.cm import ScalarMappable
         from matplotlib.colors import ListedColormap
 
-        bar = fig.colorbar(ScalarMappable(Normalize(-0.5, len(blocks) - 0.5), ListedColormap(colours)), ax=ax,
-                           label="block", shrink=0.85, pad=0.01)
+        bar = fig.colorbar(
+            ScalarMappable(Normalize(-0.5, len(blocks) - 0.5), ListedColormap(colours)),
+            ax=ax,
+            label="block",
+            shrink=0.85,
+            pad=0.01,
+        )
         ticks = np.arange(0, len(blocks), math.ceil(len(blocks) / 12))
         bar.set_ticks(ticks, labels=[str(blocks[i]) for i in ticks])
         bar.ax.tick_params(labelsize=TICK_PT)
@@ -471,7 +657,9 @@ def _heads_by_layer(view: View, selection, cmap: Colormap) -> Figure:
 
     heat = fig.add_subplot(grid[1], label="heatmap")
     vmin, vmax = _value_range(view)
-    image = heat.imshow(view.matrix, origin="lower", cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest", aspect="auto")
+    image = heat.imshow(
+        view.matrix, origin="lower", cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest", aspect="auto"
+    )
     _layer_ticks(heat.yaxis, view.rows, room_in=3.8)
     _layer_ticks(heat.xaxis, view.cols, room_in=3.6, rotate=True)
     heat.set_ylabel(f"{view.models[0]} head")
@@ -481,8 +669,14 @@ def _heads_by_layer(view: View, selection, cmap: Colormap) -> Figure:
     if selection:
         r, c = selection
         n_rows, n_cols = view.matrix.shape
-        _mark_cell(heat, r, c, f"{view.rows[r]} x {view.cols[c]}\nCKA {_fmt(view.value(r, c))}",
-                   toward=(n_cols / 2 - c, n_rows / 2 - r), cell_pt=280 / max(n_rows, n_cols))
+        _mark_cell(
+            heat,
+            r,
+            c,
+            f"{view.rows[r]} x {view.cols[c]}\nCKA {_fmt(view.value(r, c))}",
+            toward=(n_cols / 2 - c, n_rows / 2 - r),
+            cell_pt=280 / max(n_rows, n_cols),
+        )
     _caption(fig, view, orientation=True)
     return fig
 
@@ -502,12 +696,21 @@ def _pixel_map(view: View, selection, cmap: Colormap) -> Figure:
         if layer in view.extra.get("no_field_layers", ()):  # rounding noise, not a map (analyses/erf.py)
             ax.set_title(layer, fontsize=9)
             ax.set_axis_off()
-            ax.text(0.5, 0.5, "no receptive field:\nthe centre sum does not\ndepend on the input", ha="center",
-                    va="center", fontsize=TICK_PT, transform=ax.transAxes, gid="no-field")
+            ax.text(
+                0.5,
+                0.5,
+                "no receptive field:\nthe centre sum does not\ndepend on the input",
+                ha="center",
+                va="center",
+                fontsize=TICK_PT,
+                transform=ax.transAxes,
+                gid="no-field",
+            )
             continue
         shown = np.where(m > 0, m, vmin)  # a zero share sits at the bottom of the log scale
-        image = ax.imshow(shown, cmap=cmap, norm=LogNorm(vmin, vmax) if vmax > vmin else Normalize(0, vmax),
-                          interpolation="nearest")
+        image = ax.imshow(
+            shown, cmap=cmap, norm=LogNorm(vmin, vmax) if vmax > vmin else Normalize(0, vmax), interpolation="nearest"
+        )
         ax.set_title(layer, fontsize=9)
         ax.tick_params(labelsize=TICK_PT)
         if selection and layer == view.params.get("layer"):
@@ -546,34 +749,63 @@ def _model_matrix(view: View, selection, cmap: Colormap) -> Figure:
             if tick.get_text() in shown_names:
                 tick.set_color(palette[families[order[shown_names.index(tick.get_text())]]])
     fig.colorbar(image, ax=ax, label=view.value_name, shrink=0.8)
-    _overlay_nonfinite(ax, view.nonfinite[np.ix_(order, order)] if view.nonfinite is not None else None,
-                       origin="upper", aspect="equal")
-    ax.legend(handles=[Rectangle((0, 0), 1, 1, color=c, label=f) for f, c in palette.items()], fontsize=TICK_PT,
-              loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=min(6, len(palette)), frameon=False,
-              title="family (the names' colour)", title_fontsize=TICK_PT, alignment="left")
+    _overlay_nonfinite(
+        ax, view.nonfinite[np.ix_(order, order)] if view.nonfinite is not None else None, origin="upper", aspect="equal"
+    )
+    ax.legend(
+        handles=[Rectangle((0, 0), 1, 1, color=c, label=f) for f, c in palette.items()],
+        fontsize=TICK_PT,
+        loc="lower left",
+        bbox_to_anchor=(0.0, 1.0),
+        ncols=min(6, len(palette)),
+        frameon=False,
+        title="family (the names' colour)",
+        title_fontsize=TICK_PT,
+        alignment="left",
+    )
     if n <= 10:  # few enough cells to write each value in
         for i in range(n):
             for j in range(n):
                 value = shown[i, j]
                 if np.isfinite(value):
                     light = (value - vmin) / (vmax - vmin) > 0.6 if vmax > vmin else False
-                    ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=TICK_PT + 1,
-                            color="black" if light else "white")
+                    ax.text(
+                        j,
+                        i,
+                        f"{value:.2f}",
+                        ha="center",
+                        va="center",
+                        fontsize=TICK_PT + 1,
+                        color="black" if light else "white",
+                    )
     reference = order[0]
     if selection:
         r, c = selection
         reference = r
         i, j = order.index(r), order.index(c)
-        _mark_cell(ax, i, j, f"{names[r]} x {names[c]}\n{view.value_name} {view.cell_text(r, c, 3)}"
-                   f"{view.interval_text(r, c)}", toward=(n / 2 - j, i - n / 2), cell_pt=300 / max(n, 1))
+        _mark_cell(
+            ax,
+            i,
+            j,
+            f"{names[r]} x {names[c]}\n{view.value_name} {view.cell_text(r, c, 3)}{view.interval_text(r, c)}",
+            toward=(n / 2 - j, i - n / 2),
+            cell_pt=300 / max(n, 1),
+        )
     ref = view.rows[reference]
     pairs = {(c["a"], c["b"]): c for c in view.extra.get("correspondences", [])}
     curves.plot([0, 1], [0, 1], ls=":", color="0.6", lw=1, label="same relative depth")
     for k, i in enumerate(i for i in order if i != reference):
         c = pairs.get((view.rows[i], ref))
         if c is not None:
-            curves.plot(c["depth_a"], c["depth_b_path"], marker="o", ms=3, lw=1.4, label=names[i],
-                        color=LINE_COLORS[k % len(LINE_COLORS)] if len(order) <= len(LINE_COLORS) + 1 else None)
+            curves.plot(
+                c["depth_a"],
+                c["depth_b_path"],
+                marker="o",
+                ms=3,
+                lw=1.4,
+                label=names[i],
+                color=LINE_COLORS[k % len(LINE_COLORS)] if len(order) <= len(LINE_COLORS) + 1 else None,
+            )
     curves.set_xlim(-0.02, 1.02)
     curves.set_ylim(-0.02, 1.02)
     curves.set_aspect("equal")
@@ -608,8 +840,15 @@ def _measures_agree(view: View, selection, cmap: Colormap) -> Figure:
         first = first or ax
         finite = panel[np.isfinite(panel)]
         low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
-        image = ax.imshow(panel, origin="lower", cmap=cmap if up else cmap.reversed(), vmin=low,
-                          vmax=high if high > low else low + 1.0, interpolation="nearest", aspect="auto")
+        image = ax.imshow(
+            panel,
+            origin="lower",
+            cmap=cmap if up else cmap.reversed(),
+            vmin=low,
+            vmax=high if high > low else low + 1.0,
+            interpolation="nearest",
+            aspect="auto",
+        )
         ax.set_title(label if up else f"{label} (low: alike)", fontsize=9)
         bar = fig.colorbar(image, ax=ax, shrink=0.85, pad=0.03)
         bar.ax.tick_params(labelsize=TICK_PT - 1)
@@ -631,8 +870,16 @@ def _measures_agree(view: View, selection, cmap: Colormap) -> Figure:
         if np.isfinite(value):
             shade = cmap((value - low) / (1.0 - low))
             ink = "black" if 0.299 * shade[0] + 0.587 * shade[1] + 0.114 * shade[2] > 0.5 else "white"
-            ax.text(c, r, f"{value:.2f}", ha="center", va="center", fontsize=TICK_PT + (1 if m <= 5 else 0),
-                    color=ink, gid="rank-correlation")
+            ax.text(
+                c,
+                r,
+                f"{value:.2f}",
+                ha="center",
+                va="center",
+                fontsize=TICK_PT + (1 if m <= 5 else 0),
+                color=ink,
+                gid="rank-correlation",
+            )
     ax.set_xticks(np.arange(m), labels=view.cols, fontsize=TICK_PT, rotation=45, ha="right")
     ax.set_yticks(np.arange(m), labels=view.rows, fontsize=TICK_PT)
     ax.set_title(f"rank correlation over {view.extra['n_pairs']} layer pairs", fontsize=9)
@@ -640,8 +887,9 @@ def _measures_agree(view: View, selection, cmap: Colormap) -> Figure:
     if selection:
         r, c = selection
         ax.add_patch(Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, edgecolor=MARK, lw=2, gid="selection"))
-    colours = "each panel's colours span its own values" + (", a distance's reversed: bright is alike everywhere"
-                                                            if not all(view.extra["higher_is_better"]) else "")
+    colours = "each panel's colours span its own values" + (
+        ", a distance's reversed: bright is alike everywhere" if not all(view.extra["higher_is_better"]) else ""
+    )
     _caption(fig, view, f"{colours}; {view.analysis.caption_notes(view).removeprefix('; ')}", orientation=True)
     return fig
 
@@ -656,19 +904,34 @@ def _new_figure(view: View, size: tuple[float, float]) -> Figure:
     subtitle = wrap_to_width(fig, view.subtitle, SUBTITLE_PT)
     top_pt = 6
     for line in title:
-        fig.text(0.5, 1 - (top_pt + TITLE_PT) / (size[1] * 72), line, ha="center", va="baseline",
-                 fontsize=TITLE_PT, weight="bold")
+        fig.text(
+            0.5,
+            1 - (top_pt + TITLE_PT) / (size[1] * 72),
+            line,
+            ha="center",
+            va="baseline",
+            fontsize=TITLE_PT,
+            weight="bold",
+        )
         top_pt += TITLE_PT * 1.3
     for line in subtitle:
-        fig.text(0.5, 1 - (top_pt + SUBTITLE_PT) / (size[1] * 72), line, ha="center", va="baseline",
-                 fontsize=SUBTITLE_PT, color="0.3")
+        fig.text(
+            0.5,
+            1 - (top_pt + SUBTITLE_PT) / (size[1] * 72),
+            line,
+            ha="center",
+            va="baseline",
+            fontsize=SUBTITLE_PT,
+            color="0.3",
+        )
         top_pt += SUBTITLE_PT * 1.3
     fig.get_layout_engine().set(rect=(0, 0, 1, 1 - (top_pt + 6) / (size[1] * 72)))
     return fig
 
 
-def wrap_to_width(fig: Figure, text: str, fontsize: float, width_px: float | None = None,
-                  weight: str = "normal") -> list[str]:
+def wrap_to_width(
+    fig: Figure, text: str, fontsize: float, width_px: float | None = None, weight: str = "normal"
+) -> list[str]:
     """Returns `text` cut into lines that each measure at most width_px (default: the figure's width less
     MARGIN_PT on each side) in fig's renderer: at spaces, or inside a word too long for a line of its own.
 
@@ -729,8 +992,11 @@ def _fit_axes_texts(fig: Figure) -> None:
             length = extent.height if text is ax.yaxis.label else extent.width
             if length > room:
                 props = text.get_fontproperties()
-                text.set_text("\n".join(wrap_to_width(fig, text.get_text(), props.get_size_in_points(), room,
-                                                       weight=props.get_weight())))
+                text.set_text(
+                    "\n".join(
+                        wrap_to_width(fig, text.get_text(), props.get_size_in_points(), room, weight=props.get_weight())
+                    )
+                )
 
 
 def _layer_ticks(axis, labels: list[str], room_in: float, rotate: bool = False) -> None:
@@ -769,15 +1035,24 @@ def _integer_ticks(ax, gh: int, gw: int) -> None:
 
 def _mark_cell(ax, row: int, col: int, text: str, toward: tuple[float, float], cell_pt: float) -> None:
     """Outlines cell (row, col) (gid "selection") and writes `text` beside it, offset towards the middle."""
-    ax.add_patch(Rectangle((col - 0.5, row - 0.5), 1, 1, fill=False, edgecolor=MARK, lw=2, gid="selection",
-                           zorder=5))
+    ax.add_patch(Rectangle((col - 0.5, row - 0.5), 1, 1, fill=False, edgecolor=MARK, lw=2, gid="selection", zorder=5))
     dx, dy = (1 if toward[0] >= 0 else -1), (1 if toward[1] >= 0 else -1)
     if ax.yaxis_inverted():
         dy = -dy
     away = 10 + 0.5 * cell_pt  # from the cell's centre to just past its edge
-    ax.annotate(text, (col, row), xytext=(away * dx, away * dy), textcoords="offset points", fontsize=TICK_PT,
-                ha="left" if dx > 0 else "right", va="bottom" if dy > 0 else "top", bbox=_BOX, zorder=6,
-                arrowprops={"arrowstyle": "-", "color": MARK, "lw": 1.2}, gid="selection-label")
+    ax.annotate(
+        text,
+        (col, row),
+        xytext=(away * dx, away * dy),
+        textcoords="offset points",
+        fontsize=TICK_PT,
+        ha="left" if dx > 0 else "right",
+        va="bottom" if dy > 0 else "top",
+        bbox=_BOX,
+        zorder=6,
+        arrowprops={"arrowstyle": "-", "color": MARK, "lw": 1.2},
+        gid="selection-label",
+    )
 
 
 def _check_selection(view: View, selection) -> tuple[int, int] | None:
@@ -787,8 +1062,10 @@ def _check_selection(view: View, selection) -> tuple[int, int] | None:
     n_rows, n_cols = view.matrix.shape
     row, col = (int(v) for v in selection)
     if not (0 <= row < n_rows and 0 <= col < n_cols):
-        raise VitseeError(f"selection ({row}, {col}) is outside the {n_rows}x{n_cols} matrix of {view.spec}: "
-                          f"pick a row in 0..{n_rows - 1} and a column in 0..{n_cols - 1}")
+        raise VitseeError(
+            f"selection ({row}, {col}) is outside the {n_rows}x{n_cols} matrix of {view.spec}: "
+            f"pick a row in 0..{n_rows - 1} and a column in 0..{n_cols - 1}"
+        )
     return row, col
 
 

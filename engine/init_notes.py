@@ -8,12 +8,16 @@ from a store's model info before anything is computed.
 
 from __future__ import annotations
 
-ZERO_BRANCH = ("\u2016f(z)\u2016 = 0: timm initialises this branch to zero (the last BatchNorm of each ResNet "
-               "block, zero_init_last), so at random init a block adds nothing: ratios are not finite and "
-               "consecutive blocks look the same in CKA; use trained weights for a meaningful view")
-TINY_BRANCH = ("\u2016f(z)\u2016 \u2248 1e-6 \u2016z\u2016: timm initialises ConvNeXt's layer scale to 1e-6, so at "
-               "random init a block adds almost nothing: ratios near 1e6, consecutive blocks look the same in "
-               "CKA; use trained weights for a meaningful view")
+ZERO_BRANCH = (
+    "\u2016f(z)\u2016 = 0: timm initialises this branch to zero (the last BatchNorm of each ResNet "
+    "block, zero_init_last), so at random init a block adds nothing: ratios are not finite and "
+    "consecutive blocks look the same in CKA; use trained weights for a meaningful view"
+)
+TINY_BRANCH = (
+    "\u2016f(z)\u2016 \u2248 1e-6 \u2016z\u2016: timm initialises ConvNeXt's layer scale to 1e-6, so at "
+    "random init a block adds almost nothing: ratios near 1e6, consecutive blocks look the same in "
+    "CKA; use trained weights for a meaningful view"
+)
 
 
 def random_init_note(info: dict) -> str | None:

@@ -5,6 +5,7 @@ A block loses its skips by a forward replacement on that block instance: the sam
 order, so the state-dict keys stay timm's and `timm.create_model(NAME, **kwargs).load_state_dict(...)` still
 loads the weights; only the adds go.
 """
+
 from __future__ import annotations
 
 import re

@@ -3,6 +3,7 @@ layout for `vitsee show` (engine/render.py) and the app (tui/widgets/axis_labels
 
     'blocks.11' -> 'b.11'     'layer2.1.conv1' -> 'l2.1.conv1'     'blocks.3.attn' -> '3.attn'     'patch_embed' -> 'patch…'
 """
+
 from __future__ import annotations
 
 import re
@@ -35,7 +36,7 @@ def abbreviate_label(label: str, width: int) -> str:
             return text
     if "." not in label and width > 1:  # one word ('patch_embed'): its start says more than its end
         return label[: width - 1] + ELLIPSIS
-    return (ELLIPSIS + label[-(width - 1):]) if width > 1 else label[-width:]
+    return (ELLIPSIS + label[-(width - 1) :]) if width > 1 else label[-width:]
 
 
 def fit_labels(labels: Sequence[str], width: int) -> list[str]:

@@ -63,13 +63,16 @@ def as_features(a: Any, name: str = "x") -> torch.Tensor:
     """Returns a (n, ...) array or tensor as a (n, D) float64 tensor on its device (numpy: the CPU), checked finite."""
     t = a.detach() if isinstance(a, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(a))  # a view if it can be
     if t.ndim < 2:
-        raise VitseeError(f"{name} must be (examples, features...), got shape {tuple(t.shape)}: "
-                          f"add a feature axis ({name}[:, None])")
+        raise VitseeError(
+            f"{name} must be (examples, features...), got shape {tuple(t.shape)}: add a feature axis ({name}[:, None])"
+        )
     t = t.to(torch.float64).reshape(t.shape[0], -1)
     bad = 0 if bool(torch.isfinite(t).all()) else int((~torch.isfinite(t)).sum())
     if bad:
-        raise VitseeError(f"{name} holds {bad} nan/inf values (fp16 overflow?): re-extract the layer in fp32 "
-                          "or leave those examples out")
+        raise VitseeError(
+            f"{name} holds {bad} nan/inf values (fp16 overflow?): re-extract the layer in fp32 "
+            "or leave those examples out"
+        )
     return t
 
 
@@ -77,8 +80,10 @@ def feature_pair(x: Any, y: Any, measure: str, min_rows: int = 2) -> tuple[torch
     """Returns x and y as (n, Dx), (n, Dy) float64 tensors, checked to hold the same n >= min_rows examples."""
     xf, yf = as_features(x, "x"), as_features(y, "y")
     if xf.shape[0] != yf.shape[0]:
-        raise VitseeError(f"{measure} needs the same examples in x and y, got {xf.shape[0]} and {yf.shape[0]} rows: "
-                          "pass activations of the same images in the same order")
+        raise VitseeError(
+            f"{measure} needs the same examples in x and y, got {xf.shape[0]} and {yf.shape[0]} rows: "
+            "pass activations of the same images in the same order"
+        )
     if xf.device != yf.device:
         raise VitseeError(f"{measure}: x is on {xf.device} and y on {yf.device}: move both to one device")
     if xf.shape[0] < min_rows:
@@ -89,14 +94,16 @@ def feature_pair(x: Any, y: Any, measure: str, min_rows: int = 2) -> tuple[torch
 def check_k(k: int, n: int, measure: str, least: int = 1) -> int:
     """Returns k if least <= k < n (each example has n - 1 others to be neighbours); raises otherwise."""
     if not least <= int(k) < n:
-        raise VitseeError(f"{measure} k={k} needs {least} <= k < {n} (the examples): use a k below the number of "
-                          f"images, e.g. k={max(least, min(10, n - 1))}, or pass more images")
+        raise VitseeError(
+            f"{measure} k={k} needs {least} <= k < {n} (the examples): use a k below the number of "
+            f"images, e.g. k={max(least, min(10, n - 1))}, or pass more images"
+        )
     return int(k)
 
 
 def is_constant(centred_sq_norm: float, raw_sq_norm: float) -> bool:
     """True when a layer's examples are all the same to rounding: its centred norm is ~eps of its raw norm."""
-    return not centred_sq_norm > (CONSTANT_RTOL ** 2) * raw_sq_norm or centred_sq_norm == 0.0
+    return not centred_sq_norm > (CONSTANT_RTOL**2) * raw_sq_norm or centred_sq_norm == 0.0
 
 
 def warn_constant(name: str, measure: str) -> float:
@@ -168,15 +175,17 @@ def rbf_gram(d2: torch.Tensor, threshold: float) -> torch.Tensor:
     """Returns exp(-d2 / (2 threshold^2 m)), m the median of d2 over all n^2 entries, zero diagonal included
     (Kornblith et al. 2019's gram_rbf); NaN where m is 0 (most examples identical)."""
     m = median_all(d2)[..., None, None]
-    scale = torch.where(m > 0, 2 * threshold ** 2 * m, torch.full_like(m, math.nan))
+    scale = torch.where(m > 0, 2 * threshold**2 * m, torch.full_like(m, math.nan))
     return torch.exp(-d2 / scale)
 
 
 def check_threshold(threshold: float) -> float:
     """Returns the RBF bandwidth multiple if it is a positive number; raises otherwise."""
     if not float(threshold) > 0 or not math.isfinite(float(threshold)):
-        raise VitseeError(f"rbf_cka threshold={threshold} is not a positive bandwidth multiple: use e.g. 0.5 "
-                          "(Kornblith et al.'s choice: sigma = 0.5 x the median distance)")
+        raise VitseeError(
+            f"rbf_cka threshold={threshold} is not a positive bandwidth multiple: use e.g. 0.5 "
+            "(Kornblith et al.'s choice: sigma = 0.5 x the median distance)"
+        )
     return float(threshold)
 
 
@@ -191,7 +200,7 @@ def knn_mask(similarity: torch.Tensor, k: int, ids: torch.Tensor | None = None) 
     ids[j] == ids[i], by default j == i); ties go to the lower index, so the mask is deterministic."""
     n = similarity.shape[-1]
     s = similarity.clone()
-    same = (torch.eye(n, dtype=torch.bool, device=s.device) if ids is None else ids[:, None] == ids[None, :])
+    same = torch.eye(n, dtype=torch.bool, device=s.device) if ids is None else ids[:, None] == ids[None, :]
     s[same] = -math.inf
     order = torch.sort(s, dim=-1, descending=True, stable=True).indices[..., :k]  # (n, k)
     mask = torch.zeros(n, n, dtype=torch.bool, device=s.device)
@@ -559,8 +568,10 @@ def rsa(x: Any, y: Any) -> float:
             return math.nan
         rows = correlation_rows(f)
         if rows is None:
-            warnings.warn(f"an example of {name} has all its features equal: its correlation distance, and rsa, is nan",
-                          stacklevel=2)
+            warnings.warn(
+                f"an example of {name} has all its features equal: its correlation distance, and rsa, is nan",
+                stacklevel=2,
+            )
             return math.nan
         vectors.append(average_ranks(upper(1 - rows @ rows.T)))
     return pearson(*vectors)

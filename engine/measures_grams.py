@@ -104,15 +104,19 @@ class LayerGrams:
         """Returns the LayerGrams of features x (n, ...), numpy or torch, built in fp64 on device (default: x's)."""
         t = x.detach() if isinstance(x, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(np.asarray(x)))
         if t.ndim < 2:
-            raise VitseeError(f"{name or 'x'} must be (examples, features...), got shape {tuple(t.shape)}: add a feature axis")
+            raise VitseeError(
+                f"{name or 'x'} must be (examples, features...), got shape {tuple(t.shape)}: add a feature axis"
+            )
         t = t.reshape(t.shape[0], -1)
         dev = torch.device(device) if device is not None else t.device
         n, d = t.shape
         step = max(1, CHUNK_BYTES // (8 * n))
         mu = torch.cat([t[:, c : c + step].to(dev, torch.float64).mean(dim=0) for c in range(0, d, step)])
         if not bool(torch.isfinite(mu).all()):  # a nan or inf anywhere in a column makes its mean non-finite
-            raise VitseeError(f"{name or 'x'} holds nan/inf values (fp16 overflow?): re-extract the layer in fp32 "
-                              "or leave those examples out")
+            raise VitseeError(
+                f"{name or 'x'} holds nan/inf values (fp16 overflow?): re-extract the layer in fp32 "
+                "or leave those examples out"
+            )
         mur = mu - mu.mean()
         gram = torch.zeros(n, n, dtype=torch.float64, device=dev)
         v, w, s = (torch.zeros(n, dtype=torch.float64, device=dev) for _ in range(3))
@@ -137,8 +141,18 @@ class LayerGrams:
         """Returns the LayerGrams of examples `rows` (an index array, repeats allowed: a bootstrap resample)."""
         idx = torch.as_tensor(np.asarray(rows), dtype=torch.int64, device=self.device)
         ids = idx if self.ids is None else self.ids[idx]
-        out = LayerGrams(_rows_cols(self.gram, idx), self.v[idx], self.w[idx], self.s[idx], self.mu_sq, self.mur_sq,
-                         self.d, ids=ids, centred_rows=self.centred_rows, name=self.name)
+        out = LayerGrams(
+            _rows_cols(self.gram, idx),
+            self.v[idx],
+            self.w[idx],
+            self.s[idx],
+            self.mu_sq,
+            self.mur_sq,
+            self.d,
+            ids=ids,
+            centred_rows=self.centred_rows,
+            name=self.name,
+        )
         if len(idx) == self.n and bool((torch.bincount(idx, minlength=self.n) == 1).all()):
             # a permutation (the p-value's null): the examples are the same, so the centring, the spectrum and
             # the kNN masks move with the rows instead of being built again
@@ -156,8 +170,10 @@ class LayerGrams:
     @property
     def constant(self) -> bool:
         """True when these examples are all the same (zero variance): every measure of the layer is NaN."""
-        return self._cached("constant", lambda: ms.is_constant(float(self.centred().diagonal().sum()),
-                                                                float(self.raw().diagonal().sum())))
+        return self._cached(
+            "constant",
+            lambda: ms.is_constant(float(self.centred().diagonal().sum()), float(self.raw().diagonal().sum())),
+        )
 
     def raw(self) -> torch.Tensor:
         """Returns the (n, n) Gram X X' of the features as stored (uncentred)."""
@@ -175,7 +191,7 @@ class LayerGrams:
         features are all equal."""
         k = self.gram - torch.outer(self.s, self.s) / self.d + (self.w[:, None] + self.w[None, :]) + self.mur_sq
         var = k.diagonal().clone()
-        if bool((var <= (ms.CONSTANT_RTOL ** 2) * self.raw().diagonal()).any()):
+        if bool((var <= (ms.CONSTANT_RTOL**2) * self.raw().diagonal()).any()):
             return None
         sd = var.sqrt()
         return k / torch.outer(sd, sd)
@@ -183,12 +199,14 @@ class LayerGrams:
     def spectrum(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (U, lam): the centred Gram's eigenvectors (n, r) and variance fractions (r,), descending, r its
         numerical rank -- Xc / ||Xc||_F = U diag(sqrt(lam)) V' (the thin SVD), cached."""
+
         def build():
             with small_lapack(self.n, self.device):
                 lam, u = torch.linalg.eigh(self.centred())
             lam, u = lam.flip(0), u.flip(1)
             r = ms.numerical_rank(lam, self.n, self.d)
             return u[:, :r], lam[:r] / lam[:r].sum()
+
         return self._cached("spectrum", build)
 
     def knn(self, k: int) -> torch.Tensor:
@@ -204,9 +222,11 @@ class LayerGrams:
     def rdm_ranks(self) -> torch.Tensor | None:
         """Returns the average ranks of the RDM entries 1 - r_ij over pairs i < j of different images (cached);
         None when an example's correlation is undefined."""
+
         def build():
             corr = self.correlation()
             return None if corr is None else ms.average_ranks(ms.upper(1 - corr, self.pair_mask()))
+
         return self._cached("rdm", build)
 
     def _cached(self, key, build: Callable[[], Any]):
@@ -254,8 +274,10 @@ def layer_grams(layers: Sequence[Any], names: Sequence[str] | None = None, devic
     grams = [LayerGrams.from_features(x, name, device) for x, name in zip(layers, names)]
     for g in grams[1:]:
         if g.n != grams[0].n:
-            raise VitseeError(f"{g.name} has {g.n} examples but {grams[0].name} has {grams[0].n}: "
-                              "pass activations of the same images for every layer")
+            raise VitseeError(
+                f"{g.name} has {g.n} examples but {grams[0].name} has {grams[0].n}: "
+                "pass activations of the same images for every layer"
+            )
     return grams
 
 
@@ -263,8 +285,9 @@ def layer_grams(layers: Sequence[Any], names: Sequence[str] | None = None, devic
 # All pairs
 
 
-def _stack_products(derive: Callable[[LayerGrams], torch.Tensor | None], a: list[LayerGrams], b: list[LayerGrams],
-                    scale: float = 1.0) -> np.ndarray:
+def _stack_products(
+    derive: Callable[[LayerGrams], torch.Tensor | None], a: list[LayerGrams], b: list[LayerGrams], scale: float = 1.0
+) -> np.ndarray:
     """Returns (La, Lb) inner products of the flattened per-layer matrices derive(g) (None: a NaN row/column),
     chunked so the stacked matrices stay near CHUNK_BYTES."""
     n = a[0].n
@@ -292,11 +315,14 @@ def _unit(m: torch.Tensor) -> torch.Tensor:
     return m / m.norm()
 
 
-def _cka_part(debiased: bool, kernel: Callable[[LayerGrams], torch.Tensor]) -> Callable[[LayerGrams], torch.Tensor | None]:
+def _cka_part(
+    debiased: bool, kernel: Callable[[LayerGrams], torch.Tensor]
+) -> Callable[[LayerGrams], torch.Tensor | None]:
     centre = ms.u_centre_gram if debiased else ms.centre_gram
 
     def part(g: LayerGrams) -> torch.Tensor | None:
         return None if g.constant else _unit(centre(kernel(g)))
+
     return part
 
 
@@ -308,7 +334,9 @@ def pairwise_linear_cka(a, b, debiased: bool = False) -> np.ndarray:
 def pairwise_rbf_cka(a, b, threshold: float = 0.5, debiased: bool = False) -> np.ndarray:
     threshold = ms.check_threshold(threshold)
     _check_rows(a, ms.MIN_DEBIASED if debiased else 2, "rbf_cka")
-    return _stack_products(_cka_part(debiased, lambda g: ms.rbf_gram(ms.squared_distances(g.centred()), threshold)), a, b)
+    return _stack_products(
+        _cka_part(debiased, lambda g: ms.rbf_gram(ms.squared_distances(g.centred()), threshold)), a, b
+    )
 
 
 def pairwise_mknn(a, b, k: int = 10) -> np.ndarray:
@@ -326,6 +354,7 @@ def pairwise_rsa(a, b) -> np.ndarray:
             return None
         centred = ranks - ranks.mean()
         return centred / centred.norm()
+
     return _stack_products(part, a, b)
 
 
@@ -413,6 +442,7 @@ def pairwise_cknna(a, b, k: int = 10) -> np.ndarray:
         cos, mask = g.cosine(), g.knn(k)
         own = ms.masked_hsic(mask * cos, mask * cos)
         return cos, mask, float(own)
+
     pa = [parts(g) for g in a]
     pb = pa if b is a else [parts(g) for g in b]
     out = np.full((len(a), len(b)), np.nan)
@@ -461,21 +491,29 @@ class Measure:
         """Returns what a small permutation p-value of the measure means, in words (measures_stats.SIGNIFICANCE)."""
         if not self.higher_is_similar:
             return f"{self.alike} than images paired at random: p over permutations with a distance <= the observed one"
-        return (f"{self.alike} than images paired at random: p over permutations with {self.label or self.name} >= "
-                "the observed one")
+        return (
+            f"{self.alike} than images paired at random: p over permutations with {self.label or self.name} >= "
+            "the observed one"
+        )
 
 
-MEASURES = {m.name: m for m in (
-    Measure("linear_cka", ms.linear_cka, pairwise_linear_cka, {"debiased": False}, label="CKA"),
-    Measure("rbf_cka", ms.rbf_cka, pairwise_rbf_cka, {"threshold": 0.5, "debiased": False}, label="RBF CKA"),
-    Measure("procrustes", ms.procrustes, pairwise_procrustes, {"alpha": 1.0}, higher_is_similar=False, alike="closer"),
-    Measure("svcca", ms.svcca, pairwise_svcca, {"keep": 0.99}, alike="more correlated", label="SVCCA"),
-    Measure("pwcca", ms.pwcca, pairwise_pwcca, {"keep": 0.99}, symmetric=False, alike="more correlated",
-            label="PWCCA"),
-    Measure("mknn", ms.mknn, pairwise_mknn, {"k": 10}, alike="more shared neighbours"),
-    Measure("cknna", ms.cknna, pairwise_cknna, {"k": 10}, symmetric=False, label="CKNNA"),
-    Measure("rsa", ms.rsa, pairwise_rsa, {}, alike="more alike RDMs"),
-)}
+MEASURES = {
+    m.name: m
+    for m in (
+        Measure("linear_cka", ms.linear_cka, pairwise_linear_cka, {"debiased": False}, label="CKA"),
+        Measure("rbf_cka", ms.rbf_cka, pairwise_rbf_cka, {"threshold": 0.5, "debiased": False}, label="RBF CKA"),
+        Measure(
+            "procrustes", ms.procrustes, pairwise_procrustes, {"alpha": 1.0}, higher_is_similar=False, alike="closer"
+        ),
+        Measure("svcca", ms.svcca, pairwise_svcca, {"keep": 0.99}, alike="more correlated", label="SVCCA"),
+        Measure(
+            "pwcca", ms.pwcca, pairwise_pwcca, {"keep": 0.99}, symmetric=False, alike="more correlated", label="PWCCA"
+        ),
+        Measure("mknn", ms.mknn, pairwise_mknn, {"k": 10}, alike="more shared neighbours"),
+        Measure("cknna", ms.cknna, pairwise_cknna, {"k": 10}, symmetric=False, label="CKNNA"),
+        Measure("rsa", ms.rsa, pairwise_rsa, {}, alike="more alike RDMs"),
+    )
+}
 
 
 def measure(name: str) -> Measure:
@@ -492,20 +530,25 @@ def pairwise(grams_a: Sequence[LayerGrams], grams_b: Sequence[LayerGrams] | None
     m = measure(name)
     unknown = set(params) - set(m.defaults)
     if unknown:
-        raise VitseeError(f"{name} has no parameter {', '.join(sorted(unknown))}: its parameters are "
-                          f"{', '.join(m.defaults) or 'none'}")
+        raise VitseeError(
+            f"{name} has no parameter {', '.join(sorted(unknown))}: its parameters are "
+            f"{', '.join(m.defaults) or 'none'}"
+        )
     a = list(grams_a)
     b = a if grams_b is None else list(grams_b)
     if not a or not b:
         raise VitseeError(f"{name} needs at least one layer on each side: pass LayerGrams built by layer_grams()")
     for g in b:
         if g.n != a[0].n:
-            raise VitseeError(f"{g.name} has {g.n} examples but {a[0].name} has {a[0].n}: build every layer's Grams "
-                              "on the same image subset")
+            raise VitseeError(
+                f"{g.name} has {g.n} examples but {a[0].name} has {a[0].n}: build every layer's Grams "
+                "on the same image subset"
+            )
     for g in {id(g): g for g in [*a, *b]}.values():
         if g.constant:
-            warnings.warn(f"{g.name or 'a layer'} does not vary across examples (zero variance): its {name} is nan",
-                          stacklevel=2)
+            warnings.warn(
+                f"{g.name or 'a layer'} does not vary across examples (zero variance): its {name} is nan", stacklevel=2
+            )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # said once per layer above
         return m.pairwise(a, b, **{**m.defaults, **params})

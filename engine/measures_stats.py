@@ -41,17 +41,29 @@ from .measures_grams import MEASURES, LayerGrams, measure, pairwise
 SIGNIFICANCE = {name: m.significance for name, m in MEASURES.items()}
 
 
-def bootstrap_replicates(grams_a: Sequence[LayerGrams], grams_b: Sequence[LayerGrams] | None, name: str,
-                         replicates: int = stats.BOOTSTRAP_REPLICATES, seed: int = 0,
-                         progress: Callable[[int, int], None] | None = None, **params) -> np.ndarray:
+def bootstrap_replicates(
+    grams_a: Sequence[LayerGrams],
+    grams_b: Sequence[LayerGrams] | None,
+    name: str,
+    replicates: int = stats.BOOTSTRAP_REPLICATES,
+    seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+    **params,
+) -> np.ndarray:
     """Returns (replicates, La, Lb): the measure on `replicates` resamples of the images (the same rows for every
     layer of a replicate), seeded; `progress(done, total)` hears after each replicate."""
     return np.stack(list(iter_bootstrap_replicates(grams_a, grams_b, name, replicates, seed, progress, **params)))
 
 
-def iter_bootstrap_replicates(grams_a: Sequence[LayerGrams], grams_b: Sequence[LayerGrams] | None, name: str,
-                              replicates: int = stats.BOOTSTRAP_REPLICATES, seed: int = 0,
-                              progress: Callable[[int, int], None] | None = None, **params) -> Iterator[np.ndarray]:
+def iter_bootstrap_replicates(
+    grams_a: Sequence[LayerGrams],
+    grams_b: Sequence[LayerGrams] | None,
+    name: str,
+    replicates: int = stats.BOOTSTRAP_REPLICATES,
+    seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+    **params,
+) -> Iterator[np.ndarray]:
     """Yields bootstrap_replicates' (La, Lb) matrices one at a time, in the same order: what a summary of each
     replicate's whole matrix needs (the zoo's interval of a pair's best match) without holding them all."""
     a = list(grams_a)
@@ -67,10 +79,17 @@ def iter_bootstrap_replicates(grams_a: Sequence[LayerGrams], grams_b: Sequence[L
             progress(r + 1, replicates)
 
 
-def bootstrap_interval(grams_a: Sequence[LayerGrams], grams_b: Sequence[LayerGrams] | None, name: str,
-                       level: float = stats.DEFAULT_CI, replicates: int = stats.BOOTSTRAP_REPLICATES, seed: int = 0,
-                       method: str = "percentile", progress: Callable[[int, int], None] | None = None,
-                       **params) -> tuple[np.ndarray, np.ndarray]:
+def bootstrap_interval(
+    grams_a: Sequence[LayerGrams],
+    grams_b: Sequence[LayerGrams] | None,
+    name: str,
+    level: float = stats.DEFAULT_CI,
+    replicates: int = stats.BOOTSTRAP_REPLICATES,
+    seed: int = 0,
+    method: str = "percentile",
+    progress: Callable[[int, int], None] | None = None,
+    **params,
+) -> tuple[np.ndarray, np.ndarray]:
     """Returns (low, high), each (La, Lb): the bootstrap interval of the measure at `level`, over the replicates
     where it is defined (NaN where none is).
 
@@ -96,9 +115,15 @@ def bootstrap_interval(grams_a: Sequence[LayerGrams], grams_b: Sequence[LayerGra
     return low, high
 
 
-def null_values(grams_a: Sequence[LayerGrams], grams_b: Sequence[LayerGrams] | None, name: str,
-                permutations: int = stats.DEFAULT_PERMUTATIONS, seed: int = 0,
-                progress: Callable[[int, int], None] | None = None, **params) -> np.ndarray:
+def null_values(
+    grams_a: Sequence[LayerGrams],
+    grams_b: Sequence[LayerGrams] | None,
+    name: str,
+    permutations: int = stats.DEFAULT_PERMUTATIONS,
+    seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+    **params,
+) -> np.ndarray:
     """Returns (permutations, La, Lb): the measure with the column layers' images permuted, seeded;
     `progress(done, total)` hears after each permutation."""
     a = list(grams_a)
@@ -113,10 +138,16 @@ def null_values(grams_a: Sequence[LayerGrams], grams_b: Sequence[LayerGrams] | N
     return np.stack(out)
 
 
-def permutation_p_value(grams_a: Sequence[LayerGrams], grams_b: Sequence[LayerGrams] | None, name: str,
-                        permutations: int = stats.DEFAULT_PERMUTATIONS, seed: int = 0,
-                        progress: Callable[[int, int], None] | None = None, observed: np.ndarray | None = None,
-                        **params) -> np.ndarray:
+def permutation_p_value(
+    grams_a: Sequence[LayerGrams],
+    grams_b: Sequence[LayerGrams] | None,
+    name: str,
+    permutations: int = stats.DEFAULT_PERMUTATIONS,
+    seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+    observed: np.ndarray | None = None,
+    **params,
+) -> np.ndarray:
     """Returns (La, Lb) p-values (1 + #{null at least as extreme}) / (K + 1): from above for a distance, from below
     for a similarity (SIGNIFICANCE says what each measure's small p means); NaN where the measure is. `observed`:
     the measure of the grams as they are, when the caller has it already."""
@@ -127,9 +158,17 @@ def permutation_p_value(grams_a: Sequence[LayerGrams], grams_b: Sequence[LayerGr
     return np.where(np.isfinite(observed), p, np.nan)
 
 
-def pair_statistics(grams_x: LayerGrams, grams_y: LayerGrams, name: str, level: float = stats.DEFAULT_CI,
-                    replicates: int = stats.BOOTSTRAP_REPLICATES, permutations: int = stats.DEFAULT_PERMUTATIONS,
-                    seed: int = 0, method: str = "percentile", **params) -> dict:
+def pair_statistics(
+    grams_x: LayerGrams,
+    grams_y: LayerGrams,
+    name: str,
+    level: float = stats.DEFAULT_CI,
+    replicates: int = stats.BOOTSTRAP_REPLICATES,
+    permutations: int = stats.DEFAULT_PERMUTATIONS,
+    seed: int = 0,
+    method: str = "percentile",
+    **params,
+) -> dict:
     """Returns {value, ci_low, ci_high, p_value, significant_if} of one pair of layers; level 0 or permutations 0
     leaves that part out."""
     out = {"value": float(pairwise([grams_x], [grams_y], name, **params)[0, 0]), "significant_if": SIGNIFICANCE[name]}

@@ -4,6 +4,7 @@ WEIGHTS is `pretrained` (default: timm's weights from the Hugging Face Hub or it
 `random` / `random:SEED` (seeded init, seed 0 by default), or a path to a state-dict file
 (.safetensors, .pth, .pt, .bin). What was used is recorded in the store, with the file's sha256.
 """
+
 from __future__ import annotations
 
 import copy
@@ -87,7 +88,9 @@ def parse_model_spec(text: str) -> ModelSpec:
     base, _, weights = text.partition("@")
     name, _, tag = base.partition(".")
     if not name:
-        raise VitseeError(f"model spec '{text}' has no name: write NAME[.TAG][@WEIGHTS], e.g. vit_tiny_patch16_224@random")
+        raise VitseeError(
+            f"model spec '{text}' has no name: write NAME[.TAG][@WEIGHTS], e.g. vit_tiny_patch16_224@random"
+        )
     if not timm.is_model(name):
         close = difflib.get_close_matches(name, timm.list_models(), n=5, cutoff=0.6)
         hint = f"did you mean {', '.join(close)}?" if close else "see `vitsee models PATTERN`"
@@ -105,9 +108,13 @@ def parse_model_spec(text: str) -> ModelSpec:
         try:
             seed = int(seed_text)
         except ValueError:
-            raise VitseeError(f"seed '{seed_text}' in '{text}' is not an integer: write @random:SEED, e.g. @random:0") from None
+            raise VitseeError(
+                f"seed '{seed_text}' in '{text}' is not an integer: write @random:SEED, e.g. @random:0"
+            ) from None
         if not 0 <= seed <= MAX_TORCH_SEED:
-            raise VitseeError(f"seed {seed} in '{text}' is out of torch's range: use @random:SEED with SEED from 0 to {MAX_TORCH_SEED}")
+            raise VitseeError(
+                f"seed {seed} in '{text}' is out of torch's range: use @random:SEED with SEED from 0 to {MAX_TORCH_SEED}"
+            )
         return ModelSpec(name, tag, "random", seed=seed)
     path = Path(os.path.expanduser(weights))
     if not path.exists():
@@ -365,9 +372,13 @@ class LoadedModel:
     data_config: dict
     weights: dict  # kind, seed, path, sha256, source
     grid_size: tuple[int, int] | None = None
-    patch_size: tuple[int, int] | None = None  # input px one token covers (input size / grid), not a hybrid stem's patch
+    patch_size: tuple[int, int] | None = (
+        None  # input px one token covers (input size / grid), not a hybrid stem's patch
+    )
     num_prefix_tokens: int = 0
-    cls_token: bool = False  # timm's cls_token is a parameter (not None): a register-only ViT has prefix tokens but none
+    cls_token: bool = (
+        False  # timm's cls_token is a parameter (not None): a register-only ViT has prefix tokens but none
+    )
     prefix_names: list[str] = field(default_factory=list)  # "CLS", "dist", "reg 0" ... in token order
     num_blocks: int = 0
     num_heads: int = 0
@@ -382,7 +393,9 @@ class LoadedModel:
         # not asdict(self): it deep-copies every field first, the model's weights too (0.1 s and a second copy of
         # the weights per call for a tiny model; a ViT-B's 330 MB)
         out = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name not in ("model", "spec")}
-        out.update(spec=str(self.spec), key=self.key, name=self.spec.name, tag=self.spec.tag, timm_name=self.spec.timm_name)
+        out.update(
+            spec=str(self.spec), key=self.key, name=self.spec.name, tag=self.spec.tag, timm_name=self.spec.timm_name
+        )
         return out
 
 
@@ -458,7 +471,9 @@ def hub_timeout_s() -> float:
     except ValueError:
         value = float("nan")
     if not value > 0:
-        raise VitseeError(f"VITSEE_HUB_TIMEOUT={text!r} is not a positive number of seconds: set it to e.g. 30, or unset it")
+        raise VitseeError(
+            f"VITSEE_HUB_TIMEOUT={text!r} is not a positive number of seconds: set it to e.g. 30, or unset it"
+        )
     return value
 
 
@@ -486,8 +501,10 @@ def _check_hub_answers(timm_name: str) -> None:
 
     from huggingface_hub import constants
 
-    ways_out = (f"set HF_HUB_OFFLINE=1 to use only cached weights, or give a local weights file, "
-                f"{timm_name}@/path/to/weights.safetensors")
+    ways_out = (
+        f"set HF_HUB_OFFLINE=1 to use only cached weights, or give a local weights file, "
+        f"{timm_name}@/path/to/weights.safetensors"
+    )
     if constants.HF_HUB_OFFLINE:
         raise VitseeError(
             f"pretrained weights for {timm_name} are not in the local cache and HF_HUB_OFFLINE is set: use "
@@ -544,9 +561,11 @@ def _unwrap_state_dict(obj, path: str) -> dict:
                 obj = obj[key]
                 break
     if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise VitseeError(f"{path} does not hold a state dict of tensors: save it with torch.save(model.state_dict(), path)")
+        raise VitseeError(
+            f"{path} does not hold a state dict of tensors: save it with torch.save(model.state_dict(), path)"
+        )
     if all(k.startswith("module.") for k in obj):
-        obj = {k[len("module."):]: v for k, v in obj.items()}
+        obj = {k[len("module.") :]: v for k, v in obj.items()}
     return obj
 
 
@@ -575,7 +594,11 @@ def _load_file_weights(model: nn.Module, path: str) -> None:
     own = model.state_dict()
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
-    mismatched = [f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}" for k in own if k in state and state[k].shape != own[k].shape]
+    mismatched = [
+        f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}"
+        for k in own
+        if k in state and state[k].shape != own[k].shape
+    ]
     problems = []
     if missing:
         problems.append(f"missing {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}")
@@ -623,7 +646,9 @@ def build_model(name: str, kwargs: dict, no_skip: list[str]) -> nn.Module:
         model = timm.create_model(name, pretrained=False, **kwargs)
     except Exception as exc:  # timm raises TypeError, ValueError, AssertionError ... for bad kwargs
         shown = ", ".join(f"{k}={v}" for k, v in kwargs.items())
-        raise VitseeError(f"timm cannot build {name} with {shown} ({brief(exc)}): check the --model-arg names and values") from exc
+        raise VitseeError(
+            f"timm cannot build {name} with {shown} ({brief(exc)}): check the --model-arg names and values"
+        ) from exc
     if img_size is not None and "img_size" not in kwargs:
         model._vitsee_img_size = img_size  # what models.input_size reports for a CNN
     return remove_skips(model, no_skip)
@@ -677,7 +702,9 @@ def load_model(spec: ModelSpec | str, img_size: int | None = None, device: str |
     if spec.weights == "pretrained":
         tag = spec.tag or _default_tag(spec.name)
         if tag is None:
-            raise VitseeError(f"{spec.name} has no pretrained weights in timm: use {spec.name}@random or {spec.name}@/path/to/weights.safetensors")
+            raise VitseeError(
+                f"{spec.name} has no pretrained weights in timm: use {spec.name}@random or {spec.name}@/path/to/weights.safetensors"
+            )
         spec = ModelSpec(spec.name, tag, "pretrained")
         cached = cached_pretrained_file(spec.timm_name)
         if cached is None:
@@ -696,7 +723,9 @@ def load_model(spec: ModelSpec | str, img_size: int | None = None, device: str |
                 f"use {spec.timm_name}@random or {spec.timm_name}@/path/to/weights.safetensors"
             ) from exc
         cfg = model.pretrained_cfg
-        weights.update(source=cfg.get("hf_hub_id") or cfg.get("url"), path=cached, sha256=sha256_file(cached) if cached else None)
+        weights.update(
+            source=cfg.get("hf_hub_id") or cfg.get("url"), path=cached, sha256=sha256_file(cached) if cached else None
+        )
     elif spec.weights == "random":
         torch.manual_seed(spec.seed)
         model = _create(spec, img_size, pretrained=False)
@@ -706,7 +735,9 @@ def load_model(spec: ModelSpec | str, img_size: int | None = None, device: str |
         if trained is None:
             model = _create(spec, img_size, pretrained=False)
         else:  # a `vitsee train` file: its record rebuilds the architecture (kwargs, classes, skips, pooling)
-            model = rebuild(trained if img_size is None else {**trained, "kwargs": {**trained["kwargs"], "img_size": img_size}})
+            model = rebuild(
+                trained if img_size is None else {**trained, "kwargs": {**trained["kwargs"], "img_size": img_size}}
+            )
             weights.update(trained=describe_record(trained), interventions=trained["interventions"])
         _load_file_weights(model, spec.path)
         weights.update(sha256=sha256_file(spec.path), source=spec.path)
@@ -790,9 +821,15 @@ def _describe_swin(loaded: LoadedModel) -> None:
     for stage in model.layers:
         first = stage.blocks[0]
         grid = tuple(int(g) for g in first.input_resolution)
-        stages.append({"blocks": len(stage.blocks), "heads": int(first.attn.num_heads),
-                       "window": [int(v) for v in first.window_size], "grid": list(grid),
-                       "token_px": list(_token_px(loaded, grid))})
+        stages.append(
+            {
+                "blocks": len(stage.blocks),
+                "heads": int(first.attn.num_heads),
+                "window": [int(v) for v in first.window_size],
+                "grid": list(grid),
+                "token_px": list(_token_px(loaded, grid)),
+            }
+        )
     loaded.extra["stages"] = stages
     loaded.num_blocks = sum(st["blocks"] for st in stages)
     loaded.num_heads = max(st["heads"] for st in stages)
@@ -861,9 +898,16 @@ class ModelList:
 
     def describe(self) -> list[str]:
         """Returns the plan's lines: a count by status, then one line per model (spec, status, where from)."""
-        counts = {s: sum(e.status == s for e in self.entries) for s in ("cached", "download", "file", "random", "missing")}
-        words = {"cached": "weights cached here", "download": "would be downloaded", "file": "from local files",
-                 "random": "random init", "missing": "cannot be had"}
+        counts = {
+            s: sum(e.status == s for e in self.entries) for s in ("cached", "download", "file", "random", "missing")
+        }
+        words = {
+            "cached": "weights cached here",
+            "download": "would be downloaded",
+            "file": "from local files",
+            "random": "random init",
+            "missing": "cannot be had",
+        }
         parts = [f"{n} {words[s]}" for s, n in counts.items() if n]
         head = f"{len(self.entries)} model(s): {', '.join(parts)}"
         if self.duplicates:
@@ -879,11 +923,15 @@ class ModelList:
             first = missing[0]
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
             where = f" ({first.origin})" if first.origin else ""
-            raise VitseeError(f"{first.spec}{where} cannot be had: {first.detail}{more}; {_ways_out(first)}, or pass "
-                              "--skip-missing to leave out what cannot be had")
+            raise VitseeError(
+                f"{first.spec}{where} cannot be had: {first.detail}{more}; {_ways_out(first)}, or pass "
+                "--skip-missing to leave out what cannot be had"
+            )
         if not self.available:
-            raise VitseeError("none of the given models can be had here: see the list above; give weights that are "
-                              "cached, random init (NAME@random) or local files (NAME@path.safetensors)")
+            raise VitseeError(
+                "none of the given models can be had here: see the list above; give weights that are "
+                "cached, random init (NAME@random) or local files (NAME@path.safetensors)"
+            )
         return self.available
 
 
@@ -891,8 +939,10 @@ def _ways_out(entry: WeightsStatus) -> str:
     name = entry.spec.partition("@")[0]
     if entry.detail.startswith("weights file"):
         return "fix the path"
-    return (f"use {name}@random[:SEED] or {name}@/path/to/weights.safetensors, or copy the weights into the Hub cache "
-            "(HF_HOME) on a machine with network")
+    return (
+        f"use {name}@random[:SEED] or {name}@/path/to/weights.safetensors, or copy the weights into the Hub cache "
+        "(HF_HOME) on a machine with network"
+    )
 
 
 def read_model_list(path: str | Path) -> list[tuple[str, str]]:
@@ -904,7 +954,9 @@ def read_model_list(path: str | Path) -> list[tuple[str, str]]:
     except FileNotFoundError:
         raise VitseeError(f"--models-from {path} does not exist: give a file with one model spec per line") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise VitseeError(f"--models-from {path} cannot be read ({brief(exc)}): give a text file with one model spec per line") from None
+        raise VitseeError(
+            f"--models-from {path} cannot be read ({brief(exc)}): give a text file with one model spec per line"
+        ) from None
     out = []
     for number, line in enumerate(lines, start=1):
         text = re.sub(r"(^|\s)#.*$", "", line).strip()
@@ -917,8 +969,10 @@ def read_model_list(path: str | Path) -> list[tuple[str, str]]:
             text = f"{base.strip()}@{file if file.is_absolute() else path.parent / file}"
         out.append((text, f"{path} line {number}"))
     if not out:
-        raise VitseeError(f"--models-from {path} lists no model: write one spec per line, NAME[.TAG][@WEIGHTS] "
-                          "(e.g. vit_tiny_patch16_224@random:0); # starts a comment")
+        raise VitseeError(
+            f"--models-from {path} lists no model: write one spec per line, NAME[.TAG][@WEIGHTS] "
+            "(e.g. vit_tiny_patch16_224@random:0); # starts a comment"
+        )
     return out
 
 
@@ -929,8 +983,10 @@ def pretrained_names(pattern: str) -> list[str]:
 
     names = timm.list_models(pattern, pretrained=True)
     if not names:
-        raise VitseeError(f"--models '{pattern}' matches no timm model with pretrained weights: see "
-                          f"`vitsee models '{pattern}' --pretrained`, or use a wider pattern such as 'vit_*'")
+        raise VitseeError(
+            f"--models '{pattern}' matches no timm model with pretrained weights: see "
+            f"`vitsee models '{pattern}' --pretrained`, or use a wider pattern such as 'vit_*'"
+        )
     return list(names)
 
 
@@ -944,8 +1000,13 @@ def weights_status(text: str, origin: str = "", hub: dict | None = None) -> Weig
         path = Path(os.path.expanduser(weights))
         if not path.exists():
             spec = parse_model_spec(f"{base}@random")  # the name and tag are checked all the same
-            return WeightsStatus(text.strip(), ModelSpec(spec.name, spec.tag, "file", path=str(path)).key, "missing",
-                                 f"weights file {path} does not exist", origin)
+            return WeightsStatus(
+                text.strip(),
+                ModelSpec(spec.name, spec.tag, "file", path=str(path)).key,
+                "missing",
+                f"weights file {path} does not exist",
+                origin,
+            )
     spec = parse_model_spec(text)
     if spec.weights == "random":
         return WeightsStatus(str(spec), spec.key, "random", f"seed {spec.seed}", origin)
@@ -960,7 +1021,9 @@ def weights_status(text: str, origin: str = "", hub: dict | None = None) -> Weig
     from huggingface_hub import constants
 
     if constants.HF_HUB_OFFLINE:
-        return WeightsStatus(str(spec), spec.key, "missing", "not in the local cache, and HF_HUB_OFFLINE is set", origin)
+        return WeightsStatus(
+            str(spec), spec.key, "missing", "not in the local cache, and HF_HUB_OFFLINE is set", origin
+        )
     url = pretrained_url(f"{spec.name}.{tag}") or ""
     host = urlparse(url).netloc
     if host == urlparse(_hub_endpoint()).netloc:
@@ -968,7 +1031,9 @@ def weights_status(text: str, origin: str = "", hub: dict | None = None) -> Weig
         if "reachable" not in hub:
             hub["reachable"] = hub_reachable()
         if not hub["reachable"]:
-            return WeightsStatus(str(spec), spec.key, "missing", f"not in the local cache, and {host} cannot be reached", origin)
+            return WeightsStatus(
+                str(spec), spec.key, "missing", f"not in the local cache, and {host} cannot be reached", origin
+            )
     return WeightsStatus(str(spec), spec.key, "download", f"from {host or 'its url'}", origin)
 
 

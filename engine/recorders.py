@@ -4,6 +4,7 @@ A Recorder attaches hooks to a loaded model, declares the per-image arrays it fi
 after each forward hands them over (`collect`, tensors with a leading batch axis, still on the model's
 device). Adding a new per-image statistic means writing one more Recorder; extraction needs no change.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -64,8 +65,10 @@ def fp16_note(key: str, loss: dict[str, float]) -> str:
         return ""
     worst = max(loss[name] for name in lossy)
     names = ", ".join(lossy[:4]) + (f" and {len(lossy) - 4} more" if len(lossy) > 4 else "")
-    return (f"{key}: float16 storage rounds away up to {worst:.1e} of the signal of {len(lossy)} layer(s) ({names}), "
-            f"more than CKA tolerates ({FP16_LOSS_LIMIT:.0e}): extract with --dtype float32")
+    return (
+        f"{key}: float16 storage rounds away up to {worst:.1e} of the signal of {len(lossy)} layer(s) ({names}), "
+        f"more than CKA tolerates ({FP16_LOSS_LIMIT:.0e}): extract with --dtype float32"
+    )
 
 
 # Layouts of a stored layer's per-image axes: tokens (T, C), feature maps (C, H, W) or channels-last (H, W, C)
@@ -141,7 +144,9 @@ class ActivationRecorder(Recorder):
         for p in self.points:
             shape = shapes[p.name]
             # token-major layers carry the prefix tokens in front, patch_embed does not
-            has_prefix = len(shape) == 2 and self.loaded.grid_size is not None and shape[0] == prefix + _cells(self.loaded)
+            has_prefix = (
+                len(shape) == 2 and self.loaded.grid_size is not None and shape[0] == prefix + _cells(self.loaded)
+            )
             layout = layer_layout(self.loaded, p, shape)
             out.append(LayerSpec(p.name, shape, prefix if has_prefix else 0, p.module, p.kind, layout))
         return out
@@ -270,7 +275,9 @@ def _stack_heads(per_block: list[torch.Tensor], heads: int) -> torch.Tensor:
     missing heads are NaN (no such head, not a value)."""
     if all(t.shape[1] == heads for t in per_block):
         return torch.stack(per_block, dim=1)
-    return torch.stack([torch.nn.functional.pad(t, (0, heads - t.shape[1]), value=float("nan")) for t in per_block], dim=1)
+    return torch.stack(
+        [torch.nn.functional.pad(t, (0, heads - t.shape[1]), value=float("nan")) for t in per_block], dim=1
+    )
 
 
 def _both_distances(attn: torch.Tensor, loaded: LoadedModel) -> tuple[torch.Tensor, torch.Tensor]:
@@ -418,7 +425,10 @@ class SkipRatioRecorder(Recorder):
 
 
 # the two residual sublayers of a block, per family: (B, blocks, tokens) statistics
-SKIP_STATS = {"vit": ("skip_ratio_attn", "skip_ratio_mlp"), "mixer": ("skip_ratio_token_mixing", "skip_ratio_channel_mixing")}
+SKIP_STATS = {
+    "vit": ("skip_ratio_attn", "skip_ratio_mlp"),
+    "mixer": ("skip_ratio_token_mixing", "skip_ratio_channel_mixing"),
+}
 
 
 def _last_act(block: nn.Module) -> nn.Module | None:
@@ -457,9 +467,16 @@ class HeadOutputRecorder(Recorder):
 
     @staticmethod
     def applies(loaded: LoadedModel) -> bool:
-        return loaded.family == "vit" and loaded.grid_size is not None and all(
-            hasattr(b, "attn") and hasattr(b.attn, "num_heads") and isinstance(getattr(b.attn, "proj", None), nn.Module)
-            for b in loaded.model.blocks)
+        return (
+            loaded.family == "vit"
+            and loaded.grid_size is not None
+            and all(
+                hasattr(b, "attn")
+                and hasattr(b.attn, "num_heads")
+                and isinstance(getattr(b.attn, "proj", None), nn.Module)
+                for b in loaded.model.blocks
+            )
+        )
 
     @staticmethod
     def name(block: int) -> str:

@@ -11,6 +11,7 @@ Without colour (NO_COLOR, TERM=dumb, --color none) everything is plain ASCII: on
 row in density characters ' .:-=+*#%@', ASCII table borders, no escape codes. Per-head values by block,
 curves over depth and the measures' rank correlations are tables of numbers.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,8 +41,13 @@ MAX_MAGNIFY = 4
 TOKEN_MARK = "<>"  # the token's own cell in a spatial map
 
 
-def render_view(view: View, color: str | ColorMode = "auto", cmap: str = "viridis", width: int | None = None,
-                selection: tuple[int, int] | None = None) -> list:
+def render_view(
+    view: View,
+    color: str | ColorMode = "auto",
+    cmap: str = "viridis",
+    width: int | None = None,
+    selection: tuple[int, int] | None = None,
+) -> list:
     """Returns the Rich renderables that show `view` in a terminal `width` columns wide (default: this one).
 
     `color` is auto (NO_COLOR, COLORTERM and TERM decide), truecolor, 256, 16 or none; `selection` picks the
@@ -68,8 +74,10 @@ def _best_interval(view: View, mode: ColorMode, selection: tuple[int, int] | Non
         return []
     r, c = cell
     which = "selected" if selection is not None else "best"
-    line = (f"{which}: {view.rows[r]} x {view.cols[c]}  {view.value_name} {_fmt(view.value(r, c))}"
-            f"{view.interval_text(r, c)}")
+    line = (
+        f"{which}: {view.rows[r]} x {view.cols[c]}  {view.value_name} {_fmt(view.value(r, c))}"
+        f"{view.interval_text(r, c)}"
+    )
     return [Text(line), Text(view.interval_caption(), style=_style(mode, "dim"))]
 
 
@@ -92,8 +100,11 @@ def _pixel_map(view: View, mode: ColorMode, cmap: str, width: int, selection=Non
     values = np.log10(np.where(view.matrix > 0, view.matrix, vmin))
     scale = ColorScale(math.log10(vmin), math.log10(vmax) if vmax > vmin else math.log10(vmin) + 1, _levels(mode), cmap)
     plot = Heatmap(values, view.rows, view.cols, scale, mode, width)
-    return [*plot.lines(), plot.legend("ERF", transform=lambda v: 10**v, note="log colour scale"),
-            Text("rows and columns: input pixels", style=_style(mode, "dim"))]
+    return [
+        *plot.lines(),
+        plot.legend("ERF", transform=lambda v: 10**v, note="log colour scale"),
+        Text("rows and columns: input pixels", style=_style(mode, "dim")),
+    ]
 
 
 # --- the views --------------------------------------------------------------------------------------
@@ -113,8 +124,13 @@ def _layer_matrix(view: View, mode: ColorMode, cmap: str, width: int, selection=
     plot = Heatmap(view.matrix, view.rows, view.cols, scale, mode, width, nonfinite=view.nonfinite)
     where = f"rows: {model_a} layers, first at the top; columns: {model_b} layers, first at the left"
     where += view.analysis.caption_notes(view)  # what the analysis adds (a measure's image subset, parameters)
-    return [*plot.lines(), plot.legend(view.value_name), *plot.column_key(), Text(where, style=_style(mode, "dim")),
-            *_nonfinite_lines(view, mode)]
+    return [
+        *plot.lines(),
+        plot.legend(view.value_name),
+        *plot.column_key(),
+        Text(where, style=_style(mode, "dim")),
+        *_nonfinite_lines(view, mode),
+    ]
 
 
 def _token_ratios(view: View, mode: ColorMode, cmap: str, width: int, selection=None) -> list:
@@ -127,10 +143,21 @@ def _token_ratios(view: View, mode: ColorMode, cmap: str, width: int, selection=
         values = view.matrix
         scale = ColorScale.for_matrix(values, vmin=vmin, vmax=vmax, levels=_levels(mode), cmap=cmap)
     # many tokens get pooled to fit, but the CLS column is the point of the figure: it keeps its own
-    plot = Heatmap(values, view.rows, view.cols, scale, mode, width, keep_first_col=view.cols[:1] == ["CLS"],
-                   pool_rows=False, missing="no finite ratio", nonfinite=view.nonfinite)
-    legend = plot.legend("||z||/||f(z)||", transform=(lambda v: 10**v) if log else None,
-                         note="log colour scale" if log else "")
+    plot = Heatmap(
+        values,
+        view.rows,
+        view.cols,
+        scale,
+        mode,
+        width,
+        keep_first_col=view.cols[:1] == ["CLS"],
+        pool_rows=False,
+        missing="no finite ratio",
+        nonfinite=view.nonfinite,
+    )
+    legend = plot.legend(
+        "||z||/||f(z)||", transform=(lambda v: 10**v) if log else None, note="log colour scale" if log else ""
+    )
     return [*plot.lines(), legend, *plot.column_key(), *_skip_curves(view, mode), *_nonfinite_lines(view, mode)]
 
 
@@ -142,13 +169,29 @@ def _token_maps(view: View, mode: ColorMode, cmap: str, width: int, selection) -
     token_map = view.matrix[token].reshape(gh, gw)
     scale = ColorScale.for_matrix(view.matrix, vmin=view.vmin, vmax=view.vmax, levels=_levels(mode), cmap=cmap)
     marks = view.nonfinite[token].reshape(gh, gw) if view.nonfinite is not None else None
-    plot = Heatmap(token_map, [f"r{i}" for i in range(gh)], [f"c{j}" for j in range(gw)], scale, mode, width,
-                   magnify="even", mark=divmod(token, gw), nonfinite=marks)
-    caption = (f"{view.rows[token]}: CKA of its representation with the pixels of every input patch "
-               f"({view.extra.get('pixels', 'the stored input')}); "
-               f"{TOKEN_MARK} marks the token's own cell ({view.cell_text(token, token, 3)})")
-    return [Text(caption, style=_style(mode, "dim")), *plot.lines(), *plot.column_key(names=False),
-            plot.legend(view.value_name), *_nonfinite_lines(view, mode)]
+    plot = Heatmap(
+        token_map,
+        [f"r{i}" for i in range(gh)],
+        [f"c{j}" for j in range(gw)],
+        scale,
+        mode,
+        width,
+        magnify="even",
+        mark=divmod(token, gw),
+        nonfinite=marks,
+    )
+    caption = (
+        f"{view.rows[token]}: CKA of its representation with the pixels of every input patch "
+        f"({view.extra.get('pixels', 'the stored input')}); "
+        f"{TOKEN_MARK} marks the token's own cell ({view.cell_text(token, token, 3)})"
+    )
+    return [
+        Text(caption, style=_style(mode, "dim")),
+        *plot.lines(),
+        *plot.column_key(names=False),
+        plot.legend(view.value_name),
+        *_nonfinite_lines(view, mode),
+    ]
 
 
 def _heads_by_block(view: View, mode: ColorMode, cmap: str = "", width: int = 0, selection=None) -> list:
@@ -163,11 +206,15 @@ def _heads_by_block(view: View, mode: ColorMode, cmap: str = "", width: int = 0,
         table.add_column(f"#{h + 1}", justify="right")
     heads = np.asarray(view.extra.get("heads_per_block", np.full(len(view.rows), n_heads)))
     for b, block in enumerate(view.rows):
-        cells = [f"{m:.1f}{f' {plus}{s:.1f}' if with_std else ''}" if np.isfinite(m) else _short_nonfinite(view, b, h)
-                 for h, (m, s) in enumerate(zip(view.matrix[b], std[b]))]
+        cells = [
+            f"{m:.1f}{f' {plus}{s:.1f}' if with_std else ''}" if np.isfinite(m) else _short_nonfinite(view, b, h)
+            for h, (m, s) in enumerate(zip(view.matrix[b], std[b]))
+        ]
         table.add_row(block, *cells[: heads[b]], *[""] * (n_heads - heads[b]))  # Swin: fewer heads in early stages
-    caption = (f"mean attention distance (px) of each head, sorted nearest first (#1)"
-               f"{f', {plus} std over images' if with_std else ''}; {uniform_text(view)}")
+    caption = (
+        f"mean attention distance (px) of each head, sorted nearest first (#1)"
+        f"{f', {plus} std over images' if with_std else ''}; {uniform_text(view)}"
+    )
     if view.nonfinite is not None and view.nonfinite.any():
         caption += "; non-finite (k/N): k of the N images give that head a NaN/Inf distance (sorted last)"
     return [table, Text(caption, style=_style(mode, "dim")), *_nonfinite_lines(view, mode)]
@@ -214,8 +261,9 @@ def _measures_agree(view: View, mode: ColorMode, cmap: str = "", width: int = 0,
     rows, cols = list(view.extra["panel_rows"]), list(view.extra["panel_cols"])
     lines = [Text(f"{view.extra['n_pairs']} layer pairs; each measure's values and the pair it finds most alike:")]
     within = len(set(view.models)) == 1
-    for label, panel, up in zip(view.rows, np.asarray(view.extra["panels"], dtype=float),
-                                view.extra["higher_is_better"]):
+    for label, panel, up in zip(
+        view.rows, np.asarray(view.extra["panels"], dtype=float), view.extra["higher_is_better"]
+    ):
         values = panel.copy()
         if within:
             np.fill_diagonal(values, np.nan)  # a layer with itself is alike by construction
@@ -223,8 +271,12 @@ def _measures_agree(view: View, mode: ColorMode, cmap: str = "", width: int = 0,
             lines.append(Text(f"  {label}: not computed"))
             continue
         r, c = np.unravel_index(np.nanargmax(values) if up else np.nanargmin(values), values.shape)
-        lines.append(Text(f"  {label}: {np.nanmin(values):.3f} .. {np.nanmax(values):.3f}, most alike "
-                          f"{rows[r]} x {cols[c]} ({values[r, c]:.3f}{'' if up else ', a distance: low is alike'})"))
+        lines.append(
+            Text(
+                f"  {label}: {np.nanmin(values):.3f} .. {np.nanmax(values):.3f}, most alike "
+                f"{rows[r]} x {cols[c]} ({values[r, c]:.3f}{'' if up else ', a distance: low is alike'})"
+            )
+        )
     caption = view.analysis.caption_notes(view).removeprefix("; ")
     return [table, *lines, Text(caption, style=_style(mode, "dim"))]
 
@@ -256,12 +308,26 @@ def _model_matrix(view: View, mode: ColorMode, cmap: str, width: int, selection=
     shown = view.matrix[np.ix_(order, order)]
     scale = ColorScale.for_matrix(shown, vmin=view.vmin, vmax=view.vmax, levels=_levels(mode), cmap=cmap)
     rows = model_labels(view.rows, MAX_LABEL)  # the gutter's width: shortened alike rather than cut
-    plot = Heatmap(shown, [rows[i] for i in order], [f"{names[i]} [{families[i]}]" for i in order], scale, mode,
-                   width, nonfinite=view.nonfinite[np.ix_(order, order)] if view.nonfinite is not None else None)
+    plot = Heatmap(
+        shown,
+        [rows[i] for i in order],
+        [f"{names[i]} [{families[i]}]" for i in order],
+        scale,
+        mode,
+        width,
+        nonfinite=view.nonfinite[np.ix_(order, order)] if view.nonfinite is not None else None,
+    )
     dim = _style(mode, "dim")
-    out = [*plot.lines(), plot.legend(view.value_name), *plot.column_key(),
-           Text("rows and columns: the models in the order of a hierarchical clustering of the matrix (average "
-                "linkage), [family]", style=dim)]
+    out = [
+        *plot.lines(),
+        plot.legend(view.value_name),
+        *plot.column_key(),
+        Text(
+            "rows and columns: the models in the order of a hierarchical clustering of the matrix (average "
+            "linkage), [family]",
+            style=dim,
+        ),
+    ]
     gutter = max(len(names[i]) + len(families[i]) for i in order) + 4
     if gutter + 7 * len(order) <= width:  # the numbers, in the same order
         table = _table(mode)
@@ -320,9 +386,21 @@ class Heatmap:
     per line: magnify=2 in colour, any in ASCII).
     """
 
-    def __init__(self, matrix: np.ndarray, rows: list[str], cols: list[str], scale: ColorScale, mode: ColorMode,
-                 width: int, magnify: str | None = None, keep_first_col: bool = False, pool_rows: bool = True,
-                 mark: tuple[int, int] | None = None, missing: str = "not computed", nonfinite: np.ndarray | None = None):
+    def __init__(
+        self,
+        matrix: np.ndarray,
+        rows: list[str],
+        cols: list[str],
+        scale: ColorScale,
+        mode: ColorMode,
+        width: int,
+        magnify: str | None = None,
+        keep_first_col: bool = False,
+        pool_rows: bool = True,
+        mark: tuple[int, int] | None = None,
+        missing: str = "not computed",
+        nonfinite: np.ndarray | None = None,
+    ):
         self.mode, self.scale, self.mark, self.missing = mode, scale, mark, missing
         self.palette: Palette = scale.palette(mode)
         self.ascii = mode is ColorMode.NONE
@@ -374,7 +452,9 @@ class Heatmap:
                 bottom = self._color(self.levels[lower, c]) if lower is not None else None
                 if self.mark == (upper, c) and lower == upper and y in starts:  # once, on the cell's first line
                     fg = "black" if self.palette.is_light(max(int(self.levels[upper, c]), 0)) else "white"
-                    cells.append((TOKEN_MARK.center(self.cell_w)[: self.cell_w], Style(color=fg, bgcolor=top, bold=True)))
+                    cells.append(
+                        (TOKEN_MARK.center(self.cell_w)[: self.cell_w], Style(color=fg, bgcolor=top, bold=True))
+                    )
                 else:
                     cells.append((UPPER_HALF * self.cell_w, Style(color=top, bgcolor=bottom)))
             out.append(_line(self._label(self.row_labels[sub_rows[starts[0]]] if starts else ""), cells))
@@ -438,7 +518,7 @@ class Heatmap:
         for shown in range(0, self.matrix.shape[1], step):
             number = str(self.col_starts[shown])
             x = shown * self.cell_w
-            if x + len(number) <= len(ruler) and all(ch == " " for ch in ruler[max(0, x - 1): x + len(number)]):
+            if x + len(number) <= len(ruler) and all(ch == " " for ch in ruler[max(0, x - 1) : x + len(number)]):
                 ruler[x : x + len(number)] = number
         key = ", ".join(f"{i} {name}" for i, name in enumerate(self.cols))
         if len(self.cols) > 40:

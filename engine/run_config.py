@@ -10,6 +10,7 @@ app's Resume does. Stores made before runs were recorded open as before; only re
 
 No torch at import: `vitsee info` reads records through this module.
 """
+
 from __future__ import annotations
 
 import shlex
@@ -21,9 +22,18 @@ from .errors import VitseeError
 RECORD_VERSION = 1
 # the options of `vitsee extract` a record fixes: flag -> record field (the rest, --device, --workers, --threads,
 # --force, --quiet, change no stored value and may be given to a resume)
-RECORDED_OPTIONS = {"--dataset": "dataset", "--n-images": "n_images", "--batch-size": "batch_size",
-                    "--layers": "layers", "--img-size": "img_size", "--dtype": "dtype",
-                    "--shuffle-seed": "shuffle_seed", "--streaming": "streaming", "--heads": "heads", "--grams": "grams"}
+RECORDED_OPTIONS = {
+    "--dataset": "dataset",
+    "--n-images": "n_images",
+    "--batch-size": "batch_size",
+    "--layers": "layers",
+    "--img-size": "img_size",
+    "--dtype": "dtype",
+    "--shuffle-seed": "shuffle_seed",
+    "--streaming": "streaming",
+    "--heads": "heads",
+    "--grams": "grams",
+}
 FLAGS = ("streaming", "heads", "grams")  # on/off options: typed as the bare flag
 
 
@@ -34,9 +44,16 @@ def run_record(cfg, dataset_spec: str, models: list[tuple[str, str]]) -> dict:
     return {
         "version": RECORD_VERSION,
         "models": [{"spec": spec, "key": key} for spec, key in models],
-        "dataset": dataset_spec, "n_images": cfg.n_images, "shuffle_seed": cfg.shuffle_seed,
-        "batch_size": int(cfg.batch_size), "img_size": cfg.img_size, "layers": layers, "dtype": cfg.dtype,
-        "streaming": bool(cfg.streaming), "heads": bool(getattr(cfg, "heads", False)), "device": str(cfg.device),
+        "dataset": dataset_spec,
+        "n_images": cfg.n_images,
+        "shuffle_seed": cfg.shuffle_seed,
+        "batch_size": int(cfg.batch_size),
+        "img_size": cfg.img_size,
+        "layers": layers,
+        "dtype": cfg.dtype,
+        "streaming": bool(cfg.streaming),
+        "heads": bool(getattr(cfg, "heads", False)),
+        "device": str(cfg.device),
     } | ({"grams": True} if getattr(cfg, "grams", False) else {})  # absent: the records of runs before zoos
 
 
@@ -45,8 +62,15 @@ def command_line(store: Path | str, record: dict) -> str:
     words = ["vitsee", "extract", str(store)]
     for m in record["models"]:
         words += ["--model", m["spec"]]
-    defaults = {"dataset": "samples", "n_images": None, "batch_size": 64, "layers": "blocks", "img_size": None,
-                "dtype": "float16", "shuffle_seed": None}
+    defaults = {
+        "dataset": "samples",
+        "n_images": None,
+        "batch_size": 64,
+        "layers": "blocks",
+        "img_size": None,
+        "dtype": "float16",
+        "shuffle_seed": None,
+    }
     for flag, name in RECORDED_OPTIONS.items():
         value = record.get(name)
         if name in FLAGS:
@@ -76,8 +100,10 @@ class Resume:
         """Returns the one line saying what is resumed: the models and how far they got, then the run."""
         if self.complete:
             return f"{self.store} is complete: every model has all {self.n_images} images; nothing to resume"
-        models = ", ".join(f"{key} ({'not started' if done is None else f'{done}/{self.n_images} images'})"
-                           for key, done in self.progress.items())
+        models = ", ".join(
+            f"{key} ({'not started' if done is None else f'{done}/{self.n_images} images'})"
+            for key, done in self.progress.items()
+        )
         runs = "; ".join(_describe_config(cfg) for cfg in self.configs)
         return f"resuming {self.store}: {models}; {runs}"
 
@@ -92,8 +118,15 @@ def _describe_config(cfg) -> str:
     return text + (", streaming Grams" if getattr(cfg, "grams", False) else ", streaming" if cfg.streaming else "")
 
 
-def plan_resume(store: Path | str, given: dict | None = None, *, device: str | None = None,
-                workers: int | None = None, force: bool = False, memory_budget: int | None = None) -> Resume:
+def plan_resume(
+    store: Path | str,
+    given: dict | None = None,
+    *,
+    device: str | None = None,
+    workers: int | None = None,
+    force: bool = False,
+    memory_budget: int | None = None,
+) -> Resume:
     """Returns what resuming the store's recorded run does; raises a VitseeError for a store that cannot be
     resumed (missing, made before runs were recorded) or an option in `given` ({flag: value}, the recorded
     options the user typed) that contradicts the record. device/workers/memory_budget replace the recorded ones."""
@@ -101,20 +134,26 @@ def plan_resume(store: Path | str, given: dict | None = None, *, device: str | N
 
     path = Path(store)
     if not path.exists():
-        raise VitseeError(f"{path} does not exist: give --model NAME to create it (with no --model, "
-                          "`vitsee extract STORE` resumes an existing store)")
+        raise VitseeError(
+            f"{path} does not exist: give --model NAME to create it (with no --model, "
+            "`vitsee extract STORE` resumes an existing store)"
+        )
     given = dict(given or {})
     if given.pop("--overwrite", False):
-        raise VitseeError("--overwrite needs --model: with no model, `vitsee extract STORE` resumes the run the "
-                          "store records; to start over, give the models again with --overwrite")
+        raise VitseeError(
+            "--overwrite needs --model: with no model, `vitsee extract STORE` resumes the run the "
+            "store records; to start over, give the models again with --overwrite"
+        )
     with Store.open(path) as s:
         records = _records(s)
         if not records and s.complete:  # an older store, or one stitched from torchrun shards: nothing to do
             return Resume(path, s.n_images)
         if not records:
             models = " ".join(f"--model {s.model_info(k)['spec']}" for k in s.models)
-            raise VitseeError(f"{path} records no run configuration (made by an older vitsee): resume it with the "
-                              f"command that made it, `vitsee extract {path} {models}` with its other options")
+            raise VitseeError(
+                f"{path} records no run configuration (made by an older vitsee): resume it with the "
+                f"command that made it, `vitsee extract {path} {models}` with its other options"
+            )
         resume = Resume(path, s.n_images)
         for record in records:
             _check_given(path, given, record, s.n_images)
@@ -147,8 +186,11 @@ def _key(record: dict) -> str:
 def _unfinished(s, record: dict, claimed: set[str]) -> list[dict]:
     """Returns the record's models with rows left to extract (a streaming run's pass needs all its models, unless
     each streams its own Grams)."""
-    todo = [m for m in record["models"] if m["key"] not in claimed
-            and (m["key"] not in s.models or not s.is_complete(m["key"]))]
+    todo = [
+        m
+        for m in record["models"]
+        if m["key"] not in claimed and (m["key"] not in s.models or not s.is_complete(m["key"]))
+    ]
     if todo and record.get("streaming") and not record.get("grams"):
         return list(record["models"])
     return todo
@@ -159,11 +201,22 @@ def _config(path: Path, record: dict, models: list[dict], device, workers, force
     from .extract_plan import ExtractConfig
 
     return ExtractConfig(
-        store=path, models=[m["spec"] for m in models], dataset=record["dataset"], n_images=record["n_images"],
-        batch_size=record["batch_size"], device=device or record.get("device") or "auto", layers=record["layers"],
-        img_size=record["img_size"], dtype=record["dtype"], shuffle_seed=record["shuffle_seed"],
-        workers=workers, streaming=record["streaming"], heads=bool(record.get("heads", False)), force=force,
-        grams=bool(record.get("grams", False)), memory_budget=memory_budget,
+        store=path,
+        models=[m["spec"] for m in models],
+        dataset=record["dataset"],
+        n_images=record["n_images"],
+        batch_size=record["batch_size"],
+        device=device or record.get("device") or "auto",
+        layers=record["layers"],
+        img_size=record["img_size"],
+        dtype=record["dtype"],
+        shuffle_seed=record["shuffle_seed"],
+        workers=workers,
+        streaming=record["streaming"],
+        heads=bool(record.get("heads", False)),
+        force=force,
+        grams=bool(record.get("grams", False)),
+        memory_budget=memory_budget,
     )
 
 
@@ -180,8 +233,10 @@ def _check_given(path: Path, given: dict, record: dict, n_images: int) -> None:
             recorded = n_images if name == "n_images" else recorded
             typed = f"{flag} {value}"
             shown = f"{flag} {','.join(recorded) if isinstance(recorded, list) else recorded}"
-        raise VitseeError(f"{typed} contradicts the run {path} records ({shown}): "
-                          f"leave it out to resume as recorded, or give --model NAME for another run (new store or --overwrite)")
+        raise VitseeError(
+            f"{typed} contradicts the run {path} records ({shown}): "
+            f"leave it out to resume as recorded, or give --model NAME for another run (new store or --overwrite)"
+        )
 
 
 def _same(name: str, value, recorded, n_images: int) -> bool:

@@ -7,6 +7,7 @@ non-finite counts, `done`) that maps its rows onto the shards' rows by relative 
 with the fill value, so completeness is checked here before stitching, `done` fills with 0 (a lost shard
 reads as unfinished, never as data) and `Store` refuses to open a stitched store whose shard files are gone.
 """
+
 from __future__ import annotations
 
 import json
@@ -74,9 +75,15 @@ def stitch(path: str | Path, shard_paths: Sequence[Path], cfg, models: Sequence[
     if path.exists() and not cfg.overwrite:
         with Store.writer(path) as store:
             if int(rows[-1][1]) != store.n_images:
-                raise VitseeError(f"the shards cover {rows[-1][1]} images but {path} holds {store.n_images}: rerun with --overwrite")
-            if sorted(os.path.normpath(r) for r in json.loads(store.file.attrs.get("shards", "[]"))) != sorted(map(os.path.normpath, rels)):
-                raise VitseeError(f"{path} was stitched from other shards than {shard_paths[0].parent.name}/ holds now: rerun with --overwrite")
+                raise VitseeError(
+                    f"the shards cover {rows[-1][1]} images but {path} holds {store.n_images}: rerun with --overwrite"
+                )
+            if sorted(os.path.normpath(r) for r in json.loads(store.file.attrs.get("shards", "[]"))) != sorted(
+                map(os.path.normpath, rels)
+            ):
+                raise VitseeError(
+                    f"{path} was stitched from other shards than {shard_paths[0].parent.name}/ holds now: rerun with --overwrite"
+                )
             for key in keys:
                 store.add_virtual_model(key, lambda group, key=key: _fill_virtual_model(group, key, shard_paths))
         return
@@ -121,7 +128,9 @@ def _check_shards(shard_paths: Sequence[Path], keys: Sequence[str], expected_run
         with Store.open(p) as s:
             meta = json.loads(s.file.attrs.get("shard", "null") or "null")
             if meta is None:
-                raise VitseeError(f"{p} is not a shard of a torchrun extraction: remove it and rerun the same torchrun command")
+                raise VitseeError(
+                    f"{p} is not a shard of a torchrun extraction: remove it and rerun the same torchrun command"
+                )
             if meta.get("run_id") != expected_run:
                 raise VitseeError(
                     f"shard {p} is from another run (other images or process count): remove it and rerun the same "
@@ -137,7 +146,9 @@ def _check_shards(shard_paths: Sequence[Path], keys: Sequence[str], expected_run
                     )
             rows.append((int(meta["start"]), int(meta["stop"])))
     if rows[0][0] != 0 or any(a[1] != b[0] for a, b in zip(rows, rows[1:])):
-        raise VitseeError(f"the shards in {shard_paths[0].parent} do not tile the images ({rows}): rerun with --overwrite")
+        raise VitseeError(
+            f"the shards in {shard_paths[0].parent} do not tile the images ({rows}): rerun with --overwrite"
+        )
     return rows
 
 
@@ -206,7 +217,9 @@ def _sum_streamed_heads(h5: h5py.File, shard_paths: Sequence[Path]) -> None:
             with Store.open(p) as s:
                 state = s.streamed_heads_state(vit)
                 if state is None or s.streamed_heads().get(vit) != layout:
-                    raise VitseeError(f"shard {p} streamed other head-level CKA than the first shard: rerun with --overwrite")
+                    raise VitseeError(
+                        f"shard {p} streamed other head-level CKA than the first shard: rerun with --overwrite"
+                    )
             total = state if total is None else total + state
         store_mod.add_streamed_heads_state(h5, vit, layout["blocks"], layout["heads"], layout["columns"])
         h5[f"streaming/heads/{vit}"][:] = np.stack([total, total])

@@ -22,6 +22,7 @@ CKA (any minibatch CKA: within, across, head-level, spatial) -- from the per-bat
 Probes: the exact Clopper-Pearson binomial interval on the test count. Means over images (attention distances, skip
 ratios): the Student-t interval mean +- t * s / sqrt(n) with s the sample standard deviation.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -44,7 +45,9 @@ _CELL_CHUNK = 4096  # cells finished per bootstrap step: R x chunk fp64 at a tim
 def check_level(level: float) -> float:
     """Return level if it is a confidence level in (0, 1); raise the one-line error otherwise."""
     if not 0.0 < float(level) < 1.0:
-        raise VitseeError(f"--ci {level} is not a confidence level: use a number between 0 and 1, e.g. --ci 0.9 (0 turns intervals off)")
+        raise VitseeError(
+            f"--ci {level} is not a confidence level: use a number between 0 and 1, e.g. --ci 0.9 (0 turns intervals off)"
+        )
     return float(level)
 
 
@@ -54,8 +57,12 @@ def stats_settings(level: float, permutations: int, seed: int) -> dict | None:
         raise VitseeError(f"--permutations {permutations} is negative: use 0 (no p-values) or a count such as 99")
     if not level and not permutations:
         return None
-    return {"ci": check_level(level) if level else 0.0, "bootstrap": BOOTSTRAP_REPLICATES if level else 0,
-            "permutations": int(permutations), "seed": int(seed)}
+    return {
+        "ci": check_level(level) if level else 0.0,
+        "bootstrap": BOOTSTRAP_REPLICATES if level else 0,
+        "permutations": int(permutations),
+        "seed": int(seed),
+    }
 
 
 def interval_settings(level: float) -> dict | None:
@@ -79,15 +86,18 @@ def bootstrap_indices(n_batches: int, replicates: int, seed: Sequence[int] | int
     return np.random.default_rng(seed).integers(0, n_batches, size=(replicates, n_batches))
 
 
-def bootstrap_cka_interval(batch_hsic: np.ndarray, level: float, replicates: int, seed: Sequence[int] | int,
-                           cells: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def bootstrap_cka_interval(
+    batch_hsic: np.ndarray, level: float, replicates: int, seed: Sequence[int] | int, cells: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Return (low, high), each (L, L): the percentile bootstrap interval of CKA over whole minibatches.
 
     batch_hsic (B, L, L) holds each batch's unbiased HSIC of every layer pair; cells (L, L) bool, if given, limits the
     work to those entries (the others are nan), e.g. the cross block of a cross_at accumulator.
     """
     n, L = batch_hsic.shape[0], batch_hsic.shape[1]
-    counts = np.stack([np.bincount(row, minlength=n) for row in bootstrap_indices(n, replicates, seed)]).astype(np.float64)
+    counts = np.stack([np.bincount(row, minlength=n) for row in bootstrap_indices(n, replicates, seed)]).astype(
+        np.float64
+    )
     flat = batch_hsic.reshape(n, L * L)
     diag = counts @ flat[:, :: L + 1]  # (R, L): each replicate's self-HSIC sums
     wanted = np.flatnonzero(np.ones(L * L, bool) if cells is None else cells.ravel())
@@ -152,7 +162,9 @@ def clopper_pearson(correct: np.ndarray, n: int, level: float) -> tuple[np.ndarr
     return np.where(bad, np.nan, low), np.where(bad, np.nan, high)
 
 
-def mean_interval(mean: np.ndarray, std_pop: np.ndarray, n: np.ndarray | int, level: float) -> tuple[np.ndarray, np.ndarray]:
+def mean_interval(
+    mean: np.ndarray, std_pop: np.ndarray, n: np.ndarray | int, level: float
+) -> tuple[np.ndarray, np.ndarray]:
     """Return (low, high): the Student-t interval mean +- t * s / sqrt(n) of a mean over n images.
 
     std_pop is the population standard deviation (ddof=0, what RunningMoments keeps): s = std_pop sqrt(n / (n-1)),

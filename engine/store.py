@@ -57,6 +57,7 @@ it), store_files.py (the files on disk: opening, atomic writes, the folder besid
 store_results.py and store_write.py (the methods of Store that read, cache results and write), store_lock.py and
 store_check.py. Store and every public name of those modules are importable from here.
 """
+
 from __future__ import annotations
 
 import os
@@ -67,27 +68,91 @@ import h5py
 
 from .errors import VitseeError
 from .store_check import check_own_file
-from .store_files import (check_shard_file, check_store_path, check_writable_layout, copy_store, durable_rename,
-                          existing_store_id, is_real_file, is_real_folder, no_space, open_h5, open_store_file,
-                          real_folder, remove_stale_starts, reserve_blocks, tidy, write_file_atomically)
-from .store_layout import (CHUNK_BYTES, FORMAT_VERSION, GRAMS, HEADS, ArraySpec, LayerSpec, add_model_layout,
-                           add_streamed_heads_state, add_streaming_state, check_store_layout, early_dataset,
-                           estimate_bytes, fill_model_group, human_bytes, json_attr, store_identity, versions,
-                           write_images)
+from .store_files import (
+    check_shard_file,
+    check_store_path,
+    check_writable_layout,
+    copy_store,
+    durable_rename,
+    existing_store_id,
+    is_real_file,
+    is_real_folder,
+    no_space,
+    open_h5,
+    open_store_file,
+    real_folder,
+    remove_stale_starts,
+    reserve_blocks,
+    tidy,
+    write_file_atomically,
+)
+from .store_layout import (
+    CHUNK_BYTES,
+    FORMAT_VERSION,
+    GRAMS,
+    HEADS,
+    ArraySpec,
+    LayerSpec,
+    add_model_layout,
+    add_streamed_heads_state,
+    add_streaming_state,
+    check_store_layout,
+    early_dataset,
+    estimate_bytes,
+    fill_model_group,
+    human_bytes,
+    json_attr,
+    store_identity,
+    versions,
+    write_images,
+)
 from .store_lock import WriteLock, pid_alive, sidecar_dir
 from .store_read import StoreReading, read_rows
 from .store_results import StoreResults
 from .store_write import StoreWriting, creating
 
 __all__ = [
-    "Store", "WriteLock", "LayerSpec", "ArraySpec", "FORMAT_VERSION", "HEADS", "GRAMS", "CHUNK_BYTES",
-    "add_model_layout", "add_streamed_heads_state", "add_streaming_state", "check_store_layout", "copy_store",
-    "creating", "estimate_bytes", "fill_model_group", "human_bytes", "json_attr", "read_rows", "remove_stale_starts",
-    "sidecar_dir", "versions", "write_images",
+    "Store",
+    "WriteLock",
+    "LayerSpec",
+    "ArraySpec",
+    "FORMAT_VERSION",
+    "HEADS",
+    "GRAMS",
+    "CHUNK_BYTES",
+    "add_model_layout",
+    "add_streamed_heads_state",
+    "add_streaming_state",
+    "check_store_layout",
+    "copy_store",
+    "creating",
+    "estimate_bytes",
+    "fill_model_group",
+    "human_bytes",
+    "json_attr",
+    "read_rows",
+    "remove_stale_starts",
+    "sidecar_dir",
+    "versions",
+    "write_images",
     # the files and layout helpers the other store modules share, public for them
-    "check_shard_file", "check_store_path", "check_writable_layout", "durable_rename", "early_dataset",
-    "existing_store_id", "is_real_file", "is_real_folder", "no_space", "open_h5", "open_store_file", "pid_alive",
-    "real_folder", "reserve_blocks", "store_identity", "tidy", "write_file_atomically",
+    "check_shard_file",
+    "check_store_path",
+    "check_writable_layout",
+    "durable_rename",
+    "early_dataset",
+    "existing_store_id",
+    "is_real_file",
+    "is_real_folder",
+    "no_space",
+    "open_h5",
+    "open_store_file",
+    "pid_alive",
+    "real_folder",
+    "reserve_blocks",
+    "store_identity",
+    "tidy",
+    "write_file_atomically",
 ]
 
 _json = json_attr  # the old name, still called on branches written before it was made public
@@ -110,7 +175,9 @@ class Store(StoreReading, StoreResults, StoreWriting):
         self._open_files: dict[str, h5py.File] = {}
         try:
             if "vitsee_format" not in self.file.attrs:
-                raise VitseeError(f"{path} is an HDF5 file but not a vitsee store: give a store made by `vitsee extract`")
+                raise VitseeError(
+                    f"{path} is an HDF5 file but not a vitsee store: give a store made by `vitsee extract`"
+                )
             check_store_layout(self.file)
             check_own_file(self.path, self.file)
             # a stitched store reads its rows from shard files; HDF5 would quietly fill a missing one's with zeros
@@ -213,12 +280,20 @@ class Store(StoreReading, StoreResults, StoreWriting):
         for a writer of rows, a symbolic link: rows are never written through a link."""
         if is_real_file(p) or (p.is_symlink() and self._mode == "r" and p.is_file()):
             return
-        what = "a symbolic link (to {})".format(os.readlink(p)) if p.is_symlink() else (
-            "a folder" if p.is_dir() else "not a regular file")
-        way = (f"put the file itself there (`cp --remove-destination {os.path.realpath(p)} {p}`)" if p.is_file()
-               else f"move it away (`mv {p} {p.parent / ('.' + p.name + '.moved')}`)")
-        raise VitseeError(f"{p} is {what} where {self.path.name} keeps a model file: vitsee writes rows only into a file "
-                          f"of its own; {way} and rerun")
+        what = (
+            "a symbolic link (to {})".format(os.readlink(p))
+            if p.is_symlink()
+            else ("a folder" if p.is_dir() else "not a regular file")
+        )
+        way = (
+            f"put the file itself there (`cp --remove-destination {os.path.realpath(p)} {p}`)"
+            if p.is_file()
+            else f"move it away (`mv {p} {p.parent / ('.' + p.name + '.moved')}`)"
+        )
+        raise VitseeError(
+            f"{p} is {what} where {self.path.name} keeps a model file: vitsee writes rows only into a file "
+            f"of its own; {way} and rerun"
+        )
 
     def _remove_stale(self) -> None:
         """Removes what a killed writer left and moves the files of other stores aside (store_files.tidy; the

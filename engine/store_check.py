@@ -7,6 +7,7 @@ return an unrelated file's bytes as activations. vitsee writes none of these exc
 own torchrun shards, by relative path into STORE.shards/, so anything else is refused before a byte is read
 or written.
 """
+
 from __future__ import annotations
 
 import os

@@ -20,6 +20,7 @@ A symbolic link is never followed for writing or deleting: STORE.d, its models/ 
 results/ANALYSIS folders must be real folders for a writer (store_lock.check_real_folder names the way out), and
 a link among the files is left alone. A file, folder or link where a model file should be is refused.
 """
+
 from __future__ import annotations
 
 import errno
@@ -139,7 +140,8 @@ def _move_aside(store: Path, owner: str, files: list[Path]) -> Path:
         f"{store}: moved {moved} file(s) of another store (store_id {owner[:ASIDE_ID]}...: models and results made "
         f"before {store.name} was made or replaced) aside to {aside.name}/; if that store was moved without its folder, "
         "rename this one to its name + '.d' (`vitsee info` on it says so)",
-        VitseeNote, stacklevel=2,
+        VitseeNote,
+        stacklevel=2,
     )
     return aside
 
@@ -183,19 +185,25 @@ def open_h5(path: Path, mode: str) -> h5py.File:
 def check_store_path(path: Path) -> None:
     """Raises a VitseeError naming the way out unless path is a non-empty file (what a store is)."""
     if not path.exists():
-        raise VitseeError(f"store {path} does not exist: create it with `vitsee extract {path} --model NAME --dataset DATASET`")
+        raise VitseeError(
+            f"store {path} does not exist: create it with `vitsee extract {path} --model NAME --dataset DATASET`"
+        )
     if path.is_dir():
         raise VitseeError(f"store {path} is a folder: give the path of a .h5 store file")
     if path.stat().st_size == 0:  # HDF5 would turn an empty file opened for writing into an HDF5 file
-        raise VitseeError(f"store {path} is an empty file, not a vitsee store: give a store made by `vitsee extract` (which replaces this file with --overwrite)")
+        raise VitseeError(
+            f"store {path} is an empty file, not a vitsee store: give a store made by `vitsee extract` (which replaces this file with --overwrite)"
+        )
 
 
 def open_store_file(path: Path, mode: str, what: str = "vitsee store") -> h5py.File:
     """Opens one of a store's HDF5 files, naming the real cause when it cannot be (never inviting
     --overwrite for a file that is merely unreadable to this user)."""
     if mode != "r" and read_only_mount(path):
-        raise VitseeError(f"{path} is on a read-only file system: the store is intact; copy it with its folder "
-                          "somewhere writable to add to it (reading works where it is)")
+        raise VitseeError(
+            f"{path} is on a read-only file system: the store is intact; copy it with its folder "
+            "somewhere writable to add to it (reading works where it is)"
+        )
     if mode != "r" and not os.access(path, os.W_OK):
         raise VitseeError(
             f"{path} is read-only for this user: the store is intact; fix its permissions (chmod u+w) "
@@ -293,8 +301,9 @@ def write_file_atomically(final: Path, fill, store: Path) -> None:
     final is replaced, its target left alone."""
     real_folder(store, *final.parent.relative_to(sidecar_dir(store)).parts)
     if is_real_folder(final):
-        raise VitseeError(f"{final} is a folder where {store.name} keeps a file: move it away (`mv {final} "
-                          f"{final}.moved`) and rerun")
+        raise VitseeError(
+            f"{final} is a folder where {store.name} keeps a file: move it away (`mv {final} {final}.moved`) and rerun"
+        )
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
     tmp.unlink(missing_ok=True)  # a leftover of an earlier process with this pid (a link: never written through)
     try:

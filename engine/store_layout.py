@@ -4,6 +4,7 @@ The names of its groups, the specs of the arrays a model fills, the size they ta
 whole store of a format this vitsee reads, the identity (store_id) of a store, and the functions that allocate a
 model's arrays in full when its file is made (HDF5 early allocation, so extraction only overwrites raw bytes).
 """
+
 from __future__ import annotations
 
 import json
@@ -34,22 +35,28 @@ def check_store_layout(file: h5py.File) -> None:
     try:
         version = int(file.attrs["vitsee_format"])
         if version > FORMAT_VERSION:
-            raise VitseeError(f"{path} was made by a newer vitsee (format {version}; this one reads format "
-                              f"{FORMAT_VERSION}): upgrade vitsee")
+            raise VitseeError(
+                f"{path} was made by a newer vitsee (format {version}; this one reads format "
+                f"{FORMAT_VERSION}): upgrade vitsee"
+            )
         models = list(file["models"].values()) if "models" in file else []
         missing = [name for name in ("images", "images/index", "images/label") if name not in file]
         missing += [f"{g.name}/{name}" for g in models for name in ("done", "nonfinite") if name not in g]
         if missing:
-            raise VitseeError(f"{path} lacks {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}, which "
-                              "every vitsee store has: it is not a whole store; re-create it with `vitsee extract`")
+            raise VitseeError(
+                f"{path} lacks {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}, which "
+                "every vitsee store has: it is not a whole store; re-create it with `vitsee extract`"
+            )
         for obj in (file, file["images"], *models):  # what readers decode: damaged bytes surface here, once
             for name in obj.attrs:
                 value = obj.attrs[name]
                 if name in ("record", "layers", "class_names", "layer_shapes", "layer_prefix_tokens"):
                     json.loads(value)
     except (OSError, KeyError, ValueError, TypeError) as exc:
-        raise VitseeError(f"{path}: the store's metadata cannot be read ({brief(exc)}): the file is damaged; "
-                          "restore a copy, or re-create it with `vitsee extract ... --overwrite`") from None
+        raise VitseeError(
+            f"{path}: the store's metadata cannot be read ({brief(exc)}): the file is damaged; "
+            "restore a copy, or re-create it with `vitsee extract ... --overwrite`"
+        ) from None
 
 
 def early_dataset(group: h5py.Group, name: str, shape: tuple, dtype, rows_per_chunk: int) -> h5py.Dataset:
@@ -147,9 +154,18 @@ def add_model_layout(
     fill_model_group(group, record, layers, stats, input_shape, batch_size, dtype, n_images, len(models) - 1, streaming)
 
 
-def fill_model_group(group: h5py.Group, record: dict, layers: Sequence[LayerSpec], stats: Sequence[ArraySpec],
-                     input_shape: tuple[int, ...], batch_size: int, dtype: str, n_images: int, order: int,
-                     streaming: bool = False) -> None:
+def fill_model_group(
+    group: h5py.Group,
+    record: dict,
+    layers: Sequence[LayerSpec],
+    stats: Sequence[ArraySpec],
+    input_shape: tuple[int, ...],
+    batch_size: int,
+    dtype: str,
+    n_images: int,
+    order: int,
+    streaming: bool = False,
+) -> None:
     """Writes a model's attrs and allocates its arrays in group (a store's /models/KEY or a model file's root)."""
     group.attrs["record"] = json_attr(record)
     group.attrs["layers"] = json_attr([layer.name for layer in layers])
@@ -191,8 +207,9 @@ def add_streaming_state(file: h5py.File, columns: Sequence[tuple[str, str]], bat
     ds.attrs["batch_size"] = int(batch_size)
 
 
-def add_streamed_heads_state(file: h5py.File, vit: str, blocks: Sequence[str], heads: int,
-                             columns: Sequence[tuple[str, str]]) -> None:
+def add_streamed_heads_state(
+    file: h5py.File, vit: str, blocks: Sequence[str], heads: int, columns: Sequence[tuple[str, str]]
+) -> None:
     """Allocates the two slots of a ViT's head-level CKA accumulator in a new streaming store: its
     len(blocks) * heads heads against the columns (every layer of the other models)."""
     n = len(blocks) * heads + len(columns)
@@ -202,7 +219,9 @@ def add_streamed_heads_state(file: h5py.File, vit: str, blocks: Sequence[str], h
     ds.attrs["columns"] = json_attr([list(c) for c in columns])
 
 
-def write_images(file: h5py.File, dataset: str, indices: np.ndarray, labels: np.ndarray, class_names, shuffle_seed) -> None:
+def write_images(
+    file: h5py.File, dataset: str, indices: np.ndarray, labels: np.ndarray, class_names, shuffle_seed
+) -> None:
     """Writes a new store's /images group: the run's image indices and labels, in run order (see store.py)."""
     group = file.create_group("images")
     group.create_dataset("index", data=np.asarray(indices, dtype=np.int64))

@@ -17,6 +17,7 @@ real folder (never through a symbolic link) and the lock inside it with O_NOFOLL
 is a regular file of this user with no other name (a hard link). Otherwise a crafted `lock -> ~/notes.txt`
 would have every writer truncate that file.
 """
+
 from __future__ import annotations
 
 import errno
@@ -93,7 +94,9 @@ def writer_of(store: str | Path) -> str | None:
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 return None
-            query = struct.pack("hhqqi", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)  # struct flock: type, whence, start, len, pid
+            query = struct.pack(
+                "hhqqi", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0
+            )  # struct flock: type, whence, start, len, pid
             answer = fcntl.fcntl(fd, fcntl.F_GETLK, query + bytes(max(0, 32 - len(query))))
             if struct.unpack("hhqqi", answer[: len(query)])[0] == fcntl.F_UNLCK:
                 return None
@@ -125,7 +128,9 @@ class WriteLock:
     def _open_and_lock(self, command: str | None) -> None:
         folder = self.path.parent
         if not self.store.parent.is_dir():
-            raise VitseeError(f"folder {self.store.parent} does not exist: create it first or choose another store path")
+            raise VitseeError(
+                f"folder {self.store.parent} does not exist: create it first or choose another store path"
+            )
         fd = _open_lock_file(self.store, folder)
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -133,12 +138,16 @@ class WriteLock:
             holder = _holder(fd)
             os.close(fd)
             if exc.errno in (errno.EACCES, errno.EAGAIN):
-                raise VitseeError(f"{self.store} is being written by {holder}: wait for it to finish, or use another store") from None
+                raise VitseeError(
+                    f"{self.store} is being written by {holder}: wait for it to finish, or use another store"
+                ) from None
             raise VitseeError(
                 f"cannot lock {self.path} ({brief(exc)}): the file system may not support locks (NFS without lockd); "
                 "put the store on a local disk"
             ) from exc
-        stamp = f"{os.getpid()}\n{command or ' '.join(['vitsee', *sys.argv[1:2]])}\n{time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+        stamp = (
+            f"{os.getpid()}\n{command or ' '.join(['vitsee', *sys.argv[1:2]])}\n{time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+        )
         try:
             os.ftruncate(fd, 0)
             os.pwrite(fd, stamp.encode(), 0)
@@ -226,13 +235,14 @@ def _open_lock_file(store: Path, folder: Path) -> int:
                 f"every writer writes into it; remove the link (`rm {lock}`) and rerun"
             ) from None
         if exc.errno == errno.EISDIR:
-            raise VitseeError(f"{lock} is a folder, not the store's lock file: move it away (`mv {lock} {lock}.moved`) "
-                              "and rerun") from None
+            raise VitseeError(
+                f"{lock} is a folder, not the store's lock file: move it away (`mv {lock} {lock}.moved`) and rerun"
+            ) from None
         raise _permission_error(store, folder, exc) from exc
     finally:
         os.close(dir_fd)
     st = os.fstat(fd)
-    problem = (None if stat.S_ISREG(st.st_mode) else _kind(st.st_mode))
+    problem = None if stat.S_ISREG(st.st_mode) else _kind(st.st_mode)
     if problem is None and st.st_nlink != 1:
         problem = f"a file with {st.st_nlink} names (a hard link: writing it would change the others)"
     if problem is None and st.st_uid != os.geteuid():

@@ -4,6 +4,7 @@
 File), `path`, `_model_files` / `_open_files` (the model files beside it, by key). Every read returns finished rows
 only (a batch counts once its `done` flag is set), as float32.
 """
+
 from __future__ import annotations
 
 import json
@@ -132,7 +133,11 @@ class StoreReading:
             import difflib
 
             close = difflib.get_close_matches(layer, list(acts), n=4, cutoff=0.5)
-            hint = f"close matches: {', '.join(close)}" if close else f"stored layers: {', '.join(self.layers(model)[:8])} ..."
+            hint = (
+                f"close matches: {', '.join(close)}"
+                if close
+                else f"stored layers: {', '.join(self.layers(model)[:8])} ..."
+            )
             raise VitseeError(f"no layer '{layer}' stored for {self.resolve_model(model)}: {hint}")
         return acts[layer]
 
@@ -144,8 +149,13 @@ class StoreReading:
             return {"shape": tuple(ds.shape[1:]), "prefix_tokens": int(ds.attrs.get("prefix_tokens", 0))}
         shapes = json.loads(group.attrs["layer_shapes"])
         if layer not in shapes:
-            raise VitseeError(f"no layer '{layer}' recorded for {self.resolve_model(model)}: it has {', '.join(list(shapes)[:8])} ...")
-        return {"shape": tuple(shapes[layer]), "prefix_tokens": int(json.loads(group.attrs["layer_prefix_tokens"])[layer])}
+            raise VitseeError(
+                f"no layer '{layer}' recorded for {self.resolve_model(model)}: it has {', '.join(list(shapes)[:8])} ..."
+            )
+        return {
+            "shape": tuple(shapes[layer]),
+            "prefix_tokens": int(json.loads(group.attrs["layer_prefix_tokens"])[layer]),
+        }
 
     def layer_shape(self, model: str, layer: str) -> tuple[int, ...]:
         """Returns the per-image shape of a stored layer."""
@@ -202,8 +212,11 @@ class StoreReading:
             if done < self.n_images:
                 raise VitseeError(
                     f"{self.path}: {m} has {done} of {self.n_images} images extracted (the run was interrupted): "
-                    + (f"resume it with `vitsee extract {self.path}`" if self.run_config(m) is not None
-                       else "rerun the same `vitsee extract` command to resume")
+                    + (
+                        f"resume it with `vitsee extract {self.path}`"
+                        if self.run_config(m) is not None
+                        else "rerun the same `vitsee extract` command to resume"
+                    )
                 )
 
     def activations(self, model: str, layer: str, rows: slice | np.ndarray | None = None) -> np.ndarray:
@@ -343,8 +356,11 @@ class StoreReading:
             return {}
         out = {}
         for vit, ds in self.file["streaming/heads"].items():
-            out[vit] = {"blocks": json.loads(ds.attrs["blocks"]), "heads": int(ds.attrs["heads"]),
-                        "columns": [tuple(c) for c in json.loads(ds.attrs["columns"])]}
+            out[vit] = {
+                "blocks": json.loads(ds.attrs["blocks"]),
+                "heads": int(ds.attrs["heads"]),
+                "columns": [tuple(c) for c in json.loads(ds.attrs["columns"])],
+            }
         return {vit: out[vit] for vit in self.models if vit in out}  # store order
 
     def streamed_heads_state(self, vit: str) -> np.ndarray | None:
@@ -362,7 +378,9 @@ def read_rows(ds: h5py.Dataset, rows: np.ndarray, limit: int | None = None) -> n
     """Returns ds[rows] for any order of row indices (HDF5 wants them increasing, so sort and undo)."""
     rows = np.asarray(rows, dtype=np.int64)
     if limit is not None and len(rows) and rows.max() >= limit:
-        raise VitseeError(f"row {int(rows.max())} is not extracted yet ({limit} rows finished): finish the extraction first")
+        raise VitseeError(
+            f"row {int(rows.max())} is not extracted yet ({limit} rows finished): finish the extraction first"
+        )
     if len(rows) == 0:
         return np.empty((0, *ds.shape[1:]), dtype=ds.dtype)
     if len(rows) > 1 and np.all(np.diff(rows) == 1):

@@ -5,6 +5,7 @@
 whole under a temporary name and renamed; one that belongs to another store, is a link, is damaged or declares
 more data than its file holds is not read (it counts as not cached and is computed again).
 """
+
 from __future__ import annotations
 
 import json
@@ -43,8 +44,11 @@ class StoreResults:
         out = []
         for folder in sorted(root.iterdir()) if analysis is None else [root / analysis]:
             if folder.is_dir():
-                out += [(folder.name, p.name[:-3], p) for p in sorted(folder.glob("*.h5"))
-                        if not p.name.startswith(".") and is_real_file(p)]
+                out += [
+                    (folder.name, p.name[:-3], p)
+                    for p in sorted(folder.glob("*.h5"))
+                    if not p.name.startswith(".") and is_real_file(p)
+                ]
         return out
 
     def _open_result(self, p: Path) -> h5py.File | None:
@@ -119,8 +123,12 @@ class StoreResults:
             raise VitseeError(f"{self.path} is open read-only: reopen it for writing to cache results")
         rid = self.result_id(params)
         now = time.time()  # created_unix orders results made within the same second
-        provenance = {"created": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now)),
-                      "created_unix": now, **versions(), **(provenance or {})}
+        provenance = {
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now)),
+            "created_unix": now,
+            **versions(),
+            **(provenance or {}),
+        }
 
         def fill(f: h5py.File) -> None:
             for name, value in arrays.items():
@@ -170,8 +178,12 @@ def _read_result(group, store: Path) -> dict | None:
         out["_provenance"] = json.loads(group.attrs.get("provenance", "{}"))
     except (OSError, KeyError, ValueError, TypeError) as exc:
         where = f"{Path(group.file.filename).name}:{group.name}"
-        warnings.warn(f"{store}: ignored the cached result {where}, which is damaged ({exc}); it counts as not "
-                      "cached, and `vitsee analyze` computes it again", VitseeNote, stacklevel=2)
+        warnings.warn(
+            f"{store}: ignored the cached result {where}, which is damaged ({exc}); it counts as not "
+            "cached, and `vitsee analyze` computes it again",
+            VitseeNote,
+            stacklevel=2,
+        )
         return None
     return out
 

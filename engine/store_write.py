@@ -4,6 +4,7 @@
 `writable`, `n_images`, `streaming`, `models`, `model_group`, `_mode`, `_model_files` and `_open_files` of Store.
 Every array is allocated when its file is made; a batch's rows are written, flushed, and only then marked done.
 """
+
 from __future__ import annotations
 
 import errno
@@ -20,8 +21,17 @@ import h5py
 import numpy as np
 
 from .errors import VitseeError, brief
-from .store_files import (durable_rename, existing_store_id, no_space, open_h5, open_store_file, remove_stale_starts,
-                          reserve_blocks, tidy, write_file_atomically)
+from .store_files import (
+    durable_rename,
+    existing_store_id,
+    no_space,
+    open_h5,
+    open_store_file,
+    remove_stale_starts,
+    reserve_blocks,
+    tidy,
+    write_file_atomically,
+)
 from .store_layout import FORMAT_VERSION, GRAMS, HEADS, ArraySpec, LayerSpec, fill_model_group, json_attr, versions
 from .store_lock import WriteLock
 
@@ -48,8 +58,18 @@ class StoreWriting:
         def fill(f: h5py.File, order: int) -> None:
             if run_config is not None:
                 f.attrs["run_config"] = json_attr(run_config)
-            fill_model_group(f, record, layers, stats, input_shape, batch_size, dtype, self.n_images, order=order,
-                             streaming=self.streaming)
+            fill_model_group(
+                f,
+                record,
+                layers,
+                stats,
+                input_shape,
+                batch_size,
+                dtype,
+                self.n_images,
+                order=order,
+                streaming=self.streaming,
+            )
             f.flush()
             reserve_blocks(Path(f.filename), os.path.getsize(f.filename), self.path)
 
@@ -106,9 +126,14 @@ class StoreWriting:
         group["done"][batch] = 1
         group.file.flush()
 
-    def write_streamed_batch(self, batch: int, stats: dict[str, dict[str, np.ndarray]],
-                             nonfinite: dict[str, Sequence[int]], cka_state: np.ndarray,
-                             heads_states: dict[str, np.ndarray] | None = None) -> None:
+    def write_streamed_batch(
+        self,
+        batch: int,
+        stats: dict[str, dict[str, np.ndarray]],
+        nonfinite: dict[str, Sequence[int]],
+        cka_state: np.ndarray,
+        heads_states: dict[str, np.ndarray] | None = None,
+    ) -> None:
         """Writes one batch of a streaming run (every model's statistics, the CKA accumulator and each ViT's
         head-level CKA accumulator after it), then marks it done for every model once the data is flushed."""
         try:

@@ -7,6 +7,7 @@ optimiser, scheduler and RNG states, by temp file and rename). Running the same 
 it and ends with the same weights as an uninterrupted run (CPU, same seed). OUT itself, timm's state dict
 with the run's record in the safetensors metadata under RECORD_KEY, appears only at the end.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -37,10 +38,28 @@ FORMAT = 1
 # after 10, 5e-3: 0.85) and no augmentation (random crops move the digit under the patches it is learning: 0.73
 # against 0.84 at 2e-3). ResNets learn in a few epochs and take the light crops.
 RECIPES = {
-    "vit": {"epochs": 15, "batch_size": 32, "lr": 3e-3, "weight_decay": 0.05, "warmup_epochs": 0.5,
-            "label_smoothing": 0.1, "augment": False, "crop_scale": 0.8, "hflip": 0.0},
-    "resnet": {"epochs": 6, "batch_size": 64, "lr": 2e-3, "weight_decay": 0.01, "warmup_epochs": 0.5,
-               "label_smoothing": 0.1, "augment": True, "crop_scale": 0.8, "hflip": 0.0},
+    "vit": {
+        "epochs": 15,
+        "batch_size": 32,
+        "lr": 3e-3,
+        "weight_decay": 0.05,
+        "warmup_epochs": 0.5,
+        "label_smoothing": 0.1,
+        "augment": False,
+        "crop_scale": 0.8,
+        "hflip": 0.0,
+    },
+    "resnet": {
+        "epochs": 6,
+        "batch_size": 64,
+        "lr": 2e-3,
+        "weight_decay": 0.01,
+        "warmup_epochs": 0.5,
+        "label_smoothing": 0.1,
+        "augment": True,
+        "crop_scale": 0.8,
+        "hflip": 0.0,
+    },
 }
 RECIPES["other"] = RECIPES["vit"]
 
@@ -167,7 +186,9 @@ def _plan(cfg: TrainConfig) -> _Plan:
 
     out = Path(cfg.out)
     if out.suffix != ".safetensors":
-        raise VitseeError(f"{out} must end in .safetensors (timm's state dict with the training record in its metadata)")
+        raise VitseeError(
+            f"{out} must end in .safetensors (timm's state dict with the training record in its metadata)"
+        )
     if out.is_dir():
         raise VitseeError(f"{out} is a folder: name the weights file to write, such as {out / 'model.safetensors'}")
     if out.exists() and not cfg.overwrite:
@@ -175,10 +196,14 @@ def _plan(cfg: TrainConfig) -> _Plan:
     if not out.parent.is_dir():
         raise VitseeError(f"folder {out.parent} does not exist: create it first or choose another OUT")
     if not timm.is_model(cfg.model):
-        raise VitseeError(f"unknown model '{cfg.model}': see `vitsee models PATTERN` (a timm name without tag or @weights)")
+        raise VitseeError(
+            f"unknown model '{cfg.model}': see `vitsee models PATTERN` (a timm name without tag or @weights)"
+        )
     for name in ("num_classes", "pretrained"):
         if name in cfg.model_args:
-            raise VitseeError(f"--model-arg {name} is set by vitsee train (the class count of the dataset; random init): drop it")
+            raise VitseeError(
+                f"--model-arg {name} is set by vitsee train (the class count of the dataset; random init): drop it"
+            )
     device = resolve_device(cfg.device)
     family = family_of_name(cfg.model)
     recipe = recipe_of(cfg)
@@ -212,11 +237,21 @@ def _plan(cfg: TrainConfig) -> _Plan:
     data_config = timm.data.resolve_model_data_config(model)
     data_config["input_size"] = input_size(model)
     run = {
-        "model": cfg.model, "kwargs": kwargs, "no_skip": no_skip, "pool": cfg.pool, "dataset": images.spec,
-        "seed": cfg.seed, "n_images": cfg.n_images, "test_fraction": cfg.test_fraction,
-        "data_fraction": cfg.data_fraction, "recipe": recipe, "workers": cfg.workers,
+        "model": cfg.model,
+        "kwargs": kwargs,
+        "no_skip": no_skip,
+        "pool": cfg.pool,
+        "dataset": images.spec,
+        "seed": cfg.seed,
+        "n_images": cfg.n_images,
+        "test_fraction": cfg.test_fraction,
+        "data_fraction": cfg.data_fraction,
+        "recipe": recipe,
+        "workers": cfg.workers,
     }
-    return _Plan(cfg, images, train_idx, test_idx, num_classes, family, kwargs, no_skip, recipe, device, data_config, run)
+    return _Plan(
+        cfg, images, train_idx, test_idx, num_classes, family, kwargs, no_skip, recipe, device, data_config, run
+    )
 
 
 def _check_forward(model: nn.Module, cfg: TrainConfig) -> None:
@@ -229,7 +264,9 @@ def _check_forward(model: nn.Module, cfg: TrainConfig) -> None:
             model.eval()(torch.zeros(1, c, h, w))
     except Exception as exc:  # timm asserts on sizes, convolutions raise RuntimeError on too-small inputs
         size = f"--img-size {cfg.img_size}" if cfg.img_size else f"its default size {h}"
-        raise VitseeError(f"{cfg.model} does not run at {size} ({brief(exc)}): choose an --img-size (and patch_size) that fit") from exc
+        raise VitseeError(
+            f"{cfg.model} does not run at {size} ({brief(exc)}): choose an --img-size (and patch_size) that fit"
+        ) from exc
 
 
 # --- data ------------------------------------------------------------------------------------------------------
@@ -270,24 +307,40 @@ def _transforms(plan: _Plan):
     import timm
 
     cfg = plan.data_config
-    common = {"input_size": cfg["input_size"], "interpolation": cfg["interpolation"], "mean": cfg["mean"], "std": cfg["std"]}
-    evaluate = timm.data.create_transform(**common, crop_pct=cfg["crop_pct"], crop_mode=cfg.get("crop_mode"), is_training=False)
+    common = {
+        "input_size": cfg["input_size"],
+        "interpolation": cfg["interpolation"],
+        "mean": cfg["mean"],
+        "std": cfg["std"],
+    }
+    evaluate = timm.data.create_transform(
+        **common, crop_pct=cfg["crop_pct"], crop_mode=cfg.get("crop_mode"), is_training=False
+    )
     if not plan.recipe["augment"]:
         return evaluate, evaluate
     train = timm.data.create_transform(
-        **common, is_training=True, scale=(plan.recipe["crop_scale"], 1.0), ratio=(0.9, 1.1),
-        hflip=plan.recipe["hflip"], color_jitter=0.0,
+        **common,
+        is_training=True,
+        scale=(plan.recipe["crop_scale"], 1.0),
+        ratio=(0.9, 1.1),
+        hflip=plan.recipe["hflip"],
+        color_jitter=0.0,
     )
     return train, evaluate
 
 
 def _loader(dataset, batch_size: int, workers: int, shuffle: bool, generator: torch.Generator | None):
     return torch.utils.data.DataLoader(
-        dataset, batch_size=batch_size, shuffle=shuffle, num_workers=workers, generator=generator,
+        dataset,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        num_workers=workers,
+        generator=generator,
         # a last batch of one breaks BatchNorm in training; only for shuffled (training) loaders
         # workers start afresh each epoch, seeded from `generator`, so a resumed epoch draws what it drew before;
         # forked workers inherit the lock's file but not the lock: lockf locks belong to one process
-        drop_last=shuffle and len(dataset) > batch_size, persistent_workers=False,
+        drop_last=shuffle and len(dataset) > batch_size,
+        persistent_workers=False,
     )
 
 
@@ -295,8 +348,12 @@ def _loader(dataset, batch_size: int, workers: int, shuffle: bool, generator: to
 
 
 def _rng_state(generator: torch.Generator) -> dict:
-    state = {"torch": torch.get_rng_state(), "loader": generator.get_state(), "python": random.getstate(),
-             "numpy": np.random.get_state()}
+    state = {
+        "torch": torch.get_rng_state(),
+        "loader": generator.get_state(),
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -444,8 +501,9 @@ def _train_locked(plan: _Plan, out: Path, emit: TrainFn, cancel) -> TrainResult:
     model = build_model(cfg.model, plan.kwargs, plan.no_skip).to(device)
     train_tf, eval_tf = _transforms(plan)
     train_set = _Images(plan.images, plan.train_idx, train_tf, fixed=not recipe["augment"])
-    test_loader = _loader(_Images(plan.images, plan.test_idx, eval_tf, fixed=True), recipe["batch_size"], cfg.workers,
-                          False, None)
+    test_loader = _loader(
+        _Images(plan.images, plan.test_idx, eval_tf, fixed=True), recipe["batch_size"], cfg.workers, False, None
+    )
     steps_per_epoch = len(_loader(train_set, recipe["batch_size"], 0, True, generator))
     total_steps = recipe["epochs"] * steps_per_epoch
     # timm's factory leaves biases, norms, position embeddings and tokens out of the weight decay: decaying the
@@ -453,8 +511,13 @@ def _train_locked(plan: _Plan, out: Path, emit: TrainFn, cancel) -> TrainResult:
     optimiser = timm.optim.create_optimizer_v2(model, "adamw", lr=recipe["lr"], weight_decay=recipe["weight_decay"])
     warmup = int(round(recipe["warmup_epochs"] * steps_per_epoch))
     scheduler = CosineLRScheduler(
-        optimiser, t_initial=max(total_steps - warmup, 1), warmup_t=warmup, warmup_lr_init=recipe["lr"] * 0.01,
-        warmup_prefix=True, lr_min=recipe["lr"] * 0.01, t_in_epochs=False,
+        optimiser,
+        t_initial=max(total_steps - warmup, 1),
+        warmup_t=warmup,
+        warmup_lr_init=recipe["lr"] * 0.01,
+        warmup_prefix=True,
+        lr_min=recipe["lr"] * 0.01,
+        t_in_epochs=False,
     )
     loss_fn = nn.CrossEntropyLoss(label_smoothing=recipe["label_smoothing"])
     history: list[dict] = []
@@ -465,12 +528,17 @@ def _train_locked(plan: _Plan, out: Path, emit: TrainFn, cancel) -> TrainResult:
         scheduler.load_state_dict(ckpt["scheduler"])
         _set_rng_state(ckpt["rng"], generator)
         history, start_epoch = ckpt["history"], ckpt["epoch"]
-    emit(TrainEvent("plan", message=(
-        f"{cfg.model}: {sum(p.numel() for p in model.parameters()):,} parameters, {plan.num_classes} classes; "
-        f"{len(plan.train_idx)} train / {len(plan.test_idx)} test images of {plan.images.spec}; "
-        f"{recipe['epochs']} epochs of {steps_per_epoch} steps on {device}"
-        + (f"; resuming after epoch {start_epoch}" if start_epoch else "")
-    )))
+    emit(
+        TrainEvent(
+            "plan",
+            message=(
+                f"{cfg.model}: {sum(p.numel() for p in model.parameters()):,} parameters, {plan.num_classes} classes; "
+                f"{len(plan.train_idx)} train / {len(plan.test_idx)} test images of {plan.images.spec}; "
+                f"{recipe['epochs']} epochs of {steps_per_epoch} steps on {device}"
+                + (f"; resuming after epoch {start_epoch}" if start_epoch else "")
+            ),
+        )
+    )
 
     for epoch in range(start_epoch, recipe["epochs"]):
         t0 = time.perf_counter()
@@ -479,7 +547,9 @@ def _train_locked(plan: _Plan, out: Path, emit: TrainFn, cancel) -> TrainResult:
         loader = _loader(train_set, recipe["batch_size"], cfg.workers, True, generator)
         for step, (x, y) in enumerate(loader):
             if cancel is not None and cancel.is_set():
-                raise VitseeError(f"training cancelled in epoch {epoch + 1}: rerun the same command to resume after epoch {epoch}")
+                raise VitseeError(
+                    f"training cancelled in epoch {epoch + 1}: rerun the same command to resume after epoch {epoch}"
+                )
             x, y = x.to(device), y.to(device)
             logits = model(x)
             loss = loss_fn(logits, y)
@@ -490,15 +560,33 @@ def _train_locked(plan: _Plan, out: Path, emit: TrainFn, cancel) -> TrainResult:
             loss_sum += float(loss.detach()) * len(y)
             right += int((logits.argmax(1) == y).sum())
             seen += len(y)
-            emit(TrainEvent("step", epoch + 1, recipe["epochs"], step + 1, steps_per_epoch, loss_sum / seen, right / seen))
+            emit(
+                TrainEvent(
+                    "step", epoch + 1, recipe["epochs"], step + 1, steps_per_epoch, loss_sum / seen, right / seen
+                )
+            )
         if not math.isfinite(loss_sum):
-            raise VitseeError(f"the training loss became {loss_sum / seen} in epoch {epoch + 1}: lower --lr (now {recipe['lr']:g})")
-        row = {"epoch": epoch + 1, "train_loss": loss_sum / seen, "train_accuracy": right / seen,
-               "test_accuracy": _evaluate(model, test_loader, device), "lr": optimiser.param_groups[0]["lr"],
-               "seconds": time.perf_counter() - t0}
+            raise VitseeError(
+                f"the training loss became {loss_sum / seen} in epoch {epoch + 1}: lower --lr (now {recipe['lr']:g})"
+            )
+        row = {
+            "epoch": epoch + 1,
+            "train_loss": loss_sum / seen,
+            "train_accuracy": right / seen,
+            "test_accuracy": _evaluate(model, test_loader, device),
+            "lr": optimiser.param_groups[0]["lr"],
+            "seconds": time.perf_counter() - t0,
+        }
         history.append(row)
-        state = {"run": plan.run, "epoch": epoch + 1, "history": history, "model": model.state_dict(),
-                 "optimiser": optimiser.state_dict(), "scheduler": scheduler.state_dict(), "rng": _rng_state(generator)}
+        state = {
+            "run": plan.run,
+            "epoch": epoch + 1,
+            "history": history,
+            "model": model.state_dict(),
+            "optimiser": optimiser.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "rng": _rng_state(generator),
+        }
         _write_atomically(ckpt_file, lambda p: torch.save(state, p))
         emit(TrainEvent("epoch", epoch + 1, recipe["epochs"], row=row))
 
@@ -523,8 +611,13 @@ def write_initial(cfg: TrainConfig) -> dict:
         np.random.seed(cfg.seed)
         model = build_model(cfg.model, plan.kwargs, plan.no_skip).to(plan.device)
         _, eval_tf = _transforms(plan)
-        test = _loader(_Images(plan.images, plan.test_idx, eval_tf, fixed=True), plan.recipe["batch_size"],
-                       cfg.workers, False, None)
+        test = _loader(
+            _Images(plan.images, plan.test_idx, eval_tf, fixed=True),
+            plan.recipe["batch_size"],
+            cfg.workers,
+            False,
+            None,
+        )
         record = _record(plan, [], untrained_accuracy=_evaluate(model, test, plan.device))
         _write_weights(out, model, record)
     return record
@@ -533,15 +626,29 @@ def write_initial(cfg: TrainConfig) -> dict:
 def _record(plan: _Plan, history: list[dict], untrained_accuracy: float | None = None) -> dict:
     cfg = plan.cfg
     return {
-        "format": FORMAT, "model": cfg.model, "model_args": cfg.model_args, "kwargs": plan.kwargs,
-        "num_classes": plan.num_classes, "class_names": plan.images.class_names,
+        "format": FORMAT,
+        "model": cfg.model,
+        "model_args": cfg.model_args,
+        "kwargs": plan.kwargs,
+        "num_classes": plan.num_classes,
+        "class_names": plan.images.class_names,
         "interventions": {"no_skip": plan.no_skip, "pool": cfg.pool},
         "dataset": plan.images.spec,
-        "split": {"seed": cfg.seed, "test_fraction": cfg.test_fraction, "n_images": cfg.n_images,
-                  "data_fraction": cfg.data_fraction},
-        "n_train": len(plan.train_idx), "n_test": len(plan.test_idx),
-        "recipe": {**plan.recipe, "optimizer": "adamw, no decay of biases, norms, tokens, position embeddings", "schedule": "linear warm-up, cosine decay per step"},
-        "history": history, "test_accuracy": history[-1]["test_accuracy"] if history else untrained_accuracy,
+        "split": {
+            "seed": cfg.seed,
+            "test_fraction": cfg.test_fraction,
+            "n_images": cfg.n_images,
+            "data_fraction": cfg.data_fraction,
+        },
+        "n_train": len(plan.train_idx),
+        "n_test": len(plan.test_idx),
+        "recipe": {
+            **plan.recipe,
+            "optimizer": "adamw, no decay of biases, norms, tokens, position embeddings",
+            "schedule": "linear warm-up, cosine decay per step",
+        },
+        "history": history,
+        "test_accuracy": history[-1]["test_accuracy"] if history else untrained_accuracy,
         "versions": _versions(),
     }
 
@@ -566,7 +673,9 @@ def check_held_out(path: Path, out: Path) -> None:
     if path.is_dir():
         raise VitseeError(f"--held-out {path} is a folder: name the .npz file to write, such as {path / 'test.npz'}")
     if not path.parent.is_dir():
-        raise VitseeError(f"--held-out {path}: folder {path.parent} does not exist: create it first or choose another path")
+        raise VitseeError(
+            f"--held-out {path}: folder {path.parent} does not exist: create it first or choose another path"
+        )
     if path.resolve() == Path(out).resolve():
         raise VitseeError(f"--held-out {path} is OUT itself: give the held-out images another name")
 

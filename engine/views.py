@@ -5,6 +5,7 @@ forms: `cka:MODEL_A[:MODEL_B]`, `attention:MODEL`, `spatial:MODEL[:LAYER]`, `hea
 key or a unique prefix of one). The CLI's export and show, and the terminal app, all go through `load_view`, so they
 show the same numbers; the analysis builds the View (engine/analyses/contract.py), this module finds its result.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,8 +18,20 @@ from .analyses.contract import Request, Result, Shape, View, to_jsonable
 from .errors import VitseeError
 from .store import Store
 
-__all__ = ["View", "load_view", "parse_view", "resolve_view", "cached_params", "compute_view", "mark_nonfinite",
-           "best_cell", "uniform_text", "available_views", "to_jsonable", "view_help"]
+__all__ = [
+    "View",
+    "load_view",
+    "parse_view",
+    "resolve_view",
+    "cached_params",
+    "compute_view",
+    "mark_nonfinite",
+    "best_cell",
+    "uniform_text",
+    "available_views",
+    "to_jsonable",
+    "view_help",
+]
 
 
 def view_help() -> str:
@@ -59,7 +72,11 @@ def _subtitle(store: Store, models: list[str]) -> str:
     parts = []
     for m in models:
         w = store.model_info(m)["weights"]
-        desc = {"pretrained": "pretrained", "random": f"random init (seed {w.get('seed')})", "file": f"weights {Path(w.get('path') or '').name}"}
+        desc = {
+            "pretrained": "pretrained",
+            "random": f"random init (seed {w.get('seed')})",
+            "file": f"weights {Path(w.get('path') or '').name}",
+        }
         parts.append(f"{m}: {desc.get(w['kind'], w['kind'])}")
     return "; ".join(parts) + f"; {store.n_images} images of {store.dataset_spec}"
 
@@ -74,8 +91,9 @@ def request_of(store: Store, text: str) -> Request:
     if len(args) < least:
         raise VitseeError(f"view '{text}' names one model; {kind} names {least}: use {analysis.usage}")
     if args and most == 0 and not analysis.takes_layer:
-        raise VitseeError(f"view '{text}' names a model, but {kind} is a view of every model of the store: "
-                          f"use {analysis.usage}")
+        raise VitseeError(
+            f"view '{text}' names a model, but {kind} is a view of every model of the store: use {analysis.usage}"
+        )
     keys = tuple(store.resolve_model(a) for a in (args if most > 1 else args[:1]))
     return Request(kind, keys, args[1] if analysis.takes_layer and len(args) > 1 else None)
 
@@ -86,8 +104,9 @@ def resolve_view(path: str | Path, text: str) -> Request:
         return request_of(store, text)
 
 
-def cached_params(store: Store, text: str, cfg: AnalyzeConfig | None = None,
-                  options: dict | None = None) -> dict | None:
+def cached_params(
+    store: Store, text: str, cfg: AnalyzeConfig | None = None, options: dict | None = None
+) -> dict | None:
     """Returns the parameters of the cached result that serves a view, or None when it must be computed.
 
     With cfg given only an exact match serves; with cfg None the cached result about the same thing (the
@@ -109,8 +128,14 @@ def compute_view(store: Store, text: str, cfg: AnalyzeConfig, progress=None) -> 
     request.analysis.run(store, request, cfg, progress)
 
 
-def load_view(path: str | Path, text: str, cfg: AnalyzeConfig | None = None, progress=None,
-              device: str | None = None, options: dict | None = None) -> View:
+def load_view(
+    path: str | Path,
+    text: str,
+    cfg: AnalyzeConfig | None = None,
+    progress=None,
+    device: str | None = None,
+    options: dict | None = None,
+) -> View:
     """Returns the view named by `text` for the store at path, computing and caching what is missing.
 
     cfg None means "no particular estimator settings": any cached result about the same thing serves

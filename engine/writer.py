@@ -53,8 +53,11 @@ class _StreamedBatch:
         heads = {vit: s.numpy() for vit, s in self.heads_states.items()}
         counts = {m: c.numpy().sum(axis=1).tolist() for m, c in self.nonfinite.items()}
         store.write_streamed_batch(self.batch, stats, counts, state, heads)
-        return (state.nbytes + sum(s.nbytes for s in heads.values())
-                + sum(v.nbytes for values in stats.values() for v in values.values()))
+        return (
+            state.nbytes
+            + sum(s.nbytes for s in heads.values())
+            + sum(v.nbytes for values in stats.values() for v in values.values())
+        )
 
 
 class BatchWriter:
@@ -184,13 +187,19 @@ class NonfiniteLog:
             if not layers:
                 continue
             names = [name for name in self.layers[model] if name in layers]  # forward order
-            shown = ", ".join(names[: self.MAX_LAYERS]) + (f" and {len(names) - self.MAX_LAYERS} more" if len(names) > self.MAX_LAYERS else "")
+            shown = ", ".join(names[: self.MAX_LAYERS]) + (
+                f" and {len(names) - self.MAX_LAYERS} more" if len(names) > self.MAX_LAYERS else ""
+            )
             rows = sorted(set().union(*layers.values()))
-            parts.append(f"{model} layer(s) {shown} in {len(rows)} image(s) (store rows {row_ranges(rows, self.MAX_RANGES)})")
+            parts.append(
+                f"{model} layer(s) {shown} in {len(rows)} image(s) (store rows {row_ranges(rows, self.MAX_RANGES)})"
+            )
         if not parts:
             return None
-        return (f"non-finite values (NaN/Inf) in {'; '.join(parts)}: see `vitsee info {self.store}`; views mark "
-                "what they touch as non-finite and probes skip them (fp16 overflow? extract with --dtype float32)")
+        return (
+            f"non-finite values (NaN/Inf) in {'; '.join(parts)}: see `vitsee info {self.store}`; views mark "
+            "what they touch as non-finite and probes skip them (fp16 overflow? extract with --dtype float32)"
+        )
 
 
 def row_ranges(rows: Sequence[int], limit: int = 10) -> str:

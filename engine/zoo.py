@@ -27,6 +27,7 @@ no torch) so a view can be drawn from cached numbers:
 `vitsee analyze --cka` caches it); `zoo_from_hsic` from HSIC sums and, for intervals, per-batch HSIC terms (what a
 MinibatchCKA with batch slots keeps, or what the Grams a zoo extraction streams give, engine/zoo_store.py).
 """
+
 from __future__ import annotations
 
 import re
@@ -74,9 +75,16 @@ def summarise(m: np.ndarray, summary: str = "best_match", row: int = -1, col: in
     raise VitseeError(f"unknown zoo summary '{summary}': choose from {', '.join(SUMMARIES)}")
 
 
-def bootstrap_pair_interval(cross: np.ndarray, self_a: np.ndarray, self_b: np.ndarray, counts: np.ndarray,
-                            level: float, summary: str = "best_match", row: int = -1,
-                            col: int = -1) -> tuple[float, float]:
+def bootstrap_pair_interval(
+    cross: np.ndarray,
+    self_a: np.ndarray,
+    self_b: np.ndarray,
+    counts: np.ndarray,
+    level: float,
+    summary: str = "best_match",
+    row: int = -1,
+    col: int = -1,
+) -> tuple[float, float]:
     """Returns (low, high), the percentile bootstrap interval of a pair's summary.
 
     cross (B, La, Lb) holds each batch's unbiased HSIC of A_i with B_j, self_a (B, La) and self_b (B, Lb) each batch's
@@ -181,10 +189,17 @@ class Correspondence:
         return relative_depth(len(self.cols))[self.path]
 
     def as_json(self) -> dict:
-        return {"a": self.a, "b": self.b, "rows": self.rows, "cols": self.cols, "argmax": self.argmax.tolist(),
-                "path": self.path.tolist(), "depth_a": self.depth_a.tolist(),
-                "depth_b_argmax": [None if not np.isfinite(v) else float(v) for v in self.depth_b_argmax],
-                "depth_b_path": self.depth_b_path.tolist()}
+        return {
+            "a": self.a,
+            "b": self.b,
+            "rows": self.rows,
+            "cols": self.cols,
+            "argmax": self.argmax.tolist(),
+            "path": self.path.tolist(),
+            "depth_a": self.depth_a.tolist(),
+            "depth_b_argmax": [None if not np.isfinite(v) else float(v) for v in self.depth_b_argmax],
+            "depth_b_path": self.depth_b_path.tolist(),
+        }
 
 
 def correspondence(m: np.ndarray, a: str, b: str, rows: Sequence[str], cols: Sequence[str]) -> Correspondence:
@@ -278,8 +293,9 @@ def architecture_family(name: str, analysis_family: str | None = None) -> str:
 
 def family_of_record(record: dict) -> str:
     """Returns the architecture family of a model as its store record describes it (timm name and vitsee family)."""
-    return architecture_family(str(record.get("name") or record.get("timm_name") or record.get("key", "")),
-                               record.get("family"))
+    return architecture_family(
+        str(record.get("name") or record.get("timm_name") or record.get("key", "")), record.get("family")
+    )
 
 
 # --- the zoo --------------------------------------------------------------------------------------------------
@@ -306,10 +322,18 @@ class Zoo:
         def nums(a: np.ndarray) -> list:
             return [[float(v) if np.isfinite(v) else None for v in row] for row in a]
 
-        return {"models": self.models, "families": self.families, "values": nums(self.values),
-                "ci_low": nums(self.ci_low), "ci_high": nums(self.ci_high), "order": self.order,
-                "summary": self.summary, "interval": self.interval, "layers": self.layers,
-                "correspondences": [c.as_json() for c in self.correspondences.values()]}
+        return {
+            "models": self.models,
+            "families": self.families,
+            "values": nums(self.values),
+            "ci_low": nums(self.ci_low),
+            "ci_high": nums(self.ci_high),
+            "order": self.order,
+            "summary": self.summary,
+            "interval": self.interval,
+            "layers": self.layers,
+            "correspondences": [c.as_json() for c in self.correspondences.values()],
+        }
 
 
 def _blocks(columns: Sequence[tuple[str, str]], models: Sequence[str]) -> dict[str, np.ndarray]:
@@ -318,12 +342,15 @@ def _blocks(columns: Sequence[tuple[str, str]], models: Sequence[str]) -> dict[s
     out = {m: np.flatnonzero(model_of == m) for m in models}
     missing = [m for m, idx in out.items() if idx.size == 0]
     if missing:
-        raise VitseeError(f"the CKA result holds no layer of {', '.join(missing)}: recompute it over every model of the store")
+        raise VitseeError(
+            f"the CKA result holds no layer of {', '.join(missing)}: recompute it over every model of the store"
+        )
     return out
 
 
-def _summary_cells(summary: str, models: Sequence[str], layer_names: dict[str, list[str]],
-                   layers: dict[str, str] | None) -> dict[str, int]:
+def _summary_cells(
+    summary: str, models: Sequence[str], layer_names: dict[str, list[str]], layers: dict[str, str] | None
+) -> dict[str, int]:
     """Returns model -> the index (within its layers) of the layer the `layer` summary reads (default: the last)."""
     if summary not in SUMMARIES:
         raise VitseeError(f"unknown zoo summary '{summary}': choose from {', '.join(SUMMARIES)}")
@@ -335,13 +362,22 @@ def _summary_cells(summary: str, models: Sequence[str], layer_names: dict[str, l
         elif name in layer_names[m]:
             chosen[m] = layer_names[m].index(name)
         else:
-            raise VitseeError(f"no layer '{name}' in {m} for the zoo's layer summary: it has "
-                              f"{', '.join(layer_names[m][:6])}{' ...' if len(layer_names[m]) > 6 else ''}")
+            raise VitseeError(
+                f"no layer '{name}' in {m} for the zoo's layer summary: it has "
+                f"{', '.join(layer_names[m][:6])}{' ...' if len(layer_names[m]) > 6 else ''}"
+            )
     return chosen
 
 
-def _build(matrix: np.ndarray, columns: Sequence[tuple[str, str]], models: Sequence[str], summary: str,
-           layers: dict[str, str] | None, families: Sequence[str] | None, interval_of) -> Zoo:
+def _build(
+    matrix: np.ndarray,
+    columns: Sequence[tuple[str, str]],
+    models: Sequence[str],
+    summary: str,
+    layers: dict[str, str] | None,
+    families: Sequence[str] | None,
+    interval_of,
+) -> Zoo:
     models = list(models)
     idx = _blocks(columns, models)
     names = {m: [columns[i][1] for i in idx[m]] for m in models}
@@ -365,8 +401,12 @@ def _build(matrix: np.ndarray, columns: Sequence[tuple[str, str]], models: Seque
     return Zoo(models, fams, values, low, high, cluster_order(values), summary, "", chosen, corr)
 
 
-def zoo_from_cka(result: Any, summary: str = "best_match", layers: dict[str, str] | None = None,
-                 families: Sequence[str] | None = None) -> Zoo:
+def zoo_from_cka(
+    result: Any,
+    summary: str = "best_match",
+    layers: dict[str, str] | None = None,
+    families: Sequence[str] | None = None,
+) -> Zoo:
     """Returns the Zoo of a cached CKA result (or of any layer x layer measure: an analyses.contract.Result, unnamed
     here since engine/analyses/zoo.py imports this module): `matrix` (L, L) over every stored layer of every model,
     `model` (L,) each column's index into `result.params['models']`, `layer` (L,) its layer (what `vitsee analyze
@@ -383,11 +423,18 @@ def zoo_from_cka(result: Any, summary: str = "best_match", layers: dict[str, str
     return zoo
 
 
-def zoo_from_hsic(hsic: np.ndarray, columns: Sequence[tuple[str, str]], models: Sequence[str] | None = None,
-                  batch_hsic: np.ndarray | None = None, summary: str = "best_match",
-                  layers: dict[str, str] | None = None, families: Sequence[str] | None = None,
-                  level: float = stats_mod.DEFAULT_CI, replicates: int = stats_mod.BOOTSTRAP_REPLICATES,
-                  seed: Sequence[int] | int = 0) -> Zoo:
+def zoo_from_hsic(
+    hsic: np.ndarray,
+    columns: Sequence[tuple[str, str]],
+    models: Sequence[str] | None = None,
+    batch_hsic: np.ndarray | None = None,
+    summary: str = "best_match",
+    layers: dict[str, str] | None = None,
+    families: Sequence[str] | None = None,
+    level: float = stats_mod.DEFAULT_CI,
+    replicates: int = stats_mod.BOOTSTRAP_REPLICATES,
+    seed: Sequence[int] | int = 0,
+) -> Zoo:
     """Returns the Zoo of HSIC sums hsic (L, L) (or (K, L, L), one per shuffle) over columns [(model, layer)].
 
     The values are the summaries of the CKA matrix hsic_ij / sqrt(hsic_ii hsic_jj) (averaged over shuffles first, as a
@@ -409,8 +456,10 @@ def zoo_from_hsic(hsic: np.ndarray, columns: Sequence[tuple[str, str]], models: 
     batches = np.asarray(batch_hsic, dtype=np.float64)
     batches = batches[None] if batches.ndim == 3 else batches
     if batches.shape[0] != per_shuffle.shape[0]:
-        raise VitseeError(f"{batches.shape[0]} shuffles of per-batch HSIC terms for {per_shuffle.shape[0]} of sums: "
-                          "give both from the same accumulators")
+        raise VitseeError(
+            f"{batches.shape[0]} shuffles of per-batch HSIC terms for {per_shuffle.shape[0]} of sums: "
+            "give both from the same accumulators"
+        )
     filled = [b[np.abs(np.diagonal(b, axis1=1, axis2=2)).sum(axis=1) > 0] for b in batches]
     seeds = [[*np.atleast_1d(seed).tolist(), k] for k in range(len(filled))]  # as finish_cka seeds shuffle k
     counts = [bootstrap_counts(len(f), replicates, s) for f, s in zip(filled, seeds)]
@@ -419,19 +468,30 @@ def zoo_from_hsic(hsic: np.ndarray, columns: Sequence[tuple[str, str]], models: 
         ends = []
         for f, c in zip(filled, counts):
             selfs = np.diagonal(f, axis1=1, axis2=2)  # (B, L)
-            ends.append(bootstrap_pair_interval(f[np.ix_(range(len(f)), ia, ib)], selfs[:, ia], selfs[:, ib], c,
-                                                level, summary, ca, cb))
+            ends.append(
+                bootstrap_pair_interval(
+                    f[np.ix_(range(len(f)), ia, ib)], selfs[:, ia], selfs[:, ib], c, level, summary, ca, cb
+                )
+            )
         return tuple(np.mean(ends, axis=0))
 
     zoo = _build(matrix, columns, models, summary, layers, families, interval_of)
-    zoo.interval = (f"{level:g} percentile bootstrap over {min(len(f) for f in filled)} batches, {replicates} replicates"
-                    + (f", endpoints averaged over {len(filled)} shuffles" if len(filled) > 1 else ""))
+    zoo.interval = (
+        f"{level:g} percentile bootstrap over {min(len(f) for f in filled)} batches, {replicates} replicates"
+        + (f", endpoints averaged over {len(filled)} shuffles" if len(filled) > 1 else "")
+    )
     return zoo
 
 
-def zoo_from_replicates(result: Any, replicates: Iterable[np.ndarray], level: float, summary: str = "best_match",
-                        layers: dict[str, str] | None = None, families: Sequence[str] | None = None,
-                        what: str = "") -> Zoo:
+def zoo_from_replicates(
+    result: Any,
+    replicates: Iterable[np.ndarray],
+    level: float,
+    summary: str = "best_match",
+    layers: dict[str, str] | None = None,
+    families: Sequence[str] | None = None,
+    what: str = "",
+) -> Zoo:
     """Returns the Zoo of a cached layer x layer result (as zoo_from_cka) with each pair's percentile bootstrap
     interval at `level` from `replicates`: the measure's whole joint (L, L) matrix on each bootstrap resample of the
     images, every cell of a replicate from the same resample (measures_stats.iter_bootstrap_replicates), so the
@@ -450,8 +510,10 @@ def zoo_from_replicates(result: Any, replicates: Iterable[np.ndarray], level: fl
     for matrix in replicates:
         matrix = np.asarray(matrix, dtype=np.float64)
         if matrix.shape != (len(columns), len(columns)):
-            raise VitseeError(f"a bootstrap replicate of shape {matrix.shape} for a result of {len(columns)} layers: "
-                              "give replicates of the same result")
+            raise VitseeError(
+                f"a bootstrap replicate of shape {matrix.shape} for a result of {len(columns)} layers: "
+                "give replicates of the same result"
+            )
         values = np.full((n, n), np.nan)
         for a in range(n):
             for b in range(a, n):
@@ -469,6 +531,9 @@ def zoo_from_replicates(result: Any, replicates: Iterable[np.ndarray], level: fl
             warnings.simplefilter("ignore", RuntimeWarning)
             q = np.nanquantile(stacked[:, finite], [tail, 1.0 - tail], axis=0)
         zoo.ci_low[finite], zoo.ci_high[finite] = q[0], q[1]
-    zoo.interval = (f"{level:g} percentile bootstrap over {len(draws)} resamples of the images"
-                    + (f" {what}" if what else "") + ", each replicate's summary from the pair's whole matrix")
+    zoo.interval = (
+        f"{level:g} percentile bootstrap over {len(draws)} resamples of the images"
+        + (f" {what}" if what else "")
+        + ", each replicate's summary from the pair's whole matrix"
+    )
     return zoo

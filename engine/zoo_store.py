@@ -26,6 +26,7 @@ Disk: 4 N B bytes per layer and model, 4 N B sum_models L_model in all (plus the
 for one ViT-B/16 block's activations in fp16. 50 models x 14 layers x 10,240 images at B = 128: 3.7 GB. It grows
 with the batch size; the CKA estimate does not need large batches (the paper's 128 and 1024 gave the same curves).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
@@ -37,8 +38,18 @@ import numpy as np
 from .errors import VitseeError
 from .store import GRAMS, ArraySpec, LayerSpec, Store
 
-__all__ = ["GRAMS", "GramBatch", "add_gram_state", "batch_grams", "gram_batch_size", "gram_bytes", "gram_rows",
-           "gram_specs", "keeps_grams", "read_gram"]
+__all__ = [
+    "GRAMS",
+    "GramBatch",
+    "add_gram_state",
+    "batch_grams",
+    "gram_batch_size",
+    "gram_bytes",
+    "gram_rows",
+    "gram_specs",
+    "keeps_grams",
+    "read_gram",
+]
 
 
 def gram_specs(layers: Sequence[LayerSpec], batch_size: int) -> list[ArraySpec]:

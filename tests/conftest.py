@@ -1,4 +1,5 @@
 """Shared fixtures: tiny timm models (img_size 64, grid 4x4) over tiny image sets, extracted once."""
+
 from __future__ import annotations
 
 import os
@@ -25,8 +26,18 @@ def tiny_store(tmp_path_factory) -> Path:
     from vitsee.engine.extract import ExtractConfig, run_extraction
 
     path = tmp_path_factory.mktemp("stores") / "tiny.h5"
-    run_extraction(ExtractConfig(store=path, models=[VIT, RESNET], dataset="synthetic", n_images=48,
-                                 batch_size=16, img_size=IMG, device="cpu", workers=0))
+    run_extraction(
+        ExtractConfig(
+            store=path,
+            models=[VIT, RESNET],
+            dataset="synthetic",
+            n_images=48,
+            batch_size=16,
+            img_size=IMG,
+            device="cpu",
+            workers=0,
+        )
+    )
     return path
 
 

@@ -4,6 +4,7 @@ fault-injection test can kill a process at each of its writes in a fraction of a
     python store_driver.py STORE result   # caches a CKA-shaped result, as analyze does
     python store_driver.py STORE append   # appends model `extra`, allocates it, writes every batch, as extract does
 """
+
 from __future__ import annotations
 
 import sys
@@ -20,8 +21,12 @@ BATCH = 4
 def expected_result() -> tuple[dict, dict]:
     rng = np.random.default_rng(0)
     params = {"models": ["a"], "batch_size": 4, "shuffles": 0}
-    arrays = {"cka": rng.normal(size=(6, 6)), "std": rng.normal(size=(6, 6)), "layers": np.array(["x", "y"]),
-              "per_model/a": np.arange(6.0)}
+    arrays = {
+        "cka": rng.normal(size=(6, 6)),
+        "std": rng.normal(size=(6, 6)),
+        "layers": np.array(["x", "y"]),
+        "per_model/a": np.arange(6.0),
+    }
     return params, arrays
 
 

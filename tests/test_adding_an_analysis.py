@@ -2,6 +2,7 @@
 package with no other file touched, gives `vitsee analyze --NAME`, `vitsee show` and `export` of its views, a tab
 in the app and `vitsee-tui --snapshot`, and numbers that match the formula. The block is read from the document
 itself, so the document cannot rot."""
+
 from __future__ import annotations
 
 import hashlib
@@ -32,8 +33,11 @@ def example_module() -> tuple[str, str]:
 
 
 def _digest(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*"))
-            if p.is_file() and "__pycache__" not in p.parts}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts
+    }
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +63,14 @@ def package(tmp_path_factory, tiny_store) -> dict:
 
 
 def run(package: dict, module: str, *args, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, *map(str, args)], capture_output=True, text=True,
-                          env=package["env"], cwd=package["base"], timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", module, *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=package["env"],
+        cwd=package["base"],
+        timeout=timeout,
+    )
 
 
 def cli(package: dict, *args) -> subprocess.CompletedProcess:
@@ -105,6 +115,7 @@ def test_the_exported_numbers_are_the_distance_correlation_of_the_layers(package
 
 def _dcor(x: np.ndarray, y: np.ndarray) -> float:
     """dCor by Székely et al.'s definition: double-centred distance matrices, their mean products."""
+
     def centred(z):
         d = cdist(z, z)
         return d - d.mean(axis=0, keepdims=True) - d.mean(axis=1, keepdims=True) + d.mean()

@@ -1,4 +1,5 @@
 """Store-level analyses: the numbers match the pure cores on the store's own arrays, and results are cached."""
+
 from __future__ import annotations
 
 import json
@@ -38,7 +39,9 @@ def test_analyze_then_export_json_matches_minibatch_cka_on_the_store(store, tmp_
     code, _, err = run_cli(["analyze", store, "--cka", "--shuffles", "0", "--batch-size", "16", "--quiet"], capsys)
     assert code == 0, err
     out = tmp_path / "cross.json"
-    code, _, err = run_cli(["export", store, "cka:test_vit:test_resnet", "--out", out, "--shuffles", "0", "--batch-size", "16"], capsys)
+    code, _, err = run_cli(
+        ["export", store, "cka:test_vit:test_resnet", "--out", out, "--shuffles", "0", "--batch-size", "16"], capsys
+    )
     assert code == 0, err
     exported = json.loads(out.read_text())
     vit, resnet = _acts(store, VIT), _acts(store, RESNET)
@@ -61,9 +64,13 @@ def test_shuffles_average_seeded_permutations(store):
         result = run_cka(s, cfg)
         matrix, _, _ = cka_block(result, VIT, VIT)
     vit = _acts(store, VIT)
-    expected = np.mean([
-        minibatch_cka([a[np.random.default_rng([3, k]).permutation(48)] for a in vit], batch_size=16) for k in range(2)
-    ], axis=0)
+    expected = np.mean(
+        [
+            minibatch_cka([a[np.random.default_rng([3, k]).permutation(48)] for a in vit], batch_size=16)
+            for k in range(2)
+        ],
+        axis=0,
+    )
     np.testing.assert_allclose(matrix, expected, atol=1e-9)
 
 
@@ -104,7 +111,9 @@ def test_attention_summary_is_sorted_means_over_images(store):
     with Store.open(store) as s:
         dist = s.attention_distance(VIT)
     np.testing.assert_allclose(view.matrix, np.sort(dist.mean(axis=0), axis=1), rtol=1e-6)
-    assert view.extra["uniform_px"] == pytest.approx(np.mean([np.hypot(i // 4 - j // 4, i % 4 - j % 4) * 16 for i in range(16) for j in range(16)]))
+    assert view.extra["uniform_px"] == pytest.approx(
+        np.mean([np.hypot(i // 4 - j // 4, i % 4 - j % 4) * 16 for i in range(16) for j in range(16)])
+    )
     counts = np.asarray(view.extra["hist_counts"])
     assert counts.shape[0] == 6 and counts.sum(axis=1).tolist() == [48 * 2] * 6
 
@@ -173,8 +182,17 @@ def test_probes_without_labels_are_a_clear_error_and_nothing_else_is(tmp_path, c
     images = np.random.default_rng(0).integers(0, 256, size=(12, 20, 20, 3), dtype=np.uint8)
     np.savez(tmp_path / "unlabelled.npz", images=images)
     path = tmp_path / "nolabels.h5"
-    run_extraction(ExtractConfig(store=path, models=[VIT], dataset=str(tmp_path / "unlabelled.npz"), batch_size=6,
-                                 img_size=IMG, device="cpu", workers=0))
+    run_extraction(
+        ExtractConfig(
+            store=path,
+            models=[VIT],
+            dataset=str(tmp_path / "unlabelled.npz"),
+            batch_size=6,
+            img_size=IMG,
+            device="cpu",
+            workers=0,
+        )
+    )
     code, _, err = run_cli(["analyze", path, "--probes", "--quiet"], capsys)
     assert code == 2 and "has no labels" in err and "labelled dataset" in err
     code, _, err = run_cli(["analyze", path, "--batch-size", "6", "--shuffles", "0", "--quiet"], capsys)
@@ -219,7 +237,9 @@ def test_export_to_an_unknown_format_is_refused(store, tmp_path, capsys):
 
 def test_csv_export_has_labels(store, tmp_path, capsys):
     out = tmp_path / "c.csv"
-    code, _, err = run_cli(["export", store, f"cka:{VIT}", "--out", out, "--shuffles", "0", "--batch-size", "16"], capsys)
+    code, _, err = run_cli(
+        ["export", store, f"cka:{VIT}", "--out", out, "--shuffles", "0", "--batch-size", "16"], capsys
+    )
     assert code == 0, err
     lines = out.read_text().splitlines()
     assert lines[0].split(",")[:3] == ["CKA", "patch_embed", "blocks.0"] and lines[1].startswith("patch_embed,1.0")
@@ -231,7 +251,10 @@ def test_cka_needs_four_images(tmp_path, monkeypatch):
 
     monkeypatch.setattr(data, "MIN_IMAGES", 1)  # extraction refuses 3 images now; a store from elsewhere may hold them
     path = tmp_path / "three.h5"
-    run_extraction(ExtractConfig(store=path, models=[VIT], dataset="digits", n_images=3, batch_size=3, img_size=IMG,
-                                 device="cpu", workers=0))
+    run_extraction(
+        ExtractConfig(
+            store=path, models=[VIT], dataset="digits", n_images=3, batch_size=3, img_size=IMG, device="cpu", workers=0
+        )
+    )
     with Store.writer(path) as s, pytest.raises(VitseeError, match="has 3 images; CKA needs at least 4"):
         run_cka(s, CFG)

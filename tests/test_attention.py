@@ -1,4 +1,5 @@
 """Mean attention distance: the paper's reference values and a plain-loop reference."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -8,7 +9,9 @@ import torch
 from vitsee.engine.analyses.attention import mean_attention_distance, uniform_attention_distance_px
 
 
-def _reference(attn: np.ndarray, grid: tuple[int, int], patch: tuple[int, int], prefix: int, renormalise: bool) -> np.ndarray:
+def _reference(
+    attn: np.ndarray, grid: tuple[int, int], patch: tuple[int, int], prefix: int, renormalise: bool
+) -> np.ndarray:
     B, H, T, _ = attn.shape
     gh, gw = grid
     centres = [(r * patch[0], c * patch[1]) for r in range(gh) for c in range(gw)]
@@ -18,7 +21,10 @@ def _reference(attn: np.ndarray, grid: tuple[int, int], patch: tuple[int, int], 
             per_query = []
             for q in range(gh * gw):
                 row = attn[b, h, prefix + q, prefix:]
-                d = sum(row[k] * np.hypot(centres[q][0] - centres[k][0], centres[q][1] - centres[k][1]) for k in range(gh * gw))
+                d = sum(
+                    row[k] * np.hypot(centres[q][0] - centres[k][0], centres[q][1] - centres[k][1])
+                    for k in range(gh * gw)
+                )
                 per_query.append(d / row.sum() if renormalise else d)
             out[b, h] = np.mean(per_query)
     return out

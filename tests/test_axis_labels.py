@@ -28,8 +28,11 @@ def assert_apart(axis: AxisLabels, width: int, gap: int) -> None:
         assert 0 <= x and x + (1 if axis.vertical else len(text)) <= width
     # what is drawn is every placed label whole: nothing was written over another
     for _index, x, text in axis.placed:
-        drawn = "".join(axis.line_text(k, width)[x] for k in range(len(text))) if axis.vertical else \
-            axis.line_text(0, width)[x:x + len(text)]
+        drawn = (
+            "".join(axis.line_text(k, width)[x] for k in range(len(text)))
+            if axis.vertical
+            else axis.line_text(0, width)[x : x + len(text)]
+        )
         assert drawn == text
 
 
@@ -43,8 +46,9 @@ def test_no_two_labels_share_a_cell_and_the_cursor_label_is_shown(labels, cell):
         for centred in (False, True):
             for max_lines in (1, 12):
                 positions = [i * cell + (cell // 2 if centred else 0) for i in range(len(labels))]
-                axis = layout_axis_labels(labels, positions, width, cursor, centred=centred, max_lines=max_lines,
-                                          max_chars=12)
+                axis = layout_axis_labels(
+                    labels, positions, width, cursor, centred=centred, max_lines=max_lines, max_chars=12
+                )
                 assert_apart(axis, width, gap=1)
                 shown = axis.text_of(cursor)
                 assert shown is not None, f"cursor {labels[cursor]} left out at cell width {cell}"
@@ -124,6 +128,8 @@ def test_model_names_are_shortened_alike_and_never_read_alike():
     # initialised alike: the words say nothing; pretrained against random: they do
     assert model_labels(["test_vit@random:0", "test_resnet@random:0"], 12) == ["test_vit", "test_resnet"]
     assert model_labels(["vit_tiny_patch16_224.augreg_in21k", "vit_tiny_patch16_224@random:0"], 12) == [
-        "vit_tiny", "vit_tiny r0"]
+        "vit_tiny",
+        "vit_tiny r0",
+    ]
     many = [f"vit_base_patch16_224@random:{seed}" for seed in range(12)]
     assert len(set(model_labels(many, 6))) == 12  # too narrow for any form: the shortest that tells them apart

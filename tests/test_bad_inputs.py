@@ -3,6 +3,7 @@
 One table: (id, setup, expected substring). A setup takes a Case (a fresh folder, a copy of the tiny store,
 helpers to write bad files) and returns the argv of `vitsee`. Adding a case is one line.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -45,8 +46,26 @@ class Case:
         return ["analyze", self.store(damage), "--device", "cpu", "--quiet", *extra]
 
     def train(self, out: Path, *extra) -> list:
-        return ["train", out, "-m", "test_vit", "--model-arg", "patch_size=8", "--img-size", "32", "--dataset",
-                "digits", "-n", "60", "--epochs", "1", "--device", "cpu", "-q", *extra]
+        return [
+            "train",
+            out,
+            "-m",
+            "test_vit",
+            "--model-arg",
+            "patch_size=8",
+            "--img-size",
+            "32",
+            "--dataset",
+            "digits",
+            "-n",
+            "60",
+            "--epochs",
+            "1",
+            "--device",
+            "cpu",
+            "-q",
+            *extra,
+        ]
 
     def export(self, out: str | Path = "x.png", *extra) -> list:
         return ["export", self.store(), "attention:test_vit", "--out", self.tmp / out, "--device", "cpu", *extra]
@@ -140,7 +159,11 @@ BAD_INPUTS = [
     ("analyze-seed-negative", lambda c: c.analyze("--cka", "--seed", "-1"), "--seed -1"),
     ("analyze-shuffles-negative", lambda c: c.analyze("--cka", "--shuffles", "-1"), "--shuffles -1"),
     ("workers-negative", lambda c: c.extract("--workers", "-1"), "--workers -1"),
-    ("random-seed-too-large", lambda c: c.extract(model="test_vit@random:99999999999999999999"), "99999999999999999999"),
+    (
+        "random-seed-too-large",
+        lambda c: c.extract(model="test_vit@random:99999999999999999999"),
+        "99999999999999999999",
+    ),
     ("layers-empty", lambda c: c.extract("--layers", ""), "--layers ''"),
     ("layers-only-commas", lambda c: c.extract("--layers", " , "), "--layers ' , '"),
     ("analyze-batch-size-0", lambda c: c.analyze("--cka", "--batch-size", "0"), "--batch-size 0"),
@@ -154,8 +177,11 @@ BAD_INPUTS = [
     ("npz-labels-2d", lambda c: c.npz(labels=np.zeros((8, 2), np.int64)), "shape (8, 2)"),
     ("npz-fractional-labels", lambda c: c.npz(labels=np.full(8, 0.5)), "float label 0.5"),
     ("cifar-pickle-of-a-list", lambda c: c.cifar(pickle.dumps([1, 2, 3])), "test_batch holds a list"),
-    ("cifar-pickle-runs-code", lambda c: c.cifar(pickle.dumps({b"data": RunsCode(c.tmp / "ran"), b"labels": []})),
-     "posix.system"),
+    (
+        "cifar-pickle-runs-code",
+        lambda c: c.cifar(pickle.dumps({b"data": RunsCode(c.tmp / "ran"), b"labels": []})),
+        "posix.system",
+    ),
     ("store-without-images", lambda c: ["info", c.store(drop_images)], "lacks images"),
     ("store-metadata-damaged", lambda c: ["info", c.store(damage_metadata)], "metadata cannot be read"),
     ("store-newer-format", lambda c: ["info", c.store(newer_format)], "newer vitsee (format 99"),
@@ -167,17 +193,26 @@ BAD_INPUTS = [
     ("corrupt-png-after-the-first", lambda c: c.image_folder(b"not a png at all"), "zz.png"),
     ("store-lock-a-link", lambda c: c.analyze("--skip", damage=lock_linked_to_a_file), "lock is a symbolic link"),
     ("store-results-a-file", lambda c: c.analyze("--skip", damage=results_a_file), "results is a file, not the folder"),
-    ("train-held-out-a-folder", lambda c: c.train(c.tmp / "m.safetensors", "--held-out",
-                                                  c.file("held.npz/keep", b"").parent), "held.npz is a folder"),
-    ("train-onto-a-folder", lambda c: c.train(c.file("runs.safetensors/keep", b"").parent),
-     "runs.safetensors is a folder: name the weights file"),
+    (
+        "train-held-out-a-folder",
+        lambda c: c.train(c.tmp / "m.safetensors", "--held-out", c.file("held.npz/keep", b"").parent),
+        "held.npz is a folder",
+    ),
+    (
+        "train-onto-a-folder",
+        lambda c: c.train(c.file("runs.safetensors/keep", b"").parent),
+        "runs.safetensors is a folder: name the weights file",
+    ),
 ]
 
 
 def snapshot(folder: Path) -> dict[str, str]:
     """Returns {relative path: sha256} of every file under folder."""
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.mark.parametrize("setup, expected", [pytest.param(s, e, id=i) for i, s, e in BAD_INPUTS])
@@ -247,16 +282,19 @@ def test_files_a_killed_start_left_are_removed_at_the_next_start_unless_their_pr
         alive.wait()
 
 
-@pytest.mark.parametrize("build, needle", [
-    (lambda: new_run_config(img_size=0), "--img-size 0"),
-    (lambda: new_run_config(img_size=-8), "--img-size -8"),
-    (lambda: new_run_config(layers=" , "), "--layers ' , '"),
-    (lambda: new_run_config(workers=-1), "--workers -1"),
-    (lambda: new_run_config(shuffle_seed=-3), "--shuffle-seed -3"),
-    (lambda: analyze_config(batch_size=0), "--batch-size 0"),
-    (lambda: analyze_config(seed=-1), "--seed -1"),
-    (lambda: analyze_config(probe_max_dim=-5), "--probe-max-dim -5"),
-])
+@pytest.mark.parametrize(
+    "build, needle",
+    [
+        (lambda: new_run_config(img_size=0), "--img-size 0"),
+        (lambda: new_run_config(img_size=-8), "--img-size -8"),
+        (lambda: new_run_config(layers=" , "), "--layers ' , '"),
+        (lambda: new_run_config(workers=-1), "--workers -1"),
+        (lambda: new_run_config(shuffle_seed=-3), "--shuffle-seed -3"),
+        (lambda: analyze_config(batch_size=0), "--batch-size 0"),
+        (lambda: analyze_config(seed=-1), "--seed -1"),
+        (lambda: analyze_config(probe_max_dim=-5), "--probe-max-dim -5"),
+    ],
+)
 def test_the_configs_the_app_builds_refuse_the_same_values(build, needle):
     from vitsee.engine.errors import VitseeError
 
@@ -269,12 +307,22 @@ def new_run_config(**fields):
     """Returns the ExtractConfig the app's new-run form builds from its fields."""
     from vitsee.tui.screens.new_run import extract_config
 
-    return extract_config({"store": Path("s.h5"), "models": [VIT], "dataset": "digits", "n_images": 8,
-                           "device": "cpu", "layers": "blocks", "img_size": None, "streaming": False, **fields})
+    return extract_config(
+        {
+            "store": Path("s.h5"),
+            "models": [VIT],
+            "dataset": "digits",
+            "n_images": 8,
+            "device": "cpu",
+            "layers": "blocks",
+            "img_size": None,
+            "streaming": False,
+            **fields,
+        }
+    )
 
 
 def analyze_config(**fields):
     from vitsee.engine.analyze import AnalyzeConfig
 
     return AnalyzeConfig(**fields)
-

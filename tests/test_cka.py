@@ -422,6 +422,7 @@ def test_a_layer_that_fails_on_a_worker_fails_the_update(rng, monkeypatch):
 
     monkeypatch.setattr(threads, "task_workers", lambda: 2)
     monkeypatch.setattr(cka, "GRAM_WORKERS_MIN_VALUES", 0)
+
     class Unreadable:  # a store read that fails on the worker that materialises it
         shape = (8, 4)
 

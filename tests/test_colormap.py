@@ -180,8 +180,10 @@ def test_mid_range_viridis_is_teal_not_the_greys_242_and_243_in_256_colours():
 
 def _ramp_cost(lab_t, lab_c, picks, repeat_cost) -> float:
     weight = np.array([LIGHTNESS_WEIGHT, 1.0, 1.0])
-    return float(sum(np.linalg.norm((lab_t[j] - lab_c[c]) * weight) for j, c in enumerate(picks))
-                 + repeat_cost * sum(a == b for a, b in zip(picks, picks[1:])))
+    return float(
+        sum(np.linalg.norm((lab_t[j] - lab_c[c]) * weight) for j, c in enumerate(picks))
+        + repeat_cost * sum(a == b for a, b in zip(picks, picks[1:]))
+    )
 
 
 def _allowed(lab_t, lab_c, grey, picks, min_step) -> bool:
@@ -200,8 +202,11 @@ def test_nearest_monotone_ramp_is_the_least_cost_ramp_of_all_that_keep_the_rules
     lab_t, lab_c = srgb_to_lab(targets), srgb_to_lab(candidates)
     grey = candidates.max(axis=1) == candidates.min(axis=1)
     min_step, repeat_cost = 4.0, 3.0
-    ramps = [p for p in itertools.product(range(len(candidates)), repeat=len(targets))
-             if _allowed(lab_t, lab_c, grey, p, min_step)]
+    ramps = [
+        p
+        for p in itertools.product(range(len(candidates)), repeat=len(targets))
+        if _allowed(lab_t, lab_c, grey, p, min_step)
+    ]
     best = min(_ramp_cost(lab_t, lab_c, p, repeat_cost) for p in ramps)
     picks = nearest_monotone_ramp(targets, candidates, min_step, repeat_cost).tolist()
     assert _allowed(lab_t, lab_c, grey, picks, min_step)

@@ -53,8 +53,9 @@ def run_main(args: list, capsys) -> tuple[int, str, str]:
 
 
 def test_the_file_sets_what_it_names_flags_override_it_and_the_rest_stays_default(tmp_path):
-    path = write_config(tmp_path, 'colormap = "magma"\ncolor = "256"\nmouse = false\nexport_dir = "~/figs"\n'
-                                  'device = "cuda:1"\n')
+    path = write_config(
+        tmp_path, 'colormap = "magma"\ncolor = "256"\nmouse = false\nexport_dir = "~/figs"\ndevice = "cuda:1"\n'
+    )
     settings = load_settings()
     assert settings["colormap"] == "magma" and settings.values["colormap"].source == str(path)
     assert settings["mouse"] is False and settings["export_dir"] == Path.home() / "figs"
@@ -63,7 +64,11 @@ def test_the_file_sets_what_it_names_flags_override_it_and_the_rest_stays_defaul
 
     args = parse_args(["--cmap", "cividis", "--no-mouse", "--color", "none", "--export-dir", "out"])
     app = build_app(args)
-    assert (app.options.cmap, app.options.color_mode, app.options.export_dir) == ("cividis", ColorMode.NONE, Path("out"))
+    assert (app.options.cmap, app.options.color_mode, app.options.export_dir) == (
+        "cividis",
+        ColorMode.NONE,
+        Path("out"),
+    )
     assert app.options.device == "cuda:1"  # not given as a flag: the file's
     flagged = load_settings({"colormap": "cividis", "mouse": False})
     assert flagged.values["colormap"].source == "flag --cmap" and flagged.values["mouse"].source == "flag --no-mouse"
@@ -80,7 +85,7 @@ def test_an_export_dir_that_is_a_file_is_refused_at_start_not_at_the_first_expor
         load_settings({"export_dir": str(blocker)} if where == "flag" else None)
     text = str(error.value)
     assert f"{blocker} is a file, not a folder" in text and "\n" not in text
-    assert (text.startswith(f"--export-dir {blocker}:") if where == "flag" else "export_dir = " in text)
+    assert text.startswith(f"--export-dir {blocker}:") if where == "flag" else "export_dir = " in text
     if where == "file":
         write_config(tmp_path, "")
     assert load_settings({"export_dir": str(tmp_path / "new" / "png")})["export_dir"] == tmp_path / "new" / "png"
@@ -90,7 +95,12 @@ def test_without_a_file_every_setting_is_its_default(tmp_path):
     settings = load_settings()
     assert not settings.found
     assert {n: v.source for n, v in settings.values.items()} == dict.fromkeys(settings.values, "default")
-    assert (settings["colormap"], settings["color"], settings["mouse"], settings["device"]) == ("viridis", "auto", True, "auto")
+    assert (settings["colormap"], settings["color"], settings["mouse"], settings["device"]) == (
+        "viridis",
+        "auto",
+        True,
+        "auto",
+    )
 
 
 def test_vitsee_color_beats_the_file_and_a_flag_beats_both(tmp_path, monkeypatch):
@@ -104,22 +114,37 @@ def test_vitsee_color_beats_the_file_and_a_flag_beats_both(tmp_path, monkeypatch
     assert load_settings().color_mode() is ColorMode.COLORS_256
 
 
-@pytest.mark.parametrize("text, expected", [
-    ('colormap = "magma"\ncolour = "256"\n', r"unknown setting 'colour' \(did you mean 'color'\?\): the settings are "),
-    ('colormap = "plasma"\n', r"colormap = 'plasma' is not valid: choose one of viridis, magma, cividis"),
-    ('mouse = "no"\n', r"mouse = 'no' is not valid: write true or false"),
-    ('device = "gpu"\n', r"device = 'gpu' is not valid: use auto, cpu, cuda or cuda:N"),
-    ('preset = "emacs"\n', r"preset = 'emacs' is not valid: choose vim \(or none\)"),
-    ('colormap = magma\n', r"not valid TOML \(.*line 1.*\): fix the file or move it away"),
-    ('[keys]\n"explorer.exprot" = "E"\n', r"unknown binding id 'explorer.exprot' \(did you mean 'explorer.export'\?\): "
-                                          r"fix or remove it"),
-    ('[keys]\n"explorer.export" = "ctrl+"\n', r"\[keys\] 'explorer.export' = 'ctrl\+': 'ctrl\+' is not a key"),
-    ('[keys]\n"explorer.export" = 5\n', r"\[keys\] 'explorer.export' = 5: give the keys as a string"),
-    ('[keys]\n"heatmap.up" = "z"\n', r"\[keys\] 'heatmap.up' = 'z' takes 'z', which 'heatmap.zoom' already uses in "
-                                     r"Heatmap: pick another key, or remap 'heatmap.zoom' too"),
-    ('preset = "vim"\n[keys]\n"heatmap.zoom" = "G"\n', r"'heatmap.zoom' = 'G' takes 'G', which 'heatmap.last_row' "
-                                                       r"\(preset vim\) already uses in Heatmap"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (
+            'colormap = "magma"\ncolour = "256"\n',
+            r"unknown setting 'colour' \(did you mean 'color'\?\): the settings are ",
+        ),
+        ('colormap = "plasma"\n', r"colormap = 'plasma' is not valid: choose one of viridis, magma, cividis"),
+        ('mouse = "no"\n', r"mouse = 'no' is not valid: write true or false"),
+        ('device = "gpu"\n', r"device = 'gpu' is not valid: use auto, cpu, cuda or cuda:N"),
+        ('preset = "emacs"\n', r"preset = 'emacs' is not valid: choose vim \(or none\)"),
+        ("colormap = magma\n", r"not valid TOML \(.*line 1.*\): fix the file or move it away"),
+        (
+            '[keys]\n"explorer.exprot" = "E"\n',
+            r"unknown binding id 'explorer.exprot' \(did you mean 'explorer.export'\?\): "
+            r"fix or remove it",
+        ),
+        ('[keys]\n"explorer.export" = "ctrl+"\n', r"\[keys\] 'explorer.export' = 'ctrl\+': 'ctrl\+' is not a key"),
+        ('[keys]\n"explorer.export" = 5\n', r"\[keys\] 'explorer.export' = 5: give the keys as a string"),
+        (
+            '[keys]\n"heatmap.up" = "z"\n',
+            r"\[keys\] 'heatmap.up' = 'z' takes 'z', which 'heatmap.zoom' already uses in "
+            r"Heatmap: pick another key, or remap 'heatmap.zoom' too",
+        ),
+        (
+            'preset = "vim"\n[keys]\n"heatmap.zoom" = "G"\n',
+            r"'heatmap.zoom' = 'G' takes 'G', which 'heatmap.last_row' "
+            r"\(preset vim\) already uses in Heatmap",
+        ),
+    ],
+)
 def test_a_bad_file_is_one_line_naming_the_file_the_key_and_the_way_out(tmp_path, capsys, text, expected):
     path = write_config(tmp_path, text)
     with pytest.raises(VitseeError) as error:
@@ -139,8 +164,16 @@ def test_a_bad_flag_value_names_the_flag(tmp_path, capsys):
 def test_the_vim_preset_and_the_remaps_name_only_real_bindings_and_clash_with_none():
     table = binding_table()
     ids = {i for owner in table.values() for i in owner}
-    for cursor in ("heatmap.up", "heatmap.down", "heatmap.left", "heatmap.right", "attention.up", "heads.left",
-                   "probes.up", "probes.right"):
+    for cursor in (
+        "heatmap.up",
+        "heatmap.down",
+        "heatmap.left",
+        "heatmap.right",
+        "attention.up",
+        "heads.left",
+        "probes.up",
+        "probes.right",
+    ):
         assert cursor in ids
     assert set(PRESETS["vim"]) <= ids
     assert table["vitsee.tui.widgets.heatmap.Heatmap"]["heatmap.first_row"] == "home"
@@ -150,8 +183,9 @@ def test_the_vim_preset_and_the_remaps_name_only_real_bindings_and_clash_with_no
 
 
 def test_show_config_prints_each_setting_its_value_and_source_and_the_keymap(tmp_path, capsys):
-    path = write_config(tmp_path, 'colormap = "magma"\npreset = "vim"\n[keys]\n"explorer.export" = "E,ctrl+e"\n'
-                                  '"app.help" = "?,f1"\n')
+    path = write_config(
+        tmp_path, 'colormap = "magma"\npreset = "vim"\n[keys]\n"explorer.export" = "E,ctrl+e"\n"app.help" = "?,f1"\n'
+    )
     code, out, err = run_main(["--show-config", "--no-mouse", "--color", "16"], capsys)
     assert code == 0 and err == ""
     lines = out.splitlines()
@@ -280,13 +314,22 @@ def test_snapshot_of_a_view_not_cached_computes_it_first(tiny_store, tmp_path, c
     assert "not in the store's cache" not in text
 
 
-@pytest.mark.parametrize("view, expected", [
-    ("bogus", "error: --snapshot bogus: unknown view: give a kind (cka, rbf_cka, procrustes, svcca, pwcca, mknn, cknna, "
-              "rsa, agree, attention, probes, skip, spatial, heads, erf, zoo)"),
-    ("cka:nomodel", "error: no model 'nomodel' in "),
-    (f"attention:{RESNET}", f"error: STORE: cannot show attention:{RESNET}: {RESNET} has no attention distances "
-                            "(resnet model): they exist for ViT- and Swin-like models only"),
-])
+@pytest.mark.parametrize(
+    "view, expected",
+    [
+        (
+            "bogus",
+            "error: --snapshot bogus: unknown view: give a kind (cka, rbf_cka, procrustes, svcca, pwcca, mknn, cknna, "
+            "rsa, agree, attention, probes, skip, spatial, heads, erf, zoo)",
+        ),
+        ("cka:nomodel", "error: no model 'nomodel' in "),
+        (
+            f"attention:{RESNET}",
+            f"error: STORE: cannot show attention:{RESNET}: {RESNET} has no attention distances "
+            "(resnet model): they exist for ViT- and Swin-like models only",
+        ),
+    ],
+)
 def test_a_snapshot_of_a_bad_view_is_one_line_and_exit_2(store, tmp_path, capsys, view, expected):
     out = tmp_path / "x.svg"
     code, stdout, err = run_main([store, "--snapshot", view, "--out", out], capsys)
@@ -304,14 +347,18 @@ def test_a_snapshot_of_a_missing_store_or_without_out_is_one_line_and_exit_2(tmp
     assert code == 2 and err.startswith("error: --size goes with --snapshot VIEW")
 
 
-@pytest.mark.parametrize("size, out, expected", [
-    ("100000x100000", "x.svg", "--size 100000x100000: a snapshot is at most 1000x1000"),
-    ("1001x40", "x.svg", "--size 1001x40: a snapshot is at most 1000x1000"),
-    ("120x40", "shots.svg", "--out TMP/shots.svg is a folder: name the file to write"),
-    ("120x40", "notes/x.svg", "--out TMP/notes/x.svg: TMP/notes is a file, not a folder"),
-])
-def test_a_snapshot_too_large_or_onto_a_folder_is_refused_in_one_line_before_the_app_starts(store, tmp_path, capsys,
-                                                                                             size, out, expected):
+@pytest.mark.parametrize(
+    "size, out, expected",
+    [
+        ("100000x100000", "x.svg", "--size 100000x100000: a snapshot is at most 1000x1000"),
+        ("1001x40", "x.svg", "--size 1001x40: a snapshot is at most 1000x1000"),
+        ("120x40", "shots.svg", "--out TMP/shots.svg is a folder: name the file to write"),
+        ("120x40", "notes/x.svg", "--out TMP/notes/x.svg: TMP/notes is a file, not a folder"),
+    ],
+)
+def test_a_snapshot_too_large_or_onto_a_folder_is_refused_in_one_line_before_the_app_starts(
+    store, tmp_path, capsys, size, out, expected
+):
     (tmp_path / "shots.svg").mkdir()
     (tmp_path / "notes").write_text("a file\n")
     code, stdout, err = run_main([store, "--snapshot", "cka", "--out", tmp_path / out, "--size", size], capsys)
@@ -325,15 +372,20 @@ def test_a_snapshot_too_large_or_onto_a_folder_is_refused_in_one_line_before_the
 
 def readme_settings() -> str:
     text = (Path(__file__).parent.parent / "README.md").read_text()
-    return text[text.index("### Settings"):text.index("## The command line")]
+    return text[text.index("### Settings") : text.index("## The command line")]
 
 
 def test_the_readmes_example_file_is_valid_and_means_what_it_says(tmp_path):
     section = readme_settings()
-    example = section[section.index("```toml") + len("```toml"):section.index("```", section.index("```toml") + 7)]
+    example = section[section.index("```toml") + len("```toml") : section.index("```", section.index("```toml") + 7)]
     write_config(tmp_path, example)
     settings = load_settings()
-    assert (settings["colormap"], settings["color"], settings["mouse"], settings["preset"]) == ("magma", "256", False, "vim")
+    assert (settings["colormap"], settings["color"], settings["mouse"], settings["preset"]) == (
+        "magma",
+        "256",
+        False,
+        "vim",
+    )
     assert settings.keymap()["explorer.export"] == "E,ctrl+e"
 
 

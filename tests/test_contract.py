@@ -2,6 +2,7 @@
 run, cached rerun, view, PNG figure, `vitsee show` text, JSON export, its pane in the app (Enter on the first
 cell), its dossier section, and "does not apply" on a model it does not apply to. A new analysis gets all of this
 by being registered (engine/analyses/contract.py)."""
+
 from __future__ import annotations
 
 import json
@@ -45,8 +46,19 @@ def streamed(tmp_path_factory) -> Path:
     from vitsee.engine.extract import ExtractConfig, run_extraction
 
     path = tmp_path_factory.mktemp("contract-stream") / "stream.h5"
-    run_extraction(ExtractConfig(store=path, models=[VIT, RESNET], dataset="synthetic", n_images=8, batch_size=8,
-                                 img_size=IMG, device="cpu", workers=0, streaming=True))
+    run_extraction(
+        ExtractConfig(
+            store=path,
+            models=[VIT, RESNET],
+            dataset="synthetic",
+            n_images=8,
+            batch_size=8,
+            img_size=IMG,
+            device="cpu",
+            workers=0,
+            streaming=True,
+        )
+    )
     return path
 
 
@@ -174,8 +186,9 @@ def _not_applicable(stores: list[Path], name: str) -> tuple[Path, str, str] | No
 
 
 @pytest.mark.parametrize("name", NAMES)
-async def test_a_model_it_does_not_apply_to_is_told_why_by_the_driver_the_view_and_the_app(store, streamed, name,
-                                                                                          tmp_path, capsys):
+async def test_a_model_it_does_not_apply_to_is_told_why_by_the_driver_the_view_and_the_app(
+    store, streamed, name, tmp_path, capsys
+):
     from vitsee.engine.analyze import plan
     from vitsee.tui.results import read_summary
 

@@ -4,6 +4,7 @@ The fault-injection tests kill a process on entry to its N-th pwrite64 (strace's
 of a result being cached and of a model being appended, then check that the store opens, that rerunning the
 same command succeeds, and that the store then holds what an uninterrupted run gives.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,17 +38,26 @@ def _env() -> dict:
 
 def _writes(cmd: list[str]) -> int:
     """Returns how many pwrite64 calls the main thread of cmd makes (it must succeed)."""
-    log = subprocess.run([STRACE, "-qq", "-e", "trace=pwrite64", "-o", "/dev/stdout", *cmd],
-                         capture_output=True, text=True, env=_env(), timeout=300)
+    log = subprocess.run(
+        [STRACE, "-qq", "-e", "trace=pwrite64", "-o", "/dev/stdout", *cmd],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=300,
+    )
     assert log.returncode == 0, log.stderr
     return sum(1 for line in log.stdout.splitlines() if line.startswith("pwrite64("))
 
 
 def _killed_at(cmd: list[str], n: int) -> int:
     """Runs cmd, killed on entry to its main thread's n-th pwrite64; returns the exit status."""
-    run = subprocess.run([STRACE, "-qq", "-o", "/dev/null", "-e", "trace=pwrite64",
-                          "-e", f"inject=pwrite64:signal=KILL:when={n}", *cmd],
-                         capture_output=True, text=True, env=_env(), timeout=300)
+    run = subprocess.run(
+        [STRACE, "-qq", "-o", "/dev/null", "-e", "trace=pwrite64", "-e", f"inject=pwrite64:signal=KILL:when={n}", *cmd],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=300,
+    )
     return run.returncode
 
 
@@ -111,8 +121,10 @@ def test_a_kill_at_every_write_of_the_store_leaves_it_readable_and_the_rerun_com
         shutil.rmtree(tmp_path / f"killed-{n}.h5.d", ignore_errors=True)
         os.unlink(store)
     got = snapshot(reference)
-    assert_same({k: v for k, v in got.items() if k in base_before and k != "models"},
-                {k: v for k, v in base_before.items() if k != "models"})
+    assert_same(
+        {k: v for k, v in got.items() if k in base_before and k != "models"},
+        {k: v for k, v in base_before.items() if k != "models"},
+    )
 
 
 @needs_strace
@@ -120,7 +132,18 @@ def test_a_kill_during_vitsee_analyze_leaves_the_store_readable_and_the_rerun_ca
     reference = copy_store(base, tmp_path / "reference.h5")
     # the reference and the killed runs on one thread, the reruns on two: the thread count follows the load, and the
     # promise is the uninterrupted run's arrays bit for bit whatever it is
-    analyze = [sys.executable, "-m", "vitsee.engine.cli", "analyze", "--cka", "--device", "cpu", "--threads", "1", "--quiet"]
+    analyze = [
+        sys.executable,
+        "-m",
+        "vitsee.engine.cli",
+        "analyze",
+        "--cka",
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+        "--quiet",
+    ]
     two = [*analyze[:-3], "--threads", "2", "--quiet"]
     total = _writes([*analyze[:4], str(reference), *analyze[4:]])
     want = snapshot(reference)
@@ -192,8 +215,9 @@ def test_results_left_by_a_replaced_store_are_not_read_as_this_stores(base, tmp_
         pass  # the next writer cannot tell them from a moved store's: aside, not deleted
     aside = tmp_path / f"base.h5.d.store-{old_id[:12]}"
     assert not any(p.exists() for p in old_results)
-    assert [p.relative_to(aside) for p in aside.rglob("*.h5")] == [p.relative_to(tmp_path / "base.h5.d")
-                                                                   for p in old_results]
+    assert [p.relative_to(aside) for p in aside.rglob("*.h5")] == [
+        p.relative_to(tmp_path / "base.h5.d") for p in old_results
+    ]
     with store_mod.creating(base, overwrite=True) as h5:  # an --overwrite that finishes removes them itself
         store_mod.write_images(h5, "synthetic", np.arange(4), np.zeros(4), None, None)
     with Store.writer(base) as s:
@@ -208,10 +232,7 @@ def test_results_left_by_a_replaced_store_are_not_read_as_this_stores(base, tmp_
 
 def test_a_second_writer_is_refused_with_the_first_ones_pid(base):
     with Store.writer(base):
-        code = (
-            "from vitsee.engine.store import Store\n"
-            f"Store.writer({str(base)!r})\n"
-        )
+        code = f"from vitsee.engine.store import Store\nStore.writer({str(base)!r})\n"
         other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
         assert other.returncode != 0
         assert f"being written by process {os.getpid()}" in other.stderr
@@ -224,26 +245,68 @@ def test_a_second_writer_is_refused_with_the_first_ones_pid(base):
 def test_overwrite_is_refused_while_another_process_holds_the_lock(base, tmp_path):
     before = snapshot(base)
     with WriteLock(base, command="vitsee analyze"):
-        code, _out, err = _subprocess_cli(["extract", base, "--model", VIT, "--dataset", "synthetic", "--n-images",
-                                           "8", "--img-size", IMG, "--device", "cpu", "--workers", "0", "--overwrite"])
+        code, _out, err = _subprocess_cli(
+            [
+                "extract",
+                base,
+                "--model",
+                VIT,
+                "--dataset",
+                "synthetic",
+                "--n-images",
+                "8",
+                "--img-size",
+                IMG,
+                "--device",
+                "cpu",
+                "--workers",
+                "0",
+                "--overwrite",
+            ]
+        )
     assert code == 2
     assert "being written by process" in err and "vitsee analyze" in err
     assert_same(snapshot(base), before)
 
 
 def _subprocess_cli(args) -> tuple[int, str, str]:
-    run = subprocess.run([sys.executable, "-m", "vitsee.engine.cli", *map(str, args)], capture_output=True, text=True,
-                         env=_env(), timeout=600)
+    run = subprocess.run(
+        [sys.executable, "-m", "vitsee.engine.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=600,
+    )
     return run.returncode, run.stdout, run.stderr
 
 
 def test_two_extractions_into_one_new_path_never_both_succeed(tmp_path):
     path = tmp_path / "race.h5"
-    common = ["--dataset", "synthetic", "--n-images", "16", "--batch-size", "8", "--img-size", str(IMG),
-              "--device", "cpu", "--workers", "0", "--quiet"]
-    procs = [subprocess.Popen([sys.executable, "-m", "vitsee.engine.cli", "extract", str(path), "--model", m, *common],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
-             for m in (VIT, RESNET)]
+    common = [
+        "--dataset",
+        "synthetic",
+        "--n-images",
+        "16",
+        "--batch-size",
+        "8",
+        "--img-size",
+        str(IMG),
+        "--device",
+        "cpu",
+        "--workers",
+        "0",
+        "--quiet",
+    ]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "vitsee.engine.cli", "extract", str(path), "--model", m, *common],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_env(),
+        )
+        for m in (VIT, RESNET)
+    ]
     outs = [(p.wait(timeout=600), p.stderr.read()) for p in procs]
     codes = [c for c, _ in outs]
     assert sorted(codes) == [0, 2], outs
@@ -256,9 +319,28 @@ def test_two_extractions_into_one_new_path_never_both_succeed(tmp_path):
 
 def test_a_killed_extraction_with_loader_workers_can_be_rerun_at_once(tmp_path):
     path = tmp_path / "killed.h5"
-    cmd = [sys.executable, "-m", "vitsee.engine.cli", "extract", str(path), "--model", VIT, "--dataset", "digits",
-           "--n-images", "200", "--batch-size", "4", "--img-size", str(IMG), "--device", "cpu", "--workers", "2",
-           "--quiet"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "vitsee.engine.cli",
+        "extract",
+        str(path),
+        "--model",
+        VIT,
+        "--dataset",
+        "digits",
+        "--n-images",
+        "200",
+        "--batch-size",
+        "4",
+        "--img-size",
+        str(IMG),
+        "--device",
+        "cpu",
+        "--workers",
+        "2",
+        "--quiet",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_env())
     deadline = time.time() + 300
     while time.time() < deadline:
@@ -400,8 +482,27 @@ def test_a_disk_too_small_is_refused_up_front_and_a_rerun_after_freeing_space_co
     filler = small_disk / "filler"
     filler.write_bytes(b"\0" * (12 << 20))  # leaves 4 MB for a store of 8.6 MB
     path = small_disk / "full.h5"
-    args = ["extract", path, "--model", VIT, "--dataset", "digits", "--n-images", "64", "--batch-size", "8",
-            "--img-size", IMG, "--layers", "sublayers", "--device", "cpu", "--workers", "0", "--force"]
+    args = [
+        "extract",
+        path,
+        "--model",
+        VIT,
+        "--dataset",
+        "digits",
+        "--n-images",
+        "64",
+        "--batch-size",
+        "8",
+        "--img-size",
+        IMG,
+        "--layers",
+        "sublayers",
+        "--device",
+        "cpu",
+        "--workers",
+        "0",
+        "--force",
+    ]
     code, _out, err = _subprocess_cli(args)
     assert code == 2 and "Traceback" not in err
     assert "not enough disk space" in err and str(path.name) in err

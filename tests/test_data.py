@@ -1,4 +1,5 @@
 """Image sets: built-in ones, user folders / CIFAR pickles / npz, and image selection."""
+
 from __future__ import annotations
 
 import os
@@ -31,7 +32,9 @@ def test_samples_start_with_the_photographs_themselves():
     assert all(im.mode == "RGB" and im.size[0] == im.size[1] for im in first)
     assert list(d.labels()[:17]) == list(range(15)) + [0, 1]
     assert d.class_names[0] == "astronaut"
-    assert np.asarray(d.image(15)).shape != np.asarray(d.image(0)).shape or not np.array_equal(np.asarray(d.image(15)), np.asarray(d.image(0)))
+    assert np.asarray(d.image(15)).shape != np.asarray(d.image(0)).shape or not np.array_equal(
+        np.asarray(d.image(15)), np.asarray(d.image(0))
+    )
 
 
 def test_synthetic_is_deterministic_and_puts_objects_in_their_boxes():
@@ -79,8 +82,15 @@ def test_cifar10_pickles(tmp_path):
 def _cifar_batch(data: np.ndarray, labels: list[int], protocol: int, numpy_path: str | None = None) -> bytes:
     """Returns a CIFAR batch pickled the way the originals were written: bytes keys, `data` a uint8 array,
     `labels` a list; numpy_path rewrites numpy's module path as an older numpy wrote it."""
-    blob = pickle.dumps({b"batch_label": b"testing batch 1 of 1", b"labels": labels, b"data": data,
-                         b"filenames": [f"{i}.png".encode() for i in range(len(labels))]}, protocol=protocol)
+    blob = pickle.dumps(
+        {
+            b"batch_label": b"testing batch 1 of 1",
+            b"labels": labels,
+            b"data": data,
+            b"filenames": [f"{i}.png".encode() for i in range(len(labels))],
+        },
+        protocol=protocol,
+    )
     if numpy_path is not None:  # protocol 2 names globals as text lines: the path can be swapped in place
         blob = blob.replace(b"numpy._core.multiarray", numpy_path.encode())
     return blob
@@ -102,8 +112,11 @@ def test_a_cifar_pickle_naming_anything_else_is_refused_before_it_runs(tmp_path,
             return target, ("x",)
 
     (tmp_path / "test_batch").write_bytes(pickle.dumps({b"data": Crafted(), b"labels": [0]}, protocol=2))
-    with pytest.raises(VitseeError, match=rf"test_batch as a cifar10 pickle .*asks for \S*{target.__name__}, "
-                                          "which a CIFAR pickle never holds; nothing was run"):
+    with pytest.raises(
+        VitseeError,
+        match=rf"test_batch as a cifar10 pickle .*asks for \S*{target.__name__}, "
+        "which a CIFAR pickle never holds; nothing was run",
+    ):
         len(open_dataset(f"cifar10:{tmp_path}"))
 
 
@@ -112,9 +125,11 @@ def test_npz_labels_float_whole_numbers_are_class_indices_fractions_are_refused(
     np.savez(tmp_path / "f.npz", images=images, labels=np.array([0.0, 2.0, -1.0, 1.0], np.float32))
     labels = open_dataset(f"npz:{tmp_path / 'f.npz'}").labels()
     assert labels.dtype == np.int64 and list(labels) == [0, 2, -1, 1]
-    for bad, needle in ((np.array([0, 1, np.nan, 1]), "float label nan \\(image 2\\)"),
-                        (np.array([0, 1, 2, 2.25]), "float label 2.25 \\(image 3\\)"),
-                        (np.array([0, -2, 1, 1]), "label -2 is not a class index")):
+    for bad, needle in (
+        (np.array([0, 1, np.nan, 1]), "float label nan \\(image 2\\)"),
+        (np.array([0, 1, 2, 2.25]), "float label 2.25 \\(image 3\\)"),
+        (np.array([0, -2, 1, 1]), "label -2 is not a class index"),
+    ):
         np.savez(tmp_path / "b.npz", images=images, labels=bad)
         with pytest.raises(VitseeError, match=needle):
             open_dataset(f"npz:{tmp_path / 'b.npz'}")
@@ -122,7 +137,9 @@ def test_npz_labels_float_whole_numbers_are_class_indices_fractions_are_refused(
 
 def test_npz_images_saved_channels_first_are_named_so(tmp_path):
     np.savez(tmp_path / "c.npz", images=np.zeros((4, 3, 8, 8), np.uint8))
-    with pytest.raises(VitseeError, match=r"\(4, 3, 8, 8\) has 8 channels.*looks channels-first.*transpose\(0, 2, 3, 1\)"):
+    with pytest.raises(
+        VitseeError, match=r"\(4, 3, 8, 8\) has 8 channels.*looks channels-first.*transpose\(0, 2, 3, 1\)"
+    ):
         open_dataset(f"npz:{tmp_path / 'c.npz'}")
 
 
@@ -274,8 +291,9 @@ def test_extract_reads_a_tar_spec_end_to_end_as_the_same_images_in_a_folder(tmp_
 
     tar_path, folder, _ = _write_class_tar(tmp_path, n_per_class=2)
     common = ["--model", VIT, "--batch-size", "3", "--img-size", str(IMG), "--device", "cpu", "--quiet"]
-    code, _, err = run_cli(["extract", tmp_path / "t.h5", "--dataset", f"tar:{tar_path}", "--workers", "1", *common],
-                           capsys)
+    code, _, err = run_cli(
+        ["extract", tmp_path / "t.h5", "--dataset", f"tar:{tar_path}", "--workers", "1", *common], capsys
+    )
     assert code == 0, err
     code, _, err = run_cli(["extract", tmp_path / "f.h5", "--dataset", str(folder), "--workers", "0", *common], capsys)
     assert code == 0, err

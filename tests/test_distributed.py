@@ -1,5 +1,6 @@
 """Under torchrun (gloo, 2 CPU processes) extract and analyze give what one process gives: the same store
 values, stitched from shards with virtual datasets, and the same CKA matrix."""
+
 from __future__ import annotations
 
 import json
@@ -24,15 +25,41 @@ from vitsee.engine.extract import ExtractConfig
 from vitsee.engine.store import Store
 
 # the run of conftest's tiny_store: 48 images in 3 batches, so the ranks get 1 and 2 batches
-RUN = ["-m", VIT, "-m", RESNET, "--dataset", "synthetic", "-n", "48", "--batch-size", "16", "--img-size", str(IMG),
-       "--device", "cpu", "--workers", "0", "--quiet"]
+RUN = [
+    "-m",
+    VIT,
+    "-m",
+    RESNET,
+    "--dataset",
+    "synthetic",
+    "-n",
+    "48",
+    "--batch-size",
+    "16",
+    "--img-size",
+    str(IMG),
+    "--device",
+    "cpu",
+    "--workers",
+    "0",
+    "--quiet",
+]
 
 
 def torchrun(*args: str) -> None:
     """Runs `torchrun --nproc-per-node 2 --no-python vitsee ARGS` the way a user would."""
     vitsee = Path(sys.executable).with_name("vitsee")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--no-python",
-           str(vitsee), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--no-python",
+        str(vitsee),
+        *args,
+    ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -55,7 +82,9 @@ def _datasets(path: Path) -> dict[str, np.ndarray]:
     out = {}
     with h5py.File(path, "r", locking=False) as f:
         for top in ("images", "models"):
-            f[top].visititems(lambda name, obj: out.__setitem__(f"{top}/{name}", obj[()]) if isinstance(obj, h5py.Dataset) else None)
+            f[top].visititems(
+                lambda name, obj: out.__setitem__(f"{top}/{name}", obj[()]) if isinstance(obj, h5py.Dataset) else None
+            )
     return out
 
 
@@ -74,7 +103,9 @@ def test_two_processes_write_the_values_one_process_writes(stitched, one_process
     for name in expected:
         np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
     assert sorted(p.name for p in stitched.with_name("stitched.h5.shards").glob("*.h5")) == [
-        "rank-00000-of-00002.h5", "rank-00001-of-00002.h5"]
+        "rank-00000-of-00002.h5",
+        "rank-00001-of-00002.h5",
+    ]
 
 
 def test_the_stitched_store_reads_its_shards_by_relative_path(stitched, tmp_path, capsys):
@@ -84,7 +115,9 @@ def test_the_stitched_store_reads_its_shards_by_relative_path(stitched, tmp_path
         ds = f[f"models/{VIT}/acts/blocks.0"]
         assert ds.is_virtual
         assert [s.file_name for s in ds.virtual_sources()] == [
-            "stitched.h5.shards/rank-00000-of-00002.h5", "stitched.h5.shards/rank-00001-of-00002.h5"]
+            "stitched.h5.shards/rank-00000-of-00002.h5",
+            "stitched.h5.shards/rank-00001-of-00002.h5",
+        ]
     moved = tmp_path / "moved"
     moved.mkdir()
     shutil.copy(stitched, moved / "stitched.h5")
@@ -93,7 +126,9 @@ def test_the_stitched_store_reads_its_shards_by_relative_path(stitched, tmp_path
         assert s.complete and s.rows_done(RESNET) == 48
         np.testing.assert_array_equal(s.activations(VIT, "blocks.5"), original.activations(VIT, "blocks.5"))
         rows = np.array([40, 3, 17, 16])  # across both shards, any order
-        np.testing.assert_array_equal(s.activations(RESNET, "layer2.0", rows), original.activations(RESNET, "layer2.0")[rows])
+        np.testing.assert_array_equal(
+            s.activations(RESNET, "layer2.0", rows), original.activations(RESNET, "layer2.0")[rows]
+        )
     (moved / "stitched.h5.shards" / "rank-00001-of-00002.h5").unlink()
     with pytest.raises(VitseeError, match="rank-00001-of-00002.h5, which is missing"):
         Store.open(moved / "stitched.h5")
@@ -101,7 +136,20 @@ def test_the_stitched_store_reads_its_shards_by_relative_path(stitched, tmp_path
 
 def test_two_processes_give_the_cka_matrix_of_one(stitched, one_process):
     cfg = an.AnalyzeConfig(batch_size=16, shuffles=2, seed=5, device="cpu")
-    torchrun("analyze", str(stitched), "--cka", "--batch-size", "16", "--shuffles", "2", "--seed", "5", "--device", "cpu", "--quiet")
+    torchrun(
+        "analyze",
+        str(stitched),
+        "--cka",
+        "--batch-size",
+        "16",
+        "--shuffles",
+        "2",
+        "--seed",
+        "5",
+        "--device",
+        "cpu",
+        "--quiet",
+    )
     with Store.writer(one_process) as s:
         expected = run_cka(s, cfg)
     with Store.open(stitched) as s:
@@ -127,7 +175,9 @@ def test_streaming_under_two_processes_sums_the_shards_to_the_one_process_cka(tm
         assert s.streaming and s.complete
         got = s.get_result("cka", cka_params(s, cfg))
         got_heads = s.get_result("heads", heads_params(s, VIT, RESNET, cfg))
-        np.testing.assert_array_equal(s.stat(VIT, "skip_ratio_attn"), Store.open(one_process).stat(VIT, "skip_ratio_attn"))
+        np.testing.assert_array_equal(
+            s.stat(VIT, "skip_ratio_attn"), Store.open(one_process).stat(VIT, "skip_ratio_attn")
+        )
     np.testing.assert_allclose(got["matrix"], expected["matrix"], rtol=0, atol=1e-12)
     # each shard's head-level CKA sums are added up too (rank 0's batches then rank 1's: the sum order differs)
     np.testing.assert_allclose(got_heads["cka"], expected_heads["cka"], rtol=0, atol=1e-12)
@@ -156,14 +206,18 @@ def _copy_shards(stitched: Path, folder: Path) -> list[Path]:
 
 
 def _cfg(path: Path) -> ExtractConfig:
-    return ExtractConfig(store=path, models=[VIT, RESNET], dataset="synthetic", n_images=48, batch_size=16, img_size=IMG)
+    return ExtractConfig(
+        store=path, models=[VIT, RESNET], dataset="synthetic", n_images=48, batch_size=16, img_size=IMG
+    )
 
 
 def test_an_incomplete_or_missing_shard_is_an_error_naming_it_never_filled(stitched, tmp_path):
     paths = _copy_shards(stitched, tmp_path)
     with h5py.File(paths[1], "r+", locking=False) as f:
         f[f"models/{RESNET}/done"][1] = 0  # its last batch never finished
-    with pytest.raises(VitseeError, match=r"rank-00001-of-00002.h5 is incomplete \(test_resnet@random:0: 16 of 32 rows\)"):
+    with pytest.raises(
+        VitseeError, match=r"rank-00001-of-00002.h5 is incomplete \(test_resnet@random:0: 16 of 32 rows\)"
+    ):
         shards.stitch(tmp_path / "again.h5", paths, _cfg(tmp_path / "again.h5"), [VIT, RESNET])
     paths[1].unlink()
     with pytest.raises(VitseeError, match="rank-00001-of-00002.h5 is missing"):

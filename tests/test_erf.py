@@ -1,5 +1,6 @@
 """Effective receptive fields (paper Fig. 6): against autograd image by image on the tiny models, the patch
 embedding's locality, the refusals (changed weights, streaming stores), the view and its export."""
+
 from __future__ import annotations
 
 import json
@@ -144,8 +145,18 @@ def test_changed_weights_file_is_refused_in_one_line(tmp_path, capsys):
     model = load_model(VIT, img_size=IMG).model
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, weights)
     path = tmp_path / "file.h5"
-    run_extraction(ExtractConfig(store=path, models=[f"test_vit@{weights}"], dataset="synthetic", n_images=4,
-                                 batch_size=4, img_size=IMG, device="cpu", workers=0))
+    run_extraction(
+        ExtractConfig(
+            store=path,
+            models=[f"test_vit@{weights}"],
+            dataset="synthetic",
+            n_images=4,
+            batch_size=4,
+            img_size=IMG,
+            device="cpu",
+            workers=0,
+        )
+    )
     code, _, err = run_cli(["analyze", path, "--erf", "--erf-images", "2", "--device", "cpu", "-q"], capsys)
     assert code == 0, err  # the same file: computed
     state = model.state_dict()
@@ -159,8 +170,19 @@ def test_streaming_store_is_refused_in_one_line(tmp_path, capsys):
     from vitsee.engine.extract import ExtractConfig, run_extraction
 
     path = tmp_path / "stream.h5"
-    run_extraction(ExtractConfig(store=path, models=[RESNET], dataset="synthetic", n_images=8, batch_size=8,
-                                 img_size=IMG, device="cpu", workers=0, streaming=True))
+    run_extraction(
+        ExtractConfig(
+            store=path,
+            models=[RESNET],
+            dataset="synthetic",
+            n_images=8,
+            batch_size=8,
+            img_size=IMG,
+            device="cpu",
+            workers=0,
+            streaming=True,
+        )
+    )
     code, _, err = run_cli(["analyze", path, "--erf", "-q"], capsys)
     assert code == 2 and "--streaming" in err and "receptive" in err
 
@@ -197,7 +219,9 @@ def test_erf_and_head_cka_on_cuda_match_cpu(store_copy):
         cpu = _erf_with(store, "cpu")
         gpu = _erf_with(store, "cuda")
         heads_cpu = run_heads(store, VIT, RESNET, AnalyzeConfig(batch_size=16, shuffles=0, device="cpu"))["cka"]
-        heads_gpu = run_heads(store, VIT, RESNET, AnalyzeConfig(batch_size=16, shuffles=0, device="cuda", recompute=True))["cka"]
+        heads_gpu = run_heads(
+            store, VIT, RESNET, AnalyzeConfig(batch_size=16, shuffles=0, device="cuda", recompute=True)
+        )["cka"]
     np.testing.assert_allclose(gpu, cpu, rtol=1e-3, atol=1e-7)
     np.testing.assert_allclose(heads_gpu, heads_cpu, atol=1e-6)
 

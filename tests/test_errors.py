@@ -1,4 +1,5 @@
 """Every user-caused failure: one line naming the bad value and the way out, a non-zero exit, nothing lost."""
+
 from __future__ import annotations
 
 import hashlib
@@ -10,8 +11,21 @@ import pytest
 
 from conftest import IMG, VIT, run_cli
 
-BASE = ["--dataset", "digits", "--n-images", "8", "--batch-size", "4", "--img-size", str(IMG), "--device", "cpu",
-        "--workers", "0", "--quiet"]
+BASE = [
+    "--dataset",
+    "digits",
+    "--n-images",
+    "8",
+    "--batch-size",
+    "4",
+    "--img-size",
+    str(IMG),
+    "--device",
+    "cpu",
+    "--workers",
+    "0",
+    "--quiet",
+]
 
 
 def _one_line_error(code: int, err: str, *needles: str) -> None:
@@ -68,7 +82,10 @@ def test_a_file_that_is_not_weights(tmp_path, capsys):
         (["--layers", "blocks.1,blocks.99"], ["unknown layer 'blocks.99'", "close matches"]),
         (["--device", "cuda"], ["no CUDA GPU", "--device cpu"]),
         (["--dtype", "bfloat8"], ["unknown --dtype 'bfloat8'"]),
-        (["--img-size", "72"], ["--img-size 72 is not a multiple of the 16-px patches of test_vit", "--img-size 64 or 80"]),
+        (
+            ["--img-size", "72"],
+            ["--img-size 72 is not a multiple of the 16-px patches of test_vit", "--img-size 64 or 80"],
+        ),
     ],
 )
 def test_bad_run_options(tmp_path, capsys, args, needles):
@@ -79,14 +96,29 @@ def test_bad_run_options(tmp_path, capsys, args, needles):
 
 def test_an_empty_image_folder(tmp_path, capsys):
     (tmp_path / "imgs" / "cats").mkdir(parents=True)
-    code, _, err = run_cli(["extract", tmp_path / "s.h5", "--model", VIT, *BASE, "--dataset", f"imagefolder:{tmp_path / 'imgs'}"], capsys)
+    code, _, err = run_cli(
+        ["extract", tmp_path / "s.h5", "--model", VIT, *BASE, "--dataset", f"imagefolder:{tmp_path / 'imgs'}"], capsys
+    )
     _one_line_error(code, err, "no images found", "one sub-folder per class")
 
 
 def test_a_dataset_of_fewer_than_four_images(tmp_path, capsys):
     np.savez(tmp_path / "three.npz", images=np.zeros((3, 8, 8), dtype=np.uint8))
-    code, _, err = run_cli(["extract", tmp_path / "s.h5", "--model", VIT, "--dataset", tmp_path / "three.npz",
-                            "--img-size", "64", "--device", "cpu"], capsys)
+    code, _, err = run_cli(
+        [
+            "extract",
+            tmp_path / "s.h5",
+            "--model",
+            VIT,
+            "--dataset",
+            tmp_path / "three.npz",
+            "--img-size",
+            "64",
+            "--device",
+            "cpu",
+        ],
+        capsys,
+    )
     _one_line_error(code, err, "holds only 3 image(s)", "at least 4", "add images")
     assert not (tmp_path / "s.h5").exists()
 
@@ -136,8 +168,21 @@ def test_existing_store_with_other_images_is_refused_and_kept(tiny_store, tmp_pa
 def test_same_model_with_other_layers_is_refused(tiny_store, tmp_path, capsys):
     copy = tmp_path / "copy.h5"
     shutil.copy(tiny_store, copy)
-    args = ["--dataset", "synthetic", "--n-images", "48", "--batch-size", "16", "--img-size", str(IMG), "--quiet",
-            "--workers", "0", "--layers", "sublayers"]
+    args = [
+        "--dataset",
+        "synthetic",
+        "--n-images",
+        "48",
+        "--batch-size",
+        "16",
+        "--img-size",
+        str(IMG),
+        "--quiet",
+        "--workers",
+        "0",
+        "--layers",
+        "sublayers",
+    ]
     code, _, err = run_cli(["extract", copy, "--model", VIT, *args], capsys)
     _one_line_error(code, err, f"{VIT} is already in", "other layers", "--overwrite")
 
@@ -156,8 +201,20 @@ def test_overwrite_replaces(tiny_store, tmp_path, capsys):
 def test_info_prints_everything(tiny_store, capsys):
     code, out, err = run_cli(["info", tiny_store], capsys)
     assert code == 0, err
-    for needle in ["complete", "48 of synthetic", "10 classes", VIT, "test_resnet@random:0", "random seed 0",
-                   "grid 4x4 of 16 px", "blocks.5", "17x64", "layer4.0", "attention_distance", "48/48 rows done"]:
+    for needle in [
+        "complete",
+        "48 of synthetic",
+        "10 classes",
+        VIT,
+        "test_resnet@random:0",
+        "random seed 0",
+        "grid 4x4 of 16 px",
+        "blocks.5",
+        "17x64",
+        "layer4.0",
+        "attention_distance",
+        "48/48 rows done",
+    ]:
         assert needle in out, needle
 
 

@@ -1,4 +1,5 @@
 """Extraction stores what timm computes: block outputs, inputs, attention distances, skip ratios."""
+
 from __future__ import annotations
 
 import hashlib
@@ -146,8 +147,18 @@ def test_weights_from_a_safetensors_file_give_the_source_models_activations(tmp_
     weights = tmp_path / "my_vit.safetensors"
     save_file({k: v.contiguous() for k, v in source.state_dict().items()}, str(weights))
     store = tmp_path / "file.h5"
-    run_extraction(ExtractConfig(store=store, models=[f"test_vit@{weights}"], dataset="synthetic", n_images=8,
-                                 batch_size=8, img_size=IMG, device="cpu", workers=0))
+    run_extraction(
+        ExtractConfig(
+            store=store,
+            models=[f"test_vit@{weights}"],
+            dataset="synthetic",
+            n_images=8,
+            batch_size=8,
+            img_size=IMG,
+            device="cpu",
+            workers=0,
+        )
+    )
     x = _inputs(VIT, 8)
     with torch.no_grad():
         expected = source.forward_features(x).numpy()
@@ -170,8 +181,20 @@ def test_checkpoint_dicts_are_unwrapped(tmp_path):
 
 def test_float32_storage_and_sublayers(tmp_path):
     store = tmp_path / "sub.h5"
-    run_extraction(ExtractConfig(store=store, models=[VIT], dataset="digits", n_images=6, batch_size=4,
-                                 img_size=IMG, device="cpu", dtype="float32", layers="sublayers", workers=0))
+    run_extraction(
+        ExtractConfig(
+            store=store,
+            models=[VIT],
+            dataset="digits",
+            n_images=6,
+            batch_size=4,
+            img_size=IMG,
+            device="cpu",
+            dtype="float32",
+            layers="sublayers",
+            workers=0,
+        )
+    )
     model = _fresh("test_vit", 0, img_size=IMG)
     loaded = load_model(VIT, img_size=IMG)
     transform = make_transform(loaded)
@@ -184,8 +207,16 @@ def test_float32_storage_and_sublayers(tmp_path):
         model(x)
     with Store.open(store) as s:
         layers = s.layers(VIT)
-        assert layers[:8] == ["patch_embed", "blocks.0.norm1", "blocks.0.attn", "blocks.0.resid1", "blocks.0.norm2",
-                              "blocks.0.mlp.act", "blocks.0", "blocks.1.norm1"]
+        assert layers[:8] == [
+            "patch_embed",
+            "blocks.0.norm1",
+            "blocks.0.attn",
+            "blocks.0.resid1",
+            "blocks.0.norm2",
+            "blocks.0.mlp.act",
+            "blocks.0",
+            "blocks.1.norm1",
+        ]
         assert s.model_info(VIT)["dtype"] == "float32"
         np.testing.assert_allclose(s.activations(VIT, "blocks.2.resid1"), seen["resid1"].numpy(), rtol=1e-5, atol=1e-5)
         assert s.layer_shape(VIT, "blocks.2.mlp.act") == (17, model.blocks[2].mlp.fc1.out_features)
@@ -194,17 +225,37 @@ def test_float32_storage_and_sublayers(tmp_path):
 
 def test_explicit_layers_are_stored_in_forward_order(tmp_path):
     store = tmp_path / "explicit.h5"
-    run_extraction(ExtractConfig(store=store, models=[RESNET], dataset="digits", n_images=4, batch_size=4,
-                                 img_size=IMG, device="cpu", layers=["layer2.0", "conv1", "layer1.0.resid"], workers=0))
+    run_extraction(
+        ExtractConfig(
+            store=store,
+            models=[RESNET],
+            dataset="digits",
+            n_images=4,
+            batch_size=4,
+            img_size=IMG,
+            device="cpu",
+            layers=["layer2.0", "conv1", "layer1.0.resid"],
+            workers=0,
+        )
+    )
     with Store.open(store) as s:
         assert s.layers(RESNET) == ["conv1", "layer1.0.resid", "layer2.0"]
 
 
-@pytest.mark.parametrize("name, family", [
-    ("test_vit", "vit"), ("test_vit_relpos", "vit"), ("test_resnet", "resnet"), ("test_convnext", "resnet"),
-    # attention hybrids with ResNet-like stages.N.blocks.M, and CaiT, whose blocks see no CLS token
-    ("test_maxvit", "other"), ("test_coatnet", "other"), ("test_efficientnet", "other"), ("cait_xxs24_224", "other"),
-])
+@pytest.mark.parametrize(
+    "name, family",
+    [
+        ("test_vit", "vit"),
+        ("test_vit_relpos", "vit"),
+        ("test_resnet", "resnet"),
+        ("test_convnext", "resnet"),
+        # attention hybrids with ResNet-like stages.N.blocks.M, and CaiT, whose blocks see no CLS token
+        ("test_maxvit", "other"),
+        ("test_coatnet", "other"),
+        ("test_efficientnet", "other"),
+        ("cait_xxs24_224", "other"),
+    ],
+)
 def test_the_family_listed_for_a_name_is_the_family_an_extraction_uses(name, family):
     from vitsee.engine.models import family_of_model, family_of_name
 
@@ -215,8 +266,19 @@ def test_the_family_listed_for_a_name_is_the_family_an_extraction_uses(name, fam
 def test_a_model_of_no_known_family_is_extracted_at_the_layers_named(tmp_path):
     store = tmp_path / "cait.h5"
     spec = "cait_xxs24_224@random:0"
-    run_extraction(ExtractConfig(store=store, models=[spec], dataset="synthetic", n_images=4, batch_size=4,
-                                 img_size=IMG, device="cpu", layers=["blocks.0", "blocks.3"], workers=0))
+    run_extraction(
+        ExtractConfig(
+            store=store,
+            models=[spec],
+            dataset="synthetic",
+            n_images=4,
+            batch_size=4,
+            img_size=IMG,
+            device="cpu",
+            layers=["blocks.0", "blocks.3"],
+            workers=0,
+        )
+    )
     with Store.open(store) as s:
         info = s.model_info(spec)
         assert info["family"] == "other" and s.layers(spec) == ["blocks.0", "blocks.3"]
@@ -241,19 +303,50 @@ def test_a_different_dataset_is_refused_and_the_store_is_untouched(tmp_path):
     from vitsee.engine.errors import VitseeError
 
     store = tmp_path / "keep.h5"
-    run_extraction(ExtractConfig(store=store, models=[VIT], dataset="synthetic", n_images=8, batch_size=8,
-                                 img_size=IMG, device="cpu", workers=0))
+    run_extraction(
+        ExtractConfig(
+            store=store,
+            models=[VIT],
+            dataset="synthetic",
+            n_images=8,
+            batch_size=8,
+            img_size=IMG,
+            device="cpu",
+            workers=0,
+        )
+    )
     digest = hashlib.sha256(store.read_bytes()).hexdigest()
     with pytest.raises(VitseeError, match="holds 8 images of 'synthetic'.*--overwrite"):
-        run_extraction(ExtractConfig(store=store, models=[VIT], dataset="digits", n_images=8, batch_size=8,
-                                     img_size=IMG, device="cpu", workers=0))
+        run_extraction(
+            ExtractConfig(
+                store=store,
+                models=[VIT],
+                dataset="digits",
+                n_images=8,
+                batch_size=8,
+                img_size=IMG,
+                device="cpu",
+                workers=0,
+            )
+        )
     assert hashlib.sha256(store.read_bytes()).hexdigest() == digest
 
 
 def test_progress_reaches_the_callback(tmp_path):
     events = []
-    run_extraction(ExtractConfig(store=tmp_path / "p.h5", models=[VIT], dataset="digits", n_images=10, batch_size=4,
-                                 img_size=IMG, device="cpu", workers=0), progress=events.append)
+    run_extraction(
+        ExtractConfig(
+            store=tmp_path / "p.h5",
+            models=[VIT],
+            dataset="digits",
+            n_images=10,
+            batch_size=4,
+            img_size=IMG,
+            device="cpu",
+            workers=0,
+        ),
+        progress=events.append,
+    )
     stages = [e.stage for e in events]
     assert stages[0] == "load" and "plan" in stages and stages[-1] == "done"
     extract = [e.done for e in events if e.stage == "extract"]
@@ -269,8 +362,16 @@ def test_too_little_disk_is_refused_unless_forced(tmp_path, monkeypatch):
 
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda _p: usage(10**6, 10**6 - 1000, 1000))
-    cfg = ExtractConfig(store=tmp_path / "big.h5", models=[VIT], dataset="digits", n_images=8, batch_size=8,
-                        img_size=IMG, device="cpu", workers=0)
+    cfg = ExtractConfig(
+        store=tmp_path / "big.h5",
+        models=[VIT],
+        dataset="digits",
+        n_images=8,
+        batch_size=8,
+        img_size=IMG,
+        device="cpu",
+        workers=0,
+    )
     with pytest.raises(VitseeError, match=r"needs .* but .* has 1.0 KB free.*--force"):
         run_extraction(cfg)
     assert not (tmp_path / "big.h5").exists()

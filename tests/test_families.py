@@ -4,6 +4,7 @@ layer's layout, and probes' GAP against a numpy mean over the spatial axes of ti
 Each family is a tiny random timm model (img_size 56-64, two blocks, 16-32 channels) registered under a test name
 in the timm module of its family, so extraction builds it by name like any model.
 """
+
 from __future__ import annotations
 
 import functools
@@ -62,12 +63,23 @@ def tiny_names() -> dict[str, str]:
     """Returns family label -> registered tiny model name."""
     return {
         "vit": "test_vit",
-        "deit_distilled": _register("vitsee_tiny_deit_distilled", "deit", _timm("deit_tiny_distilled_patch16_224", **TINY_VIT)),
-        "reg_gap_vit": _register("vitsee_tiny_vit_reg4_gap", "vision_transformer", _timm("vit_base_patch16_reg4_gap_256", **TINY_VIT)),
-        "dinov2_reg": _register("vitsee_tiny_dinov2_reg4", "vision_transformer", _timm("vit_small_patch14_reg4_dinov2", **TINY_VIT)),
-        "hybrid": _register("vitsee_tiny_vit_r_s16_p8", "vision_transformer_hybrid", _timm("vit_tiny_r_s16_p8_224", **TINY_VIT)),
-        "swin": _register("vitsee_tiny_swin", "swin_transformer", _timm(
-            "swin_tiny_patch4_window7_224", embed_dim=16, depths=(2, 2), num_heads=(2, 4), window_size=4)),
+        "deit_distilled": _register(
+            "vitsee_tiny_deit_distilled", "deit", _timm("deit_tiny_distilled_patch16_224", **TINY_VIT)
+        ),
+        "reg_gap_vit": _register(
+            "vitsee_tiny_vit_reg4_gap", "vision_transformer", _timm("vit_base_patch16_reg4_gap_256", **TINY_VIT)
+        ),
+        "dinov2_reg": _register(
+            "vitsee_tiny_dinov2_reg4", "vision_transformer", _timm("vit_small_patch14_reg4_dinov2", **TINY_VIT)
+        ),
+        "hybrid": _register(
+            "vitsee_tiny_vit_r_s16_p8", "vision_transformer_hybrid", _timm("vit_tiny_r_s16_p8_224", **TINY_VIT)
+        ),
+        "swin": _register(
+            "vitsee_tiny_swin",
+            "swin_transformer",
+            _timm("swin_tiny_patch4_window7_224", embed_dim=16, depths=(2, 2), num_heads=(2, 4), window_size=4),
+        ),
         "resnet": "test_resnet",
         "resnetv2": _register("vitsee_tiny_resnetv2", "resnetv2", _timm("resnetv2_18", layers=[1, 1, 1, 1])),
         "convnext": "test_convnext",
@@ -105,8 +117,18 @@ FAMILIES = [
 def _store(label: str, tmp: str) -> str:
     fam = next(f for f in FAMILIES if f.label == label)
     path = f"{tmp}/{label}.h5"
-    run_extraction(ExtractConfig(store=path, models=[f"{tiny_names()[label]}@random:0"], dataset="synthetic",
-                                 n_images=8, batch_size=8, img_size=fam.img, device="cpu", workers=0))
+    run_extraction(
+        ExtractConfig(
+            store=path,
+            models=[f"{tiny_names()[label]}@random:0"],
+            dataset="synthetic",
+            n_images=8,
+            batch_size=8,
+            img_size=fam.img,
+            device="cpu",
+            workers=0,
+        )
+    )
     return path
 
 
@@ -119,8 +141,12 @@ def _hooked_outputs(spec: str, img: int, layers: list[str], x: torch.Tensor) -> 
     """Returns timm's own outputs of the named modules for input x (an independent forward, plain hooks)."""
     model = load_model(spec, img_size=img).model
     out = {}
-    handles = [model.get_submodule(n).register_forward_hook(
-        lambda _m, _a, o, n=n: out.__setitem__(n, o.detach().float().numpy())) for n in layers]
+    handles = [
+        model.get_submodule(n).register_forward_hook(
+            lambda _m, _a, o, n=n: out.__setitem__(n, o.detach().float().numpy())
+        )
+        for n in layers
+    ]
     with torch.no_grad():
         model(x)
     for h in handles:
@@ -157,7 +183,7 @@ def test_family_units_tokens_layout_and_gap(fam: Family, store_dir):
     ref = ref.reshape(len(ref), -1, ref.shape[-1]) if ref.ndim == 4 and fam.family == "vit" else ref
     np.testing.assert_allclose(stored, ref, rtol=2e-3, atol=2e-3)  # stored in fp16, same axes as timm hands out
     spatial_axes = {"tokens": (1,), "nchw": (2, 3), "nhwc": (1, 2)}[fam.layout]
-    want = ref[:, fam.prefix:].mean(axis=1) if fam.layout == "tokens" else ref.mean(axis=spatial_axes)
+    want = ref[:, fam.prefix :].mean(axis=1) if fam.layout == "tokens" else ref.mean(axis=spatial_axes)
     got = readouts["gap"](stored)[:, 0, :]
     np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
     assert got.shape[-1] == shape[-1 if fam.layout in ("tokens", "nhwc") else 0]  # the channels, not a spatial axis
@@ -171,7 +197,12 @@ def test_hybrid_uniform_reference_is_in_image_pixels():
     centres = [(32 * r, 32 * c) for r in range(7) for c in range(7)]
     hand = np.mean([np.hypot(a[0] - b[0], a[1] - b[1]) for a in centres for b in centres])
     assert hand == pytest.approx(115.5, abs=0.05)
-    info = {"family": "vit", "grid_size": list(loaded.grid_size), "patch_size": list(loaded.patch_size), "num_blocks": 2}
+    info = {
+        "family": "vit",
+        "grid_size": list(loaded.grid_size),
+        "patch_size": list(loaded.patch_size),
+        "num_blocks": 2,
+    }
     uniform, largest = attention_reference(info)
     assert uniform[0] == pytest.approx(hand, rel=1e-9)
     assert largest == pytest.approx(np.hypot(6 * 32, 6 * 32))
@@ -200,14 +231,17 @@ def test_swin_distances_match_a_plain_loop_over_true_positions_and_stay_inside_a
     the cyclic shift) gives the same distances, and none exceeds the window's diagonal."""
     import timm
 
-    model = timm.create_model("swin_tiny_patch4_window7_224", img_size=64, embed_dim=16, depths=(2, 2),
-                              num_heads=(2, 4), window_size=4).eval()
+    model = timm.create_model(
+        "swin_tiny_patch4_window7_224", img_size=64, embed_dim=16, depths=(2, 2), num_heads=(2, 4), window_size=4
+    ).eval()
     block = model.layers[0].blocks[1]  # the shifted one of stage 0 (16x16 map, 4x4 windows, shift 2)
     assert block.shift_size == (2, 2)
     block.attn.fused_attn = False
     seen = {}
-    hooks = [block.register_forward_pre_hook(lambda _m, a: seen.__setitem__("shape", a[0].shape)),
-             block.attn.attn_drop.register_forward_pre_hook(lambda _m, a: seen.__setitem__("attn", a[0].detach()))]
+    hooks = [
+        block.register_forward_pre_hook(lambda _m, a: seen.__setitem__("shape", a[0].shape)),
+        block.attn.attn_drop.register_forward_pre_hook(lambda _m, a: seen.__setitem__("attn", a[0].detach())),
+    ]
     with torch.no_grad():
         model(torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(0)))
     for h in hooks:
@@ -235,8 +269,10 @@ def test_swin_distances_match_a_plain_loop_over_true_positions_and_stay_inside_a
         for blocks, token_px in ((slice(0, 2), 4), (slice(2, 4), 8)):
             assert np.nanmax(dist[:, blocks]) <= np.hypot(3, 3) * token_px + 1e-4
     view = _attention_result(path)
-    np.testing.assert_allclose(view["uniform_px_per_block"], [uniform_attention_distance_px(4, 4)] * 2
-                               + [uniform_attention_distance_px(4, 8)] * 2)
+    np.testing.assert_allclose(
+        view["uniform_px_per_block"],
+        [uniform_attention_distance_px(4, 4)] * 2 + [uniform_attention_distance_px(4, 8)] * 2,
+    )
     assert view["hist_counts"].sum() == 8 * (2 * 2 + 2 * 4)  # the NaN heads are not counted
 
 
@@ -311,19 +347,26 @@ def test_renormalised_distances_are_in_the_plain_head_order(tiny_store, tmp_path
 
 def _unbiased_cka(x: np.ndarray, y: np.ndarray) -> float:
     """Unbiased linear CKA of one batch, fp64, straight from the formula (Song et al. 2012)."""
+
     def hsic(k, l):
         n = len(k)
         k, l = k.copy(), l.copy()
         np.fill_diagonal(k, 0)
         np.fill_diagonal(l, 0)
         ones = np.ones(n)
-        return (np.trace(k @ l) + ones @ k @ ones * (ones @ l @ ones) / ((n - 1) * (n - 2))
-                - 2 / (n - 2) * ones @ k @ l @ ones) / (n * (n - 3))
+        return (
+            np.trace(k @ l)
+            + ones @ k @ ones * (ones @ l @ ones) / ((n - 1) * (n - 2))
+            - 2 / (n - 2) * ones @ k @ l @ ones
+        ) / (n * (n - 3))
+
     k, l = x @ x.T, y @ y.T
     return hsic(k, l) / np.sqrt(hsic(k, k) * hsic(l, l))
 
 
-@pytest.mark.parametrize("offset,spread,lossy", [(0, 1.0, False), (100, 0.3, False), (2000, 1.0, True), (2000, 3.0, True)])
+@pytest.mark.parametrize(
+    "offset,spread,lossy", [(0, 1.0, False), (100, 0.3, False), (2000, 1.0, True), (2000, 3.0, True)]
+)
 def test_fp16_rounding_loss_bounds_what_cka_loses(offset, spread, lossy):
     """The measured ratio ||x - fp16(x)||^2 / ||x - mean||^2 tracks |1 - CKA(x, fp16(x))| (fp64, the formula); a few channels near
     +-2000 (as in pretrained ViTs) go over the limit, ordinary activations stay far below it."""
@@ -346,7 +389,9 @@ def test_fp16_rounding_loss_bounds_what_cka_loses(offset, spread, lossy):
     if lossy:  # the ratio predicts what CKA loses to within a small factor
         assert ratio / 4 <= moved <= 4 * ratio
     assert (fp16_lossy_layers({"blocks.0": ratio}) == ["blocks.0"]) is lossy
-    assert bool(moved > FP16_LOSS_LIMIT / 2) is lossy  # the limit separates the CKA changes that show from those that do not
+    assert (
+        bool(moved > FP16_LOSS_LIMIT / 2) is lossy
+    )  # the limit separates the CKA changes that show from those that do not
 
 
 def test_extraction_names_fp16_lossy_layers_records_them_and_info_shows_them(tmp_path, capsys):
@@ -363,8 +408,15 @@ def test_extraction_names_fp16_lossy_layers_records_them_and_info_shows_them(tmp
     weights = tmp_path / "offset.pth"
     torch.save(state, weights)
     events = []
-    cfg = dict(models=[f"test_vit@{weights}"], dataset="synthetic", n_images=8, batch_size=8, img_size=64,
-               device="cpu", workers=0)
+    cfg = dict(
+        models=[f"test_vit@{weights}"],
+        dataset="synthetic",
+        n_images=8,
+        batch_size=8,
+        img_size=64,
+        device="cpu",
+        workers=0,
+    )
     result = extract(ExtractConfig(store=tmp_path / "a.h5", **cfg), progress=events.append)
     notes = [e.message for e in events if e.stage == "warning" and "float16" in e.message]  # said even with -q
     assert len(notes) == 1 and "patch_embed" in notes[0] and "--dtype float32" in notes[0]
@@ -413,7 +465,11 @@ def test_stores_without_layouts_read_as_before(tmp_path, tiny_store):
 def test_models_lists_mixer_and_swin_as_families(capsys):
     from conftest import run_cli
 
-    for name, family in (("mixer_s16_224", "mixer"), ("swin_tiny_patch4_window7_224", "swin"), ("resmlp_12_224", "other")):
+    for name, family in (
+        ("mixer_s16_224", "mixer"),
+        ("swin_tiny_patch4_window7_224", "swin"),
+        ("resmlp_12_224", "other"),
+    ):
         code, out, _ = run_cli(["models", name], capsys)
         rows = {line.split()[0].partition(".")[0]: line.split()[1] for line in out.splitlines()[1:-1] if line.split()}
         assert code == 0 and rows[name] == family
@@ -440,7 +496,10 @@ async def test_the_app_draws_swin_attention_with_its_missing_heads(store_dir, tm
         await pilot.press("2")
         await settle(pilot, view_shown("attention"))
         line = status(app)
-        assert line.startswith("layers.0.blocks.0 head") and f"uniform {uniform_attention_distance_px(4, 4):.1f} px" in line
+        assert (
+            line.startswith("layers.0.blocks.0 head")
+            and f"uniform {uniform_attention_distance_px(4, 4):.1f} px" in line
+        )
         assert app.is_running
 
 

@@ -1,4 +1,5 @@
 """PNG figures of every view: valid images that draw exactly the view's numbers, names, colour range and selection."""
+
 from __future__ import annotations
 
 import json
@@ -17,6 +18,7 @@ from vitsee.engine.export import write_view
 from vitsee.engine.views import View, load_view
 
 from helpers.stores import VIEWS, VIEWS_CFG as CFG, analysed_store
+
 
 @pytest.fixture(scope="module")
 def store(tiny_store) -> Path:
@@ -253,8 +255,9 @@ def test_spatial_selection_picks_the_token_and_marks_the_patch(views):
 def test_exported_json_round_trips_to_the_views_matrix(store, views, tmp_path, capsys):
     for spec, key in ((f"cka:{VIT}:{RESNET}", "ckax"), (f"probes:{VIT}", "probes")):
         out = tmp_path / f"{key}.json"
-        code, _, err = run_cli(["export", store, spec, "--out", out, "--shuffles", "0", "--batch-size", "16",
-                                "--device", "cpu"], capsys)
+        code, _, err = run_cli(
+            ["export", store, spec, "--out", out, "--shuffles", "0", "--batch-size", "16", "--device", "cpu"], capsys
+        )
         assert code == 0, err
         exported = json.loads(out.read_text())
         view = views[key]
@@ -280,8 +283,10 @@ STATS = {"ci": 0.95, "permutations": 199}
 
 def _subtitle(*models: str) -> str:
     """The subtitle load_view writes: each model's weights, then the images."""
-    return ("; ".join(f"{m}: random init (seed 0)" for m in models)
-            + "; 2560 images of npz:/mnt/shared/Datasets/ImageNet/ILSVRC2012_VALIDATION_MAXRES_WITH_BOXES_AND_MASKS_FROM_THE_2026_RELABELLING_WMW.npz")
+    return (
+        "; ".join(f"{m}: random init (seed 0)" for m in models)
+        + "; 2560 images of npz:/mnt/shared/Datasets/ImageNet/ILSVRC2012_VALIDATION_MAXRES_WITH_BOXES_AND_MASKS_FROM_THE_2026_RELABELLING_WMW.npz"
+    )
 
 
 def _names(prefix: str, n: int) -> list[str]:
@@ -296,55 +301,147 @@ def long_view(kind: str, n: int = 24) -> View:
         models = [LONG_A, LONG_B] if kind == "ckax" else [LONG_A, LONG_A]
         matrix = rng.uniform(0, 1, (len(rows), len(cols)))
         title = f"CKA {LONG_A} (rows) x {LONG_B} (cols)" if kind == "ckax" else f"CKA {LONG_A}"
-        return View("cka", "cka:x", title, _subtitle(*dict.fromkeys(models)), matrix, rows, cols, "CKA", 0.0, 1.0,
-                    params={"stats": STATS}, extra={"n_batches": 4}, models=models, ci_low=matrix - 0.05,
-                    ci_high=matrix + 0.05, p_value=rng.uniform(0, 0.06, matrix.shape))
+        return View(
+            "cka",
+            "cka:x",
+            title,
+            _subtitle(*dict.fromkeys(models)),
+            matrix,
+            rows,
+            cols,
+            "CKA",
+            0.0,
+            1.0,
+            params={"stats": STATS},
+            extra={"n_batches": 4},
+            models=models,
+            ci_low=matrix - 0.05,
+            ci_high=matrix + 0.05,
+            p_value=rng.uniform(0, 0.06, matrix.shape),
+        )
     if kind == "attention":
         blocks, heads, bins = _names("blocks", n), 16, 30
         mean = np.sort(rng.uniform(10, 110, (n, heads)), axis=1)
         counts = np.stack([rng.multinomial(2560 * heads, np.full(bins, 1 / bins)) for _ in range(n)])
-        extra = {"std_px": rng.uniform(1, 20, (n, heads)), "hist_counts": counts,
-                 "hist_edges": np.linspace(0, 120, bins + 1), "uniform_px": 85.3}
-        return View("attention", "attention:x", f"Mean attention distance {LONG_A}", _subtitle(LONG_A), mean, blocks,
-                    [f"head {h}" for h in range(heads)], "distance (px)", 0.0, 120.0, params={"n_images": 2560},
-                    extra=extra, models=[LONG_A], n_images=2560)
+        extra = {
+            "std_px": rng.uniform(1, 20, (n, heads)),
+            "hist_counts": counts,
+            "hist_edges": np.linspace(0, 120, bins + 1),
+            "uniform_px": 85.3,
+        }
+        return View(
+            "attention",
+            "attention:x",
+            f"Mean attention distance {LONG_A}",
+            _subtitle(LONG_A),
+            mean,
+            blocks,
+            [f"head {h}" for h in range(heads)],
+            "distance (px)",
+            0.0,
+            120.0,
+            params={"n_images": 2560},
+            extra=extra,
+            models=[LONG_A],
+            n_images=2560,
+        )
     if kind == "probes":
         layers = _names("blocks", n)
         matrix = rng.uniform(0.1, 1.0, (n, 3))
         maps = {layers[-1]: rng.uniform(0, 1, 1 + 14 * 14)}
         extra = {"chance": 0.1, "token_maps": maps, "token_prefix": {layers[-1]: 1}, "grid": [14, 14]}
-        return View("probes", "probes:x", f"Linear probe test accuracy {LONG_A}", _subtitle(LONG_A), matrix, layers,
-                    ["CLS", "GAP", "tokens (mean)"], "accuracy", 0.0, 1.0, params={"n_train": 2048, "n_test": 512},
-                    extra=extra, models=[LONG_A])
+        return View(
+            "probes",
+            "probes:x",
+            f"Linear probe test accuracy {LONG_A}",
+            _subtitle(LONG_A),
+            matrix,
+            layers,
+            ["CLS", "GAP", "tokens (mean)"],
+            "accuracy",
+            0.0,
+            1.0,
+            params={"n_train": 2048, "n_test": 512},
+            extra=extra,
+            models=[LONG_A],
+        )
     if kind == "skip":
         rows = [f"blocks.{i // 2}.{'attn' if i % 2 == 0 else 'mlp'}" for i in range(2 * n)]
         cols = ["CLS"] + [f"token {t}" for t in range(196)]
         matrix = rng.uniform(0.5, 40, (len(rows), len(cols)))
-        return View("skip", "skip:x", f"Skip-connection norm ratio ||z||/||f(z)|| {LONG_A}", _subtitle(LONG_A), matrix,
-                    rows, cols, "ratio", 0.5, 40.0, extra={"cls": matrix[:, 0], "spatial_mean": matrix[:, 1:].mean(1)},
-                    models=[LONG_A])
+        return View(
+            "skip",
+            "skip:x",
+            f"Skip-connection norm ratio ||z||/||f(z)|| {LONG_A}",
+            _subtitle(LONG_A),
+            matrix,
+            rows,
+            cols,
+            "ratio",
+            0.5,
+            40.0,
+            extra={"cls": matrix[:, 0], "spatial_mean": matrix[:, 1:].mean(1)},
+            models=[LONG_A],
+        )
     if kind == "spatial":
         g = 14
         tokens = [f"token {i} (row {i // g}, col {i % g})" for i in range(g * g)]
         patches = [f"patch {i}" for i in range(g * g)]
-        return View("spatial", "spatial:x", f"Spatial localisation {LONG_A} blocks.23.attn.proj_drop_path",
-                    _subtitle(LONG_A), rng.uniform(0, 1, (g * g, g * g)), tokens, patches, "CKA", 0.0, 1.0,
-                    extra={"grid": [g, g]}, models=[LONG_A])
+        return View(
+            "spatial",
+            "spatial:x",
+            f"Spatial localisation {LONG_A} blocks.23.attn.proj_drop_path",
+            _subtitle(LONG_A),
+            rng.uniform(0, 1, (g * g, g * g)),
+            tokens,
+            patches,
+            "CKA",
+            0.0,
+            1.0,
+            extra={"grid": [g, g]},
+            models=[LONG_A],
+        )
     if kind == "heads":
         n_heads = 12
         rows = [f"blocks.{b}.head.{h}" for b in range(n) for h in range(n_heads)]
         cols = _names("stages.3.blocks", n)
-        extra = {"distance_px": rng.uniform(5, 110, len(rows)), "block": np.repeat(np.arange(n), n_heads),
-                 "scatter_col": 3}
-        return View("heads", "heads:x", f"Head-level CKA {LONG_A} heads (rows) x {LONG_B} (cols)",
-                    _subtitle(LONG_A, LONG_B), rng.uniform(0, 1, (len(rows), len(cols))), rows, cols, "CKA", 0.0, 1.0,
-                    extra=extra, models=[LONG_A, LONG_B])
+        extra = {
+            "distance_px": rng.uniform(5, 110, len(rows)),
+            "block": np.repeat(np.arange(n), n_heads),
+            "scatter_col": 3,
+        }
+        return View(
+            "heads",
+            "heads:x",
+            f"Head-level CKA {LONG_A} heads (rows) x {LONG_B} (cols)",
+            _subtitle(LONG_A, LONG_B),
+            rng.uniform(0, 1, (len(rows), len(cols))),
+            rows,
+            cols,
+            "CKA",
+            0.0,
+            1.0,
+            extra=extra,
+            models=[LONG_A, LONG_B],
+        )
     if kind == "erf":
         layers = ["patch_embed", "blocks.7.attn.proj_drop_path", "blocks.15.mlp.fc2_with_a_long_name", "norm"]
         maps = {layer: rng.uniform(0, 1, (96, 96)) ** 8 for layer in layers}
-        return View("erf", "erf:x", f"Effective receptive field {LONG_A} {layers[-1]}", _subtitle(LONG_A), maps["norm"],
-                    [str(i) for i in range(96)], [str(j) for j in range(96)], "ERF", 0.0, None,
-                    params={"layer": "norm"}, extra={"depth_layers": layers, "depth_maps": maps}, models=[LONG_A])
+        return View(
+            "erf",
+            "erf:x",
+            f"Effective receptive field {LONG_A} {layers[-1]}",
+            _subtitle(LONG_A),
+            maps["norm"],
+            [str(i) for i in range(96)],
+            [str(j) for j in range(96)],
+            "ERF",
+            0.0,
+            None,
+            params={"layer": "norm"},
+            extra={"depth_layers": layers, "depth_maps": maps},
+            models=[LONG_A],
+        )
     raise KeyError(kind)
 
 
@@ -369,10 +466,18 @@ def drawn_texts(fig) -> list:
                 for tick in ticks:
                     if low - 1e-9 <= tick.get_loc() <= high + 1e-9:
                         drawn_ticks.update((id(tick.label1), id(tick.label2)))
-    tick_labels = {id(t.label1) for ax in fig.axes for axis in (ax.xaxis, ax.yaxis)
-                   for t in axis.get_major_ticks() + axis.get_minor_ticks()}
-    tick_labels |= {id(t.label2) for ax in fig.axes for axis in (ax.xaxis, ax.yaxis)
-                    for t in axis.get_major_ticks() + axis.get_minor_ticks()}
+    tick_labels = {
+        id(t.label1)
+        for ax in fig.axes
+        for axis in (ax.xaxis, ax.yaxis)
+        for t in axis.get_major_ticks() + axis.get_minor_ticks()
+    }
+    tick_labels |= {
+        id(t.label2)
+        for ax in fig.axes
+        for axis in (ax.xaxis, ax.yaxis)
+        for t in axis.get_major_ticks() + axis.get_minor_ticks()
+    }
     return [t for t in texts if id(t) not in tick_labels or id(t) in drawn_ticks]
 
 
@@ -385,8 +490,10 @@ def texts_outside(fig) -> list[str]:
     for text in drawn_texts(fig):
         extent = text.get_window_extent(renderer)
         if extent.x0 < box.x0 - 1 or extent.y0 < box.y0 - 1 or extent.x1 > box.x1 + 1 or extent.y1 > box.y1 + 1:
-            out.append(f"{text.get_text()[:60]!r}: x {extent.x0:.0f}..{extent.x1:.0f}, y {extent.y0:.0f}..{extent.y1:.0f}"
-                       f" of {box.width:.0f} x {box.height:.0f}")
+            out.append(
+                f"{text.get_text()[:60]!r}: x {extent.x0:.0f}..{extent.x1:.0f}, y {extent.y0:.0f}..{extent.y1:.0f}"
+                f" of {box.width:.0f} x {box.height:.0f}"
+            )
     return out
 
 
@@ -415,7 +522,9 @@ def test_layer_heatmaps_say_in_their_caption_that_layer_0_is_at_the_bottom(kind)
 
 @pytest.mark.parametrize("kind", ["attention", "probes", "spatial", "erf"])
 def test_figures_without_layer_rows_make_no_orientation_claim(kind):
-    assert not any(ORIENTATION in t.get_text().replace("\n", " ") for t in drawn_texts(figure_for(long_view(kind, n=8))))
+    assert not any(
+        ORIENTATION in t.get_text().replace("\n", " ") for t in drawn_texts(figure_for(long_view(kind, n=8)))
+    )
 
 
 @pytest.mark.parametrize("kind", ["ckax", "skip", "heads"])
@@ -443,7 +552,9 @@ def test_wrapped_lines_measure_at_most_the_width_and_keep_every_character():
     for width in (120.0, 300.0):
         lines = wrap_to_width(fig, text, 8, width)
         assert len(lines) > 2
-        widths = [renderer.get_text_width_height_descent(line, FontProperties(size=8), ismath=False)[0] for line in lines]
+        widths = [
+            renderer.get_text_width_height_descent(line, FontProperties(size=8), ismath=False)[0] for line in lines
+        ]
         assert max(widths) <= width
         assert "".join(lines).replace(" ", "") == text.replace(" ", "")
     assert wrap_to_width(fig, "short", 8, 300.0) == ["short"]

@@ -1,5 +1,6 @@
 """benchmarks/gpu.py, the script a GPU runs the day one is lent: its dry run on the CPU goes through every step (the
 same code, tiny sizes), so it cannot rot between the days a GPU is at hand."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,12 @@ SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu.py"
 
 
 def test_the_dry_run_gives_every_figure_for_every_registered_analysis(tmp_path):
-    done = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(tmp_path / "table"),
-                           "--work", str(tmp_path / "work")], capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--dry-run", "--out", str(tmp_path / "table"), "--work", str(tmp_path / "work")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads((tmp_path / "table.json").read_text())
     steps = {step["step"]: step for step in report["steps"]}
@@ -42,8 +47,9 @@ def test_the_dry_run_gives_every_figure_for_every_registered_analysis(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where no CUDA device is visible")
 def test_without_a_cuda_device_it_says_so_in_one_line_and_exits_non_zero(tmp_path):
-    done = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "table")], capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(tmp_path / "table")], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 2 and done.stdout == ""
     assert len(done.stderr.strip().splitlines()) == 1 and "no CUDA device is visible" in done.stderr
     assert "--dry-run" in done.stderr and not (tmp_path / "table.json").exists()

@@ -1,5 +1,6 @@
 """Head-level CKA (paper Fig. 5): the recorded head outputs against timm's attention recomputed by hand, the CKA
 against a per-head numpy fp64 computation, the distances beside it, and the CLI / export around it."""
+
 from __future__ import annotations
 
 import json
@@ -41,10 +42,12 @@ def test_stored_head_outputs_are_softmax_qk_v_of_timms_attention(tiny_store):
     h, d = attn.num_heads, attn.head_dim
     tokens = seen["x"]  # (B, N, C), what block 2's attention reads
     b, n, _ = tokens.shape
-    q, k, v = torch.nn.functional.linear(tokens, attn.qkv.weight, attn.qkv.bias).view(b, n, 3, h, d).permute(2, 0, 3, 1, 4)
+    q, k, v = (
+        torch.nn.functional.linear(tokens, attn.qkv.weight, attn.qkv.bias).view(b, n, 3, h, d).permute(2, 0, 3, 1, 4)
+    )
     q, k = attn.q_norm(q), attn.k_norm(k)
     probs = torch.softmax(q @ k.transpose(-2, -1) * d**-0.5, dim=-1)  # (B, H, N, N)
-    expected = (probs @ v)[:, :, loaded.num_prefix_tokens:].detach().numpy()  # spatial tokens only
+    expected = (probs @ v)[:, :, loaded.num_prefix_tokens :].detach().numpy()  # spatial tokens only
     assert stored.shape == (5, h, 16, d)
     np.testing.assert_allclose(stored, expected, rtol=2e-3, atol=2e-3)  # fp16 storage
 
@@ -65,8 +68,16 @@ def test_head_outputs_are_allocated_per_block_and_counted_in_the_size_estimate(t
 def test_size_estimate_includes_the_head_outputs(tmp_path):
     from vitsee.engine.extract_plan import ExtractConfig, estimate
 
-    cfg = ExtractConfig(store=tmp_path / "e.h5", models=[VIT], dataset="synthetic", n_images=8, batch_size=8,
-                        img_size=IMG, device="cpu", workers=0)
+    cfg = ExtractConfig(
+        store=tmp_path / "e.h5",
+        models=[VIT],
+        dataset="synthetic",
+        n_images=8,
+        batch_size=8,
+        img_size=IMG,
+        device="cpu",
+        workers=0,
+    )
     with_heads = estimate(cfg).total_bytes
     streaming = estimate(ExtractConfig(**{**cfg.__dict__, "streaming": True})).total_bytes
     # per image: 8 layers' activations + the input + 6 blocks x 2 heads x 16 tokens x 32 dims of fp16 heads
@@ -113,7 +124,9 @@ def test_each_head_sits_beside_its_mean_attention_distance(store_copy):
 
 
 def test_analyze_heads_then_export_json_and_png(store_copy, tmp_path, capsys):
-    code, _, err = run_cli(["analyze", store_copy, "--heads", "--batch-size", "16", "--shuffles", "0", "--device", "cpu", "-q"], capsys)
+    code, _, err = run_cli(
+        ["analyze", store_copy, "--heads", "--batch-size", "16", "--shuffles", "0", "--device", "cpu", "-q"], capsys
+    )
     assert code == 0, err
     out = tmp_path / "heads.json"
     code, _, err = run_cli(["export", store_copy, "heads:test_vit:test_resnet", "--out", out], capsys)
@@ -156,8 +169,19 @@ def test_streaming_stores_keep_no_head_outputs_and_refuse_heads(tmp_path, capsys
     from vitsee.engine.extract import ExtractConfig, run_extraction
 
     path = tmp_path / "stream.h5"
-    run_extraction(ExtractConfig(store=path, models=[VIT, RESNET], dataset="synthetic", n_images=8, batch_size=8,
-                                 img_size=IMG, device="cpu", workers=0, streaming=True))
+    run_extraction(
+        ExtractConfig(
+            store=path,
+            models=[VIT, RESNET],
+            dataset="synthetic",
+            n_images=8,
+            batch_size=8,
+            img_size=IMG,
+            device="cpu",
+            workers=0,
+            streaming=True,
+        )
+    )
     code, _, err = run_cli(["analyze", path, "--heads", "-q"], capsys)
     assert code == 2 and "--streaming" in err and "head" in err
 
@@ -169,8 +193,9 @@ def test_a_store_extracted_before_head_outputs_resumes_without_them(tmp_path):
     from vitsee.engine.store import Store
 
     path = tmp_path / "old.h5"
-    cfg = ExtractConfig(store=path, models=[VIT], dataset="synthetic", n_images=8, batch_size=4, img_size=IMG,
-                        device="cpu", workers=0)
+    cfg = ExtractConfig(
+        store=path, models=[VIT], dataset="synthetic", n_images=8, batch_size=4, img_size=IMG, device="cpu", workers=0
+    )
     run_extraction(cfg)
     with h5py.File(path, "r+") as f:  # what an older vitsee left: no heads/, the last batch not done
         del f[f"models/{VIT}/heads"]

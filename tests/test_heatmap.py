@@ -59,8 +59,16 @@ def gutter(heatmap: Heatmap) -> int:
 async def test_arrows_and_hjkl_move_one_cell_and_report_the_layer_pair_and_value():
     app = HeatmapApp()
     async with app.run_test(size=SIZE) as pilot:
-        expected = [("right", (0, 1)), ("down", (1, 1)), ("l", (1, 2)), ("j", (2, 2)),
-                    ("left", (2, 1)), ("up", (1, 1)), ("h", (1, 0)), ("k", (0, 0))]
+        expected = [
+            ("right", (0, 1)),
+            ("down", (1, 1)),
+            ("l", (1, 2)),
+            ("j", (2, 2)),
+            ("left", (2, 1)),
+            ("up", (1, 1)),
+            ("h", (1, 0)),
+            ("k", (0, 0)),
+        ]
         for key, cell in expected:
             await pilot.press(key)
             assert app.heatmap.cursor == cell
@@ -244,7 +252,7 @@ async def test_the_cursor_cell_keeps_its_own_colour_under_corner_marks_no_value_
         char, style = style_at(heatmap.render_line(3), gutter(heatmap) + 8)
         assert char == "+" and style.bgcolor.name == colors[levels[6, 8]] and style.color.name == "#000000"
         # nowhere else on screen is a mark drawn
-        grid = "".join(heatmap.render_line(y).text[gutter(heatmap):] for y in range(4))
+        grid = "".join(heatmap.render_line(y).text[gutter(heatmap) :] for y in range(4))
         assert grid.count("+") == 1
 
 
@@ -311,7 +319,7 @@ async def test_labels_fit_the_gutter_and_the_cursor_column_is_named_in_its_own_s
         assert "".join(line.text[x] for line in lines) == "l2.1"
         assert all(style_at(line, x)[1].reverse for line in lines)
         assert not any(style_at(line, x - 1)[1].reverse or style_at(line, x + 1)[1].reverse for line in lines)
-        assert [line.text[gutter(heatmap):gutter(heatmap) + 9] for line in lines][0] == "lllllllll"
+        assert [line.text[gutter(heatmap) : gutter(heatmap) + 9] for line in lines][0] == "lllllllll"
 
 
 def test_abbreviations_keep_the_distinctive_tail():
@@ -327,7 +335,22 @@ def test_abbreviations_keep_the_distinctive_tail():
 def test_every_binding_has_an_id_and_a_description():
     assert all(binding.id and binding.description for binding in Heatmap.BINDINGS)
     keys = {key for binding in Heatmap.BINDINGS for key in binding.key.split(",")}
-    assert {"up", "down", "left", "right", "h", "j", "k", "l", "pageup", "pagedown", "home", "end", "z", "enter"} <= keys
+    assert {
+        "up",
+        "down",
+        "left",
+        "right",
+        "h",
+        "j",
+        "k",
+        "l",
+        "pageup",
+        "pagedown",
+        "home",
+        "end",
+        "z",
+        "enter",
+    } <= keys
 
 
 # --- Repaint cost -------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """The layering written in pyproject.toml ([tool.importlinter]) holds for this checkout: the engine never imports
 Textual or the app, the analyses never import the CLI or the figures, the public API (`import vitsee`) never imports
 the CLI, and no module imports itself round a cycle."""
+
 from __future__ import annotations
 
 import ast
@@ -36,8 +37,14 @@ def test_the_import_linter_contracts_are_kept(tmp_path):
     if command is None:
         pytest.skip("lint-imports is not installed (pip install 'vitsee[test]')")
     env = {**os.environ, "PYTHONPATH": str(_namespace(tmp_path))}
-    run = subprocess.run([command, "--config", "pyproject.toml", "--no-cache", "--no-logo"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [command, "--config", "pyproject.toml", "--no-cache", "--no-logo"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "Contracts: 4 kept, 0 broken." in run.stdout
 
@@ -120,8 +127,9 @@ def _names_compared(tree: ast.AST, names: set[str]) -> list[tuple[int, str]]:
         if isinstance(node, ast.Compare):
             sides = [node.left, *node.comparators]
             if any(kind_like(side) for side in sides):
-                found += [(node.lineno, f"compares a kind with '{v}'") for side in sides for v in literals(side)
-                          if v in names]
+                found += [
+                    (node.lineno, f"compares a kind with '{v}'") for side in sides for v in literals(side) if v in names
+                ]
         elif isinstance(node, ast.Dict):
             keyed = [v for k in node.keys if k is not None for v in literals(k) if v in names]
             if len(keyed) > 1:
@@ -129,8 +137,11 @@ def _names_compared(tree: ast.AST, names: set[str]) -> list[tuple[int, str]]:
         elif isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "REGISTRY":
             found += [(node.lineno, f"REGISTRY['{v}']") for v in literals(node.slice) if v in names]
         elif isinstance(node, ast.match_case):
-            found += [(node.pattern.lineno, f"matches '{v.value}'") for v in ast.walk(node.pattern)
-                      if isinstance(v, ast.Constant) and v.value in names]
+            found += [
+                (node.pattern.lineno, f"matches '{v.value}'")
+                for v in ast.walk(node.pattern)
+                if isinstance(v, ast.Constant) and v.value in names
+            ]
     return found
 
 
@@ -145,7 +156,10 @@ def test_no_module_outside_the_analyses_compares_a_kind_with_an_analysis_name():
         for path in sorted((ROOT / folder).rglob("*.py")):
             if (ROOT / "engine" / "analyses") in path.parents:
                 continue
-            offenders += [f"{path.relative_to(ROOT)}:{line}: {what}" for line, what in _names_compared(ast.parse(path.read_text()), names)]
+            offenders += [
+                f"{path.relative_to(ROOT)}:{line}: {what}"
+                for line, what in _names_compared(ast.parse(path.read_text()), names)
+            ]
     assert offenders == []
 
 
@@ -169,5 +183,7 @@ def test_the_suite_runs_on_the_python_the_package_declares_or_later():
 
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
     floor = tuple(int(part) for part in re.fullmatch(r">=\s*(\d+)\.(\d+)", declared.strip()).groups())
-    assert sys.version_info[:2] >= floor, f"the suite runs on {sys.version.split()[0]}, below requires-python {declared}"
+    assert sys.version_info[:2] >= floor, (
+        f"the suite runs on {sys.version.split()[0]}, below requires-python {declared}"
+    )
     assert floor >= (3, 11)  # tui/config.py imports tomllib, which Python 3.10 lacks

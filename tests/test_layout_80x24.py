@@ -28,7 +28,9 @@ def screen_text(app) -> list[str]:
 
 
 def test_tab_labels_shorten_only_as_far_as_the_row_needs():
-    assert tab_labels(TAB_LABELS, 200) == {kind: f"{i} {name}" for i, (kind, name) in enumerate(TAB_LABELS.items(), start=1)}
+    assert tab_labels(TAB_LABELS, 200) == {
+        kind: f"{i} {name}" for i, (kind, name) in enumerate(TAB_LABELS.items(), start=1)
+    }
     for width in (57, 60, 64):
         labels = tab_labels(TAB_LABELS, width)
         assert sum(len(label) + TAB_PADDING for label in labels.values()) <= width
@@ -80,7 +82,12 @@ async def test_the_run_log_wraps_long_lines_at_80x24_instead_of_cutting_them():
 
 
 def test_fit_parts_keeps_whole_parts_and_cuts_only_a_first_part_too_long():
-    parts = ["blocks.0 head 1 (1/2 by distance)", "distance 82.2 px \u00b1 0.0", "mean in [82.2, 82.3]", "uniform 83.0 px"]
+    parts = [
+        "blocks.0 head 1 (1/2 by distance)",
+        "distance 82.2 px \u00b1 0.0",
+        "mean in [82.2, 82.3]",
+        "uniform 83.0 px",
+    ]
     full = "  ".join(parts)
     assert fit_parts(parts, len(full)) == full
     assert fit_parts(parts, len(full) - 1) == "  ".join(parts[:3])
@@ -93,7 +100,7 @@ def test_fit_parts_keeps_whole_parts_and_cuts_only_a_first_part_too_long():
         shown = fit_parts(words, width)
         assert len(shown) <= width
         kept = shown.split("  ")
-        assert kept == words[:len(kept)] or (len(kept) == 1 and shown.endswith("\u2026"))
+        assert kept == words[: len(kept)] or (len(kept) == 1 and shown.endswith("\u2026"))
 
 
 def test_fit_caption_drops_the_lead_in_then_the_later_clauses_then_the_tests_name():
@@ -118,7 +125,7 @@ async def test_the_attention_view_at_80x24_shows_whole_values_in_its_status_line
         shown = lines[region.y].strip()  # as drawn: a text too long for the line would be cropped there
     assert len(full) > 78  # the case: the whole status does not fit 80 columns
     kept = shown.split("  ")
-    assert kept == full.split("  ")[:len(kept)] and len(kept) >= 2, shown
+    assert kept == full.split("  ")[: len(kept)] and len(kept) >= 2, shown
     assert "95% interval of the mean over 48 images" in "\n".join(lines)  # the whisker's caption, whole
     histogram_caption = next(text for text in lines if "\u25b2 uniform" in text)
     assert histogram_caption.rstrip().endswith(("blocks.0", "every head and image")), histogram_caption

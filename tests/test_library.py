@@ -1,5 +1,6 @@
 """`import vitsee`: the store, its views as results, their tables, arrays and figures, and the errors, which are the
 CLI's own lines. The numbers and figures are the CLI's exports' (compared against `vitsee export` here)."""
+
 from __future__ import annotations
 
 import doctest
@@ -145,8 +146,9 @@ class TestViews:
         assert page.startswith('<div><img src="data:image/png;base64,') and html.escape(result.summary()) in page
         r, c = np.unravel_index(np.nanargmax(result.values), result.values.shape)
         summary = result.summary()
-        assert summary.startswith(f"{CKA_AB}: CKA, 8 x 5; highest {result.rows[r]} x {result.cols[c]} "
-                                  f"{result.values[r, c]:.4f} [") and summary.endswith("; 48 images")
+        assert summary.startswith(
+            f"{CKA_AB}: CKA, 8 x 5; highest {result.rows[r]} x {result.cols[c]} {result.values[r, c]:.4f} ["
+        ) and summary.endswith("; 48 images")
         assert repr(result) == f"<vitsee.Result {summary}>"
 
     def test_the_result_carries_its_labels_statistics_and_parameters(self, store):
@@ -184,17 +186,36 @@ class TestViews:
         store.agree("a", "b")
         store.zoo()
         store.zoo("mknn", "layer", {"a": "blocks.1", "b": "layer2"}, knn_k=5)
-        assert [spec for spec, _ in asked] == ["cka:a", "cka:a:b", "attention:a", "probes:a", "skip:a", "spatial:a",
-                                               "spatial:a:blocks.2", "heads:a:b", "erf:a", "erf:a:layer1",
-                                               "procrustes:a:b", "rsa:a", "agree:a:b", "zoo", "zoo"]
+        assert [spec for spec, _ in asked] == [
+            "cka:a",
+            "cka:a:b",
+            "attention:a",
+            "probes:a",
+            "skip:a",
+            "spatial:a",
+            "spatial:a:blocks.2",
+            "heads:a:b",
+            "erf:a",
+            "erf:a:layer1",
+            "procrustes:a:b",
+            "rsa:a",
+            "agree:a:b",
+            "zoo",
+            "zoo",
+        ]
         assert asked[1][1] == {"shuffles": 3} and asked[10][1] == {"procrustes_alpha": 0.5} and asked[13][1] == {}
-        assert asked[14][1] == {"zoo_measure": "mknn", "zoo_summary": "layer", "zoo_layers": "a=blocks.1,b=layer2",
-                                "knn_k": 5}
+        assert asked[14][1] == {
+            "zoo_measure": "mknn",
+            "zoo_summary": "layer",
+            "zoo_layers": "a=blocks.1,b=layer2",
+            "knn_k": 5,
+        }
 
     def test_a_measure_and_the_zoo_are_the_numbers_vitsee_export_writes(self, store, tmp_path, capsys):
         rsa = store.measure("rsa", VIT, RESNET, max_images=32, progress=False)
-        code, _, err = run_cli(["export", store.path, f"rsa:{VIT}:{RESNET}", "--max-images", "32",
-                                "--out", tmp_path / "rsa.json"], capsys)
+        code, _, err = run_cli(
+            ["export", store.path, f"rsa:{VIT}:{RESNET}", "--max-images", "32", "--out", tmp_path / "rsa.json"], capsys
+        )
         assert code == 0, err
         exported = json.loads((tmp_path / "rsa.json").read_text())
         assert np.array_equal(rsa.values, nan(exported["values"]), equal_nan=True)
@@ -210,20 +231,33 @@ class TestViews:
     def test_what_is_no_measure_or_no_option_is_one_line(self, store):
         with pytest.raises(vitsee.VitseeError, match=r"^'attention' is not a layer x layer measure: use one of cka, "):
             store.measure("attention", VIT)
-        with pytest.raises(vitsee.VitseeError, match=r"^no view takes the option zoo_meassure=: the analyses' options "
-                                                     r"are .*zoo_measure"):
+        with pytest.raises(
+            vitsee.VitseeError,
+            match=r"^no view takes the option zoo_meassure=: the analyses' options "
+            r"are .*zoo_measure",
+        ):
             store.view("zoo", zoo_meassure="rsa")
 
-    @pytest.mark.parametrize("spec", ["nope:test_vit", "cka:nosuch", "spatial:test_vit:blocks.77",
-                                      "attention:test_resnet", "heads:test_vit", "cka:test_vit:test_resnet:x"])
+    @pytest.mark.parametrize(
+        "spec",
+        [
+            "nope:test_vit",
+            "cka:nosuch",
+            "spatial:test_vit:blocks.77",
+            "attention:test_resnet",
+            "heads:test_vit",
+            "cka:test_vit:test_resnet:x",
+        ],
+    )
     def test_a_view_that_cannot_be_is_the_line_vitsee_show_prints(self, store, spec, capsys):
         with pytest.raises(vitsee.VitseeError) as caught:
             store.view(spec, **FAST)
         code, _, err = run_cli(["show", store.path, spec, *FAST_CLI], capsys)
         assert code == 2 and err.strip() == f"error: {caught.value}"
 
-    @pytest.mark.parametrize("options", [{"batch_size": 2}, {"shuffles": -1}, {"ci": 1.5}, {"permutations": -1},
-                                         {"device": "tpu"}])
+    @pytest.mark.parametrize(
+        "options", [{"batch_size": 2}, {"shuffles": -1}, {"ci": 1.5}, {"permutations": -1}, {"device": "tpu"}]
+    )
     def test_a_bad_estimator_option_is_the_cli_line(self, store, options, capsys):
         with pytest.raises(vitsee.VitseeError) as caught:
             store.view(f"spatial:{VIT}:blocks.1", **options)
@@ -236,8 +270,16 @@ class TestViews:
         from vitsee._store import view_config
         from vitsee.engine import cli
 
-        cases = [{}, {"device": "cpu"}, {"batch_size": 32}, {"shuffles": 0, "seed": 3}, {"ci": 0}, {"ci": 0.9},
-                 {"permutations": 0}, {"batch_size": 8, "device": "cpu", "ci": 0.5, "permutations": 9}]
+        cases = [
+            {},
+            {"device": "cpu"},
+            {"batch_size": 32},
+            {"shuffles": 0, "seed": 3},
+            {"ci": 0},
+            {"ci": 0.9},
+            {"permutations": 0},
+            {"batch_size": 8, "device": "cpu", "ci": 0.5, "permutations": 9},
+        ]
         for options in cases:
             args = [options.get(k) for k in ("batch_size", "shuffles", "seed", "device", "ci", "permutations")]
             assert view_config(**options) == cli._view_config(*args), options
@@ -293,9 +335,19 @@ def test_the_public_api_is_documented_like_the_readme():
     for method in (vitsee.Store.view, vitsee.Result.to_pandas, vitsee.Result.to_xarray, vitsee.Result.plot):
         assert "Returns:" in method.__doc__ and "Raises:" in method.__doc__
     text = pydoc.render_doc(vitsee.open, renderer=pydoc.plaintext)
-    assert "Returns the vitsee store at `path`" in text and 'store.cka(vit, resnet).to_pandas()' in text
-    assert sorted(vitsee.__all__) == ["Images", "Result", "Store", "VitseeError", "VitseeWarning", "extract",
-                                      "from_features", "measures", "open", "train"]
+    assert "Returns the vitsee store at `path`" in text and "store.cka(vit, resnet).to_pandas()" in text
+    assert sorted(vitsee.__all__) == [
+        "Images",
+        "Result",
+        "Store",
+        "VitseeError",
+        "VitseeWarning",
+        "extract",
+        "from_features",
+        "measures",
+        "open",
+        "train",
+    ]
 
 
 def test_measures_are_the_engines_functions_under_the_public_name():

@@ -1,6 +1,7 @@
 """examples/paper_figures.ipynb runs as it is: its code cells, in order, as one script, on a small store put where
 the notebook looks for the demo store (`vitsee-tui --demo` takes minutes to build one; this is the tiny store, its
 views cached as the app caches the demo's, with a cheaper estimator; computing on demand is test_library.py's)."""
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,9 @@ def test_the_notebook_draws_fig_1_to_3_of_the_demo_store(tiny_store, tmp_path):
     script.write_text("\n\n".join(code_cells(NOTEBOOK)) + "\n")
     env = {**os.environ, "HOME": str(home), "MPLBACKEND": "Agg"}
     env.pop("XDG_CACHE_HOME", None)
-    run = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=300)
+    run = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     store = vitsee.open(demo)
     expected = [store.cka(VIT).summary(), store.cka(VIT, RESNET).summary(), store.attention(VIT).summary()]

@@ -1,5 +1,6 @@
 """`vitsee.from_features`: a store from another tool's activations gives the CKA vitsee's own extraction gives, runs
 the analyses that need activations only, refuses the others in one line, and opens in the app."""
+
 from __future__ import annotations
 
 import html
@@ -28,8 +29,12 @@ def hooked() -> dict[str, torch.Tensor]:
     transform, images = make_transform(loaded), open_dataset("synthetic")
     x = torch.stack([transform(images.image(i)) for i in range(48)])
     seen: dict[str, list[torch.Tensor]] = {layer: [] for layer in BLOCKS}
-    hooks = [loaded.model.get_submodule(layer).register_forward_hook(
-        lambda _m, _a, out, layer=layer: seen[layer].append(out.detach())) for layer in BLOCKS]
+    hooks = [
+        loaded.model.get_submodule(layer).register_forward_hook(
+            lambda _m, _a, out, layer=layer: seen[layer].append(out.detach())
+        )
+        for layer in BLOCKS
+    ]
     with torch.inference_mode():
         for start in range(0, 48, 16):
             loaded.model(x[start : start + 16])
@@ -71,12 +76,18 @@ def test_the_images_and_labels_are_those_of_the_dataset_or_given(store, tiny_sto
     with EngineStore.open(tiny_store) as s:
         assert np.array_equal(store.images.labels, s.labels) and store.images.dataset == s.dataset_spec
     labels = np.arange(48) % 3
-    given = vitsee.from_features(tmp_path / "l.h5", {"m": {"x": hooked["blocks.0"][:, 0]}}, labels=labels,
-                                 class_names=["a", "b", "c"], dtype="float16")
+    given = vitsee.from_features(
+        tmp_path / "l.h5",
+        {"m": {"x": hooked["blocks.0"][:, 0]}},
+        labels=labels,
+        class_names=["a", "b", "c"],
+        dtype="float16",
+    )
     assert np.array_equal(given.images.labels, labels) and given.images.class_names == ["a", "b", "c"]
     assert given.images.dataset == "from_features" and given.info()["models"]["m"]["dtype"] == "float16"
-    seeded = vitsee.from_features(tmp_path / "s.h5", {"m": {"x": hooked["blocks.0"][:, 0]}}, images="digits",
-                                  shuffle_seed=7)
+    seeded = vitsee.from_features(
+        tmp_path / "s.h5", {"m": {"x": hooked["blocks.0"][:, 0]}}, images="digits", shuffle_seed=7
+    )
     digits = open_dataset("digits")
     chosen = np.random.default_rng(7).permutation(len(digits))[:48]
     assert np.array_equal(seeded.images.index, chosen) and np.array_equal(seeded.images.labels, digits.labels()[chosen])
@@ -88,10 +99,13 @@ def test_the_analyses_that_need_more_than_activations_say_so_in_one_line(store, 
 
     measures = [f"{a.name}:vit" for a in layer_measures()]  # CKA and the other measures need activations only
     assert store.views() == [*measures, "agree:vit", "probes:vit"]
-    for spec, says in [("attention:vit", "no attention distances"), ("skip:vit", "no skip-connection statistics"),
-                       ("spatial:vit", "spatial maps need `vitsee extract`"),
-                       ("erf:vit", "effective receptive fields need the model"),
-                       ("heads:vit:vit", "no stored head outputs")]:
+    for spec, says in [
+        ("attention:vit", "no attention distances"),
+        ("skip:vit", "no skip-connection statistics"),
+        ("spatial:vit", "spatial maps need `vitsee extract`"),
+        ("erf:vit", "effective receptive fields need the model"),
+        ("heads:vit:vit", "no stored head outputs"),
+    ]:
         with pytest.raises(vitsee.VitseeError, match=re.escape(says)) as caught:
             store.view(spec, progress=False)
         code, _, err = run_cli(["show", store.path, spec], capsys)
@@ -120,34 +134,42 @@ def test_the_store_opens_in_the_app(store, tmp_path, capsys):
     assert "48 images of synthetic" in screen and "vit: features" in screen and "blocks.5" in screen
 
 
-@pytest.mark.parametrize("features, says", [
-    ([1, 2], "features must be a dict {model: {layer: array"),
-    ({"vit": np.zeros((8, 4))}, "features['vit'] is not a dict of layers"),
-    ({"vit": {}}, "model 'vit' has no layers"),
-    ({"vit": {"a": np.zeros((8, 4)), "b": np.zeros((7, 4))}},
-     "layer 'b' of model 'vit' has 7 images and the first layer 8"),
-    ({"vit": {"a": np.zeros((3, 4))}}, "the features hold 3 image(s) and CKA needs at least 4"),
-    ({"vit": {"a": np.zeros(8)}}, "give numbers shaped (images, ...)"),
-    ({"vit": {"a": np.array([["x"]] * 8)}}, "give numbers shaped (images, ...)"),
-    ({"a/b": {"a": np.zeros((8, 4))}}, "model name 'a/b' holds '/' or ':'"),
-    ({"vit@random:0": {"a": np.zeros((8, 4))}}, "model name 'vit@random:0' holds '/' or ':'"),
-    ({"vit": {"blocks/1": np.zeros((8, 4))}}, "layer name 'blocks/1' of model 'vit' holds '/'"),
-    ({"vit": {"": np.zeros((8, 4))}}, "layer name '' of model 'vit' is not a name"),
-])
+@pytest.mark.parametrize(
+    "features, says",
+    [
+        ([1, 2], "features must be a dict {model: {layer: array"),
+        ({"vit": np.zeros((8, 4))}, "features['vit'] is not a dict of layers"),
+        ({"vit": {}}, "model 'vit' has no layers"),
+        (
+            {"vit": {"a": np.zeros((8, 4)), "b": np.zeros((7, 4))}},
+            "layer 'b' of model 'vit' has 7 images and the first layer 8",
+        ),
+        ({"vit": {"a": np.zeros((3, 4))}}, "the features hold 3 image(s) and CKA needs at least 4"),
+        ({"vit": {"a": np.zeros(8)}}, "give numbers shaped (images, ...)"),
+        ({"vit": {"a": np.array([["x"]] * 8)}}, "give numbers shaped (images, ...)"),
+        ({"a/b": {"a": np.zeros((8, 4))}}, "model name 'a/b' holds '/' or ':'"),
+        ({"vit@random:0": {"a": np.zeros((8, 4))}}, "model name 'vit@random:0' holds '/' or ':'"),
+        ({"vit": {"blocks/1": np.zeros((8, 4))}}, "layer name 'blocks/1' of model 'vit' holds '/'"),
+        ({"vit": {"": np.zeros((8, 4))}}, "layer name '' of model 'vit' is not a name"),
+    ],
+)
 def test_features_of_the_wrong_shape_are_one_line_and_write_nothing(features, says, tmp_path):
     with pytest.raises(vitsee.VitseeError, match=re.escape(says)):
         vitsee.from_features(tmp_path / "x.h5", features)
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("options, says", [
-    ({"labels": [0, 1]}, "labels have shape (2,), the features 8 images"),
-    ({"labels": [0.5] * 8}, "labels must be class indices"),
-    ({"labels": [-2] * 8}, "label -2 is not a class index"),
-    ({"images": "nosuch"}, "unknown dataset 'nosuch'"),
-    ({"dtype": "int8"}, "unknown dtype 'int8'"),
-    ({"prefix_tokens": 5}, "prefix_tokens 5 leaves no other token"),
-])
+@pytest.mark.parametrize(
+    "options, says",
+    [
+        ({"labels": [0, 1]}, "labels have shape (2,), the features 8 images"),
+        ({"labels": [0.5] * 8}, "labels must be class indices"),
+        ({"labels": [-2] * 8}, "label -2 is not a class index"),
+        ({"images": "nosuch"}, "unknown dataset 'nosuch'"),
+        ({"dtype": "int8"}, "unknown dtype 'int8'"),
+        ({"prefix_tokens": 5}, "prefix_tokens 5 leaves no other token"),
+    ],
+)
 def test_bad_options_are_one_line_and_write_nothing(options, says, tmp_path):
     with pytest.raises(vitsee.VitseeError, match=re.escape(says)):
         vitsee.from_features(tmp_path / "x.h5", {"m": {"x": np.zeros((8, 5, 4))}}, **options)

@@ -1,5 +1,6 @@
 """`vitsee.extract` and `vitsee.train`: the CLI's commands as functions, with the same names, defaults, results and
 one-line errors."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -12,12 +13,46 @@ from conftest import IMG, VIT, run_cli
 from vitsee.engine.store import Store as EngineStore
 
 EXTRACT = {"dataset": "synthetic", "n_images": 8, "batch_size": 4, "img_size": IMG, "device": "cpu", "workers": 0}
-EXTRACT_CLI = ["--dataset", "synthetic", "-n", "8", "--batch-size", "4", "--img-size", str(IMG), "--device", "cpu",
-               "--workers", "0", "-q"]
-TRAIN = {"model_args": {"patch_size": 8}, "img_size": 32, "dataset": "digits", "n_images": 60, "epochs": 1,
-         "device": "cpu"}
-TRAIN_CLI = ["-m", "test_vit", "--model-arg", "patch_size=8", "--img-size", "32", "--dataset", "digits", "-n", "60",
-             "--epochs", "1", "--device", "cpu", "-q"]
+EXTRACT_CLI = [
+    "--dataset",
+    "synthetic",
+    "-n",
+    "8",
+    "--batch-size",
+    "4",
+    "--img-size",
+    str(IMG),
+    "--device",
+    "cpu",
+    "--workers",
+    "0",
+    "-q",
+]
+TRAIN = {
+    "model_args": {"patch_size": 8},
+    "img_size": 32,
+    "dataset": "digits",
+    "n_images": 60,
+    "epochs": 1,
+    "device": "cpu",
+}
+TRAIN_CLI = [
+    "-m",
+    "test_vit",
+    "--model-arg",
+    "patch_size=8",
+    "--img-size",
+    "32",
+    "--dataset",
+    "digits",
+    "-n",
+    "60",
+    "--epochs",
+    "1",
+    "--device",
+    "cpu",
+    "-q",
+]
 
 
 class TestExtract:
@@ -69,15 +104,22 @@ class TestExtract:
 
 class TestTrain:
     def test_train_writes_the_weights_vitsee_train_writes(self, tmp_path, capsys):
-        out = vitsee.train(tmp_path / "lib.safetensors", "test_vit", **TRAIN, held_out=tmp_path / "test.npz",
-                           progress=False)
+        out = vitsee.train(
+            tmp_path / "lib.safetensors", "test_vit", **TRAIN, held_out=tmp_path / "test.npz", progress=False
+        )
         assert out == tmp_path / "lib.safetensors" and (tmp_path / "test.npz").exists()
         code, _, err = run_cli(["train", tmp_path / "cli.safetensors", *TRAIN_CLI], capsys)
         assert code == 0, err
         mine, theirs = load_file(out), load_file(tmp_path / "cli.safetensors")
         assert mine.keys() == theirs.keys() and all(np.array_equal(mine[k], theirs[k]) for k in mine)
-        store = vitsee.extract(tmp_path / "s.h5", [f"test_vit@{out}"], dataset=f"npz:{tmp_path / 'test.npz'}",
-                               device="cpu", workers=0, progress=False)
+        store = vitsee.extract(
+            tmp_path / "s.h5",
+            [f"test_vit@{out}"],
+            dataset=f"npz:{tmp_path / 'test.npz'}",
+            device="cpu",
+            workers=0,
+            progress=False,
+        )
         assert store.info()["models"][store.models[0]]["weights"]["trained"].startswith("digits (48 images, 1 epochs")
 
     def test_train_draws_a_bar_per_epoch_and_a_line_when_it_ends(self, tmp_path, capsys):

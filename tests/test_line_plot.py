@@ -55,11 +55,14 @@ async def test_x_labels_never_run_together_and_the_marked_one_is_highlighted_in_
         assert words[0].startswith("pa") and words[-1].startswith("n")  # both ends are there
         assert len(words) == len(set(words))
         reversed_at = [i for i, style in enumerate(styles_along(line)[AXIS_WIDTH:]) if style and style.reverse]
-        marked = text[reversed_at[0]:reversed_at[-1] + 1]
+        marked = text[reversed_at[0] : reversed_at[-1] + 1]
         assert marked in words and reversed_at == list(range(reversed_at[0], reversed_at[0] + len(marked)))
         # the highlighted slot is the marked layer's, in the form the others have
-        assert marked == LAYERS[mark] or marked == ("b." + LAYERS[mark].split(".")[-1]) or \
-            LAYERS[mark].startswith(marked.rstrip("\u2026"))
+        assert (
+            marked == LAYERS[mark]
+            or marked == ("b." + LAYERS[mark].split(".")[-1])
+            or LAYERS[mark].startswith(marked.rstrip("\u2026"))
+        )
 
 
 async def test_the_two_skip_curves_have_distinct_colours_named_in_the_legend():
@@ -104,7 +107,11 @@ async def test_the_y_axis_has_ticks_between_its_ends_at_the_values_of_their_line
         await pilot.pause()
         lines = [strip.text for strip in strips(plot)]
     plot_h = 10
-    ticked = {row: line[: AXIS_WIDTH - 1].strip() for row, line in enumerate(lines[:plot_h]) if line[AXIS_WIDTH - 1] == "\u2524"}
+    ticked = {
+        row: line[: AXIS_WIDTH - 1].strip()
+        for row, line in enumerate(lines[:plot_h])
+        if line[AXIS_WIDTH - 1] == "\u2524"
+    }
     assert ticked[0] == "2.000" and ticked[plot_h - 1] == "0.000"
     assert set(ticked) == {0, 3, 6, 9}
     for row in (3, 6):  # the value at the middle of the line's four dot rows

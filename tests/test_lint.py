@@ -1,4 +1,6 @@
-"""The code passes `ruff check` with the rules pyproject.toml configures (pyflakes, pycodestyle errors, bugbear)."""
+"""The code passes `ruff check` with the rules pyproject.toml configures (pyflakes, pycodestyle errors, bugbear), and is
+laid out as `ruff format` lays it out."""
+
 from __future__ import annotations
 
 import shutil
@@ -22,10 +24,32 @@ def _ruff() -> list[str]:
 
 
 def test_ruff_check_passes():
-    done = subprocess.run([*_ruff(), "check", "--no-cache", "--output-format", "concise",
-                           "engine", "tui", "tests", "benchmarks", "examples"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            *_ruff(),
+            "check",
+            "--no-cache",
+            "--output-format",
+            "concise",
+            "engine",
+            "tui",
+            "tests",
+            "benchmarks",
+            "examples",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_ruff_format_leaves_the_code_as_it_is():
+    done = subprocess.run(
+        [*_ruff(), "format", "--check", "--no-cache", "."], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, "run `ruff format .`:\n" + done.stdout + done.stderr
 
 
 def test_the_rules_are_configured_in_pyproject():

@@ -1,5 +1,6 @@
 """The app's log: a file under $XDG_STATE_HOME/vitsee/, which the one line of a bug it survives names, holding the
 traceback."""
+
 from __future__ import annotations
 
 import logging

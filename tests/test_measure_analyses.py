@@ -3,6 +3,7 @@ that every measure of a run shares, on a seeded subset of the images, with the i
 measures_stats; the `--measures` option; the "measures agree?" comparison; `m` in the CKA view and the dossier's
 line on where the measures disagree. The measures' numbers themselves are checked against fp64 references in
 tests/test_measures.py; here the analyses must give the same numbers for the stored layers."""
+
 from __future__ import annotations
 
 import json
@@ -72,8 +73,11 @@ def test_a_run_builds_each_layers_gram_and_spectrum_once_for_all_its_measures(ti
 
     builds, eighs = [], []
     build, eigh = measures_grams.LayerGrams.from_features.__func__, torch.linalg.eigh
-    monkeypatch.setattr(measures_grams.LayerGrams, "from_features",
-                        classmethod(lambda cls, x, name="", device=None: builds.append(name) or build(cls, x, name, device)))
+    monkeypatch.setattr(
+        measures_grams.LayerGrams,
+        "from_features",
+        classmethod(lambda cls, x, name="", device=None: builds.append(name) or build(cls, x, name, device)),
+    )
     monkeypatch.setattr(torch.linalg, "eigh", lambda *a, **k: eighs.append(1) or eigh(*a, **k))
     path = _copy(tiny_store, tmp_path)
     with Store.open(path) as s:
@@ -131,8 +135,10 @@ def test_max_images_draws_a_seeded_subset_that_params_and_the_caption_record(tin
     from vitsee.engine.measures_grams import choose_images
 
     path = _copy(tiny_store, tmp_path)
-    code, _, err = run_cli(["analyze", path, "--procrustes", "--max-images", "20", "--seed", "3",
-                            "--procrustes-alpha", "0.5", "-q"], capsys)
+    code, _, err = run_cli(
+        ["analyze", path, "--procrustes", "--max-images", "20", "--seed", "3", "--procrustes-alpha", "0.5", "-q"],
+        capsys,
+    )
     assert code == 0, err
     result = _result(path, "procrustes")
     rows = choose_images(48, 20, 3)[0]
@@ -147,8 +153,11 @@ def test_max_images_draws_a_seeded_subset_that_params_and_the_caption_record(tin
     out = tmp_path / "p.json"
     assert run_cli(["export", path, f"procrustes:{VIT}:{RESNET}", "--out", out], capsys)[0] == 0
     exported = json.loads(out.read_text())
-    assert {k: exported["params"][k] for k in ("max_images", "seed", "alpha")} == {"max_images": 20, "seed": 3,
-                                                                                    "alpha": 0.5}
+    assert {k: exported["params"][k] for k in ("max_images", "seed", "alpha")} == {
+        "max_images": 20,
+        "seed": 3,
+        "alpha": 0.5,
+    }
 
 
 def test_intervals_and_p_values_are_measures_stats_over_the_same_grams(tiny_store, tmp_path):
@@ -184,11 +193,16 @@ def test_measures_names_the_measures_to_compute_and_refuses_an_unknown_one_in_a_
     assert code == 0, err
     with Store.open(path) as s:
         assert {r["analysis"] for r in s.results()} == {"rsa", "mknn"}
-    bad = [(["--measures", "rsa,bogus"], "--measures rsa,bogus: 'bogus' is no measure: use a comma list of cka, "
-                                         "rbf_cka, procrustes, svcca, pwcca, mknn, cknna, rsa, or all"),
-           (["--procrustes", "--procrustes-alpha", "2"], "--procrustes-alpha 2.0: procrustes alpha=2.0 is outside"),
-           (["--rsa", "--max-images", "2"], "--max-images 2 is too few"),
-           (["--rsa", "--measure-bootstrap", "-5"], "--measure-bootstrap -5 is negative")]
+    bad = [
+        (
+            ["--measures", "rsa,bogus"],
+            "--measures rsa,bogus: 'bogus' is no measure: use a comma list of cka, "
+            "rbf_cka, procrustes, svcca, pwcca, mknn, cknna, rsa, or all",
+        ),
+        (["--procrustes", "--procrustes-alpha", "2"], "--procrustes-alpha 2.0: procrustes alpha=2.0 is outside"),
+        (["--rsa", "--max-images", "2"], "--max-images 2 is too few"),
+        (["--rsa", "--measure-bootstrap", "-5"], "--measure-bootstrap -5 is negative"),
+    ]
     for args, words in bad:
         code, _, err = run_cli(["analyze", path, *args, "-q"], capsys)
         assert code == 2 and len(err.strip().splitlines()) == 1 and words in err and "Traceback" not in err, err
@@ -218,7 +232,9 @@ def test_the_comparison_is_the_spearman_correlation_of_the_measures_over_the_lay
         for i in range(len(names)):
             for j in range(len(names)):
                 expected = 1.0 if i == j else spearmanr(signed[i], signed[j]).correlation
-                np.testing.assert_allclose(values[i, j], expected, rtol=1e-12, atol=1e-12, err_msg=f"{names[i]} {names[j]}")
+                np.testing.assert_allclose(
+                    values[i, j], expected, rtol=1e-12, atol=1e-12, err_msg=f"{names[i]} {names[j]}"
+                )
         assert exported["n_pairs"] == int(keep.sum())
     png = tmp_path / "agree.png"
     code, _, err = run_cli(["export", measured, f"agree:{VIT}:{RESNET}", "--out", png], capsys)
@@ -234,8 +250,9 @@ def test_the_figure_draws_each_measure_with_the_same_axes_beside_the_correlation
     fig = figure_for(view, selection=(0, 2))
     panels = [ax for ax in fig.axes if ax.get_label().startswith("panel-")]
     assert [ax.get_label() for ax in panels] == [f"panel-{n}" for n in view.extra["measures"]]
-    assert all(ax.get_shared_x_axes().joined(ax, panels[0]) and ax.get_shared_y_axes().joined(ax, panels[0])
-               for ax in panels)
+    assert all(
+        ax.get_shared_x_axes().joined(ax, panels[0]) and ax.get_shared_y_axes().joined(ax, panels[0]) for ax in panels
+    )
     corr = next(ax for ax in fig.axes if ax.get_label() == "rank-correlations")
     written = [t.get_text() for t in corr.texts if t.get_gid() == "rank-correlation"]
     assert written == [f"{v:.2f}" for v in view.matrix.ravel()]
@@ -254,12 +271,19 @@ def test_a_pairs_rank_is_the_share_of_the_other_pairs_more_alike_a_distance_read
     assert pair_rank(m, 2, 2, higher_is_better=False) == 5 / 8  # a distance: 0.2, 0.5, 0.4, 0.1, 0.3 below
     assert pair_rank(m, 2, 1, within=True) == 0 / 5  # the diagonal is no layer pair within a model
     assert [rank_words(s) for s in (0.0, 0.2, 0.3, 0.6, 0.8, 0.95)] == [
-        "in the top 10%", "in the top quarter", "in the top half", "in the bottom half", "in the bottom quarter",
-        "in the bottom 10%"]
+        "in the top 10%",
+        "in the top quarter",
+        "in the top half",
+        "in the bottom half",
+        "in the bottom quarter",
+        "in the bottom 10%",
+    ]
     assert agreement_line({"CKA": 0.05, "Procrustes": 0.6, "RSA": 0.3}) == (
-        "the measures disagree: in the top 10% of the pairs by CKA; top half by RSA; bottom half by Procrustes")
+        "the measures disagree: in the top 10% of the pairs by CKA; top half by RSA; bottom half by Procrustes"
+    )
     assert agreement_line({"CKA": 0.05, "RSA": 0.02}) == (
-        "the measures agree: in the top half of the pairs by every one (top 10% by CKA, RSA)")
+        "the measures agree: in the top half of the pairs by every one (top 10% by CKA, RSA)"
+    )
 
 
 def test_the_dossier_lists_the_pair_in_every_measure_and_where_they_disagree(measured):

@@ -2,6 +2,7 @@
 invariances, the identities theory gives, the Gram-level forms against the direct ones, the statistics, the errors,
 and published implementations where they install (rsatoolbox, pytorch-cka) or printed their numbers (Kornblith's
 Demo.ipynb)."""
+
 from __future__ import annotations
 
 import doctest
@@ -67,8 +68,11 @@ def _hsic_unbiased(k, l):
     n = len(k)
     kt, lt = k - np.diag(np.diag(k)), l - np.diag(np.diag(l))
     one = np.ones(n)
-    return (np.trace(kt @ lt) + (one @ kt @ one) * (one @ lt @ one) / ((n - 1) * (n - 2))
-            - 2 / (n - 2) * one @ kt @ lt @ one) / (n * (n - 3))
+    return (
+        np.trace(kt @ lt)
+        + (one @ kt @ one) * (one @ lt @ one) / ((n - 1) * (n - 2))
+        - 2 / (n - 2) * one @ kt @ lt @ one
+    ) / (n * (n - 3))
 
 
 def _cka_ref(k, l, debiased=False):
@@ -78,15 +82,17 @@ def _cka_ref(k, l, debiased=False):
 
 def _rbf_ref(x, threshold):
     d2 = np.array([[np.sum((a - b) ** 2) for b in x] for a in x])
-    return np.exp(-d2 / (2 * threshold ** 2 * np.median(d2)))
+    return np.exp(-d2 / (2 * threshold**2 * np.median(d2)))
 
 
 def _netrep_ref(x, y, alpha):
     """netrep's LinearMetric(alpha, angular) on the centred, Frobenius-normalised features (whiten, rotate, angle)."""
+
     def whiten(a):
         lam, v = np.linalg.eigh(a.T @ a)
         lam = np.maximum(lam, 1e-7)
-        return a @ (v * (alpha + (1 - alpha) * lam ** -0.5)) @ v.T
+        return a @ (v * (alpha + (1 - alpha) * lam**-0.5)) @ v.T
+
     width = max(x.shape[1], y.shape[1])  # netrep zero-pads the narrower one (check_equal_shapes, zero_pad=True)
     x, y = (np.pad(a, ((0, 0), (0, width - a.shape[1]))) for a in (x, y))
     xw, yw = (whiten(_centre(a) / np.linalg.norm(_centre(a))) for a in (x, y))
@@ -97,7 +103,7 @@ def _netrep_ref(x, y, alpha):
 
 def _svd_reduce(x, keep):
     u, s, vt = np.linalg.svd(_centre(x), full_matrices=False)
-    frac = np.cumsum(s ** 2) / np.sum(s ** 2)
+    frac = np.cumsum(s**2) / np.sum(s**2)
     r = int(np.searchsorted(frac, keep * (1 - 1e-12)) + 1)
     return _centre(x) @ vt[:r].T  # (n, r): the reduced neurons, the principal component scores
 
@@ -105,9 +111,11 @@ def _svd_reduce(x, keep):
 def _cca_ref(x, y):
     """Canonical correlations and x's unit-norm canonical variates, from the covariance matrices."""
     sxx, syy, sxy = x.T @ x, y.T @ y, x.T @ y
+
     def inv_sqrt(s):
         lam, v = np.linalg.eigh(s)
         return (v / np.sqrt(lam)) @ v.T
+
     u, rho, _ = np.linalg.svd(inv_sqrt(sxx) @ sxy @ inv_sqrt(syy))
     m = min(x.shape[1], y.shape[1])
     h = x @ inv_sqrt(sxx) @ u[:, :m]
@@ -137,18 +145,22 @@ def _mknn_ref(x, y, k):
 
 def _cknna_ref(x, y, k):
     """Huh et al.'s CKNNA as platonic-rep's metrics.py computes it (unbiased HSIC of masked kernels), without its 1e-6."""
+
     def kernel(a):
         an = a / np.linalg.norm(a, axis=1, keepdims=True)
         return an @ an.T
+
     def mask(a):
         m = np.zeros((len(a), len(a)))
         for i, nb in enumerate(_knn_ref(a, k)):
             m[i, list(nb)] = 1
         return m
+
     def hsic(a, b):
         n = len(a)
         a, b = a - np.diag(np.diag(a)), b - np.diag(np.diag(b))
         return (np.sum(a * b.T) + a.sum() * b.sum() / ((n - 1) * (n - 2)) - 2 * np.sum(a @ b) / (n - 2)) / (n * (n - 3))
+
     kx, ky, mx, my = kernel(x), kernel(y), mask(x), mask(y)
     both = mx * my
     return hsic(both * kx, both * ky) / np.sqrt(hsic(mx * kx, mx * kx) * hsic(my * ky, my * ky))
@@ -183,9 +195,11 @@ class TestAgainstFormulas:
     def test_debiased_cka_linear_and_rbf_match_the_unbiased_hsic(self):
         x, y = _layers(30)[:2]
         assert ms.linear_cka(x, y, debiased=True) == pytest.approx(
-            _cka_ref(_centre(x) @ _centre(x).T, _centre(y) @ _centre(y).T, True), abs=1e-12)
-        assert ms.rbf_cka(x, y, 0.8, debiased=True) == pytest.approx(_cka_ref(_rbf_ref(x, 0.8), _rbf_ref(y, 0.8), True),
-                                                                      abs=1e-12)
+            _cka_ref(_centre(x) @ _centre(x).T, _centre(y) @ _centre(y).T, True), abs=1e-12
+        )
+        assert ms.rbf_cka(x, y, 0.8, debiased=True) == pytest.approx(
+            _cka_ref(_rbf_ref(x, 0.8), _rbf_ref(y, 0.8), True), abs=1e-12
+        )
 
     @pytest.mark.parametrize("alpha", [0.0, 0.3, 0.7, 1.0])
     def test_procrustes_follows_netreps_partial_whitening(self, alpha):
@@ -207,6 +221,7 @@ class TestAgainstFormulas:
 
     def test_linear_cka_matches_the_cka_analysis_full_batch_one(self):
         from vitsee.engine.analyses.cka import linear_cka as analysis_cka
+
         x, _, wide, _ = _layers(40)
         assert ms.linear_cka(x, wide) == pytest.approx(analysis_cka(x, wide), abs=1e-13)
 
@@ -354,7 +369,9 @@ class TestGramForms:
         x, y = x + 300.0, y * 0.01 + 1000.0
         grams = mg.layer_grams([x, y])
         for name in mg.MEASURES:
-            assert mg.pair(grams[0], grams[1], name, **_params(name)) == pytest.approx(_call(name, x, y), abs=1e-7), name
+            assert mg.pair(grams[0], grams[1], name, **_params(name)) == pytest.approx(_call(name, x, y), abs=1e-7), (
+                name
+            )
 
     def test_the_gram_built_in_column_chunks_is_the_gram(self, monkeypatch):
         x = _layers(30)[2]
@@ -380,12 +397,16 @@ class TestGramForms:
         x, y = _layers(30)[:2]
         rows = np.random.default_rng(1).integers(0, 30, 30)
         gx, gy = (g.take(rows) for g in mg.layer_grams([x, y]))
+
         # the reference: neighbours among the resampled rows, rows of the same image excluded
         def nbrs(a):
             an = a / np.linalg.norm(a, axis=1, keepdims=True)
             sim = an @ an.T
-            return [set(sorted((j for j in range(30) if rows[j] != rows[i]), key=lambda j: (-sim[i, j], j))[:K])
-                    for i in range(30)]
+            return [
+                set(sorted((j for j in range(30) if rows[j] != rows[i]), key=lambda j: (-sim[i, j], j))[:K])
+                for i in range(30)
+            ]
+
         want = np.mean([len(p & q) / K for p, q in zip(nbrs(x[rows]), nbrs(y[rows]))])
         assert mg.pair(gx, gy, "mknn", k=K) == pytest.approx(want, abs=1e-12)
         twice = np.repeat(np.arange(30), 2)  # every image twice: counted as others, each copy tops both kNN lists
@@ -398,9 +419,11 @@ class TestGramForms:
         gx, gy = (g.take(rows) for g in mg.layer_grams([x, y]))
         i, j = np.triu_indices(30, 1)
         keep = rows[i] != rows[j]
+
         def rdm(a):  # of the distinct images, then resampled: a copy's entries tie exactly, as they should
             r = np.corrcoef(a)
             return (1 - (r + r.T) / 2)[np.ix_(rows, rows)][i, j][keep]
+
         rx, ry = rdm(x), rdm(y)
         assert mg.pair(gx, gy, "rsa") == pytest.approx(sps.spearmanr(rx, ry)[0], abs=1e-12)
 
@@ -408,7 +431,10 @@ class TestGramForms:
         for layers in (1, 14, 28, 100):
             n = mg.default_max_images(layers)
             assert n <= mg.MAX_IMAGES
-            assert n == mg.MAX_IMAGES or n * n * mg.BYTES_PER_ENTRY * layers <= mg.GRAM_MEMORY < (n + 1) ** 2 * mg.BYTES_PER_ENTRY * layers
+            assert (
+                n == mg.MAX_IMAGES
+                or n * n * mg.BYTES_PER_ENTRY * layers <= mg.GRAM_MEMORY < (n + 1) ** 2 * mg.BYTES_PER_ENTRY * layers
+            )
 
     def test_the_subset_is_seeded_sorted_and_recorded(self):
         rows, record = mg.choose_images(5000, 300, seed=3)
@@ -558,17 +584,21 @@ class TestPublished:
             pytest.skip("rsatoolbox is not installed (pip install -e '.[test]')")
         from rsatoolbox.data import Dataset
         from rsatoolbox.rdm import calc_rdm, compare
+
         x, y, wide, z = _layers(50)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             for a, b in ((x, y), (wide, z), (y, wide)):
                 rdms = [calc_rdm(Dataset(m), method="correlation") for m in (a, b)]
-                assert ms.rsa(a, b) == pytest.approx(float(compare(rdms[0], rdms[1], method="spearman")[0, 0]), abs=1e-12)
+                assert ms.rsa(a, b) == pytest.approx(
+                    float(compare(rdms[0], rdms[1], method="spearman")[0, 0]), abs=1e-12
+                )
 
     def test_debiased_linear_cka_matches_pytorch_cka(self):
         if importlib.util.find_spec("cka") is None or importlib.util.find_spec("cka.hsic") is None:
             pytest.skip("pytorch-cka is not installed (pip install -e '.[test]')")
         from cka.cka import cka_from_features
+
         x, y, wide, _ = _layers(50)
         for a, b in ((x, y), (y, wide)):
             want = float(cka_from_features(torch.from_numpy(_centre(a)), torch.from_numpy(_centre(b)))[0, 0])

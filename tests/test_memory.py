@@ -1,5 +1,6 @@
 """Analyses hold a batch, not the store: per-image statistics are aggregated batch by batch and give what
 the whole arrays give."""
+
 from __future__ import annotations
 
 import shutil
@@ -56,7 +57,9 @@ def test_attention_aggregates_streamed_in_batches_equal_the_whole_array(store, s
     # in the plain distances' head order, so column k of both is the same head
     np.testing.assert_allclose(r["mean_renorm_px"], np.take_along_axis(renorm.mean(axis=0), order, axis=1), rtol=1e-12)
     edges = r["hist_edges"]
-    expected = np.stack([np.histogram(dist[:, b].ravel().astype(np.float32), bins=edges)[0] for b in range(dist.shape[1])])
+    expected = np.stack(
+        [np.histogram(dist[:, b].ravel().astype(np.float32), bins=edges)[0] for b in range(dist.shape[1])]
+    )
     np.testing.assert_array_equal(r["hist_counts"], expected)
     assert r["hist_counts"].sum() == dist.size
 

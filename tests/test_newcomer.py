@@ -168,10 +168,22 @@ def test_a_cached_store_opens_and_reads_every_view_without_importing_torch(app_s
     import subprocess
     import sys
 
-    specs = [f"cka:{VIT}", f"cka:{VIT}:{RESNET}", f"attention:{VIT}", f"probes:{VIT}", f"skip:{VIT}",
-             f"skip:{RESNET}", f"spatial:{VIT}"]
+    specs = [
+        f"cka:{VIT}",
+        f"cka:{VIT}:{RESNET}",
+        f"attention:{VIT}",
+        f"probes:{VIT}",
+        f"skip:{VIT}",
+        f"skip:{RESNET}",
+        f"spatial:{VIT}",
+    ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    done = subprocess.run([sys.executable, "-c", OPEN_CACHED, str(app_store), str(tmp_path), *specs],
-                          capture_output=True, text=True, env=env, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", OPEN_CACHED, str(app_store), str(tmp_path), *specs],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["cached", "False"]  # read from the cache, and torch never imported

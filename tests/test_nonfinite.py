@@ -4,6 +4,7 @@ computed"), probes skip and name what they cannot fit, and the app draws such a 
 The non-finite values are planted with h5py in a COPY of the shared tiny store, as extraction would have
 written them: the activation values and the per-batch counts of the store's `nonfinite` array together.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,7 +26,9 @@ INF_ROW = 17  # blocks.2 of the ViT, its CLS token: Inf
 RESNET_ROWS = [40, 41]  # layer2.0 of the ResNet: NaN
 
 
-def _plant(f: h5py.File, layers: dict, batch: dict, model: str, layer: str, rows: list[int], index: tuple, value: float) -> None:
+def _plant(
+    f: h5py.File, layers: dict, batch: dict, model: str, layer: str, rows: list[int], index: tuple, value: float
+) -> None:
     acts, counts = f[f"models/{model}/acts/{layer}"], f[f"models/{model}/nonfinite"]
     for r in rows:
         x = acts[r]
@@ -70,8 +73,9 @@ def test_row_ranges_compress_runs_and_cut_after_the_limit():
 
 
 @pytest.mark.parametrize("quiet", [[], ["--quiet"]])
-def test_extraction_ends_with_one_line_naming_the_layers_and_rows_with_nonfinite_values(tmp_path, capsys, monkeypatch,
-                                                                                        quiet):
+def test_extraction_ends_with_one_line_naming_the_layers_and_rows_with_nonfinite_values(
+    tmp_path, capsys, monkeypatch, quiet
+):
     """--quiet drops the progress bars, not the warnings about the data (fp16 loss, non-finite values)."""
     from vitsee.engine import extract
 
@@ -92,13 +96,34 @@ def test_extraction_ends_with_one_line_naming_the_layers_and_rows_with_nonfinite
     overflowing.batch = 0
     monkeypatch.setattr(extract, "_forward", overflowing)
     store = tmp_path / "overflow.h5"
-    code, _, err = run_cli(["extract", store, "-m", VIT, "--dataset", "synthetic", "-n", 24, "--batch-size", 8,
-                            "--img-size", IMG, "--device", "cpu", "--workers", 0, *quiet], capsys)
+    code, _, err = run_cli(
+        [
+            "extract",
+            store,
+            "-m",
+            VIT,
+            "--dataset",
+            "synthetic",
+            "-n",
+            24,
+            "--batch-size",
+            8,
+            "--img-size",
+            IMG,
+            "--device",
+            "cpu",
+            "--workers",
+            0,
+            *quiet,
+        ],
+        capsys,
+    )
     assert code == 0, err
     warnings = [line for line in err.splitlines() if line.startswith("warning: non-finite")]
     assert len(warnings) == 1
     assert [line for line in err.splitlines() if "float16 storage" in line] == [
-        f"warning: {VIT}: float16 storage rounds away up to 2.0e-03"]
+        f"warning: {VIT}: float16 storage rounds away up to 2.0e-03"
+    ]
     if quiet:
         assert err.splitlines() == [line for line in err.splitlines() if line.startswith("warning: ")], err
     assert f"{VIT} layer(s) blocks.1 in 6 image(s) (store rows 5-9, 17)" in warnings[0]
@@ -115,7 +140,9 @@ def test_extraction_ends_with_one_line_naming_the_layers_and_rows_with_nonfinite
 
 def test_cka_marks_the_cells_of_a_nonfinite_layer_and_keeps_the_others_exact(bad_store, tiny_store, tmp_path, capsys):
     out = tmp_path / "cka.json"
-    code, _, err = run_cli(["export", bad_store, f"cka:{VIT}", "--out", out, "--shuffles", 0, "--batch-size", 16], capsys)
+    code, _, err = run_cli(
+        ["export", bad_store, f"cka:{VIT}", "--out", out, "--shuffles", 0, "--batch-size", 16], capsys
+    )
     assert code == 0, err
     data = json.loads(out.read_text())
     bad = data["rows"].index("blocks.2")
@@ -146,7 +173,9 @@ def test_cka_across_models_counts_the_images_of_either_layer(bad_store):
 
 def test_show_says_non_finite_never_nan_or_not_computed(bad_store, capsys):
     for spec in (f"cka:{VIT}", f"attention:{VIT}", f"skip:{VIT}", f"spatial:{VIT}:blocks.2"):
-        code, out, err = run_cli(["show", bad_store, spec, "--color", "none", "--shuffles", 0, "--batch-size", 16], capsys)
+        code, out, err = run_cli(
+            ["show", bad_store, spec, "--color", "none", "--shuffles", 0, "--batch-size", 16], capsys
+        )
         assert code == 0, err
         assert "nan" not in out.lower().replace("nan/inf", "") and "not computed" not in out
         if not spec.startswith("spatial"):  # the default token's map is finite there

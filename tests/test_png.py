@@ -39,16 +39,18 @@ class TestCells:
         w, h = cell_size()
         img = paint([Cell("\u2580", RED, BLUE)])
         assert img.shape == (h, w, 3)
-        assert colours(img[: h // 2]) == {RED} and colours(img[h // 2:]) == {BLUE}
+        assert colours(img[: h // 2]) == {RED} and colours(img[h // 2 :]) == {BLUE}
 
     def test_blocks_fill_their_part_of_the_cell(self):
         w, h = cell_size()
         img = paint([Cell("\u258c", RED, BLUE), Cell("\u2588", GREEN, BLUE), Cell("\u2584", RED, BLUE)])
         left = img[:, :w]
-        assert colours(left[:, : w // 2]) == {RED} and colours(left[:, w // 2:]) == {BLUE}  # left half
-        assert colours(img[:, w: 2 * w]) == {GREEN}  # full block
-        lower = img[:, 2 * w:]
-        assert colours(lower[: h // 2]) == {BLUE} and colours(lower[h // 2:]) == {RED}  # lower half: the upper's complement
+        assert colours(left[:, : w // 2]) == {RED} and colours(left[:, w // 2 :]) == {BLUE}  # left half
+        assert colours(img[:, w : 2 * w]) == {GREEN}  # full block
+        lower = img[:, 2 * w :]
+        assert colours(lower[: h // 2]) == {BLUE} and colours(lower[h // 2 :]) == {
+            RED
+        }  # lower half: the upper's complement
 
     def test_a_braille_dot_is_in_its_place_of_the_2_by_4_grid(self):
         w, h = cell_size()
@@ -65,14 +67,20 @@ class TestCells:
     def test_a_letter_is_inked_inside_its_cell_only(self):
         w, h = cell_size()
         img = paint([Cell(" ", RED, BLUE), Cell("W", RED, BLUE, bold=True), Cell(" ", RED, BLUE)])
-        assert colours(img[:, :w]) == colours(img[:, 2 * w:]) == {BLUE}
-        ink = (np.abs(img[:, w: 2 * w].astype(int) - BLUE).sum(axis=2) > 0).sum()
+        assert colours(img[:, :w]) == colours(img[:, 2 * w :]) == {BLUE}
+        ink = (np.abs(img[:, w : 2 * w].astype(int) - BLUE).sum(axis=2) > 0).sum()
         assert 0.1 * w * h < ink < 0.6 * w * h
 
     def test_styles_reverse_and_dim_as_a_terminal_does(self):
-        (row,) = cells_of_lines([[Segment("a", Style(color="#ff0000", bgcolor="#0000ff", reverse=True)),
-                                  Segment("b", Style(color="#ff0000", bgcolor="#000000", dim=True)),
-                                  Segment("\x1b[2J", None, control=[(1,)])]])
+        (row,) = cells_of_lines(
+            [
+                [
+                    Segment("a", Style(color="#ff0000", bgcolor="#0000ff", reverse=True)),
+                    Segment("b", Style(color="#ff0000", bgcolor="#000000", dim=True)),
+                    Segment("\x1b[2J", None, control=[(1,)]),
+                ]
+            ]
+        )
         assert [(c.char, c.fg, c.bg) for c in row] == [("a", BLUE, RED), ("b", (127, 0, 0), BLACK)]
 
 

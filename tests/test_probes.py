@@ -253,9 +253,13 @@ def test_dual_and_primal_fits_choose_the_same_l2_and_accuracies(seed, n, d):
     y = rng.integers(0, 4, n)
     # 3 probes: informative, weakly informative with a large offset, unrelated to the labels
     signal = np.eye(4)[y] @ rng.normal(size=(4, d))
-    x = np.stack([signal + rng.normal(size=(n, d)), 0.3 * signal + rng.normal(size=(n, d)) + 100.0,
-                  rng.normal(size=(n, d))], axis=1).astype(np.float32)
-    results = {space: fit_probes(batches_from(x, y, batch_size=16), y, seed=seed, space=space) for space in ("primal", "dual")}
+    x = np.stack(
+        [signal + rng.normal(size=(n, d)), 0.3 * signal + rng.normal(size=(n, d)) + 100.0, rng.normal(size=(n, d))],
+        axis=1,
+    ).astype(np.float32)
+    results = {
+        space: fit_probes(batches_from(x, y, batch_size=16), y, seed=seed, space=space) for space in ("primal", "dual")
+    }
     primal, dual = results["primal"], results["dual"]
     np.testing.assert_array_equal(dual.holdout_accuracy, primal.holdout_accuracy)
     np.testing.assert_array_equal(dual.l2_ratio, primal.l2_ratio)
@@ -312,12 +316,19 @@ def test_l2_selection_picks_the_best_holdout_accuracy_like_a_plain_loop(device, 
     for p in range(n_probes):
         xp = x[:, p]
         fit_scale = len(split.fit) * xp[split.fit].var(0).mean()  # trace of the centred X'X over D
-        accuracy = [ridge_probe(xp[split.fit], y[split.fit], xp[split.holdout], y[split.holdout], r * fit_scale) for r in ratios]
+        accuracy = [
+            ridge_probe(xp[split.fit], y[split.fit], xp[split.holdout], y[split.holdout], r * fit_scale) for r in ratios
+        ]
         np.testing.assert_allclose(result.holdout_accuracy[p], accuracy, rtol=0, atol=1e-12)
         # ties on accuracy go to the lowest squared error of the scores against the {-1, 1} targets
         targets = 2.0 * np.eye(3)[y] - 1.0
-        error = [np.square(Ridge(alpha=r * fit_scale).fit(xp[split.fit], targets[split.fit]).predict(xp[split.holdout])
-                           - targets[split.holdout]).sum() for r in ratios]
+        error = [
+            np.square(
+                Ridge(alpha=r * fit_scale).fit(xp[split.fit], targets[split.fit]).predict(xp[split.holdout])
+                - targets[split.holdout]
+            ).sum()
+            for r in ratios
+        ]
         best = max(range(len(ratios)), key=lambda j: (accuracy[j], -error[j], j))
         assert result.l2_ratio[p] == ratios[best]
 
@@ -442,7 +453,9 @@ def test_the_warning_before_a_long_probe_job_names_the_ways_to_narrow_it(tiny_st
     monkeypatch.setattr(probes, "matmul_flops_per_s", lambda device="cpu": 1e6)  # a very slow machine
     with Store.writer(path) as store:
         seconds = estimate_probe_seconds(store, VIT, cfg)
-        widest = max(store.layer_shape(store.resolve_model(VIT), layer)[-1] for layer in store.layers(store.resolve_model(VIT)))
+        widest = max(
+            store.layer_shape(store.resolve_model(VIT), layer)[-1] for layer in store.layers(store.resolve_model(VIT))
+        )
         warning = probe_warning(store, VIT, cfg)
         assert seconds > 60 and warning is not None and "\n" not in warning
         assert f"about {seconds / 60:.0f} min" in warning
@@ -475,7 +488,9 @@ def test_run_probes_gives_each_readout_what_a_fit_of_that_readout_alone_gives(ti
     for layer, a in acts.items():
         li = layers.index(layer)
         readouts = {"cls": a[:, 0], "gap": a[:, 1:].mean(axis=1), "tokens": a}  # one CLS token leads
-        alone = {name: fit_probes(batches_from(x, labels, batch_size=16), labels, seed=0) for name, x in readouts.items()}
+        alone = {
+            name: fit_probes(batches_from(x, labels, batch_size=16), labels, seed=0) for name, x in readouts.items()
+        }
         for col, name in enumerate(("cls", "gap")):
             assert result["accuracy"][li, col] == alone[name].test_accuracy[0]
             np.testing.assert_allclose(result["l2"][li, col], alone[name].l2[0], rtol=1e-12)
@@ -505,7 +520,13 @@ def test_the_float32_read_of_fp16_activations_is_numpys_exact_cast():
     bits = np.arange(2**16, dtype=np.uint16).view(np.float16).reshape(2, 128, 256)  # every fp16: subnormals, inf, nan
     assert np.isfinite(bits).sum() == 65536 - 2048  # all but the 2 x 1024 infinities and NaNs
     slot = np.empty((2, 130, 256), dtype=np.float32)[:, 2:]  # where a batch keeps its tokens, after CLS and GAP
-    cases = [(bits, None), (bits[:, ::2], None), (bits.astype(np.float32), None), (bits, slot), (bits[:, ::2], slot[:, ::2])]
+    cases = [
+        (bits, None),
+        (bits[:, ::2], None),
+        (bits.astype(np.float32), None),
+        (bits, slot),
+        (bits[:, ::2], slot[:, ::2]),
+    ]
     for a, out in cases:  # contiguous, strided, already float32; into a new array or into a strided slot
         got, expected = probes._float32(a, out=out), a.astype(np.float32)
         assert out is None or np.shares_memory(got, out)
@@ -682,7 +703,10 @@ def test_a_run_cancelled_from_its_progress_stops_every_layer_and_saves_nothing(t
     assert 2 <= len(started) < n_layers  # two fits ran at once; the rest never started
     assert not [t for t in threading.enumerate() if t.name.startswith("vitsee-probe-layers")]
     with Store.open(path) as store:
-        assert store.get_result("probes", probe_params(store, store.resolve_model(VIT), AnalyzeConfig(device="cpu"))) is None
+        assert (
+            store.get_result("probes", probe_params(store, store.resolve_model(VIT), AnalyzeConfig(device="cpu")))
+            is None
+        )
 
 
 def test_a_layer_whose_fit_fails_fails_the_run_with_its_own_error(tiny_store, tmp_path, monkeypatch):

@@ -1,5 +1,6 @@
 """kill -9 or a cancel at any moment loses nothing written; `vitsee extract STORE` resumes the run the store
 records to the same values, bit for bit (one compute thread throughout: a convolution's rounding depends on it)."""
+
 from __future__ import annotations
 
 import os
@@ -17,8 +18,27 @@ from conftest import IMG, RESNET, VIT, run_cli
 from vitsee.engine.extract import ExtractConfig, run_extraction
 from vitsee.engine.store import Store
 
-ARGS = ["--model", VIT, "--dataset", "digits", "--n-images", "160", "--batch-size", "2", "--img-size", str(IMG),
-        "--layers", "sublayers", "--device", "cpu", "--workers", "0", "--quiet", "--threads", "1"]
+ARGS = [
+    "--model",
+    VIT,
+    "--dataset",
+    "digits",
+    "--n-images",
+    "160",
+    "--batch-size",
+    "2",
+    "--img-size",
+    str(IMG),
+    "--layers",
+    "sublayers",
+    "--device",
+    "cpu",
+    "--workers",
+    "0",
+    "--quiet",
+    "--threads",
+    "1",
+]
 
 
 def _extract_cmd(store) -> list[str]:
@@ -58,15 +78,31 @@ def test_a_killed_run_resumed_by_vitsee_extract_store_alone_ends_with_the_values
         assert s.activations(VIT, "blocks.5").shape[0] == 2 * done
 
     # the store's record alone (the same command rerun is tested in test_crash_safety.py)
-    rerun = subprocess.run([sys.executable, "-m", "vitsee.engine.cli", "extract", str(store), "--threads", "1"],
-                           capture_output=True, text=True, timeout=600)
+    rerun = subprocess.run(
+        [sys.executable, "-m", "vitsee.engine.cli", "extract", str(store), "--threads", "1"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert rerun.returncode == 0, rerun.stderr
-    assert rerun.stderr.startswith(f"resuming {store}: {VIT} ({2 * done}/160 images); digits, batch size 2, "
-                                   "layers sublayers, float16, 64 px")
+    assert rerun.stderr.startswith(
+        f"resuming {store}: {VIT} ({2 * done}/160 images); digits, batch size 2, layers sublayers, float16, 64 px"
+    )
 
     reference = tmp_path / "straight.h5"
-    run_extraction(ExtractConfig(store=reference, models=[VIT], dataset="digits", n_images=160, batch_size=2,
-                                 img_size=IMG, layers="sublayers", device="cpu", workers=0))
+    run_extraction(
+        ExtractConfig(
+            store=reference,
+            models=[VIT],
+            dataset="digits",
+            n_images=160,
+            batch_size=2,
+            img_size=IMG,
+            layers="sublayers",
+            device="cpu",
+            workers=0,
+        )
+    )
     resumed, straight = _arrays(store), _arrays(reference)
     assert resumed.keys() == straight.keys()
     for name in straight:
@@ -164,8 +200,14 @@ def test_the_store_records_its_run_and_an_appended_model_records_its_own(tmp_pat
     assert [m["key"] for m in main["models"]] == [VIT] and main["batch_size"] == 8
     assert [m["key"] for m in added["models"]] == [RESNET] and added["batch_size"] == 4
     assert {k: main[k] for k in ("dataset", "n_images", "img_size", "layers", "dtype", "streaming", "device")} == {
-        "dataset": "synthetic", "n_images": 48, "img_size": IMG, "layers": "blocks", "dtype": "float16",
-        "streaming": False, "device": "cpu"}
+        "dataset": "synthetic",
+        "n_images": 48,
+        "img_size": IMG,
+        "layers": "blocks",
+        "dtype": "float16",
+        "streaming": False,
+        "device": "cpu",
+    }
 
     code, _, err = run_cli(["extract", path, "--quiet", "--threads", "1"], capsys)
     assert code == 0, err
@@ -182,19 +224,23 @@ def interrupted(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("typed, refused", [
-    (["--batch-size", "4"], "--batch-size 4 contradicts the run {path} records (--batch-size 8)"),
-    (["--n-images", "40"], "--n-images 40 contradicts the run {path} records (--n-images 48)"),
-    (["--dataset", "digits"], "--dataset digits contradicts the run {path} records (--dataset synthetic)"),
-    (["--layers", "sublayers"], "--layers sublayers contradicts the run {path} records (--layers blocks)"),
-    (["--img-size", "32"], "--img-size 32 contradicts the run {path} records (--img-size 64)"),
-    (["--dtype", "float32"], "--dtype float32 contradicts the run {path} records (--dtype float16)"),
-    (["--shuffle-seed", "3"], "--shuffle-seed 3 contradicts the run {path} records (--shuffle-seed None)"),
-    (["--streaming"], "--streaming contradicts the run {path} records (no --streaming)"),
-    (["--overwrite"], "--overwrite needs --model: with no model, `vitsee extract STORE` resumes the run"),
-])
+@pytest.mark.parametrize(
+    "typed, refused",
+    [
+        (["--batch-size", "4"], "--batch-size 4 contradicts the run {path} records (--batch-size 8)"),
+        (["--n-images", "40"], "--n-images 40 contradicts the run {path} records (--n-images 48)"),
+        (["--dataset", "digits"], "--dataset digits contradicts the run {path} records (--dataset synthetic)"),
+        (["--layers", "sublayers"], "--layers sublayers contradicts the run {path} records (--layers blocks)"),
+        (["--img-size", "32"], "--img-size 32 contradicts the run {path} records (--img-size 64)"),
+        (["--dtype", "float32"], "--dtype float32 contradicts the run {path} records (--dtype float16)"),
+        (["--shuffle-seed", "3"], "--shuffle-seed 3 contradicts the run {path} records (--shuffle-seed None)"),
+        (["--streaming"], "--streaming contradicts the run {path} records (no --streaming)"),
+        (["--overwrite"], "--overwrite needs --model: with no model, `vitsee extract STORE` resumes the run"),
+    ],
+)
 def test_options_that_contradict_the_recorded_run_are_refused_in_one_line_and_nothing_changes(
-        interrupted, typed, refused, capsys):
+    interrupted, typed, refused, capsys
+):
     with Store.open(interrupted) as s:
         before = s.done_batches(VIT)
     code, _, err = run_cli(["extract", interrupted, *typed], capsys)
@@ -207,8 +253,11 @@ def test_options_that_contradict_the_recorded_run_are_refused_in_one_line_and_no
 def test_options_the_record_agrees_with_or_does_not_fix_are_accepted(interrupted, tmp_path, capsys):
     from vitsee.engine.run_config import plan_resume
 
-    resume = plan_resume(interrupted, {"--batch-size": 8, "--n-images": 48, "--dataset": "synthetic",
-                                       "--layers": "blocks", "--streaming": False}, workers=0)
+    resume = plan_resume(
+        interrupted,
+        {"--batch-size": 8, "--n-images": 48, "--dataset": "synthetic", "--layers": "blocks", "--streaming": False},
+        workers=0,
+    )
     assert [cfg.models for cfg in resume.configs] == [[VIT]]
     assert resume.configs[0].workers == 0 and resume.progress == {VIT: 16}
 
@@ -218,8 +267,10 @@ def test_info_on_an_incomplete_store_prints_the_exact_resume_command(interrupted
     assert code == 0
     lines = out.splitlines()
     assert lines[0].endswith(f"incomplete (resume it with `vitsee extract {interrupted}`)")
-    assert lines[1] == (f"made by: vitsee extract {interrupted} --model {VIT} --dataset synthetic --n-images 48 "
-                        f"--batch-size 8 --img-size {IMG} --device cpu")
+    assert lines[1] == (
+        f"made by: vitsee extract {interrupted} --model {VIT} --dataset synthetic --n-images 48 "
+        f"--batch-size 8 --img-size {IMG} --device cpu"
+    )
 
 
 def test_an_old_store_without_a_record_is_told_the_way_out_and_a_missing_one_too(interrupted, tmp_path, capsys):
@@ -230,8 +281,10 @@ def test_an_old_store_without_a_record_is_told_the_way_out_and_a_missing_one_too
         del f.attrs["run_config"]
     code, _, err = run_cli(["extract", old], capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1
-    assert err.strip() == (f"error: {old} records no run configuration (made by an older vitsee): resume it with the "
-                           f"command that made it, `vitsee extract {old} --model {VIT}` with its other options")
+    assert err.strip() == (
+        f"error: {old} records no run configuration (made by an older vitsee): resume it with the "
+        f"command that made it, `vitsee extract {old} --model {VIT}` with its other options"
+    )
     code, out, _ = run_cli(["info", old], capsys)
     assert "incomplete (rerun the `vitsee extract` command that made it to resume)" in out.splitlines()[0]
     with h5py.File(old, "r+") as f:  # an old store that is complete needs no record to say so

@@ -1,4 +1,5 @@
 """`vitsee show`: half-block heatmaps in the cells' own colours, plain ASCII without colour, readable tables."""
+
 from __future__ import annotations
 
 import io
@@ -36,8 +37,9 @@ def plain_env(monkeypatch):
 def show(store, view: str, *options: str, monkeypatch, capsys) -> tuple[int, str, str]:
     """Runs `vitsee show STORE VIEW OPTIONS` on a 100-column truecolor terminal; returns (code, stdout, stderr)."""
     terminal = io.StringIO()
-    monkeypatch.setattr(cli, "out", Console(file=terminal, force_terminal=True, color_system="truecolor", width=100,
-                                            soft_wrap=True))
+    monkeypatch.setattr(
+        cli, "out", Console(file=terminal, force_terminal=True, color_system="truecolor", width=100, soft_wrap=True)
+    )
     monkeypatch.setattr("shutil.get_terminal_size", lambda fallback=None: __import__("os").terminal_size((100, 40)))
     code, _, err = run_cli(["show", store, view, *options], capsys)
     return code, terminal.getvalue(), err
@@ -70,8 +72,19 @@ def synthetic(rows: int, cols: int, kind: str = "cka") -> View:
     """A view whose every cell has its own value in [0, 1]."""
     matrix = np.arange(rows * cols, dtype=float).reshape(rows, cols) / (rows * cols - 1)
     names = [f"blocks.{i}" for i in range(max(rows, cols))]
-    return View(kind, f"{kind}:m", f"{kind} m", "m: random init", matrix, names[:rows], names[:cols], "CKA", 0.0, 1.0,
-                models=["m", "m"])
+    return View(
+        kind,
+        f"{kind}:m",
+        f"{kind} m",
+        "m: random init",
+        matrix,
+        names[:rows],
+        names[:cols],
+        "CKA",
+        0.0,
+        1.0,
+        models=["m", "m"],
+    )
 
 
 # --- colour ------------------------------------------------------------------------------------------
@@ -181,8 +194,19 @@ def test_probe_table_stars_the_best_layer_of_each_readout(store):
 
 def test_probe_table_best_cells_are_bold_in_colour():
     matrix = np.array([[0.2, 0.5], [0.9, 0.4], [0.3, 0.8]])
-    view = View("probes", "probes:m", "probes m", "", matrix, ["a", "b", "c"], ["CLS", "GAP"], "accuracy", 0.0, 1.0,
-                extra={"chance": 0.1, "token_maps": {}})
+    view = View(
+        "probes",
+        "probes:m",
+        "probes m",
+        "",
+        matrix,
+        ["a", "b", "c"],
+        ["CLS", "GAP"],
+        "accuracy",
+        0.0,
+        1.0,
+        extra={"chance": 0.1, "token_maps": {}},
+    )
     out = printed(render_view(view, color="truecolor"))
     assert re.search(r"\x1b\[1m\s*0\.900 \*", out) and re.search(r"\x1b\[1m\s*0\.800 \*", out)
     plain = ANSI.sub("", out)
@@ -233,8 +257,9 @@ def test_device_on_show_and_export_says_where_to_compute_not_which_estimate_to_s
     from vitsee.engine.store import Store, copy_store
 
     path = copy_store(tiny_store, tmp_path / "b8.h5")
-    code, _, err = run_cli(["analyze", path, "--cka", "--batch-size", "8", "--shuffles", "0", "--device", "cpu",
-                            "-q"], capsys)
+    code, _, err = run_cli(
+        ["analyze", path, "--cka", "--batch-size", "8", "--shuffles", "0", "--device", "cpu", "-q"], capsys
+    )
     assert code == 0, err
     with Store.open(path) as s:
         before = [r["id"] for r in s.results()]
@@ -259,8 +284,9 @@ def _sublayers(depth: int) -> list[str]:
 
     from vitsee.engine.models import layer_points
 
-    model = timm.create_model("vit_tiny_patch16_224", depth=depth, img_size=32, patch_size=8, embed_dim=24,
-                              num_heads=2, pretrained=False)
+    model = timm.create_model(
+        "vit_tiny_patch16_224", depth=depth, img_size=32, patch_size=8, embed_dim=24, num_heads=2, pretrained=False
+    )
     return [point.name for point in layer_points(model, "vit", "sublayers")]
 
 
@@ -268,13 +294,15 @@ def test_show_gives_every_layer_of_a_sublayer_store_a_label_of_its_own():
     from vitsee.engine.labels import fit_labels
 
     names = _sublayers(12)
-    assert {"blocks.1.mlp.act", "blocks.10.mlp.act", "blocks.11.mlp.act"} <= set(names)  # one short form for all three once
+    assert {"blocks.1.mlp.act", "blocks.10.mlp.act", "blocks.11.mlp.act"} <= set(
+        names
+    )  # one short form for all three once
     n = len(names)
     view = View("cka", "cka:m", "CKA m", "", np.eye(n), names, names, "CKA", 0.0, 1.0, models=["m", "m"])
     console = Console(width=n + 40, record=True, color_system="truecolor")
     for renderable in render_view(view, color="truecolor", width=n + 40):
         console.print(renderable)
-    gutter = [line.strip().split(" ")[0] for line in console.export_text().splitlines()[1:1 + n // 2]]
+    gutter = [line.strip().split(" ")[0] for line in console.export_text().splitlines()[1 : 1 + n // 2]]
     assert len(gutter) == n // 2 and len(set(gutter)) == n // 2  # one text row for two layers, each one named
     shown = fit_labels(names, 14)  # what the gutter writes: the app's own layout
     assert len(set(shown)) == n and set(gutter) <= set(shown)

@@ -1,4 +1,5 @@
 """Confidence intervals and permutation p-values: against direct, brute-force references on small inputs."""
+
 from __future__ import annotations
 
 import json
@@ -62,8 +63,12 @@ def test_batch_bootstrap_equals_a_direct_bootstrap_over_the_batches():
     acc = _accumulate(feats, batch)
     got = acc.statistics(0.9, reps, seed)
     batches = [[f[s : s + batch] for f in feats] for s in range(0, 80, batch)]
-    direct = np.stack([_fp64_cka([batches[i] for i in idx])  # recompute every Gram of every resampled batch
-                       for idx in stats.bootstrap_indices(len(batches), reps, seed)])
+    direct = np.stack(
+        [
+            _fp64_cka([batches[i] for i in idx])  # recompute every Gram of every resampled batch
+            for idx in stats.bootstrap_indices(len(batches), reps, seed)
+        ]
+    )
     low, high = np.quantile(direct, [0.05, 0.95], axis=0)
     np.testing.assert_allclose(got["ci_low"], low, atol=1e-7)
     np.testing.assert_allclose(got["ci_high"], high, atol=1e-7)
@@ -121,8 +126,9 @@ def test_a_layer_against_itself_is_significant_and_independent_ones_are_not_too_
     repeats = 60
     for seed in range(repeats):
         rng = np.random.default_rng(100 + seed)
-        p = _accumulate([rng.normal(size=(48, 5)), rng.normal(size=(48, 4))], 16, permutations=99,
-                        seed=seed).statistics(0.0, seed=seed)["p_value"][0, 1]
+        p = _accumulate(
+            [rng.normal(size=(48, 5)), rng.normal(size=(48, 4))], 16, permutations=99, seed=seed
+        ).statistics(0.0, seed=seed)["p_value"][0, 1]
         rejections += p <= 0.05
     assert rejections / repeats <= 0.15  # ~0.05 expected; P(> 9 of 60 | 0.05) < 0.2%
     assert rejections / repeats < 0.5 and rejections >= 0  # a test that cannot pass all-significant
@@ -173,8 +179,12 @@ def test_cka_result_has_intervals_and_p_values_and_keeps_its_values(tiny_store, 
         bare = run_cka(store, _cfg(ci=0, permutations=0))
         assert "stats" not in bare.params and "ci_low" not in bare
         with_stats = run_cka(store, _cfg(ci=0.9, permutations=19))
-        assert with_stats.params["stats"] == {"ci": 0.9, "bootstrap": stats.BOOTSTRAP_REPLICATES,
-                                                  "permutations": 19, "seed": 0}
+        assert with_stats.params["stats"] == {
+            "ci": 0.9,
+            "bootstrap": stats.BOOTSTRAP_REPLICATES,
+            "permutations": 19,
+            "seed": 0,
+        }
         assert np.array_equal(bare["matrix"], with_stats["matrix"])  # the estimate itself is untouched
         L = len(with_stats["layer"])
         for name in ("ci_low", "ci_high", "p_value"):
@@ -196,7 +206,9 @@ def test_probe_attention_and_skip_results_carry_intervals(tiny_store, tmp_path):
         ok = np.isfinite(k)
         ref_low, ref_high = stats.clopper_pearson(k[ok], n_test, 0.95)
         np.testing.assert_allclose(probes["ci_low"][ok], ref_low)
-        assert np.all(probes["ci_low"][ok] <= probes["accuracy"][ok]) and np.all(probes["accuracy"][ok] <= probes["ci_high"][ok])
+        assert np.all(probes["ci_low"][ok] <= probes["accuracy"][ok]) and np.all(
+            probes["accuracy"][ok] <= probes["ci_high"][ok]
+        )
         att = run_attention(store, VIT, cfg)
         dist = store.stat(store.resolve_model(VIT), "attention_distance")[:]  # (images, blocks, heads)
         order = att["head_order"]
@@ -214,16 +226,48 @@ def test_export_json_puts_intervals_beside_the_values_and_show_prints_the_best_c
     path = tmp_path / "copy.h5"
     path.write_bytes(tiny_store.read_bytes())
     out = tmp_path / "cka.json"
-    code, _, err = run_cli(["export", path, f"cka:{VIT}", "-o", out, "--batch-size", "8", "--ci", "0.9",
-                            "--permutations", "19", "--device", "cpu"], capsys)
+    code, _, err = run_cli(
+        [
+            "export",
+            path,
+            f"cka:{VIT}",
+            "-o",
+            out,
+            "--batch-size",
+            "8",
+            "--ci",
+            "0.9",
+            "--permutations",
+            "19",
+            "--device",
+            "cpu",
+        ],
+        capsys,
+    )
     assert code == 0, err
     payload = json.loads(out.read_text())
     shape = np.array(payload["values"], dtype=float).shape
     for name in ("ci_low", "ci_high", "p_value"):
         assert np.array(payload[name], dtype=float).shape == shape
     assert payload["params"]["stats"]["ci"] == 0.9
-    code, text, err = run_cli(["show", path, f"cka:{VIT}", "--color", "none", "--batch-size", "8", "--ci", "0.9",
-                               "--permutations", "19", "--device", "cpu"], capsys)
+    code, text, err = run_cli(
+        [
+            "show",
+            path,
+            f"cka:{VIT}",
+            "--color",
+            "none",
+            "--batch-size",
+            "8",
+            "--ci",
+            "0.9",
+            "--permutations",
+            "19",
+            "--device",
+            "cpu",
+        ],
+        capsys,
+    )
     assert code == 0, err
     assert "90% bootstrap interval" in text and "best: " in text and "p<" in text
     code, _, err = run_cli(["analyze", path, "--cka", "--ci", "2", "--device", "cpu"], capsys)
@@ -276,10 +320,22 @@ def test_a_view_marks_the_cells_above_alpha_and_words_its_interval():
     from vitsee.engine.views import View
 
     p = np.array([[0.01, 0.2], [0.2, 0.01]])
-    view = View("cka", "cka:a", "t", "", np.array([[1.0, 0.31], [0.31, 1.0]]), ["a", "b"], ["a", "b"], "CKA",
-                params={"stats": {"ci": 0.95, "permutations": 99}, "n_images": 40}, extra={"n_batches": 5},
-                models=["a", "a"], ci_low=np.array([[1.0, 0.25], [0.25, 1.0]]), ci_high=np.array([[1.0, 0.4], [0.4, 1.0]]),
-                p_value=p)
+    view = View(
+        "cka",
+        "cka:a",
+        "t",
+        "",
+        np.array([[1.0, 0.31], [0.31, 1.0]]),
+        ["a", "b"],
+        ["a", "b"],
+        "CKA",
+        params={"stats": {"ci": 0.95, "permutations": 99}, "n_images": 40},
+        extra={"n_batches": 5},
+        models=["a", "a"],
+        ci_low=np.array([[1.0, 0.25], [0.25, 1.0]]),
+        ci_high=np.array([[1.0, 0.4], [0.4, 1.0]]),
+        p_value=p,
+    )
     assert view.not_significant().tolist() == [[False, True], [True, False]]
     assert view.interval_text(0, 1) == " [0.250, 0.400] rough  p=0.20"
     assert view.interval_text(0, 0) == " [1.000, 1.000] rough  p<0.01"
@@ -324,4 +380,3 @@ async def test_the_app_shows_the_interval_and_n_toggles_the_marks(tiny_store, tm
         assert pane.marks_on and np.array_equal(heatmap._marks, view.not_significant())
         await pilot.press("n")
         assert not pane.marks_on and heatmap._marks is None
-

@@ -6,6 +6,7 @@ cached result (and, beside it in victim/, a file and another store) into the lay
 argv of `vitsee`; expected is the substring of the one-line error, or None where the command succeeds. Every row
 checks by sha256 that nothing under victim/ changed and that every file of the store is still somewhere.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -22,8 +23,21 @@ from vitsee.engine.store import Store, copy_store
 
 EXTRA = "test_vit@random:1"  # the appended model, a file of its own in STORE.d/models
 EXTRA_FILE = "test_vit%40random%3A1.h5"
-RUN = ["--dataset", "synthetic", "--n-images", "48", "--batch-size", "16", "--img-size", str(IMG), "--device", "cpu",
-       "--workers", "0", "--quiet"]
+RUN = [
+    "--dataset",
+    "synthetic",
+    "--n-images",
+    "48",
+    "--batch-size",
+    "16",
+    "--img-size",
+    str(IMG),
+    "--device",
+    "cpu",
+    "--workers",
+    "0",
+    "--quiet",
+]
 
 
 def _new_identity(path: Path, store_id: str) -> None:
@@ -37,7 +51,10 @@ def template(tiny_store, tmp_path_factory) -> Path:
     its own appended model and result)."""
     root = tmp_path_factory.mktemp("layout")
     store = copy_store(tiny_store, root / "s.h5")
-    for argv in (["extract", store, "--model", EXTRA, *RUN], ["analyze", store, "--skip", "--device", "cpu", "--quiet"]):
+    for argv in (
+        ["extract", store, "--model", EXTRA, *RUN],
+        ["analyze", store, "--skip", "--device", "cpu", "--quiet"],
+    ):
         code, _out, err = run_cli(argv, _NoCapture())
         assert code == 0, err
     (root / "victim").mkdir()
@@ -142,29 +159,62 @@ def _data_hashes(root: Path, victim: Path) -> set[str]:
 
 LAYOUTS = [
     # the lock, written by every writer
-    ("lock-link-to-a-file", lambda c: c.link(c.folder / "lock", c.victim / "notes.txt"), Case.analyze,
-     "lock is a symbolic link"),
-    ("lock-hard-link", lambda c: (c.put_away(c.folder / "lock"), os.link(c.victim / "notes.txt", c.folder / "lock")),
-     Case.analyze, "lock is a file with 2 names"),
+    (
+        "lock-link-to-a-file",
+        lambda c: c.link(c.folder / "lock", c.victim / "notes.txt"),
+        Case.analyze,
+        "lock is a symbolic link",
+    ),
+    (
+        "lock-hard-link",
+        lambda c: (c.put_away(c.folder / "lock"), os.link(c.victim / "notes.txt", c.folder / "lock")),
+        Case.analyze,
+        "lock is a file with 2 names",
+    ),
     ("lock-folder", lambda c: c.folder_at(c.folder / "lock"), Case.analyze, "lock is a folder"),
-    ("lock-pipe", lambda c: (c.put_away(c.folder / "lock"), os.mkfifo(c.folder / "lock")), Case.analyze,
-     "lock is a special file"),
+    (
+        "lock-pipe",
+        lambda c: (c.put_away(c.folder / "lock"), os.mkfifo(c.folder / "lock")),
+        Case.analyze,
+        "lock is a special file",
+    ),
     # the folder beside the store, and its models/ and results/
     ("folder-link-to-another-store", lambda c: c.link(c.folder, c.other), Case.analyze, "s.h5.d is a symbolic link"),
     ("folder-file", lambda c: c.file_at(c.folder), Case.analyze, "s.h5.d is a file, not the folder"),
     ("folder-link-for-a-new-model", lambda c: c.link(c.folder, c.other), Case.append, "s.h5.d is a symbolic link"),
-    ("models-link", lambda c: c.link(c.folder / "models", c.other / "models"), Case.analyze, "models is a symbolic link"),
+    (
+        "models-link",
+        lambda c: c.link(c.folder / "models", c.other / "models"),
+        Case.analyze,
+        "models is a symbolic link",
+    ),
     ("models-file", lambda c: c.file_at(c.folder / "models"), Case.analyze, "models is a file, not the folder"),
-    ("results-link", lambda c: c.link(c.folder / "results", c.other / "results"), Case.analyze,
-     "results is a symbolic link"),
+    (
+        "results-link",
+        lambda c: c.link(c.folder / "results", c.other / "results"),
+        Case.analyze,
+        "results is a symbolic link",
+    ),
     ("results-file", lambda c: c.file_at(c.folder / "results"), Case.analyze, "results is a file, not the folder"),
-    ("results-of-an-analysis-link", lambda c: c.link(c.folder / "results" / "skip", c.other / "results" / "skip"),
-     Case.analyze, "skip is a symbolic link"),
-    ("results-of-an-analysis-file", lambda c: c.file_at(c.folder / "results" / "skip"), Case.analyze,
-     "skip is a file, not the folder"),
+    (
+        "results-of-an-analysis-link",
+        lambda c: c.link(c.folder / "results" / "skip", c.other / "results" / "skip"),
+        Case.analyze,
+        "skip is a symbolic link",
+    ),
+    (
+        "results-of-an-analysis-file",
+        lambda c: c.file_at(c.folder / "results" / "skip"),
+        Case.analyze,
+        "skip is a file, not the folder",
+    ),
     # one model file, one result file
-    ("model-file-link-written-by-a-writer-of-rows", lambda c: c.link(c.model_file, c.saved / EXTRA_FILE),
-     Case.append, "test_vit%40random%3A1.h5 is a symbolic link"),
+    (
+        "model-file-link-written-by-a-writer-of-rows",
+        lambda c: c.link(c.model_file, c.saved / EXTRA_FILE),
+        Case.append,
+        "test_vit%40random%3A1.h5 is a symbolic link",
+    ),
     ("model-file-link-read-by-analyze", lambda c: c.link(c.model_file, c.saved / EXTRA_FILE), Case.analyze, None),
     ("model-file-folder", lambda c: c.folder_at(c.model_file), Case.analyze, "test_vit%40random%3A1.h5 is a folder"),
     ("result-file-link-outside", lambda c: c.link(c.result_file, c.victim / "notes.txt"), Case.analyze, None),
@@ -176,7 +226,8 @@ LAYOUTS = [
 
 @pytest.mark.parametrize("craft, command, expected", [pytest.param(c, m, e, id=i) for i, c, m, e in LAYOUTS])
 def test_a_crafted_folder_changes_nothing_outside_the_store_and_loses_nothing_of_it(
-        template, tmp_path, capsys, craft, command, expected):
+    template, tmp_path, capsys, craft, command, expected
+):
     root = tmp_path / "case"
     shutil.copytree(template, root, symlinks=True)
     case = Case(root)
@@ -254,8 +305,9 @@ def test_overwrite_removes_the_replaced_stores_files_and_moves_any_other_aside(t
         store_mod.write_images(h5, "synthetic", np.arange(4), np.zeros(4), None, None)
     assert list(case.folder.rglob("*.h5")) == []  # the replaced store's files went with it, the other's aside
     aside = root / "s.h5.d.store-0123456789ab"
-    assert sorted(h for rel, h in _hashes(aside).items()) == sorted(h for rel, h in _hashes(case.other).items()
-                                                                     if rel.endswith(".h5"))
+    assert sorted(h for rel, h in _hashes(aside).items()) == sorted(
+        h for rel, h in _hashes(case.other).items() if rel.endswith(".h5")
+    )
 
 
 def _declare_huge(result: Path) -> str:

@@ -1,5 +1,6 @@
 """`extract --streaming --heads`: head-level CKA (paper Fig. 5) accumulated straight from the forward pass, the same
 numbers as extracting the head outputs first and running `analyze --heads` after, found by show / export / the app."""
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,19 @@ TOLERANCE = 1e-6
 
 def _config(path, **kw) -> ExtractConfig:
     """The run of conftest's tiny_store (48 synthetic images, batches of 16), streamed with head-level CKA."""
-    return ExtractConfig(store=path, models=[VIT, RESNET], dataset="synthetic", n_images=48, batch_size=BATCH,
-                         img_size=IMG, device="cpu", workers=0, streaming=True, heads=True, **kw)
+    return ExtractConfig(
+        store=path,
+        models=[VIT, RESNET],
+        dataset="synthetic",
+        n_images=48,
+        batch_size=BATCH,
+        img_size=IMG,
+        device="cpu",
+        workers=0,
+        streaming=True,
+        heads=True,
+        **kw,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -72,11 +84,18 @@ def test_streamed_head_cka_matches_a_per_head_numpy_reference(streamed, tiny_sto
     with Store.open(tiny_store) as s:
         layers = s.layers(RESNET)
         other = [s.activations(RESNET, layer).reshape(48, -1).astype(np.float64) for layer in layers]
-        heads = [s.head_outputs(VIT, f"blocks.{b}")[:, h].reshape(48, -1).astype(np.float64) for b in range(6) for h in range(2)]
+        heads = [
+            s.head_outputs(VIT, f"blocks.{b}")[:, h].reshape(48, -1).astype(np.float64)
+            for b in range(6)
+            for h in range(2)
+        ]
     batches = [np.arange(start, start + BATCH) for start in range(0, 48, BATCH)]
     for r, x in enumerate(heads):
         for c, y in enumerate(other):
-            assert result["cka"][r, c] == pytest.approx(reference_cka(x, y, batches), abs=TOLERANCE), (ROWS[r], layers[c])
+            assert result["cka"][r, c] == pytest.approx(reference_cka(x, y, batches), abs=TOLERANCE), (
+                ROWS[r],
+                layers[c],
+            )
 
 
 def test_streaming_heads_keeps_no_head_outputs_and_costs_no_disk(streamed, tmp_path, capsys):
@@ -87,14 +106,19 @@ def test_streaming_heads_keeps_no_head_outputs_and_costs_no_disk(streamed, tmp_p
 
     with h5py.File(streamed, "r", locking=False) as f:
         assert "heads" not in f[f"models/{VIT}"] and "acts" not in f[f"models/{VIT}"]
-        assert f[f"streaming/heads/{VIT}"].shape == (2, (12 + 5) ** 2 + 1)  # the accumulator's two slots, nothing per image
+        assert f[f"streaming/heads/{VIT}"].shape == (
+            2,
+            (12 + 5) ** 2 + 1,
+        )  # the accumulator's two slots, nothing per image
     cfg = _config(tmp_path / "e.h5")
     assert estimate(cfg).total_bytes == estimate(replace(cfg, heads=False)).total_bytes
 
 
 def test_show_export_and_analyze_read_the_streamed_head_cka(streamed, tmp_path, capsys):
     result = _streamed_result(streamed)
-    code, _, err = run_cli(["analyze", streamed, "--heads", "--quiet"], capsys)  # no estimator asked for: the streamed one
+    code, _, err = run_cli(
+        ["analyze", streamed, "--heads", "--quiet"], capsys
+    )  # no estimator asked for: the streamed one
     assert code == 0, err
     code, out, err = run_cli(["show", streamed, f"heads:{VIT}:{RESNET}"], capsys)
     assert code == 0, err
@@ -144,7 +168,9 @@ async def test_heads_view_of_a_streamed_store_names_head_distance_and_cka(stream
         view = pane.view
         col = int(view.extra["scatter_col"])
         line = status(app)
-        assert re.fullmatch(rf"blocks\.0\.head\.0  distance \d+\.\d px  CKA vs {re.escape(view.cols[col])} -?\d\.\d\d", line), line
+        assert re.fullmatch(
+            rf"blocks\.0\.head\.0  distance \d+\.\d px  CKA vs {re.escape(view.cols[col])} -?\d\.\d\d", line
+        ), line
         assert f"{view.extra['distance_px'][0]:.1f} px" in line and f"{view.matrix[0, col]:.2f}" in line
 
 
@@ -170,15 +196,30 @@ def _one_line_error(args, capsys) -> str:
     return err
 
 
-RUN = ["--dataset", "synthetic", "-n", "8", "--batch-size", "8", "--img-size", str(IMG), "--device", "cpu",
-       "--workers", "0", "--quiet"]
+RUN = [
+    "--dataset",
+    "synthetic",
+    "-n",
+    "8",
+    "--batch-size",
+    "8",
+    "--img-size",
+    str(IMG),
+    "--device",
+    "cpu",
+    "--workers",
+    "0",
+    "--quiet",
+]
 
 
 def test_streaming_heads_with_one_model_or_none_with_attention_is_one_line(tmp_path, capsys):
     err = _one_line_error(["extract", tmp_path / "one.h5", "-m", VIT, "--streaming", "--heads", *RUN], capsys)
     assert "has one model (test_vit@random:0)" in err and "add --model NAME" in err
-    err = _one_line_error(["extract", tmp_path / "cnn.h5", "-m", RESNET, "-m", "test_resnet@random:1", "--streaming",
-                           "--heads", *RUN], capsys)
+    err = _one_line_error(
+        ["extract", tmp_path / "cnn.h5", "-m", RESNET, "-m", "test_resnet@random:1", "--streaming", "--heads", *RUN],
+        capsys,
+    )
     assert "has attention heads" in err and "test_resnet@random:1" in err and "leave out --heads" in err
     assert not (tmp_path / "one.h5").exists() and not (tmp_path / "cnn.h5").exists()
 

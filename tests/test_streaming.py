@@ -1,5 +1,6 @@
 """`extract --streaming`: CKA and statistics straight from the forward pass, no activations stored, the
 same numbers as extracting first and analysing after."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,18 @@ BATCH = 16
 
 def _config(path, **kw) -> ExtractConfig:
     """The run of conftest's tiny_store (48 synthetic images, batches of 16), streamed."""
-    return ExtractConfig(store=path, models=[VIT, RESNET], dataset="synthetic", n_images=48, batch_size=BATCH,
-                         img_size=IMG, device="cpu", workers=0, streaming=True, **kw)
+    return ExtractConfig(
+        store=path,
+        models=[VIT, RESNET],
+        dataset="synthetic",
+        n_images=48,
+        batch_size=BATCH,
+        img_size=IMG,
+        device="cpu",
+        workers=0,
+        streaming=True,
+        **kw,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +73,9 @@ def test_streamed_statistics_equal_the_stored_run(streamed, stored):
             for name in a.stats(model):
                 np.testing.assert_array_equal(a.stat(model, name), b.stat(model, name), err_msg=name)
             assert a.layers(model) == b.layers(model)
-            assert [a.layer_shape(model, x) for x in a.layers(model)] == [b.layer_shape(model, x) for x in b.layers(model)]
+            assert [a.layer_shape(model, x) for x in a.layers(model)] == [
+                b.layer_shape(model, x) for x in b.layers(model)
+            ]
 
 
 def test_streaming_store_keeps_no_activations_and_says_so(streamed, capsys):
@@ -77,7 +90,9 @@ def test_streaming_store_keeps_no_activations_and_says_so(streamed, capsys):
             s.activations(VIT, "blocks.0")
 
 
-@pytest.mark.parametrize("args", [["--probes"], ["--spatial"], ["--cka", "--shuffles", "2"], ["--cka", "--batch-size", "8"]])
+@pytest.mark.parametrize(
+    "args", [["--probes"], ["--spatial"], ["--cka", "--shuffles", "2"], ["--cka", "--batch-size", "8"]]
+)
 def test_what_needs_activations_names_the_way_out(streamed, capsys, args):
     code, _, err = run_cli(["analyze", streamed, *args, "--quiet"], capsys)
     assert code != 0 and "Traceback" not in err

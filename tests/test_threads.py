@@ -92,7 +92,11 @@ def test_analyze_takes_threads_and_refuses_zero_in_one_line(tiny_store, tmp_path
     before = torch.get_num_threads()
     try:
         code, _, err = run_cli(["analyze", store, "--skip", "--threads", "0", "-q"], capsys)
-        assert code == 2 and err.strip().startswith("error: --threads 0 must be at least 1") and len(err.strip().splitlines()) == 1
+        assert (
+            code == 2
+            and err.strip().startswith("error: --threads 0 must be at least 1")
+            and len(err.strip().splitlines()) == 1
+        )
         code, _, _ = run_cli(["analyze", store, "--skip", "--threads", "1", "-q"], capsys)
         assert code == 0 and torch.get_num_threads() == 1
     finally:
@@ -120,8 +124,13 @@ def _cached_arrays(store) -> dict:
     out = {}
     for p in sorted((store.parent / (store.name + ".d") / "results").rglob("*.h5")):
         with h5py.File(p, "r") as f:
-            f.visititems(lambda name, obj: out.__setitem__(f"{p.parent.name}/{p.stem}/{name}", np.asarray(obj[()]))
-                         if isinstance(obj, h5py.Dataset) else None)
+            f.visititems(
+                lambda name, obj: (
+                    out.__setitem__(f"{p.parent.name}/{p.stem}/{name}", np.asarray(obj[()]))
+                    if isinstance(obj, h5py.Dataset)
+                    else None
+                )
+            )
     return out
 
 
@@ -146,5 +155,7 @@ def test_a_rerun_with_another_thread_count_caches_the_same_arrays_bit_for_bit(ti
         if "cka/" in name or "spatial/" in name:
             for n in (2, 3):
                 other = arrays[n][name]
-                same = value.tolist() == other.tolist() if value.dtype.kind == "O" else value.tobytes() == other.tobytes()
+                same = (
+                    value.tolist() == other.tolist() if value.dtype.kind == "O" else value.tobytes() == other.tobytes()
+                )
                 assert value.dtype == other.dtype and value.shape == other.shape and same, (name, n)

@@ -22,7 +22,9 @@ pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is no
 
 SOCKET = f"vitsee-test-{os.getpid()}"  # a private tmux server: never touches the user's sessions
 # the value, then (a result with statistics) its interval and p-value: "CKA 0.9996 [0.999, 1.000] rough  p<0.01"
-STATUS = re.compile(r"^ (\S+) x (\S+)  CKA (-?\d\.\d{4})(?: \[-?[\d.]+, -?[\d.]+\](?: rough)?)?(?:  p[<=]+[\d.]+)?\s*$", re.M)
+STATUS = re.compile(
+    r"^ (\S+) x (\S+)  CKA (-?\d\.\d{4})(?: \[-?[\d.]+, -?[\d.]+\](?: rough)?)?(?:  p[<=]+[\d.]+)?\s*$", re.M
+)
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +58,28 @@ def wait_for(predicate, what: str, timeout: float = 60.0) -> str:
 def app_in_tmux(store, tmp_path):
     script = Path(sys.executable).with_name("vitsee-tui")
     command = f"cd {tmp_path} && {script} {store} --export-dir {tmp_path / 'exports'}"
-    tmux("-f", "/dev/null", "new-session", "-d", "-s", "app", "-x", "160", "-y", "48",
-         "env", "-u", "COLUMNS", "-u", "LINES", "TERM=tmux-256color", "HF_HUB_OFFLINE=1", "sh", "-c", command)
+    tmux(
+        "-f",
+        "/dev/null",
+        "new-session",
+        "-d",
+        "-s",
+        "app",
+        "-x",
+        "160",
+        "-y",
+        "48",
+        "env",
+        "-u",
+        "COLUMNS",
+        "-u",
+        "LINES",
+        "TERM=tmux-256color",
+        "HF_HUB_OFFLINE=1",
+        "sh",
+        "-c",
+        command,
+    )
     yield
     tmux("kill-server", check=False)
 
@@ -83,8 +105,10 @@ def test_keys_sent_to_the_real_app_change_what_the_terminal_shows(app_in_tmux):
     wait_for(lambda s: STATUS.search(s) and STATUS.search(s).group(1) == "blocks.1", "the cursor to move down")
 
     tmux("send-keys", "-t", "app", "2")
-    attention = wait_for(lambda s: "Mean attention distance" in s and re.search(r"^ blocks\.0 head \d", s, re.M),
-                         "the attention view and its status line")
+    attention = wait_for(
+        lambda s: "Mean attention distance" in s and re.search(r"^ blocks\.0 head \d", s, re.M),
+        "the attention view and its status line",
+    )
     assert "\u25b2uniform 32.1" in attention  # the uniform-attention distance marked on the axis
 
     tmux("send-keys", "-t", "app", "a", "1")

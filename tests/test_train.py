@@ -1,5 +1,6 @@
 """`vitsee train`: learning, the no-skip intervention against a hand-written forward, resuming after kill -9, the
 record in the weights file and extraction from it, and every bad input as one line."""
+
 from __future__ import annotations
 
 import os
@@ -23,8 +24,13 @@ from vitsee.engine.models import load_model
 from vitsee.engine.models import read_record
 from vitsee.engine.train import TrainConfig, checkpoint_path, lock_path, train
 
-TINY_VIT = {"model": "test_vit", "model_args": {"patch_size": 8, "depth": 3}, "img_size": 32, "dataset": "digits",
-            "device": "cpu"}
+TINY_VIT = {
+    "model": "test_vit",
+    "model_args": {"patch_size": 8, "depth": 3},
+    "img_size": 32,
+    "dataset": "digits",
+    "device": "cpu",
+}
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -61,8 +67,18 @@ def tiny_vit(out: Path, **kwargs) -> TrainConfig:
 
 
 def test_a_small_resnet18_learns_digits_well_above_chance(tmp_path):
-    cfg = TrainConfig(out=tmp_path / "r18.safetensors", model="resnet18", model_args={"channels": [16, 32, 64, 128]},
-                      img_size=32, dataset="digits", n_images=600, epochs=5, batch_size=32, device="cpu", workers=2)
+    cfg = TrainConfig(
+        out=tmp_path / "r18.safetensors",
+        model="resnet18",
+        model_args={"channels": [16, 32, 64, 128]},
+        img_size=32,
+        dataset="digits",
+        n_images=600,
+        epochs=5,
+        batch_size=32,
+        device="cpu",
+        workers=2,
+    )
     result = train(cfg)
     # chance on ten balanced digits is 0.1
     assert result.record["test_accuracy"] > 0.5
@@ -115,8 +131,14 @@ def test_the_record_round_trips_and_name_at_file_rebuilds_the_architecture(tmp_p
     record = read_record(out)
     assert record == result.record
     assert record["model"] == "test_vit" and record["model_args"] == {"patch_size": 8, "depth": 3}
-    assert record["kwargs"] == {"patch_size": 8, "depth": 3, "class_token": False, "global_pool": "avg",
-                                "num_classes": 10, "img_size": 32}
+    assert record["kwargs"] == {
+        "patch_size": 8,
+        "depth": 3,
+        "class_token": False,
+        "global_pool": "avg",
+        "num_classes": 10,
+        "img_size": 32,
+    }
     assert record["interventions"] == {"no_skip": ["blocks.1.attn", "blocks.1.mlp"], "pool": "avg"}
     assert record["split"] == {"seed": 0, "test_fraction": 0.2, "n_images": 120, "data_fraction": 0.5}
     assert (record["n_train"], record["n_test"]) == (48, 24)
@@ -135,17 +157,21 @@ def test_the_record_round_trips_and_name_at_file_rebuilds_the_architecture(tmp_p
         assert torch.equal(loaded.model(x), plain(x))
 
     store = tmp_path / "s.h5"
-    code, _, err = run_cli(["extract", store, "-m", f"test_vit@{out}", "--dataset", "digits", "-n", 16, "-q",
-                            "--workers", 0], capsys)
+    code, _, err = run_cli(
+        ["extract", store, "-m", f"test_vit@{out}", "--dataset", "digits", "-n", 16, "-q", "--workers", 0], capsys
+    )
     assert code == 0, err
     code, text, _ = run_cli(["info", store], capsys)
     assert code == 0
     assert "trained here on digits (48 images, 1 epochs" in text
     assert "no skip in blocks.1.attn, blocks.1.mlp; GAP classifier, no class token; data fraction 0.5" in text
 
-    code, _, err = run_cli(["extract", tmp_path / "t.h5", "-m", f"test_resnet@{out}", "--dataset", "digits", "-n", 8, "-q"],
-                           capsys)
-    assert code == 2 and err.strip().splitlines() == [f"error: {out} was trained as test_vit, not test_resnet: use -m test_vit@{out}"]
+    code, _, err = run_cli(
+        ["extract", tmp_path / "t.h5", "-m", f"test_resnet@{out}", "--dataset", "digits", "-n", 8, "-q"], capsys
+    )
+    assert code == 2 and err.strip().splitlines() == [
+        f"error: {out} was trained as test_vit, not test_resnet: use -m test_vit@{out}"
+    ]
     assert not (tmp_path / "t.h5").exists()
 
 
@@ -160,17 +186,42 @@ def test_kept_tensors_of_a_fixed_transform_equal_a_fresh_transform_and_random_on
     kept = _Images(digits, np.arange(5, 25), fixed, fixed=True)
     first = [kept[j][0] for j in range(len(kept))]
     again = [kept[j] for j in range(len(kept))]
-    assert all(torch.equal(a, fixed(digits.image(5 + j))) and b is a and y == digits.labels()[5 + j]
-               for j, (a, (b, y)) in enumerate(zip(first, again)))
+    assert all(
+        torch.equal(a, fixed(digits.image(5 + j))) and b is a and y == digits.labels()[5 + j]
+        for j, (a, (b, y)) in enumerate(zip(first, again))
+    )
     crop = timm.data.create_transform(input_size=(3, 32, 32), is_training=True, scale=(0.5, 1.0), hflip=0.0)
     drawn = _Images(digits, np.arange(5, 25), crop, fixed=False)
     assert not any(torch.equal(drawn[j][0], drawn[j][0]) for j in range(len(drawn)))  # a new crop each time
 
 
 def _train_command(out: Path, epochs: int) -> list[str]:
-    return [sys.executable, "-m", "vitsee.engine.cli", "train", str(out), "-m", "test_vit", "--model-arg", "patch_size=8",
-            "--model-arg", "depth=3", "--img-size", "32", "--dataset", "digits", "-n", "200", "--epochs", str(epochs),
-            "--batch-size", "16", "--device", "cpu", "-q"]
+    return [
+        sys.executable,
+        "-m",
+        "vitsee.engine.cli",
+        "train",
+        str(out),
+        "-m",
+        "test_vit",
+        "--model-arg",
+        "patch_size=8",
+        "--model-arg",
+        "depth=3",
+        "--img-size",
+        "32",
+        "--dataset",
+        "digits",
+        "-n",
+        "200",
+        "--epochs",
+        str(epochs),
+        "--batch-size",
+        "16",
+        "--device",
+        "cpu",
+        "-q",
+    ]
 
 
 def test_kill_9_mid_training_and_a_rerun_give_the_weights_of_an_uninterrupted_run(tmp_path):
@@ -181,11 +232,23 @@ def test_kill_9_mid_training_and_a_rerun_give_the_weights_of_an_uninterrupted_ru
         deadline = time.monotonic() + 240
         while not checkpoint_path(out).exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert checkpoint_path(out).exists(), proc.stderr.read().decode() if proc.poll() is not None else "no checkpoint"
+        assert checkpoint_path(out).exists(), (
+            proc.stderr.read().decode() if proc.poll() is not None else "no checkpoint"
+        )
         # a second run into the same OUT while the first trains is refused, and leaves the first's files alone
         with pytest.raises(VitseeError, match="another `vitsee train` is writing"):
-            train(TrainConfig(out=out, **{**TINY_VIT, "model_args": {"patch_size": 8, "depth": 3}, "n_images": 200,
-                                          "epochs": 3, "batch_size": 16}))
+            train(
+                TrainConfig(
+                    out=out,
+                    **{
+                        **TINY_VIT,
+                        "model_args": {"patch_size": 8, "depth": 3},
+                        "n_images": 200,
+                        "epochs": 3,
+                        "batch_size": 16,
+                    },
+                )
+            )
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
     finally:
@@ -210,7 +273,9 @@ def test_the_lock_file_stays_after_a_run_so_whoever_opened_it_still_excludes_the
     train(tiny_vit(out))
     # the file is kept, never unlinked: a process that opened it before the run ended locks the live file
     assert lock_path(out).exists() and lock_is_free(out)
-    holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(lock_path(out)), "60"], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", LOCK_HOLDER, str(lock_path(out)), "60"], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(VitseeError, match="another `vitsee train` is writing"):
@@ -244,8 +309,10 @@ BASE = ["--img-size", "32", "--dataset", "digits", "-n", "60", "--epochs", "1", 
 BAD_INPUTS = {
     "kwargs timm cannot build": (["--model-arg", "no_such_arg=3"], "timm cannot build test_vit with"),
     "no block of that name": (["--no-skip", "blocks.9"], "--no-skip blocks.9: test_vit has no block 'blocks.9'"),
-    "a model without residual blocks": (["-m", "test_resnet", "--no-skip", "layer1.0"],
-                                        "--no-skip layer1.0: test_resnet has no transformer blocks"),
+    "a model without residual blocks": (
+        ["-m", "test_resnet", "--no-skip", "layer1.0"],
+        "--no-skip layer1.0: test_resnet has no transformer blocks",
+    ),
     "--pool avg on a CNN": (["-m", "test_resnet", "--pool", "avg"], "--pool avg chooses a ViT's classifier"),
     "fraction 0": (["--data-fraction", "0"], "--data-fraction 0.0 is outside (0, 1]"),
     "fraction above 1": (["--data-fraction", "1.5"], "--data-fraction 1.5 is outside (0, 1]"),
@@ -275,13 +342,17 @@ def test_an_existing_out_is_refused_without_overwrite_and_kept(tmp_path, capsys)
     out = tmp_path / "m.safetensors"
     out.write_bytes(b"keep me")
     code, _, err = run_cli(["train", out, *VIT_ARGS, *BASE], capsys)
-    assert code == 2 and err.strip().splitlines() == [f"error: {out} exists: pass --overwrite to replace it, or choose another OUT"]
+    assert code == 2 and err.strip().splitlines() == [
+        f"error: {out} exists: pass --overwrite to replace it, or choose another OUT"
+    ]
     assert out.read_bytes() == b"keep me" and sorted(p.name for p in tmp_path.iterdir()) == ["m.safetensors"]
 
 
 def test_the_cli_trains_with_loader_workers_and_prints_one_line_per_epoch(tmp_path, capsys):
     out = tmp_path / "w.safetensors"
-    code, _, err = run_cli(["train", out, *VIT_ARGS, *[a for a in BASE if a != "-q"], "--epochs", "2", "--workers", "2"], capsys)
+    code, _, err = run_cli(
+        ["train", out, *VIT_ARGS, *[a for a in BASE if a != "-q"], "--epochs", "2", "--workers", "2"], capsys
+    )
     assert code == 0, err
     epochs = [line for line in err.splitlines() if line.startswith("epoch ") and "test acc" in line]
     assert [line.split()[1] for line in epochs] == ["1/2", "2/2"]
@@ -318,15 +389,20 @@ def test_the_demo_keys_its_cached_weights_by_the_recipe_so_a_new_recipe_trains_a
     later = demo.choose(folder=tmp_path, device="cpu")
     assert [t.out.name for t in later.training][0] != names[0] and later.config.store != now.config.store
     fixed = demo.choose(demo.DemoPlan(train_epochs=2), folder=tmp_path, device="cpu")
-    assert [t.out.name for t in fixed.training] == ["demo-vit_tiny_patch16_224-digits32-e2-s0.safetensors",
-                                                     "demo-resnet18-digits32-e2-s0.safetensors"]
+    assert [t.out.name for t in fixed.training] == [
+        "demo-vit_tiny_patch16_224-digits32-e2-s0.safetensors",
+        "demo-resnet18-digits32-e2-s0.safetensors",
+    ]
 
 
-@pytest.mark.parametrize("held_out, message", [
-    ("FOLDER", "--held-out TMP/held.npz is a folder: name the .npz file to write"),
-    ("OUT", "is OUT itself"),
-    ("TMP/nowhere/test.npz", "folder TMP/nowhere does not exist"),
-])
+@pytest.mark.parametrize(
+    "held_out, message",
+    [
+        ("FOLDER", "--held-out TMP/held.npz is a folder: name the .npz file to write"),
+        ("OUT", "is OUT itself"),
+        ("TMP/nowhere/test.npz", "folder TMP/nowhere does not exist"),
+    ],
+)
 def test_a_held_out_path_that_cannot_be_written_is_refused_before_training(tmp_path, capsys, held_out, message):
     (tmp_path / "held.npz").mkdir()
     out = tmp_path / "m.safetensors"

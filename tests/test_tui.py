@@ -44,9 +44,12 @@ async def test_opening_a_store_of_two_models_shows_their_cross_model_cka(store, 
 
 
 async def test_arrow_keys_move_the_cursor_and_the_status_line_names_the_pair_with_the_exported_value(
-        store, tmp_path, capsys):
+    store, tmp_path, capsys
+):
     out = tmp_path / "cka.json"
-    code, _, err = run_cli(["export", store, f"cka:{VIT}", "--out", out, "--batch-size", "16", "--shuffles", "0"], capsys)
+    code, _, err = run_cli(
+        ["export", store, f"cka:{VIT}", "--out", out, "--batch-size", "16", "--shuffles", "0"], capsys
+    )
     assert code == 0, err
     exported = json.loads(out.read_text())
     app = make_app(store, tmp_path)
@@ -158,8 +161,10 @@ async def test_a_view_that_does_not_apply_says_why(store, tmp_path):
         await pilot.press("2")
         await settle(pilot)
         # the analysis's one reason (as `vitsee analyze --attention` and the dossier say it), and the key to a model it fits
-        assert status(app) == (f"{RESNET} has no attention distances (resnet model): they exist for ViT- and Swin-like "
-                               f"models only; press a to pick {VIT} as model A")
+        assert status(app) == (
+            f"{RESNET} has no attention distances (resnet model): they exist for ViT- and Swin-like "
+            f"models only; press a to pick {VIT} as model A"
+        )
 
 
 async def test_the_skip_view_of_a_random_init_resnet_says_timm_zeroes_its_branches(store, tmp_path):
@@ -277,7 +282,9 @@ async def test_a_view_not_cached_is_computed_in_a_worker_and_cached(tiny_store, 
         assert not s.results("cka")
     app = make_app(path, tmp_path)
     steps = []
-    async with app.run_test(size=SIZE, message_hook=lambda m: steps.append(m) if type(m).__name__ == "AnalysisStep" else None) as pilot:
+    async with app.run_test(
+        size=SIZE, message_hook=lambda m: steps.append(m) if type(m).__name__ == "AnalysisStep" else None
+    ) as pilot:
         await settle(pilot, view_shown("cka"), timeout=60)
         assert app.screen.pane("cka").loaded.computed
         assert steps and steps[-1].done == steps[-1].total  # progress reached the bar
@@ -297,8 +304,9 @@ def test_a_cancelled_computation_stops_at_its_next_step_and_caches_nothing(tiny_
     shutil.copy(tiny_store, path)
     steps = []
     with pytest.raises(Cancelled):
-        read_view(path, f"cka:{VIT}", AnalyzeConfig(batch_size=16), progress=steps.append,
-                  cancelled=lambda: len(steps) >= 1)
+        read_view(
+            path, f"cka:{VIT}", AnalyzeConfig(batch_size=16), progress=steps.append, cancelled=lambda: len(steps) >= 1
+        )
     assert len(steps) == 1  # one batch done, then it stopped
     with Store.open(path) as s:
         assert s.results() == []
@@ -306,7 +314,9 @@ def test_a_cancelled_computation_stops_at_its_next_step_and_caches_nothing(tiny_
     assert loaded.computed and loaded.view.matrix.shape == (8, 8)
 
 
-async def test_a_probe_job_expected_to_take_over_a_minute_is_announced_with_the_ways_to_narrow_it(tiny_store, tmp_path, monkeypatch):
+async def test_a_probe_job_expected_to_take_over_a_minute_is_announced_with_the_ways_to_narrow_it(
+    tiny_store, tmp_path, monkeypatch
+):
     from vitsee.engine.analyses import probes
 
     path = tmp_path / "fresh.h5"
@@ -316,7 +326,9 @@ async def test_a_probe_job_expected_to_take_over_a_minute_is_announced_with_the_
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot, lambda app: app.screen.summary is not None, timeout=30, idle=False)
         await pilot.press("3")  # the probes view: not cached, so it starts computing
-        await settle(pilot, lambda app: any("--probe-max-dim" in m for m, _ in notifications(app)), timeout=30, idle=False)
+        await settle(
+            pilot, lambda app: any("--probe-max-dim" in m for m, _ in notifications(app)), timeout=30, idle=False
+        )
         warning, severity = next((m, s) for m, s in notifications(app) if "--probe-max-dim" in m)
         await pilot.press("x")  # cancel: the warning says so
         await settle(pilot, timeout=60)
@@ -387,8 +399,13 @@ async def test_help_lists_the_keys_of_the_focused_view(store, tmp_path):
         assert ("\u2192 / l", "heatmap.right") in rows
         assert ("e", "explorer.export") in rows and ("q / ^q", "app.quit") in rows and ("z", "heatmap.zoom") in rows
         groups = {k.binding_id: k.group for k in app.screen.keys}
-        assert (groups["heatmap.right"], groups["explorer.view_cka"], groups["explorer.model_b"], groups["heatmap.zoom"],
-                groups["app.quit"]) == ("Move", "Views", "Models", "This view", "App")
+        assert (
+            groups["heatmap.right"],
+            groups["explorer.view_cka"],
+            groups["explorer.model_b"],
+            groups["heatmap.zoom"],
+            groups["app.quit"],
+        ) == ("Move", "Views", "Models", "This view", "App")
         assert app.screen.title_text == f"CKA view ({VIT} x {RESNET})"
         await pilot.press("escape")
         assert isinstance(app.screen, ExplorerScreen)
@@ -401,8 +418,14 @@ async def test_the_command_palette_offers_views_models_export_and_zoom(store, tm
         from vitsee.tui.commands import VitseeCommands
 
         names = [name for name, _, _ in VitseeCommands(app.screen)._commands()]
-        for wanted in ("View: Attention", "Export view to PNG + JSON", "Toggle zoom", "Model A: test_resnet (random)",
-                       "Model B: test_resnet (random)", "Open store list"):
+        for wanted in (
+            "View: Attention",
+            "Export view to PNG + JSON",
+            "Toggle zoom",
+            "Model A: test_resnet (random)",
+            "Model B: test_resnet (random)",
+            "Open store list",
+        ):
             assert wanted in names
         await pilot.press("ctrl+p")
         await pilot.pause()
@@ -461,7 +484,9 @@ async def test_a_new_run_from_the_form_extracts_shows_progress_and_opens_the_sto
     app = make_app(None, tmp_path)
     events = []
     kept = ("RunEvent", "ResultCached")
-    async with app.run_test(size=SIZE, message_hook=lambda m: events.append(m) if type(m).__name__ in kept else None) as pilot:
+    async with app.run_test(
+        size=SIZE, message_hook=lambda m: events.append(m) if type(m).__name__ in kept else None
+    ) as pilot:
         form = await open_form(app, pilot, (VIT, RESNET))
         form.query_one("#dataset").value = "synthetic"
         form.query_one("#n-images").value = "32"
@@ -471,7 +496,9 @@ async def test_a_new_run_from_the_form_extracts_shows_progress_and_opens_the_sto
         form.query_one("#store-path").value = str(target)
         assert form.fields()["models"] == [VIT, RESNET]
         await pilot.press("f2")  # the size on disk, before anything is written
-        await settle(pilot, lambda a: "expected size on disk" in str(a.screen.query_one("#size-line").render()), timeout=60)
+        await settle(
+            pilot, lambda a: "expected size on disk" in str(a.screen.query_one("#size-line").render()), timeout=60
+        )
         assert "32 images x 2 model(s)" in str(form.query_one("#size-line").render()) and not target.exists()
         await pilot.press("ctrl+s")
         await settle(pilot, view_shown("cka"), timeout=90, idle=False)
@@ -482,8 +509,12 @@ async def test_a_new_run_from_the_form_extracts_shows_progress_and_opens_the_sto
         assert target.exists()
         with Store.open(target) as s:
             assert s.models == [VIT, RESNET] and s.complete
-        await settle(pilot, lambda a: f"spatial:{VIT}" in [m.spec for m in events if type(m).__name__ == "ResultCached"],
-                     timeout=90, idle=False)
+        await settle(
+            pilot,
+            lambda a: f"spatial:{VIT}" in [m.spec for m in events if type(m).__name__ == "ResultCached"],
+            timeout=90,
+            idle=False,
+        )
         cached = list(dict.fromkeys(m.spec for m in events if type(m).__name__ == "ResultCached"))
         assert cached[:2] == [f"cka:{VIT}", f"cka:{VIT}:{RESNET}"]  # views fill in one by one, CKA first
         with Store.open(target) as s:  # the background pass caches every view (probes, the slowest, last)
@@ -503,7 +534,9 @@ async def test_a_streaming_run_from_the_form_keeps_results_only_and_says_why_pro
         form.query_one("#store-path").value = str(target)
         assert form.fields()["streaming"] is True
         await pilot.press("f2")
-        await settle(pilot, lambda a: "expected size on disk" in str(a.screen.query_one("#size-line").render()), timeout=60)
+        await settle(
+            pilot, lambda a: "expected size on disk" in str(a.screen.query_one("#size-line").render()), timeout=60
+        )
         assert "activations not stored" in str(form.query_one("#size-line").render())
         await pilot.press("ctrl+s")
         await settle(pilot, view_shown("cka"), timeout=90, idle=False)
@@ -517,8 +550,10 @@ async def test_a_streaming_run_from_the_form_keeps_results_only_and_says_why_pro
         for key, what in (("3", "linear probes cannot be fitted"), ("5", "spatial maps cannot be computed")):
             await pilot.press(key)
             await settle(pilot)  # the analysis's one reason, as `vitsee analyze --probes` says it
-            assert status(app) == (f"{target} was extracted with --streaming, which keeps no activations, so {what}: "
-                                   "re-extract without --streaming into another store")
+            assert status(app) == (
+                f"{target} was extracted with --streaming, which keeps no activations, so {what}: "
+                "re-extract without --streaming into another store"
+            )
         await pilot.press("2")
         await settle(pilot, view_shown("attention"))  # the statistics streamed during the pass are there
 
@@ -533,8 +568,11 @@ async def test_the_form_streams_head_level_cka_for_a_vit_and_another_model_and_s
         await pilot.press("ctrl+s")
         await pilot.pause()
         assert app.screen is form  # refused before anything starts
-        assert notifications(app)[-1] == ("head-level CKA compares a ViT's heads with another model's layers: add a "
-                                          "second model (e.g. resnet18), or stream results only", "error")
+        assert notifications(app)[-1] == (
+            "head-level CKA compares a ViT's heads with another model's layers: add a "
+            "second model (e.g. resnet18), or stream results only",
+            "error",
+        )
         form.query_one("#model-search").value = RESNET
         await pilot.press("enter")
         fields = form.fields()
@@ -550,21 +588,31 @@ async def test_the_form_streams_head_level_cka_for_a_vit_and_another_model_and_s
 async def test_the_demo_trains_its_models_once_in_the_cache_folder_says_trained_here_and_opens(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    small = {"models": ("test_vit", "test_resnet"), "batch_size": 8, "train_n_images": 60, "train_epochs": 1,
-             "trained": (("test_vit", {"patch_size": 8, "depth": 2}), ("test_resnet", {}))}
+    small = {
+        "models": ("test_vit", "test_resnet"),
+        "batch_size": 8,
+        "train_n_images": 60,
+        "train_epochs": 1,
+        "trained": (("test_vit", {"patch_size": 8, "depth": 2}), ("test_resnet", {})),
+    }
     monkeypatch.setattr(VitseeApp, "demo_overrides", small)
     created = []
     for attempt in ("build", "reuse"):
         app = make_app(None, tmp_path, demo=True)
         events = []
-        async with app.run_test(size=SIZE, message_hook=lambda m: events.append(m) if type(m).__name__ == "RunEvent" else None) as pilot:
+        async with app.run_test(
+            size=SIZE, message_hook=lambda m: events.append(m) if type(m).__name__ == "RunEvent" else None
+        ) as pilot:
             await settle(pilot, view_shown("cka"), timeout=180)
             folder = tmp_path / "cache" / "vitsee"
             stores = list(folder.glob("demo-*.h5"))
             assert [p.name for p in stores] == ["demo-trained-digits32-e1-s0.h5"]
             assert sorted(p.name for p in folder.glob("*.safetensors")) == [  # each model and its untrained twin
-                "demo-test_resnet-digits32-e1-s0-init.safetensors", "demo-test_resnet-digits32-e1-s0.safetensors",
-                "demo-test_vit-digits32-e1-s0-init.safetensors", "demo-test_vit-digits32-e1-s0.safetensors"]
+                "demo-test_resnet-digits32-e1-s0-init.safetensors",
+                "demo-test_resnet-digits32-e1-s0.safetensors",
+                "demo-test_vit-digits32-e1-s0-init.safetensors",
+                "demo-test_vit-digits32-e1-s0.safetensors",
+            ]
             assert [m.key.rpartition("-")[2] for m in app.screen.summary.models] == ["s0", "s0", "init", "init"]
             notes = [m for m, _ in notifications(app) if m.startswith("demo store")]
             assert notes and "test_vit and test_resnet trained here on digits at 32 px" in notes[0]
@@ -587,14 +635,20 @@ async def test_the_demo_trains_its_models_once_in_the_cache_folder_says_trained_
 
 
 async def test_a_remembered_demo_store_its_checks_no_longer_pick_is_shown_then_the_picked_one_is_built(
-        store, tmp_path, monkeypatch):
+    store, tmp_path, monkeypatch
+):
     from vitsee.tui import demo
     from vitsee.tui.screens.run import RunScreen
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    small = {"models": ("test_vit", "test_resnet"), "batch_size": 8, "train_n_images": 60, "train_epochs": 1,
-             "trained": (("test_vit", {"patch_size": 8, "depth": 2}), ("test_resnet", {}))}
+    small = {
+        "models": ("test_vit", "test_resnet"),
+        "batch_size": 8,
+        "train_n_images": 60,
+        "train_epochs": 1,
+        "trained": (("test_vit", {"patch_size": 8, "depth": 2}), ("test_resnet", {})),
+    }
     monkeypatch.setattr(VitseeApp, "demo_overrides", small)
     old = shutil.copy(store, tmp_path / "demo-older.h5")  # e.g. made by an older recipe: another file name
     demo.remember(old, "demo store of an older recipe")

@@ -36,7 +36,9 @@ def bare_store(tiny_store, tmp_path_factory) -> Path:
     """Returns a copy of the tiny store analysed with no statistics at all (--ci 0 --permutations 0)."""
     path = tmp_path_factory.mktemp("bare") / "tiny.h5"
     shutil.copy(tiny_store, path)
-    run_analyses(path, None, AnalyzeConfig(shuffles=CACHED.shuffles, batch_size=CACHED.batch_size, ci=0, permutations=0))
+    run_analyses(
+        path, None, AnalyzeConfig(shuffles=CACHED.shuffles, batch_size=CACHED.batch_size, ci=0, permutations=0)
+    )
     return path
 
 
@@ -128,8 +130,15 @@ async def test_a_series_without_interval_draws_no_band_and_no_caption_line():
     plot = LinePlot()
     async with PlotApp(plot).run_test(size=(46, 10)) as pilot:
         plot.styles.height = 10
-        plot.plot([Series("CLS", [0.2, 0.5, 0.8]), Series("GAP", [0.1, 0.4, 0.3], [np.nan] * 3, [np.nan] * 3)],
-                  ["a", "b", "c"], ymin=0.0, ymax=1.0, hline=0.5, hline_name="chance", caption="ignored")
+        plot.plot(
+            [Series("CLS", [0.2, 0.5, 0.8]), Series("GAP", [0.1, 0.4, 0.3], [np.nan] * 3, [np.nan] * 3)],
+            ["a", "b", "c"],
+            ymin=0.0,
+            ymax=1.0,
+            hline=0.5,
+            hline_name="chance",
+            caption="ignored",
+        )
         await pilot.pause()
         lines = screen_lines(plot)
     assert not any(BAND in line for line in lines)
@@ -204,7 +213,9 @@ async def test_probe_curves_draw_their_clopper_pearson_bands_and_say_so(store, t
         lines = screen_lines(plot)
         width, height = plot.size
     assert view.ci_low is not None
-    series = [Series(name, view.matrix[:, c], view.ci_low[:, c], view.ci_high[:, c]) for c, name in enumerate(view.cols)]
+    series = [
+        Series(name, view.matrix[:, c], view.ci_low[:, c], view.ci_high[:, c]) for c, name in enumerate(view.cols)
+    ]
     plot_h = height - 3
     assert_bands_drawn(lines, band_cells(series, len(view.rows), width - AXIS_WIDTH, plot_h, 0.0, 1.0), plot_h)
     assert lines[-1].strip().startswith(BAND * len(view.cols) + " 95% Clopper-Pearson interval on")
@@ -219,8 +230,10 @@ async def test_skip_curves_draw_their_intervals_over_images(store, tmp_path):
         lines = screen_lines(plot)
         width, height = plot.size
     extra = view.extra
-    series = [Series("CLS", extra["cls"], extra["cls_ci_low"], extra["cls_ci_high"]),
-              Series("spatial", extra["spatial_mean"], extra["spatial_ci_low"], extra["spatial_ci_high"])]
+    series = [
+        Series("CLS", extra["cls"], extra["cls_ci_low"], extra["cls_ci_high"]),
+        Series("spatial", extra["spatial_mean"], extra["spatial_ci_low"], extra["spatial_ci_high"]),
+    ]
     every = np.concatenate([np.asarray(a, dtype=float) for s in series for a in (s.values, s.low, s.high)] + [[1.0]])
     lo, hi = float(np.nanmin(every)), float(np.nanmax(every))
     plot_h = height - 3
@@ -249,7 +262,7 @@ async def test_the_attention_whisker_spans_the_interval_of_the_head_under_the_cu
     # a random-init ViT's heads vary little over images: the whisker may be narrower than a column
     expected = {x for x in range(start, end + 1) if end > start and x not in {x_of(d) for d in view.matrix[1]}}
     assert set(whisker_columns(lines[1], gutter)) == expected
-    assert all(not whisker_columns(line, gutter) for row, line in enumerate(lines[:len(view.rows)]) if row != 1)
+    assert all(not whisker_columns(line, gutter) for row, line in enumerate(lines[: len(view.rows)]) if row != 1)
     assert lines[-1].strip().startswith("\u251c\u2500\u2524 head under the cursor: 95% Student-t interval of the mean")
 
 

@@ -66,8 +66,10 @@ async def test_enter_on_a_head_opens_its_distance_per_image_with_mean_and_unifor
         histogram = detail.query_one(Histogram)
         assert histogram.counts.sum() == len(expected)  # every image in one bin (all fall within the max distance)
         edges = np.asarray(view.extra["hist_edges"])
-        assert histogram.counts.tolist() == [int(((expected >= lo) & (expected < hi)).sum()) + int(hi == edges[-1] and (expected == hi).sum())
-                                             for lo, hi in zip(edges[:-1], edges[1:])]
+        assert histogram.counts.tolist() == [
+            int(((expected >= lo) & (expected < hi)).sum()) + int(hi == edges[-1] and (expected == hi).sum())
+            for lo, hi in zip(edges[:-1], edges[1:])
+        ]
         assert histogram.lines == [pytest.approx(expected.mean())]
         assert histogram.marker == pytest.approx(view.extra["uniform_px"])
         legend = str(detail.query_one("#detail-legend").render())
@@ -107,8 +109,10 @@ async def test_enter_on_a_resnet_probe_row_says_why_it_has_no_token_map(store, t
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot, view_shown("cka"))
         await pilot.press("a", "3")  # model A: the ResNet
-        await settle(pilot, lambda a: a.screen.pane("probes").loaded is not None
-                     and a.screen.pane("probes").view.models == [RESNET])
+        await settle(
+            pilot,
+            lambda a: a.screen.pane("probes").loaded is not None and a.screen.pane("probes").view.models == [RESNET],
+        )
         view = app.screen.pane("probes").view
         await pilot.press("down", "enter")
         await pilot.pause()
@@ -138,7 +142,10 @@ async def test_enter_on_a_skip_cell_opens_the_tokens_ratio_curve_across_sublayer
         assert plot.mark == 1 and np.array_equal(np.asarray(plot.series[0].values), view.matrix[:, 2], equal_nan=True)
         assert np.array_equal(np.asarray(plot.series[1].values), np.asarray(view.extra["spatial_mean"]), equal_nan=True)
         listed = str(detail.query_one("#detail-values Static").render())
-        assert f"{view.rows[1]} {view.matrix[1, 2]:.3f}" in listed and f"{view.rows[-1]} {view.matrix[-1, 2]:.3f}" in listed
+        assert (
+            f"{view.rows[1]} {view.matrix[1, 2]:.3f}" in listed
+            and f"{view.rows[-1]} {view.matrix[-1, 2]:.3f}" in listed
+        )
         assert facts_of(detail).startswith(f"{view.rows[1]}: {view.cell_text(1, 2)}")
         await closes_with(pilot, "escape")
 
@@ -157,7 +164,9 @@ async def test_enter_on_a_spatial_token_opens_its_map_at_full_size_with_values(s
         assert title_of(detail) == f"token r1c1 of {pane.view.params['layer']}: CKA with each input patch"
         heatmap = detail.query_one(Heatmap)
         assert heatmap.zoom == "detail" and heatmap.cursor == (1, 1)
-        assert np.array_equal(heatmap.matrix, np.asarray(pane.view.matrix[token], dtype=float).reshape(gh, gw), equal_nan=True)
+        assert np.array_equal(
+            heatmap.matrix, np.asarray(pane.view.matrix[token], dtype=float).reshape(gh, gw), equal_nan=True
+        )
         values = pane.view.matrix[token]
         peak = int(np.nanargmax(values))
         assert f"peak patch r{peak // gw}c{peak % gw} {values[peak]:.4f}" in facts_of(detail)
@@ -210,7 +219,9 @@ def tui_class_names() -> set[str]:
 
     names = set()
     for module in (explorer, distance_plot, details):
-        names |= {name for name, obj in inspect.getmembers(module, inspect.isclass) if obj.__module__.startswith("vitsee")}
+        names |= {
+            name for name, obj in inspect.getmembers(module, inspect.isclass) if obj.__module__.startswith("vitsee")
+        }
     return names | {"ExplorerScreen", "DistancePlot", "Heatmap", "DataTable", "App"}
 
 

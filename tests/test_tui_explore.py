@@ -33,8 +33,10 @@ def test_every_registered_analysis_has_a_pane_and_the_tabs_follow_the_registry()
 
     assert panes.missing_panes() == []
     assert list(panes.PANES) == list(REGISTRY) and list(panes.KINDS) == list(REGISTRY)
-    assert all(cls.shape is REGISTRY[name].shape and panes.VIEW_LABELS[name] and panes.tooltip(name)
-               for name, cls in panes.PANES.items())
+    assert all(
+        cls.shape is REGISTRY[name].shape and panes.VIEW_LABELS[name] and panes.tooltip(name)
+        for name, cls in panes.PANES.items()
+    )
     keys = {b.id: b.key for b in ExplorerScreen.BINDINGS if b.id and b.id.startswith("explorer.view_")}
     tabbed = [name for name, analysis in REGISTRY.items() if analysis.tab]  # the measures show in CKA's tab
     assert keys == {f"explorer.view_{name}": str(i) for i, name in enumerate(tabbed, start=1)}
@@ -216,8 +218,11 @@ async def test_d_opens_the_dossier_of_the_cka_cell_with_every_analysis_of_both_l
         attention = load_view(store, f"attention:{VIT}")
         b = attention.rows.index("blocks.5")
         order = attention.extra["head_order"][b]
-        heads = "  ".join(f"head {int(order[h]) + 1} {attention.matrix[b, h]:.1f} px "
-                          f"[{attention.ci_low[b, h]:.1f}, {attention.ci_high[b, h]:.1f}]" for h in range(2))
+        heads = "  ".join(
+            f"head {int(order[h]) + 1} {attention.matrix[b, h]:.1f} px "
+            f"[{attention.ci_low[b, h]:.1f}, {attention.ci_high[b, h]:.1f}]"
+            for h in range(2)
+        )
         assert heads in texts[("attention", VIT)]
         assert "not an attention block" not in texts[("attention", VIT)]
         assert f"{RESNET} has no attention distances (resnet model)" in texts[("attention", RESNET)]  # its one reason
@@ -226,12 +231,16 @@ async def test_d_opens_the_dossier_of_the_cka_cell_with_every_analysis_of_both_l
             probes = load_view(store, f"probes:{model}")
             pr = probes.rows.index(layer)
             for pc, readout in enumerate(probes.cols):
-                assert f"{readout} {probes.matrix[pr, pc]:.3f}{probes.interval_text(pr, pc)}" in texts[("probes", model)]
+                assert (
+                    f"{readout} {probes.matrix[pr, pc]:.3f}{probes.interval_text(pr, pc)}" in texts[("probes", model)]
+                )
         # skip ratios of the block's two sublayers, and the ResNet's note on its zero-initialised branches
         skip = load_view(store, f"skip:{VIT}")
         i = skip.rows.index("blocks.5.attn")
-        assert (f"blocks.5.attn: CLS {skip.extra['cls'][i]:.3g} [{skip.extra['cls_ci_low'][i]:.3g}, "
-                f"{skip.extra['cls_ci_high'][i]:.3g}]") in texts[("skip", VIT)]
+        assert (
+            f"blocks.5.attn: CLS {skip.extra['cls'][i]:.3g} [{skip.extra['cls_ci_low'][i]:.3g}, "
+            f"{skip.extra['cls_ci_high'][i]:.3g}]"
+        ) in texts[("skip", VIT)]
         assert "blocks.5.mlp: CLS " in texts[("skip", VIT)]
         assert "timm initialises this branch to zero" in texts[("skip", RESNET)]
         # the spatial maps the store caches (the last block of each); the ERFs it does not
@@ -251,9 +260,12 @@ async def test_a_layer_whose_result_is_not_cached_says_how_to_compute_it(store, 
         await settle(pilot, view_shown("cka"))
         texts = section_texts(await open_dossier(pilot, "blocks.2", "layer2.0"))
         # the store caches spatial maps of the last blocks only
-        assert texts[("spatial", VIT)].endswith(f"not computed: vitsee analyze {store} --spatial --spatial-layer blocks.2")
+        assert texts[("spatial", VIT)].endswith(
+            f"not computed: vitsee analyze {store} --spatial --spatial-layer blocks.2"
+        )
         assert texts[("spatial", RESNET)].endswith(
-            f"not computed: vitsee analyze {store} --spatial --spatial-layer layer2.0")
+            f"not computed: vitsee analyze {store} --spatial --spatial-layer layer2.0"
+        )
 
 
 async def test_enter_on_a_dossier_section_opens_its_full_view_at_that_layer(store, tmp_path):
@@ -262,7 +274,9 @@ async def test_enter_on_a_dossier_section_opens_its_full_view_at_that_layer(stor
         await settle(pilot, view_shown("cka"))
         dossier = await open_dossier(pilot, "blocks.3", "layer2.0")
         assert app.focused.target.kind == "cka"
-        await pilot.press("down", "down", "down")  # CKA, every measure of the pair, the ViT's head distances, its probes
+        await pilot.press(
+            "down", "down", "down"
+        )  # CKA, every measure of the pair, the ViT's head distances, its probes
         assert (app.focused.target.kind, app.focused.target.model) == ("probes", VIT)
         await pilot.press("enter")
         await settle(pilot, view_shown("probes"))
@@ -317,11 +331,22 @@ def test_the_spatial_summary_counts_tokens_whose_peak_is_their_own_patch():
 
     matrix = np.full((4, 4), 0.1)
     matrix[0, 0], matrix[1, 1], matrix[2, 0] = 0.9, 0.8, 0.95  # token 2 peaks at patch 0, token 3 ties everywhere
-    view = View("spatial", "spatial:m:l", "", "", matrix, [f"t{i}" for i in range(4)], [f"p{i}" for i in range(4)],
-                "CKA", extra={"grid": [2, 2]})
+    view = View(
+        "spatial",
+        "spatial:m:l",
+        "",
+        "",
+        matrix,
+        [f"t{i}" for i in range(4)],
+        [f"p{i}" for i in range(4)],
+        "CKA",
+        extra={"grid": [2, 2]},
+    )
     lines = spatial_lines(view)
-    assert lines[0] == f"CKA of a token with its own patch: mean {np.mean([0.9, 0.8, 0.1, 0.1]):.3f}; " \
-                       "the peak is its own patch for 2 of 4 tokens"
+    assert (
+        lines[0] == f"CKA of a token with its own patch: mean {np.mean([0.9, 0.8, 0.1, 0.1]):.3f}; "
+        "the peak is its own patch for 2 of 4 tokens"
+    )
     assert lines[1].startswith("map of token r1c1")
     assert lines[2:] == ["  ..", "  .."]  # token 3's map is flat: every cell at the bottom of the ramp
 
@@ -342,6 +367,8 @@ def test_a_layer_outside_every_block_has_no_head_distances_or_skip_ratios(store)
     assert block_of(attention.rows, "blocks.3.attn") == "blocks.3" and block_of(attention.rows, "blocks.30") is None
     for layer in ("patch_embed", "norm"):
         section = section_of(REGISTRY["attention"], VIT, layer, attention)
-        assert not section.available and section.lines == [f"{layer} is not an attention block (blocks.0 \u2026 blocks.5 are)"]
+        assert not section.available and section.lines == [
+            f"{layer} is not an attention block (blocks.0 \u2026 blocks.5 are)"
+        ]
         section = section_of(REGISTRY["skip"], VIT, layer, skip)
         assert not section.available and section.lines == [f"{layer} has no residual sublayer"]

@@ -1,4 +1,5 @@
 """The app's Heads (paper Fig. 5) and ERF (Fig. 6) views on a tiny store with both results cached."""
+
 from __future__ import annotations
 
 import re
@@ -23,7 +24,9 @@ async def test_heads_view_scatters_heads_and_names_head_distance_and_cka(paper_s
         assert pane.loaded.spec == f"heads:{VIT}:{RESNET}" and not pane.loaded.computed
         col = int(view.extra["scatter_col"])
         line = status(app)
-        assert re.fullmatch(rf"blocks\.0\.head\.0  distance \d+\.\d px  CKA vs {re.escape(view.cols[col])} -?\d\.\d\d", line), line
+        assert re.fullmatch(
+            rf"blocks\.0\.head\.0  distance \d+\.\d px  CKA vs {re.escape(view.cols[col])} -?\d\.\d\d", line
+        ), line
         assert f"{view.extra['distance_px'][0]:.1f} px" in line and f"{view.matrix[0, col]:.2f}" in line
         await pilot.press("down")
         assert status(app).startswith("blocks.0.head.1  distance ")

@@ -1,5 +1,6 @@
 """The app resumes a stopped run as `vitsee extract STORE` does: r on the cancelled run screen, R on the start
 screen's unfinished store or on an incomplete store's explorer; Esc leaves a stopped run."""
+
 from __future__ import annotations
 
 import threading
@@ -44,15 +45,20 @@ def _reference(tmp_path) -> dict[str, np.ndarray]:
 
 async def _start_and_stop(pilot, app, path, events, key: str) -> RunScreen:
     """Starts a run into path from the start screen and stops it with key once a batch is written."""
-    screen = RunScreen(app.options, lambda: RunPlan(ExtractConfig(store=path, **RUN), AnalyzeConfig(device="cpu")),
-                       f"Extracting into {path}")
+    screen = RunScreen(
+        app.options,
+        lambda: RunPlan(ExtractConfig(store=path, **RUN), AnalyzeConfig(device="cpu")),
+        f"Extracting into {path}",
+    )
     app.push_screen(screen)
     await settle(pilot, lambda a: any(e.stage == "extract" and e.done > 0 for e in events), timeout=60, idle=False)
     assert screen.check_action("cancel", ()) and not screen.check_action("resume", ())
     await pilot.press(key)
     await settle(pilot, lambda a: not screen.running, timeout=60, idle=False)
     assert "cancelled: finished batches are kept" in str(screen.query_one("#run-stage").render())
-    assert screen.check_action("resume", ()) and screen.check_action("leave", ()) and not screen.check_action("cancel", ())
+    assert (
+        screen.check_action("resume", ()) and screen.check_action("leave", ()) and not screen.check_action("cancel", ())
+    )
     with Store.open(path) as s:
         assert 0 < s.rows_done(VIT) < 96
     return screen
@@ -129,10 +135,15 @@ async def test_a_store_another_process_is_extracting_names_that_writer_instead_o
 
     path = tmp_path / "half.h5"
     cancel = threading.Event()
-    run_extraction(ExtractConfig(store=path, **dict(RUN, n_images=24, batch_size=4)),
-                   lambda e: cancel.set() if e.stage == "extract" and e.done >= 8 else None, cancel)
-    code = ("from vitsee.engine.store_lock import WriteLock; import time\n"
-            f"lock = WriteLock({str(path)!r}, command='vitsee extract'); print('held', flush=True); time.sleep(60)")
+    run_extraction(
+        ExtractConfig(store=path, **dict(RUN, n_images=24, batch_size=4)),
+        lambda e: cancel.set() if e.stage == "extract" and e.done >= 8 else None,
+        cancel,
+    )
+    code = (
+        "from vitsee.engine.store_lock import WriteLock; import time\n"
+        f"lock = WriteLock({str(path)!r}, command='vitsee extract'); print('held', flush=True); time.sleep(60)"
+    )
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
@@ -145,9 +156,11 @@ async def test_a_store_another_process_is_extracting_names_that_writer_instead_o
             assert not app.check_action("resume", ())
         start = make_app(None, tmp_path)
         async with start.run_test(size=SIZE) as pilot:
+
             def marked(a) -> bool:
                 return isinstance(a.screen, StartScreen) and "written by" in str(
-                    a.screen.query_one("#stores").get_option(str(path)).prompt)
+                    a.screen.query_one("#stores").get_option(str(path)).prompt
+                )
 
             await settle(pilot, marked)
             prompt = str(start.screen.query_one("#stores").get_option(str(path)).prompt)

@@ -54,9 +54,11 @@ class TestZooView:
             await settle(pilot)
             i, j = order[1], order[2]
             families = view.extra["families"]
-            assert status(app) == (f"{names[i]} x {names[j]}  best-match CKA {view.matrix[i, j]:.4f} "
-                                   f"[{view.ci_low[i, j]:.3f}, {view.ci_high[i, j]:.3f}] rough  "
-                                   f"{families[i]} x {families[j]}")
+            assert status(app) == (
+                f"{names[i]} x {names[j]}  best-match CKA {view.matrix[i, j]:.4f} "
+                f"[{view.ci_low[i, j]:.3f}, {view.ci_high[i, j]:.3f}] rough  "
+                f"{families[i]} x {families[j]}"
+            )
             assert app.screen.pane("zoo").selection == (i, j)  # an export marks the cell in the store's order
 
     async def test_enter_opens_the_pairs_cka_view_with_models_a_and_b_set(self, zoo_store, tmp_path):
@@ -182,5 +184,6 @@ def test_zoo_at_80x24_snapshot(zoo_store, tmp_path, snap_compare):
 
 
 def test_zoo_at_120x36_snapshot(zoo_store, tmp_path, snap_compare):
-    assert snap_compare(make_app(zoo_store, tmp_path), terminal_size=(120, 36),
-                        run_before=opened_zoo("down", "down", "right", "r"))
+    assert snap_compare(
+        make_app(zoo_store, tmp_path), terminal_size=(120, 36), run_before=opened_zoo("down", "down", "right", "r")
+    )

@@ -1,4 +1,5 @@
 """Pretrained weights come from the local Hugging Face cache when they are there; nothing is substituted."""
+
 from __future__ import annotations
 
 import hashlib
@@ -37,8 +38,11 @@ def test_pretrained_weights_load_from_the_local_hub_cache(hub_cache, tmp_path):
     row = next(r for r in list_models("test_vit") if r["name"] == "test_vit.r160_in1k")
     assert row["cached"] and row["family"] == "vit"
     store = tmp_path / "pre.h5"
-    run_extraction(ExtractConfig(store=store, models=["test_vit"], dataset="samples", n_images=4, batch_size=4,
-                                 device="cpu", workers=0))
+    run_extraction(
+        ExtractConfig(
+            store=store, models=["test_vit"], dataset="samples", n_images=4, batch_size=4, device="cpu", workers=0
+        )
+    )
     with Store.open(store) as s:
         (key,) = s.models
         assert key == "test_vit.r160_in1k"  # the default tag is filled in and recorded
@@ -122,8 +126,24 @@ def test_a_hub_that_accepts_and_stays_silent_is_one_line_after_the_bound(silent_
 
     from conftest import run_cli
 
-    code, _, err = run_cli(["extract", tmp_path / "s.h5", "--model", "test_vit", "--dataset", "digits", "--n-images", "8",
-                            "--device", "cpu", "--workers", "0", "--quiet"], capsys)
+    code, _, err = run_cli(
+        [
+            "extract",
+            tmp_path / "s.h5",
+            "--model",
+            "test_vit",
+            "--dataset",
+            "digits",
+            "--n-images",
+            "8",
+            "--device",
+            "cpu",
+            "--workers",
+            "0",
+            "--quiet",
+        ],
+        capsys,
+    )
     said = time.perf_counter()
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, err

@@ -1,5 +1,6 @@
 """The zoo's numbers (engine/zoo.py) against straightforward references: the alignment by loops, the monotone
 path by brute force over every non-decreasing map, intervals by explicit bootstrap replicates, families by table."""
+
 from __future__ import annotations
 
 import itertools
@@ -83,9 +84,13 @@ class TestCorrespondence:
             assert tuple(zoo.monotone_match(m)) == _brute_force_path(m)[1]
 
     def test_the_path_keeps_order_where_the_argmax_does_not(self):
-        m = np.array([[0.1, 0.2, 0.9],   # the first layer's raw best is the last column,
-                      [0.8, 0.3, 0.1],   # the next two's the first:
-                      [0.2, 0.7, 0.3]])  # no order-keeping map gives all three their best
+        m = np.array(
+            [
+                [0.1, 0.2, 0.9],  # the first layer's raw best is the last column,
+                [0.8, 0.3, 0.1],  # the next two's the first:
+                [0.2, 0.7, 0.3],
+            ]
+        )  # no order-keeping map gives all three their best
         np.testing.assert_array_equal(zoo.argmax_match(m), [2, 0, 1])
         path = zoo.monotone_match(m)
         np.testing.assert_array_equal(path, [0, 0, 1])  # 0.1 + 0.8 + 0.7 = 1.6, the best non-decreasing total
@@ -134,22 +139,54 @@ class TestClusterOrder:
 
 
 FAMILY_TABLE = [
-    ("vit_base_patch16_224.augreg_in21k", "ViT"), ("vit_tiny_patch16_224@random:0", "ViT"),
-    ("vit_small_patch14_reg4_dinov2.lvd142m", "ViT"), ("vit_tiny_r_s16_p8_224", "ViT"), ("test_vit3", "ViT"),
-    ("flexivit_small", "ViT"), ("samvit_base_patch16", "ViT"), ("vitamin_small_224", "other"),
-    ("deit_tiny_distilled_patch16_224", "DeiT"), ("deit3_small_patch16_224", "DeiT"),
-    ("swin_tiny_patch4_window7_224", "Swin"), ("swinv2_cr_tiny_ns_224", "Swin"),
-    ("mixer_b16_224.goog_in21k", "Mixer"), ("gmixer_24_224", "Mixer"), ("resmlp_12_224", "ResMLP"), ("gmlp_s16_224", "gMLP"),
-    ("resnet50.a1_in1k", "ResNet"), ("resnet18@/tmp/w.safetensors", "ResNet"), ("test_resnet", "ResNet"),
-    ("resnext50_32x4d", "ResNet"), ("seresnext26d_32x4d", "ResNet"), ("wide_resnet50_2", "ResNet"),
-    ("resnetv2_50x1_bit.goog_in21k", "ResNetV2/BiT"), ("resnetv2_152x2_bit", "ResNetV2/BiT"),
-    ("convnext_tiny", "ConvNeXt"), ("convnextv2_atto", "ConvNeXt"), ("test_convnext2", "ConvNeXt"),
-    ("efficientnet_b0", "EfficientNet"), ("tf_efficientnetv2_s", "EfficientNet"), ("test_efficientnet", "EfficientNet"),
-    ("regnety_016", "RegNet"), ("regnetz_b16", "RegNet"), ("beit_base_patch16_224", "BEiT"), ("beitv2_base_patch16_224", "BEiT"),
-    ("eva02_tiny_patch14_224", "EVA"), ("eva_giant_patch14_224", "EVA"), ("cait_xxs24_224", "CaiT"), ("pit_ti_224", "PiT"),
-    ("maxvit_tiny_tf_224", "MaxViT"), ("coatnet_0_rw_224", "CoAtNet"), ("xcit_tiny_12_p16_224", "XCiT"),
-    ("mobilenetv3_small_100", "MobileNet"), ("tf_mobilenetv3_small_100", "MobileNet"), ("densenet121", "DenseNet"),
-    ("vgg16", "VGG"), ("inception_v3", "Inception"), ("dla34", "other"), ("", "other"),
+    ("vit_base_patch16_224.augreg_in21k", "ViT"),
+    ("vit_tiny_patch16_224@random:0", "ViT"),
+    ("vit_small_patch14_reg4_dinov2.lvd142m", "ViT"),
+    ("vit_tiny_r_s16_p8_224", "ViT"),
+    ("test_vit3", "ViT"),
+    ("flexivit_small", "ViT"),
+    ("samvit_base_patch16", "ViT"),
+    ("vitamin_small_224", "other"),
+    ("deit_tiny_distilled_patch16_224", "DeiT"),
+    ("deit3_small_patch16_224", "DeiT"),
+    ("swin_tiny_patch4_window7_224", "Swin"),
+    ("swinv2_cr_tiny_ns_224", "Swin"),
+    ("mixer_b16_224.goog_in21k", "Mixer"),
+    ("gmixer_24_224", "Mixer"),
+    ("resmlp_12_224", "ResMLP"),
+    ("gmlp_s16_224", "gMLP"),
+    ("resnet50.a1_in1k", "ResNet"),
+    ("resnet18@/tmp/w.safetensors", "ResNet"),
+    ("test_resnet", "ResNet"),
+    ("resnext50_32x4d", "ResNet"),
+    ("seresnext26d_32x4d", "ResNet"),
+    ("wide_resnet50_2", "ResNet"),
+    ("resnetv2_50x1_bit.goog_in21k", "ResNetV2/BiT"),
+    ("resnetv2_152x2_bit", "ResNetV2/BiT"),
+    ("convnext_tiny", "ConvNeXt"),
+    ("convnextv2_atto", "ConvNeXt"),
+    ("test_convnext2", "ConvNeXt"),
+    ("efficientnet_b0", "EfficientNet"),
+    ("tf_efficientnetv2_s", "EfficientNet"),
+    ("test_efficientnet", "EfficientNet"),
+    ("regnety_016", "RegNet"),
+    ("regnetz_b16", "RegNet"),
+    ("beit_base_patch16_224", "BEiT"),
+    ("beitv2_base_patch16_224", "BEiT"),
+    ("eva02_tiny_patch14_224", "EVA"),
+    ("eva_giant_patch14_224", "EVA"),
+    ("cait_xxs24_224", "CaiT"),
+    ("pit_ti_224", "PiT"),
+    ("maxvit_tiny_tf_224", "MaxViT"),
+    ("coatnet_0_rw_224", "CoAtNet"),
+    ("xcit_tiny_12_p16_224", "XCiT"),
+    ("mobilenetv3_small_100", "MobileNet"),
+    ("tf_mobilenetv3_small_100", "MobileNet"),
+    ("densenet121", "DenseNet"),
+    ("vgg16", "VGG"),
+    ("inception_v3", "Inception"),
+    ("dla34", "other"),
+    ("", "other"),
 ]
 
 
@@ -164,19 +201,38 @@ class TestFamilies:
         assert zoo.family_of_record({"name": "deit_tiny_patch16_224", "family": "vit"}) == "DeiT"
         assert zoo.family_of_record({"name": "vitsee_tiny_mixer", "family": "mixer"}) == "Mixer"
 
-    @pytest.mark.parametrize("module, family", [
-        ("deit", "DeiT"), ("beit", "BEiT"), ("cait", "CaiT"), ("pit", "PiT"), ("swin_transformer", "Swin"),
-        ("swin_transformer_v2", "Swin"), ("swin_transformer_v2_cr", "Swin"), ("convnext", "ConvNeXt"),
-        ("regnet", "RegNet"), ("resnetv2", "ResNetV2/BiT"), ("resnet", "ResNet"), ("densenet", "DenseNet"),
-        ("vgg", "VGG"), ("xcit", "XCiT"), ("levit", "LeViT"), ("crossvit", "CrossViT"), ("vision_transformer_hybrid", "ViT"),
-    ])
+    @pytest.mark.parametrize(
+        "module, family",
+        [
+            ("deit", "DeiT"),
+            ("beit", "BEiT"),
+            ("cait", "CaiT"),
+            ("pit", "PiT"),
+            ("swin_transformer", "Swin"),
+            ("swin_transformer_v2", "Swin"),
+            ("swin_transformer_v2_cr", "Swin"),
+            ("convnext", "ConvNeXt"),
+            ("regnet", "RegNet"),
+            ("resnetv2", "ResNetV2/BiT"),
+            ("resnet", "ResNet"),
+            ("densenet", "DenseNet"),
+            ("vgg", "VGG"),
+            ("xcit", "XCiT"),
+            ("levit", "LeViT"),
+            ("crossvit", "CrossViT"),
+            ("vision_transformer_hybrid", "ViT"),
+        ],
+    )
     def test_every_timm_model_of_a_one_family_module_gets_that_family(self, module, family):
         import timm
         from timm.models import _registry
 
         # timm's own names: other test modules register tiny models of their own (vitsee_tiny_deit_distilled, ...)
-        names = [n for n in timm.list_models() if _registry._model_to_module.get(n) == module
-                 and not n.startswith(("vitsee_", "test_"))]
+        names = [
+            n
+            for n in timm.list_models()
+            if _registry._model_to_module.get(n) == module and not n.startswith(("vitsee_", "test_"))
+        ]
         assert names
         wrong = [n for n in names if zoo.architecture_family(n) != family]
         assert not wrong, wrong[:5]
@@ -192,7 +248,9 @@ def _per_batch_hsic(rng, n_batches=12, m=8, dims=(6, 9, 4, 7, 5)):
     base = rng.normal(size=(n_batches * m, 6))
     for b in range(n_batches):
         rows = base[b * m : (b + 1) * m]
-        acc.update([torch.as_tensor(rows @ rng.normal(size=(6, d)) + 0.5 * rng.normal(size=(m, d))) for d in dims], slot=b)
+        acc.update(
+            [torch.as_tensor(rows @ rng.normal(size=(6, d)) + 0.5 * rng.normal(size=(m, d))) for d in dims], slot=b
+        )
     return acc.batch_hsic.numpy().copy(), acc.hsic_sums.numpy().copy(), acc
 
 
@@ -252,7 +310,9 @@ def test_a_zoo_from_a_cached_cka_result_summarises_each_pairs_view(tiny_store):
     assert c.rows == rows and c.cols == cols and tuple(c.path) == _brute_force_path(block)[1]
     np.testing.assert_array_equal(z.correspondences[(RESNET, VIT)].argmax, zoo.argmax_match(block.T))
     exported = z.as_json()
-    assert exported["models"] == z.models and exported["summary"] == "best_match" and len(exported["correspondences"]) == 2
+    assert (
+        exported["models"] == z.models and exported["summary"] == "best_match" and len(exported["correspondences"]) == 2
+    )
     assert exported["ci_low"] == [[None, None], [None, None]]
     with pytest.raises(VitseeError, match="no layer 'blocks.99' in"):
         zoo.zoo_from_cka(result, summary="layer", layers={VIT: "blocks.99"})

@@ -2,6 +2,7 @@
 bit; per-model Grams (--grams) whose CKA is `analyze --cka --shuffles 0`'s; resumable after kill -9; model lists
 (--models-from, --models) with a plan of their weights before anything runs. One compute thread throughout, so values
 match bit for bit."""
+
 from __future__ import annotations
 
 import gc
@@ -67,8 +68,11 @@ def _arrays(path) -> dict[str, np.ndarray]:
     with Store.open(path) as s:
         for key in s.models:
             group = s.model_group(key)
-            group.visititems(lambda name, obj, key=key: out.__setitem__(f"{key}/{name}", obj[()])
-                             if isinstance(obj, h5py.Dataset) else None)
+            group.visititems(
+                lambda name, obj, key=key: (
+                    out.__setitem__(f"{key}/{name}", obj[()]) if isinstance(obj, h5py.Dataset) else None
+                )
+            )
     return out
 
 
@@ -114,8 +118,10 @@ class TestWaves:
         gc.disable()  # released models must be freed by reference counting alone: no cycle may hold one
         try:
             with torch_threads(1):
-                run_extraction(ExtractConfig(store=tmp_path / "w.h5", **{**SMALL, "models": zoo_models()},
-                                             memory_budget=1), progress)
+                run_extraction(
+                    ExtractConfig(store=tmp_path / "w.h5", **{**SMALL, "models": zoo_models()}, memory_budget=1),
+                    progress,
+                )
         finally:
             gc.enable()
         assert len(alive) == 14  # each model: once to plan it, once for its wave
@@ -132,7 +138,9 @@ class TestWaves:
         selection, plans, existing = plan(cfg, torch.device("cpu"), lambda _e: None)  # no budget: all stay loaded
         try:
             costs = [mp.cost for mp in plans]
-            assert all(mp.resident for mp in plans) and all(mp.resident_bytes > 0 and mp.batch_bytes > 0 for mp in plans)
+            assert all(mp.resident for mp in plans) and all(
+                mp.resident_bytes > 0 and mp.batch_bytes > 0 for mp in plans
+            )
             budget = sorted(costs)[-1] + sorted(costs)[-2]  # the two largest fit together
             groups = waves(plans, budget)
             assert [mp for g in groups for mp in g] == plans and 1 < len(groups) < len(plans)
@@ -140,8 +148,12 @@ class TestWaves:
             # each wave is as long as the budget allows: the next model would not have fit
             assert all(sum(mp.cost for mp in g) + nxt[0].cost > budget for g, nxt in zip(groups, groups[1:]))
             assert [len(g) for g in waves(plans, 1)] == [1] * 7 and waves(plans, None) == [plans]
-            assert memory_budget(ExtractConfig(store=tmp_path / "p.h5", models=["test_vit"], memory_budget=123),
-                                 torch.device("cpu")) == 123
+            assert (
+                memory_budget(
+                    ExtractConfig(store=tmp_path / "p.h5", models=["test_vit"], memory_budget=123), torch.device("cpu")
+                )
+                == 123
+            )
         finally:
             _release(plans, existing)
         _, plans, existing = plan(cfg, torch.device("cpu"), lambda _e: None, budget=budget)
@@ -150,8 +162,11 @@ class TestWaves:
         assert kept == sorted(kept, reverse=True) and 0 < sum(kept) < 7
 
     def test_a_streaming_run_without_grams_needs_one_pass_and_says_the_way_out(self, tmp_path):
-        with pytest.raises(VitseeError, match=r"over the memory budget of 1 B, and --streaming without --grams runs them "
-                                              r"all in one pass: add --grams .* raise --memory-budget"):
+        with pytest.raises(
+            VitseeError,
+            match=r"over the memory budget of 1 B, and --streaming without --grams runs them "
+            r"all in one pass: add --grams .* raise --memory-budget",
+        ):
             _extract(tmp_path / "s.h5", streaming=True, memory_budget=1, models=zoo_models()[:2])
         assert not (tmp_path / "s.h5").exists()
         with pytest.raises(VitseeError, match="--heads streams head-level CKA in one pass"):
@@ -183,7 +198,9 @@ class TestGrams:
         zoo = zoo_models()
         path = tmp_path / "appended.h5"
         _extract(path, grams=True, models=zoo[:6])
-        with pytest.raises(VitseeError, match=r"keeps Grams of batches of 8 images .*: add test_convnext@random:0 with --batch-size 8"):
+        with pytest.raises(
+            VitseeError, match=r"keeps Grams of batches of 8 images .*: add test_convnext@random:0 with --batch-size 8"
+        ):
             _extract(path, grams=True, models=zoo[6:], batch_size=4)
         _extract(path, grams=True, models=zoo[6:])
         with Store.open(path) as s:
@@ -193,7 +210,7 @@ class TestGrams:
             others = [c for c in columns if c[0] != zoo[6]]
             with torch_threads(1):
                 acc = cka_from_grams(s, new + others, cross_at=len(new))  # the new model's pairs only
-            block = acc.result()[: len(new), len(new):]
+            block = acc.result()[: len(new), len(new) :]
         result = [r for r in _results(path) if r["_params"]["models"] == zoo][0]  # cached when the zoo was complete
         want = _cka(grams)["matrix"]
         np.testing.assert_array_equal(result["matrix"], want)  # the appended zoo's CKA is the zoo's, bit for bit
@@ -218,8 +235,12 @@ def test_the_zoo_of_seven_families_equals_each_pairs_cka_computed_alone(one_pass
         assert z.families == ["ViT", "DeiT", "Swin", "Mixer", "ResNet", "ResNetV2/BiT", "ConvNeXt"]
         for a, b in [(0, 1), (0, 4), (2, 3), (5, 6), (1, 6)]:
             ka, kb = s.models[a], s.models[b]
-            alone = minibatch_cka([s.activations(ka, x) for x in s.layers(ka)], [s.activations(kb, x) for x in s.layers(kb)],
-                                  batch_size=8, device="cpu")
+            alone = minibatch_cka(
+                [s.activations(ka, x) for x in s.layers(ka)],
+                [s.activations(kb, x) for x in s.layers(kb)],
+                batch_size=8,
+                device="cpu",
+            )
             assert z.values[a, b] == pytest.approx(zoo.best_match_alignment(alone), abs=1e-12)
             assert tuple(z.correspondences[(ka, kb)].path) == tuple(zoo.monotone_match(alone))
     np.testing.assert_allclose(np.diag(z.values), 1.0, atol=1e-12)
@@ -234,8 +255,9 @@ def test_the_zoo_of_seven_families_equals_each_pairs_cka_computed_alone(one_pass
     assert "bootstrap over 3 batches" in zi.interval
 
 
-@pytest.mark.parametrize("text, size", [("4G", 4 << 30), ("512M", 512 << 20), ("1.5g", 3 << 29), ("2000", 2000),
-                                        ("64MiB", 64 << 20)])
+@pytest.mark.parametrize(
+    "text, size", [("4G", 4 << 30), ("512M", 512 << 20), ("1.5g", 3 << 29), ("2000", 2000), ("64MiB", 64 << 20)]
+)
 def test_memory_budgets_read_as_sizes(text, size):
     from vitsee.engine.extract_plan import parse_bytes
 
@@ -244,8 +266,9 @@ def test_memory_budgets_read_as_sizes(text, size):
 
 def test_a_bad_memory_budget_is_one_line(tmp_path, capsys):
     code, _, err = run_cli(["extract", tmp_path / "b.h5", "-m", "test_vit@random", "--memory-budget", "lots"], capsys)
-    assert code == 2 and err.strip() == ("error: --memory-budget 'lots' is not a size: give bytes such as 4G, 512M or "
-                                         "2000000000")
+    assert code == 2 and err.strip() == (
+        "error: --memory-budget 'lots' is not a size: give bytes such as 4G, 512M or 2000000000"
+    )
 
 
 def _results(path) -> list[dict]:
@@ -272,9 +295,31 @@ def _complete_models(path) -> tuple[int, int]:
 def test_a_zoo_killed_mid_run_resumes_with_vitsee_extract_store_to_the_same_arrays(grams, tmp_path, capsys):
     store = tmp_path / "killed.h5"
     models = [w for m in zoo_models() for w in ("--model", m)]
-    cmd = [sys.executable, DRIVER, "extract", str(store), *models, "--grams", "--memory-budget", "1", "--dataset",
-           "synthetic", "--n-images", "24", "--batch-size", "8", "--img-size", str(ZOO_IMG), "--device", "cpu",
-           "--workers", "0", "--threads", "1", "--quiet"]
+    cmd = [
+        sys.executable,
+        DRIVER,
+        "extract",
+        str(store),
+        *models,
+        "--grams",
+        "--memory-budget",
+        "1",
+        "--dataset",
+        "synthetic",
+        "--n-images",
+        "24",
+        "--batch-size",
+        "8",
+        "--img-size",
+        str(ZOO_IMG),
+        "--device",
+        "cpu",
+        "--workers",
+        "0",
+        "--threads",
+        "1",
+        "--quiet",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_env())
     deadline = time.time() + 120
     while _complete_models(store)[0] < 2 and time.time() < deadline and proc.poll() is None:
@@ -295,8 +340,22 @@ def test_a_zoo_killed_mid_run_resumes_with_vitsee_extract_store_to_the_same_arra
 # --- model lists ---------------------------------------------------------------------------------------------
 
 
-LIST_ARGS = ["--dataset", "synthetic", "--n-images", "8", "--batch-size", "8", "--img-size", "64", "--device", "cpu",
-             "--workers", "0", "--threads", "1"]
+LIST_ARGS = [
+    "--dataset",
+    "synthetic",
+    "--n-images",
+    "8",
+    "--batch-size",
+    "8",
+    "--img-size",
+    "64",
+    "--device",
+    "cpu",
+    "--workers",
+    "0",
+    "--threads",
+    "1",
+]
 
 
 @pytest.fixture
@@ -322,8 +381,10 @@ def hub_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(hub, "HF_HUB_CACHE", str(tmp_path / "hub"))
     repo = tmp_path / "hub" / "models--timm--test_vit.r160_in1k"
     (repo / "snapshots" / ("0" * 40)).mkdir(parents=True)
-    save_file({k: v.contiguous() for k, v in timm.create_model("test_vit").state_dict().items()},
-              str(repo / "snapshots" / ("0" * 40) / "model.safetensors"))
+    save_file(
+        {k: v.contiguous() for k, v in timm.create_model("test_vit").state_dict().items()},
+        str(repo / "snapshots" / ("0" * 40) / "model.safetensors"),
+    )
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text("0" * 40)
 
@@ -331,8 +392,10 @@ def hub_cache(tmp_path, monkeypatch):
 class TestModelLists:
     def test_a_list_file_runs_its_models_after_a_plan_of_their_weights(self, tmp_path, weights_file, capsys):
         listing = tmp_path / "zoo.txt"
-        listing.write_text("# three models\n\ntest_vit@random:0   # a baseline\ntest_resnet@weights/resnet.safetensors\n"
-                           "test_convnext@random:1\ntest_vit@random:0\n")
+        listing.write_text(
+            "# three models\n\ntest_vit@random:0   # a baseline\ntest_resnet@weights/resnet.safetensors\n"
+            "test_convnext@random:1\ntest_vit@random:0\n"
+        )
         code, _, err = run_cli(["extract", tmp_path / "z.h5", "--models-from", listing, *LIST_ARGS], capsys)
         assert code == 0, err
         lines = err.splitlines()
@@ -348,21 +411,27 @@ class TestModelLists:
         listing.write_text("test_vit@random:0\ntest_resnet@/nowhere/resnet.safetensors\n")
         code, _, err = run_cli(["extract", tmp_path / "z.h5", "--models-from", listing, "--quiet", *LIST_ARGS], capsys)
         assert code == 2 and len(err.strip().splitlines()) == 1 and not (tmp_path / "z.h5").exists()
-        assert err.strip() == (f"error: test_resnet@/nowhere/resnet.safetensors ({listing} line 2) cannot be had: weights "
-                               "file /nowhere/resnet.safetensors does not exist; fix the path, or pass --skip-missing to "
-                               "leave out what cannot be had")
-        code, _, err = run_cli(["extract", tmp_path / "z.h5", "--models-from", listing, "--skip-missing", *LIST_ARGS],
-                               capsys)
+        assert err.strip() == (
+            f"error: test_resnet@/nowhere/resnet.safetensors ({listing} line 2) cannot be had: weights "
+            "file /nowhere/resnet.safetensors does not exist; fix the path, or pass --skip-missing to "
+            "leave out what cannot be had"
+        )
+        code, _, err = run_cli(
+            ["extract", tmp_path / "z.h5", "--models-from", listing, "--skip-missing", *LIST_ARGS], capsys
+        )
         assert code == 0, err
         assert "left out (--skip-missing): test_resnet@/nowhere/resnet.safetensors" in err
         with Store.open(tmp_path / "z.h5") as s:
             assert s.models == ["test_vit@random:0"]
 
-    @pytest.mark.parametrize("content, says", [
-        ("# nothing but a comment\n\n", "lists no model: write one spec per line, NAME[.TAG][@WEIGHTS]"),
-        ("test_vitt@random\n", "unknown model 'test_vitt': did you mean test_vit"),
-        (None, "does not exist: give a file with one model spec per line"),
-    ])
+    @pytest.mark.parametrize(
+        "content, says",
+        [
+            ("# nothing but a comment\n\n", "lists no model: write one spec per line, NAME[.TAG][@WEIGHTS]"),
+            ("test_vitt@random\n", "unknown model 'test_vitt': did you mean test_vit"),
+            (None, "does not exist: give a file with one model spec per line"),
+        ],
+    )
     def test_bad_list_files_are_one_line(self, tmp_path, capsys, content, says):
         listing = tmp_path / "zoo.txt"
         if content is not None:
@@ -376,19 +445,33 @@ class TestModelLists:
         lines = err.splitlines()
         assert lines[0] == "3 model(s): 1 weights cached here, 2 cannot be had"
         assert {tuple(line.split()[:2]) for line in lines[1:4]} == {
-            ("test_vit2.r160_in1k", "missing"), ("test_vit3.r160_in1k", "missing"), ("test_vit.r160_in1k", "cached")}
-        assert lines[-1].startswith("error: test_vit2.r160_in1k (--models 'test_vit*') cannot be had: not in the local "
-                                    "cache, and HF_HUB_OFFLINE is set (and 1 more); use test_vit2.r160_in1k@random[:SEED]")
-        code, _, err = run_cli(["extract", tmp_path / "p.h5", "--models", "test_vit*", "--skip-missing", *LIST_ARGS], capsys)
+            ("test_vit2.r160_in1k", "missing"),
+            ("test_vit3.r160_in1k", "missing"),
+            ("test_vit.r160_in1k", "cached"),
+        }
+        assert lines[-1].startswith(
+            "error: test_vit2.r160_in1k (--models 'test_vit*') cannot be had: not in the local "
+            "cache, and HF_HUB_OFFLINE is set (and 1 more); use test_vit2.r160_in1k@random[:SEED]"
+        )
+        code, _, err = run_cli(
+            ["extract", tmp_path / "p.h5", "--models", "test_vit*", "--skip-missing", *LIST_ARGS], capsys
+        )
         assert code == 0, err
         with Store.open(tmp_path / "p.h5") as s:
-            assert s.models == ["test_vit.r160_in1k"] and s.model_info("test_vit.r160_in1k")["weights"]["kind"] == "pretrained"
+            assert (
+                s.models == ["test_vit.r160_in1k"]
+                and s.model_info("test_vit.r160_in1k")["weights"]["kind"] == "pretrained"
+            )
         code, _, err = run_cli(["extract", tmp_path / "q.h5", "--models", "nothing_like_it*", *LIST_ARGS], capsys)
-        assert code == 2 and err.strip() == ("error: --models 'nothing_like_it*' matches no timm model with pretrained "
-                                             "weights: see `vitsee models 'nothing_like_it*' --pretrained`, or use a wider "
-                                             "pattern such as 'vit_*'")
+        assert code == 2 and err.strip() == (
+            "error: --models 'nothing_like_it*' matches no timm model with pretrained "
+            "weights: see `vitsee models 'nothing_like_it*' --pretrained`, or use a wider "
+            "pattern such as 'vit_*'"
+        )
 
-    def test_with_network_uncached_weights_would_be_downloaded_and_an_unreachable_hub_says_so(self, tmp_path, monkeypatch):
+    def test_with_network_uncached_weights_would_be_downloaded_and_an_unreachable_hub_says_so(
+        self, tmp_path, monkeypatch
+    ):
         import huggingface_hub.constants as hub
 
         from vitsee.engine.models import model_list
@@ -403,7 +486,9 @@ class TestModelLists:
             listed = model_list(["test_vit", "test_resnet@random"])
         finally:
             server.close()
-        assert [(e.status, e.detail) for e in listed.entries] == [("download", f"from 127.0.0.1:{endpoint.rsplit(':', 1)[1]}"),
-                                                                  ("random", "seed 0")]
+        assert [(e.status, e.detail) for e in listed.entries] == [
+            ("download", f"from 127.0.0.1:{endpoint.rsplit(':', 1)[1]}"),
+            ("random", "seed 0"),
+        ]
         listed = model_list(["test_vit"])  # the port is closed now: nothing answers there
         assert listed.entries[0].status == "missing" and "cannot be reached" in listed.entries[0].detail

@@ -1,5 +1,6 @@
 """The zoo as a view (engine/analyses/zoo.py): its numbers against each pair's CKA view computed on its own, its JSON
 as issue 21 lists it, a distance measure summarised by minima, and the errors a user can cause."""
+
 from __future__ import annotations
 
 import json
@@ -73,10 +74,11 @@ class TestNumbers:
         rows, cols = block.min(axis=1).mean(), block.min(axis=0).mean()
         assert view.matrix[0, 1] == pytest.approx((rows + cols) / 2, abs=1e-12)
         np.testing.assert_allclose(np.diag(view.matrix), 0.0, atol=1e-12)
-        assert view.ci_low is None and view.extra["interval"].startswith("none: 1-CKA keeps no per-batch terms or resamples")
+        assert view.ci_low is None and view.extra["interval"].startswith(
+            "none: 1-CKA keeps no per-batch terms or resamples"
+        )
         c = next(c for c in view.extra["correspondences"] if (c["a"], c["b"]) == (VIT, RESNET))
         assert c["argmax"] == [int(j) for j in block.argmin(axis=1)]  # the nearest layer, not the farthest
-
 
     @pytest.mark.parametrize("measure", ["mknn", "procrustes"])
     def test_a_measures_own_resamples_give_each_pairs_interval(self, zoo_store, tmp_path, measure):
@@ -100,8 +102,10 @@ class TestNumbers:
             (cached,) = [r for r in s.results(measure) if (r["params"].get("stats") or {}).get("bootstrap")]
             result = Result.load(s, measure, cached["params"])
             rows = np.asarray(result["images"])
-            grams = {m: [LayerGrams.from_features(s.activations(m, layer, rows), layer, "cpu")
-                         for layer in s.layers(m)] for m in (VIT, RESNET)}
+            grams = {
+                m: [LayerGrams.from_features(s.activations(m, layer, rows), layer, "cpu") for layer in s.layers(m)]
+                for m in (VIT, RESNET)
+            }
         values = MEASURE_VALUES[measure]
         reps = measures_stats.bootstrap_replicates(grams[VIT], grams[RESNET], measure, 40, 0, **values)
         sign = 1.0 if measure == "mknn" else -1.0  # a distance: each layer's nearest, the mean of minima
@@ -115,8 +119,10 @@ class TestNumbers:
         path = copy_store(zoo_store, tmp_path / "zoo.h5")
         view = load_view(path, "zoo", ZOO_CFG.with_options({"zoo_measure": "mknn", "max_images": 24}))
         assert view.ci_low is None
-        assert view.extra["interval"] == ("none: mknn was computed without bootstrap resamples: add "
-                                          "--measure-bootstrap 200 to `vitsee analyze --zoo --zoo-measure mknn`")
+        assert view.extra["interval"] == (
+            "none: mknn was computed without bootstrap resamples: add "
+            "--measure-bootstrap 200 to `vitsee analyze --zoo --zoo-measure mknn`"
+        )
 
 
 class TestCommandLine:
@@ -139,16 +145,25 @@ class TestCommandLine:
         assert view.title in text and "most alike other model of each:" in text
         assert f"{view.matrix[0, 1]:.3f}" in text and "bootstrap interval over 3 minibatches" in text
 
-    @pytest.mark.parametrize("args, message", [
-        (["show", "STORE", "zoo", "--zoo-measure", "attention"],
-         "--zoo-measure attention is not a layer x layer measure: choose from cka, rbf_cka, procrustes"),
-        (["show", "STORE", "zoo", "--zoo-summary", "mean"],
-         "--zoo-summary mean is not a zoo summary: choose from best_match, layer"),
-        (["show", "STORE", "zoo", "--zoo-layers", f"{VIT}=blocks.1"], "add --zoo-summary layer"),
-        (["show", "STORE", "zoo", "--zoo-summary", "layer", "--zoo-layers", f"{VIT}=blocks.99"],
-         "has no layer 'blocks.99'"),
-        (["show", "STORE", f"zoo:{VIT}"], "is a view of every model of the store: use zoo"),
-    ])
+    @pytest.mark.parametrize(
+        "args, message",
+        [
+            (
+                ["show", "STORE", "zoo", "--zoo-measure", "attention"],
+                "--zoo-measure attention is not a layer x layer measure: choose from cka, rbf_cka, procrustes",
+            ),
+            (
+                ["show", "STORE", "zoo", "--zoo-summary", "mean"],
+                "--zoo-summary mean is not a zoo summary: choose from best_match, layer",
+            ),
+            (["show", "STORE", "zoo", "--zoo-layers", f"{VIT}=blocks.1"], "add --zoo-summary layer"),
+            (
+                ["show", "STORE", "zoo", "--zoo-summary", "layer", "--zoo-layers", f"{VIT}=blocks.99"],
+                "has no layer 'blocks.99'",
+            ),
+            (["show", "STORE", f"zoo:{VIT}"], "is a view of every model of the store: use zoo"),
+        ],
+    )
     def test_a_bad_option_is_one_line_naming_the_way_out(self, zoo_store, capsys, args, message):
         code, _, err = run_cli([zoo_store if a == "STORE" else a for a in args], capsys)
         assert code == 2 and message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
@@ -157,8 +172,18 @@ class TestCommandLine:
         from vitsee.engine.extract import ExtractConfig, run_extraction
 
         path = tmp_path / "one.h5"
-        run_extraction(ExtractConfig(store=path, models=[RESNET], dataset="synthetic", n_images=8, batch_size=8,
-                                     img_size=32, device="cpu", workers=0))
+        run_extraction(
+            ExtractConfig(
+                store=path,
+                models=[RESNET],
+                dataset="synthetic",
+                n_images=8,
+                batch_size=8,
+                img_size=32,
+                device="cpu",
+                workers=0,
+            )
+        )
         code, _, err = run_cli(["analyze", path, "--zoo", "-q"], capsys)
         assert code == 2 and "the zoo compares the models of a store and one.h5 holds one" in err
 
@@ -170,8 +195,19 @@ def test_a_grams_store_gives_the_zoo_and_intervals_of_its_activations(zoo_store,
     from vitsee.engine.extract import ExtractConfig, run_extraction
 
     path = tmp_path / "grams.h5"
-    run_extraction(ExtractConfig(store=path, models=[VIT, RESNET], dataset="synthetic", n_images=48, batch_size=16,
-                                 img_size=IMG, device="cpu", workers=0, grams=True))
+    run_extraction(
+        ExtractConfig(
+            store=path,
+            models=[VIT, RESNET],
+            dataset="synthetic",
+            n_images=48,
+            batch_size=16,
+            img_size=IMG,
+            device="cpu",
+            workers=0,
+            grams=True,
+        )
+    )
     code, _, err = run_cli(["analyze", path, "--zoo", "-q"], capsys)  # from the streamed CKA and the Grams
     assert code == 0, err
     streamed, stored = load_view(path, "zoo"), load_view(zoo_store, "zoo")

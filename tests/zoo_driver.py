@@ -3,6 +3,7 @@ a process of its own (to kill it).
 
     python tests/zoo_driver.py extract STORE --model deit_zoo_tiny@random:0 ...
 """
+
 from __future__ import annotations
 
 import sys

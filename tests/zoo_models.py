@@ -4,6 +4,7 @@ Four are timm architectures shrunk and registered in the timm module of their fa
 the family (`deit_zoo_tiny` ...), so extraction builds them by name and engine/zoo.py names their family; the other
 three are timm's own test models. `python tests/zoo_driver.py ARGS` runs `vitsee ARGS` with them registered.
 """
+
 from __future__ import annotations
 
 import functools
@@ -46,12 +47,19 @@ def zoo_models() -> list[str]:
     """Returns the specs (random init, seed 0) of the seven tiny models, registering those timm lacks."""
     names = [
         "test_vit",
-        _register("deit_zoo_tiny", "deit", _timm("deit_tiny_distilled_patch16_224", embed_dim=32, depth=2, num_heads=2)),
-        _register("swin_zoo_tiny", "swin_transformer", _timm(
-            "swin_tiny_patch4_window7_224", embed_dim=16, depths=(2, 2), num_heads=(2, 4), window_size=4)),
+        _register(
+            "deit_zoo_tiny", "deit", _timm("deit_tiny_distilled_patch16_224", embed_dim=32, depth=2, num_heads=2)
+        ),
+        _register(
+            "swin_zoo_tiny",
+            "swin_transformer",
+            _timm("swin_tiny_patch4_window7_224", embed_dim=16, depths=(2, 2), num_heads=(2, 4), window_size=4),
+        ),
         _register("mixer_zoo_tiny", "mlp_mixer", _mixer),
         "test_resnet",
-        _register("resnetv2_zoo_tiny", "resnetv2", _timm("resnetv2_18", layers=[1, 1, 1, 1], channels=(16, 32, 64, 128))),
+        _register(
+            "resnetv2_zoo_tiny", "resnetv2", _timm("resnetv2_18", layers=[1, 1, 1, 1], channels=(16, 32, 64, 128))
+        ),
         "test_convnext",
     ]
     return [f"{name}@random:0" for name in names]

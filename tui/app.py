@@ -46,14 +46,32 @@ class VitseeApp(App):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("q", "quit", "Quit", id="app.quit", tooltip="Quit vitsee-tui"),
         Binding("question_mark", "help", "Help", id="app.help", tooltip="List the keys that work here"),
-        Binding("ctrl+p", "command_palette", "Commands", show=False, id="app.command_palette",
-                tooltip="Open the command palette: open store, switch view or models, export, zoom"),
-        Binding("R", "resume", "Resume", id="app.resume",
-                tooltip="Resume the open store's interrupted extraction (as `vitsee extract STORE` does)"),
+        Binding(
+            "ctrl+p",
+            "command_palette",
+            "Commands",
+            show=False,
+            id="app.command_palette",
+            tooltip="Open the command palette: open store, switch view or models, export, zoom",
+        ),
+        Binding(
+            "R",
+            "resume",
+            "Resume",
+            id="app.resume",
+            tooltip="Resume the open store's interrupted extraction (as `vitsee extract STORE` does)",
+        ),
     ]
 
-    def __init__(self, store: Path | None = None, *, options: AppOptions | None = None, demo: bool = False,
-                 keymap: dict[str, str] | None = None, snapshot: SnapshotPlan | None = None) -> None:
+    def __init__(
+        self,
+        store: Path | None = None,
+        *,
+        options: AppOptions | None = None,
+        demo: bool = False,
+        keymap: dict[str, str] | None = None,
+        snapshot: SnapshotPlan | None = None,
+    ) -> None:
         super().__init__()
         from vitsee.tui.logs import setup_logging
 
@@ -86,8 +104,15 @@ class VitseeApp(App):
 
         self.push_screen(NewRunScreen(self.options))
 
-    def open_store(self, path: Path, *, analyse_all: bool = False, analysis: AnalyzeConfig | None = None,
-                   note: str | None = None, replace: bool = False) -> None:
+    def open_store(
+        self,
+        path: Path,
+        *,
+        analyse_all: bool = False,
+        analysis: AnalyzeConfig | None = None,
+        note: str | None = None,
+        replace: bool = False,
+    ) -> None:
         """Open a store in the explorer (a missing or broken one is reported there, not raised)."""
         from vitsee.tui.screens.explorer import ExplorerScreen
 
@@ -152,8 +177,12 @@ class VitseeApp(App):
             return
         self._demo_to_check = opened.store
         plan = demo.DemoPlan(**self.demo_overrides)
-        self.open_store(opened.store, analyse_all=True, note=opened.note,
-                        analysis=lambda: demo.analysis_config(plan, self.options.device))
+        self.open_store(
+            opened.store,
+            analyse_all=True,
+            note=opened.note,
+            analysis=lambda: demo.analysis_config(plan, self.options.device),
+        )
 
     def _demo_plan(self) -> RunPlan:
         """Returns the demo's run: its checks (cached weights, the Hub, the recipe) and the store they pick
@@ -165,10 +194,18 @@ class VitseeApp(App):
         note = f"demo store {choice.config.store}: {choice.weights_note}"
         before = None
         if choice.training:
+
             def before(progress, cancel):
                 demo.prepare_trained(choice, progress, cancel)
-        return RunPlan(choice.config, choice.analysis, note=note, reuse_complete=True, before=before,
-                       opened=lambda store: demo.remember(store, note))
+
+        return RunPlan(
+            choice.config,
+            choice.analysis,
+            note=note,
+            reuse_complete=True,
+            before=before,
+            opened=lambda store: demo.remember(store, note),
+        )
 
     def on_first_view_shown(self, message: FirstViewShown) -> None:
         if self._demo_to_check is not None and Path(message.path) == self._demo_to_check:
@@ -218,28 +255,53 @@ class VitseeApp(App):
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # settings default to None, "not given", so a value from the config file stands unless a flag overrides it
     parser = argparse.ArgumentParser(
-        prog="vitsee-tui", description="Explore a vitsee store in the terminal: CKA, attention distances, "
+        prog="vitsee-tui",
+        description="Explore a vitsee store in the terminal: CKA, attention distances, "
         "probes, skip ratios, spatial maps; export any view to PNG + JSON. Settings and key remaps: "
         "$XDG_CONFIG_HOME/vitsee/config.toml (flags override it; --show-config says what is in effect).",
     )
     parser.add_argument("store", nargs="?", type=Path, help="a store made by `vitsee extract` (default: pick one)")
-    parser.add_argument("--export-dir", type=Path, default=None,
-                        help="where `e` writes PNG + JSON (default ./vitsee-exports)")
-    parser.add_argument("--no-mouse", dest="mouse", action="store_false", default=None,
-                        help="turn mouse reporting off (slow links, tmux copy mode)")
-    parser.add_argument("--color", default=None, choices=list(COLOR_CHOICES),
-                        help="heatmap colours (default auto: COLORTERM/TERM; NO_COLOR means none)")
+    parser.add_argument(
+        "--export-dir", type=Path, default=None, help="where `e` writes PNG + JSON (default ./vitsee-exports)"
+    )
+    parser.add_argument(
+        "--no-mouse",
+        dest="mouse",
+        action="store_false",
+        default=None,
+        help="turn mouse reporting off (slow links, tmux copy mode)",
+    )
+    parser.add_argument(
+        "--color",
+        default=None,
+        choices=list(COLOR_CHOICES),
+        help="heatmap colours (default auto: COLORTERM/TERM; NO_COLOR means none)",
+    )
     parser.add_argument("--cmap", default=None, choices=list(COLORMAPS), help="heatmap colormap (default viridis)")
-    parser.add_argument("--demo", action="store_true",
-                        help="open the demo store (built on first use from built-in images and two small models)")
+    parser.add_argument(
+        "--demo",
+        action="store_true",
+        help="open the demo store (built on first use from built-in images and two small models)",
+    )
     parser.add_argument("--device", default=None, help="device for analyses not cached yet: auto, cpu, cuda[:N]")
-    parser.add_argument("--config", type=Path, default=None,
-                        help="the config file to read (default $XDG_CONFIG_HOME/vitsee/config.toml)")
-    parser.add_argument("--show-config", action="store_true",
-                        help="print each setting, its value and where it came from, and the key remaps; then exit")
-    parser.add_argument("--snapshot", metavar="VIEW", default=None,
-                        help="render VIEW (cka:A:B, attention:MODEL, ... or a kind such as attention) once its data "
-                        "is drawn, write the screen to --out (SVG or PNG) and exit")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="the config file to read (default $XDG_CONFIG_HOME/vitsee/config.toml)",
+    )
+    parser.add_argument(
+        "--show-config",
+        action="store_true",
+        help="print each setting, its value and where it came from, and the key remaps; then exit",
+    )
+    parser.add_argument(
+        "--snapshot",
+        metavar="VIEW",
+        default=None,
+        help="render VIEW (cka:A:B, attention:MODEL, ... or a kind such as attention) once its data "
+        "is drawn, write the screen to --out (SVG or PNG) and exit",
+    )
     parser.add_argument("--out", type=Path, default=None, help="the file --snapshot writes: *.svg or *.png")
     parser.add_argument("--size", default=None, help="the terminal size --snapshot renders at (default 120x40)")
     return parser.parse_args(argv)
@@ -247,8 +309,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def read_settings(args: argparse.Namespace) -> Settings:
     """Returns the settings: the flags given over the config file over the defaults."""
-    flags = {"colormap": args.cmap, "color": args.color, "mouse": args.mouse, "export_dir": args.export_dir,
-             "device": args.device}
+    flags = {
+        "colormap": args.cmap,
+        "color": args.color,
+        "mouse": args.mouse,
+        "export_dir": args.export_dir,
+        "device": args.device,
+    }
     return load_settings(flags, path=args.config)
 
 
@@ -265,13 +332,13 @@ def build_app(args: argparse.Namespace, settings: Settings | None = None) -> Vit
             raise VitseeError("--snapshot needs a STORE: vitsee-tui STORE --snapshot VIEW --out screen.svg")
         snapshot = plan_snapshot(args.store, args.snapshot, args.out, args.size or "120x40")
     elif args.out is not None or args.size is not None:
-        raise VitseeError(f"{'--out' if args.out is not None else '--size'} goes with --snapshot VIEW: add it, "
-                          "or drop the flag")
+        raise VitseeError(
+            f"{'--out' if args.out is not None else '--size'} goes with --snapshot VIEW: add it, or drop the flag"
+        )
     options = settings.options()
     if snapshot is not None and settings["color"] == "auto":
         options.color_mode = ColorMode.TRUECOLOR  # a screenshot shows every colour, whatever terminal runs this
-    return VitseeApp(args.store, options=options, demo=args.demo, keymap=settings.keymap(),
-                     snapshot=snapshot)
+    return VitseeApp(args.store, options=options, demo=args.demo, keymap=settings.keymap(), snapshot=snapshot)
 
 
 def fail(message: str) -> None:

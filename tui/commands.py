@@ -31,12 +31,28 @@ class VitseeCommands(Provider):
             if screen.summary is not None:
                 keys = screen.summary.keys
                 for key in keys:
-                    out.append((f"Model A: {model_label(key, width=60)}", partial(screen.query_one("SidePanel").pick, model_a=key), key))
-                out.append(("Model B: same as A (CKA within model A)", partial(screen.query_one("SidePanel").pick, same=True),
-                            "CKA of model A with itself"))
+                    out.append(
+                        (
+                            f"Model A: {model_label(key, width=60)}",
+                            partial(screen.query_one("SidePanel").pick, model_a=key),
+                            key,
+                        )
+                    )
+                out.append(
+                    (
+                        "Model B: same as A (CKA within model A)",
+                        partial(screen.query_one("SidePanel").pick, same=True),
+                        "CKA of model A with itself",
+                    )
+                )
                 for key in keys:
-                    out.append((f"Model B: {model_label(key, width=60)}", partial(screen.query_one("SidePanel").pick, model_b=key),
-                                f"CKA columns from {key}"))
+                    out.append(
+                        (
+                            f"Model B: {model_label(key, width=60)}",
+                            partial(screen.query_one("SidePanel").pick, model_b=key),
+                            f"CKA columns from {key}",
+                        )
+                    )
         folder = getattr(app, "options", None)
         folder = folder.folder if folder is not None else Path.cwd()
         for path in find_stores(folder)[:20]:

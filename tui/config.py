@@ -72,6 +72,7 @@ def _choice(choices: tuple[str, ...]) -> Callable[[Any], str]:
         if not isinstance(value, str) or value.lower() not in choices:
             raise ValueError(f"choose one of {', '.join(choices)}")
         return value.lower()
+
     return check
 
 
@@ -150,8 +151,9 @@ class Settings:
 
     def options(self, env: Mapping[str, str] | None = None) -> AppOptions:
         """Returns the options every screen reads."""
-        return AppOptions(color_mode=self.color_mode(env), export_dir=self["export_dir"], cmap=self["colormap"],
-                          device=self["device"])
+        return AppOptions(
+            color_mode=self.color_mode(env), export_dir=self["export_dir"], cmap=self["colormap"], device=self["device"]
+        )
 
     def keymap(self) -> dict[str, str]:
         """Returns the keymap for App.set_keymap: binding id -> comma-separated keys."""
@@ -170,8 +172,11 @@ class Settings:
         lines.append("")
         if self.keys:
             lines.append("keymap overrides:")
-            lines += _table(("binding id", "keys", "from"),
-                            [(i, v.value, v.source) for i, v in sorted(self.keys.items())], indent="  ")
+            lines += _table(
+                ("binding id", "keys", "from"),
+                [(i, v.value, v.source) for i, v in sorted(self.keys.items())],
+                indent="  ",
+            )
         else:
             lines.append("keymap overrides: none (every key as shipped; ? in the app lists them)")
         return "\n".join(lines)
@@ -207,12 +212,16 @@ def read_file(path: Path) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise VitseeError(f"{path}: cannot read the config file ({exc.strerror}): fix its permissions or move it away") from None
+        raise VitseeError(
+            f"{path}: cannot read the config file ({exc.strerror}): fix its permissions or move it away"
+        ) from None
     try:
         return tomllib.loads(data.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise VitseeError(f"{path}: not valid TOML ({exc}): fix the file or move it away "
-                          "(an example is in the README's Settings section)") from None
+        raise VitseeError(
+            f"{path}: not valid TOML ({exc}): fix the file or move it away "
+            "(an example is in the README's Settings section)"
+        ) from None
 
 
 def _unknown(path: Path, what: str, name: str, known: list[str], way_out: str) -> VitseeError:
@@ -221,8 +230,9 @@ def _unknown(path: Path, what: str, name: str, known: list[str], way_out: str) -
     return VitseeError(f"{path}: unknown {what} '{name}'{hint}: {way_out}")
 
 
-def load_settings(flags: Mapping[str, Any] | None = None, path: Path | None = None,
-                  env: Mapping[str, str] | None = None) -> Settings:
+def load_settings(
+    flags: Mapping[str, Any] | None = None, path: Path | None = None, env: Mapping[str, str] | None = None
+) -> Settings:
     """Returns the settings: each flag given (not None) over the file's value over the default.
 
     `flags` maps setting names to what the command line gave (None: not given); `path` is the config file
@@ -236,8 +246,13 @@ def load_settings(flags: Mapping[str, Any] | None = None, path: Path | None = No
     values: dict[str, Value] = {}
     for name in data:
         if name not in SETTINGS:
-            raise _unknown(path, "setting", name, [*SETTINGS, "keys"],
-                           f"the settings are {', '.join(SETTINGS)} and a [keys] table; rename or remove it")
+            raise _unknown(
+                path,
+                "setting",
+                name,
+                [*SETTINGS, "keys"],
+                f"the settings are {', '.join(SETTINGS)} and a [keys] table; rename or remove it",
+            )
     for name, setting in SETTINGS.items():
         values[name] = Value(setting.default, DEFAULT)
         if name in data:
@@ -259,7 +274,7 @@ def load_settings(flags: Mapping[str, Any] | None = None, path: Path | None = No
                 raise VitseeError(f"{setting.flag} {given}: {exc}") from None
     settings = Settings(path, found, values)
     if not isinstance(key_table, dict):
-        raise VitseeError(f"{path}: keys must be a table ([keys], then lines like \"explorer.export\" = \"E\")")
+        raise VitseeError(f'{path}: keys must be a table ([keys], then lines like "explorer.export" = "E")')
     preset = values["preset"].value
     if preset in PRESETS:
         settings.keys = {i: Value(k, f"preset {preset}") for i, k in PRESETS[preset].items()}
@@ -272,8 +287,22 @@ def load_settings(flags: Mapping[str, Any] | None = None, path: Path | None = No
 
 MODIFIERS = ("ctrl", "shift", "alt", "meta", "super", "hyper")
 NAMED_KEYS = {
-    "up", "down", "left", "right", "home", "end", "pageup", "pagedown", "insert", "delete", "backspace", "tab",
-    "enter", "escape", "space", *(f"f{n}" for n in range(1, 25)),
+    "up",
+    "down",
+    "left",
+    "right",
+    "home",
+    "end",
+    "pageup",
+    "pagedown",
+    "insert",
+    "delete",
+    "backspace",
+    "tab",
+    "enter",
+    "escape",
+    "space",
+    *(f"f{n}" for n in range(1, 25)),
 }
 
 
@@ -305,8 +334,10 @@ def _key_list(path: Path, binding_id: str, keys: Any) -> str:
     parts = [k.strip() for k in keys.split(",")]
     for key in parts:
         if not key_name_ok(key):
-            raise VitseeError(f"{path}: [keys] '{binding_id}' = {keys!r}: '{key}' is not a key: use names such as "
-                              "e, E, ctrl+e, f5, pageup, question_mark")
+            raise VitseeError(
+                f"{path}: [keys] '{binding_id}' = {keys!r}: '{key}' is not a key: use names such as "
+                "e, E, ctrl+e, f5, pageup, question_mark"
+            )
     return ",".join(_character_to_key(k) if len(k) == 1 else k for k in parts)  # '?' -> question_mark
 
 
@@ -344,8 +375,9 @@ def check_keymap(path: Path, keys: Mapping[str, Value]) -> None:
     known = sorted({i for ids in table.values() for i in ids if not i.startswith("\x00")})
     for binding_id in keys:
         if binding_id not in known:
-            raise _unknown(path, "binding id", binding_id, known,
-                           "fix or remove it (the README's Settings section lists the ids)")
+            raise _unknown(
+                path, "binding id", binding_id, known, "fix or remove it (the README's Settings section lists the ids)"
+            )
     for owner, ids in table.items():
         taken: dict[str, str] = {}
         for binding_id, default in ids.items():
@@ -359,7 +391,8 @@ def check_keymap(path: Path, keys: Mapping[str, Value]) -> None:
                     raise VitseeError(
                         f"{path}: [keys] '{mine}' = '{keys[mine].value}'{_via(path, keys, mine)} takes '{key}', "
                         f"which {_name(theirs)}{_via(path, keys, theirs)} already uses in "
-                        f"{owner.rpartition('.')[2]}: pick another key, or remap {_name(theirs)} too")
+                        f"{owner.rpartition('.')[2]}: pick another key, or remap {_name(theirs)} too"
+                    )
                 taken[key] = binding_id
 
 

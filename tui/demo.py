@@ -83,9 +83,11 @@ class DemoChoice:
             cfg = self.training[0]
             names = " and ".join(t.model for t in self.training)
             epochs = ", ".join(f"{t.model} {recipe_of(t)['epochs']} epochs" for t in self.training)
-            return (f"{names} trained here on {cfg.dataset} at {cfg.img_size} px ({epochs}; no pretrained "
-                    "weights in the local cache and the Hugging Face Hub cannot be reached); the store holds the "
-                    "images held out from training")
+            return (
+                f"{names} trained here on {cfg.dataset} at {cfg.img_size} px ({epochs}; no pretrained "
+                "weights in the local cache and the Hugging Face Hub cannot be reached); the store holds the "
+                "images held out from training"
+            )
         parts = []
         for name, ok in self.pretrained.items():
             parts.append(f"{name.partition('.')[0]}: {'pretrained' if ok else 'random init'}")
@@ -131,8 +133,15 @@ def choose(plan: DemoPlan | None = None, device: str = "auto", folder: Path | No
     size = f"-{plan.img_size}px" if plan.img_size else ""
     store = folder / f"demo-pretrained-{plan.n_images}{size}.h5"
     twins = [f"{name.partition('.')[0]}@random:{plan.twin_seed}" for name in plan.models] if plan.twins else []
-    config = ExtractConfig(store=store, models=[*plan.models, *twins], dataset=plan.dataset, n_images=plan.n_images,
-                           batch_size=plan.batch_size, device=device, img_size=plan.img_size)
+    config = ExtractConfig(
+        store=store,
+        models=[*plan.models, *twins],
+        dataset=plan.dataset,
+        n_images=plan.n_images,
+        batch_size=plan.batch_size,
+        device=device,
+        img_size=plan.img_size,
+    )
     return DemoChoice(config, pretrained, analysis)
 
 
@@ -142,19 +151,32 @@ def _trained_choice(plan: DemoPlan, device: str, folder: Path, pretrained: dict[
     from vitsee.engine.train import TrainConfig
 
     def run(name: str, args: dict, out: Path) -> TrainConfig:
-        return TrainConfig(out=out, model=name, model_args=dict(args), img_size=plan.train_img_size,
-                           dataset=plan.train_dataset, n_images=plan.train_n_images, epochs=plan.train_epochs,
-                           seed=plan.train_seed, device=device)
+        return TrainConfig(
+            out=out,
+            model=name,
+            model_args=dict(args),
+            img_size=plan.train_img_size,
+            dataset=plan.train_dataset,
+            n_images=plan.train_n_images,
+            epochs=plan.train_epochs,
+            seed=plan.train_seed,
+            device=device,
+        )
 
     drafts = [run(name, args, Path()) for name, args in plan.trained]
     tag = f"{plan.train_dataset}{plan.train_img_size}-{_recipe_tag(plan, drafts)}-s{plan.train_seed}"
     training = tuple(run(d.model, d.model_args, folder / f"demo-{d.model}-{tag}.safetensors") for d in drafts)
-    twins = tuple(run(d.model, d.model_args, folder / f"demo-{d.model}-{tag}-init.safetensors") for d in drafts
-                  if plan.twins)
+    twins = tuple(
+        run(d.model, d.model_args, folder / f"demo-{d.model}-{tag}-init.safetensors") for d in drafts if plan.twins
+    )
     test_set = folder / f"demo-{plan.train_dataset}-test-s{plan.train_seed}.npz"
-    config = ExtractConfig(store=folder / f"demo-trained-{tag}.h5",
-                           models=[f"{t.model}@{t.out}" for t in (*training, *twins)],
-                           dataset=f"npz:{test_set}", batch_size=plan.batch_size, device=device)
+    config = ExtractConfig(
+        store=folder / f"demo-trained-{tag}.h5",
+        models=[f"{t.model}@{t.out}" for t in (*training, *twins)],
+        dataset=f"npz:{test_set}",
+        batch_size=plan.batch_size,
+        device=device,
+    )
     return DemoChoice(config, pretrained, analysis, training, twins)
 
 

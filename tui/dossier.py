@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from vitsee.engine.analyze import AnalyzeConfig
     from vitsee.engine.views import View
 
+
 @dataclass
 class Section:
     """One analysis of one of the two layers: a title, its numbers as lines, and the full view it opens."""
@@ -58,8 +59,15 @@ def dossier_analyses() -> list:
     return [a for a in REGISTRY.values() if a.dossier_title]
 
 
-def read_dossier(path: str | Path, summary: StoreSummary, cka: LoadedView, row: int, col: int,
-                 config: Callable[[], AnalyzeConfig], known: dict[str, LoadedView] | None = None) -> Dossier:
+def read_dossier(
+    path: str | Path,
+    summary: StoreSummary,
+    cka: LoadedView,
+    row: int,
+    col: int,
+    config: Callable[[], AnalyzeConfig],
+    known: dict[str, LoadedView] | None = None,
+) -> Dossier:
     """Returns the dossier of a layer x layer cell (row, col): per layer the section of every analysis that has one
     (head distances, probes, skip ratios, spatial map, ERF). Views in `known` or the cache are read; the cheap ones
     (cost 0: summaries of statistics recorded at extraction) are computed when missing; the rest say how to
@@ -73,8 +81,9 @@ def read_dossier(path: str | Path, summary: StoreSummary, cka: LoadedView, row: 
     path, known = Path(path), dict(known or {})
     dossier = Dossier(cka, row, col)
     dossier.sections.append(measures_section(path, summary, cka, row, col, known))
-    wanted = [(a, model, layer, _spec(a, model, layer, summary)) for model, layer in dossier.sides
-              for a in dossier_analyses()]
+    wanted = [
+        (a, model, layer, _spec(a, model, layer, summary)) for model, layer in dossier.sides for a in dossier_analyses()
+    ]
     specs = {spec for *_, (spec, _) in wanted if spec is not None and spec not in known}
     with ACCESS.read(), Store.open(path) as store:  # one open for every check (each open verifies the file)
         cached = {spec for spec in specs if cached_params(store, spec) is not None}
@@ -102,8 +111,9 @@ def read_dossier(path: str | Path, summary: StoreSummary, cka: LoadedView, row: 
 MEASURES_TITLE = "Every measure of this pair"
 
 
-def measures_section(path: Path, summary: StoreSummary, cell: LoadedView, row: int, col: int,
-                     known: dict[str, LoadedView]) -> Section:
+def measures_section(
+    path: Path, summary: StoreSummary, cell: LoadedView, row: int, col: int, known: dict[str, LoadedView]
+) -> Section:
     """Returns the section of the cell's layer pair in every layer x layer measure cached for its models: each
     value with its interval and where the pair ranks among all pairs of the two models, then one line saying
     whether the measures agree on that rank; what is not cached says how to compute it. Enter opens the
@@ -168,4 +178,6 @@ def _spec(analysis, model: str, layer: str, summary: StoreSummary) -> tuple[str 
 def section_of(analysis, model: str, layer: str, view: View, note: str = "") -> Section:
     """Returns one analysis's section for one layer from its view, or why the view has nothing for the layer."""
     entry = analysis.dossier_section(view, layer, note)
-    return Section(analysis.name, model, entry.layer, _title(analysis, model, entry.layer), entry.lines, entry.available)
+    return Section(
+        analysis.name, model, entry.layer, _title(analysis, model, entry.layer), entry.lines, entry.available
+    )

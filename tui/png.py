@@ -100,8 +100,18 @@ def _shade(fg, bg, amount: float) -> tuple[int, int, int]:
 
 
 # U+2596-U+259F quadrants: which of (upper left, upper right, lower left, lower right) are filled
-_QUADRANTS = {0x2596: "0010", 0x2597: "0001", 0x2598: "1000", 0x2599: "1011", 0x259A: "1001", 0x259B: "1110",
-              0x259C: "1101", 0x259D: "0100", 0x259E: "0110", 0x259F: "0111"}
+_QUADRANTS = {
+    0x2596: "0010",
+    0x2597: "0001",
+    0x2598: "1000",
+    0x2599: "1011",
+    0x259A: "1001",
+    0x259B: "1110",
+    0x259C: "1101",
+    0x259D: "0100",
+    0x259E: "0110",
+    0x259F: "0111",
+}
 # Braille: bit k of (code - 0x2800) is dot k + 1; dots 1-3 and 7 are the left column top to bottom, 4-6 and 8 the right
 _BRAILLE_DOTS = [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2), (0, 3), (1, 3)]
 
@@ -139,8 +149,9 @@ def _draw_shape(draw, code: int, x: int, y: int, w: int, h: int, fg, bg) -> bool
         for k, filled in enumerate(_QUADRANTS[code]):
             if filled == "1":
                 left, top = x + (k % 2) * (w // 2), y + (k // 2) * (h // 2)
-                draw.rectangle([left, top, (x + w if k % 2 else x + w // 2) - 1,
-                                (y + h if k // 2 else y + h // 2) - 1], fill=fg)
+                draw.rectangle(
+                    [left, top, (x + w if k % 2 else x + w // 2) - 1, (y + h if k // 2 else y + h // 2) - 1], fill=fg
+                )
     return True
 
 
@@ -186,8 +197,15 @@ def screen_png(app) -> bytes:
     from rich.segment import Segment
 
     width, height = app.size
-    console = Console(width=width, height=height, file=io.StringIO(), force_terminal=True, color_system="truecolor",
-                      legacy_windows=False, safe_box=False)
+    console = Console(
+        width=width,
+        height=height,
+        file=io.StringIO(),
+        force_terminal=True,
+        color_system="truecolor",
+        legacy_windows=False,
+        safe_box=False,
+    )
     update = app.screen._compositor.render_update(full=True, screen_stack=app._background_screens)
     segments = Segment.filter_control(console.render(update, console.options))
     lines = list(Segment.split_and_crop_lines(segments, width, pad=True))[:height]

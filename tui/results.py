@@ -87,10 +87,14 @@ class StoreSummary:
             return None
         m = min(unfinished, key=lambda m: m.rows_done)
         if self.writer is not None:  # not interrupted: still running, and resuming would be refused
-            return (f"extraction in progress: {m.rows_done} of {self.n_images} images, {self.path.name} is being "
-                    f"written by {self.writer}; reopen it (o) when that ends")
-        return (f"extraction incomplete: {m.rows_done} of {self.n_images} images; {INCOMPLETE_HINT} "
-                f"(or `vitsee extract {self.path}`)")
+            return (
+                f"extraction in progress: {m.rows_done} of {self.n_images} images, {self.path.name} is being "
+                f"written by {self.writer}; reopen it (o) when that ends"
+            )
+        return (
+            f"extraction incomplete: {m.rows_done} of {self.n_images} images; {INCOMPLETE_HINT} "
+            f"(or `vitsee extract {self.path}`)"
+        )
 
 
 def weights_text(weights: dict) -> str:
@@ -122,13 +126,21 @@ def read_summary(path: str | Path) -> StoreSummary:
                 info = store.model_info(key)
                 layers = store.layers(key)
                 shapes = {layer: store.layer_shape(key, layer) for layer in layers}
-                models.append(ModelSummary(
-                    key=key, family=str(info.get("family", "other")), weights=weights_text(info.get("weights", {})),
-                    layers=layers, shapes=shapes, rows_done=store.rows_done(key),
-                    reasons={name: a.not_applicable(store, key) for name, a in REGISTRY.items()},
-                    layer_choices={name: a.layer_choices(store, key) for name, a in REGISTRY.items() if a.takes_layer},
-                    heads=int(info.get("num_heads") or 0),
-                ))
+                models.append(
+                    ModelSummary(
+                        key=key,
+                        family=str(info.get("family", "other")),
+                        weights=weights_text(info.get("weights", {})),
+                        layers=layers,
+                        shapes=shapes,
+                        rows_done=store.rows_done(key),
+                        reasons={name: a.not_applicable(store, key) for name, a in REGISTRY.items()},
+                        layer_choices={
+                            name: a.layer_choices(store, key) for name, a in REGISTRY.items() if a.takes_layer
+                        },
+                        heads=int(info.get("num_heads") or 0),
+                    )
+                )
             cached = sorted({r["analysis"] for r in store.results()})
             writer = writer_of(path) if any(m.rows_done < store.n_images for m in models) else None
             return StoreSummary(path, store.n_images, store.dataset_spec, models, cached, store.streaming, writer)
@@ -231,9 +243,15 @@ def yield_cpu_to_event_loop(nice: int = WORKER_NICE) -> bool:
     return True
 
 
-def read_view(path: str | Path, spec: str, base: an.AnalyzeConfig, progress: StepFn | None = None,
-              cancelled: Callable[[], bool] = lambda: False, warn: Callable[[str], None] | None = None,
-              options: dict | None = None) -> LoadedView:
+def read_view(
+    path: str | Path,
+    spec: str,
+    base: an.AnalyzeConfig,
+    progress: StepFn | None = None,
+    cancelled: Callable[[], bool] = lambda: False,
+    warn: Callable[[str], None] | None = None,
+    options: dict | None = None,
+) -> LoadedView:
     """Returns the view named by spec, from the cache when it is there, else computed and cached first.
     `options`: the analysis's own options that say what the view is of (the zoo's measure), as `vitsee show` takes
     them (attribute -> value).
@@ -273,7 +291,9 @@ def read_view(path: str | Path, spec: str, base: an.AnalyzeConfig, progress: Ste
         with Store.open(path) as store:
             shapes = {m: {layer: store.layer_shape(m, layer) for layer in store.layers(m)} for m in view.models}
             notes = {m: note for m in view.models if (note := random_init_note(store.model_info(m)))}
-    return LoadedView(spec, view, not cached, time.perf_counter() - start, shapes, notes, Path(path), dict(options or {}))
+    return LoadedView(
+        spec, view, not cached, time.perf_counter() - start, shapes, notes, Path(path), dict(options or {})
+    )
 
 
 def read_head_distances(path: str | Path, model: str, block: int, head: int) -> np.ndarray:
@@ -298,7 +318,9 @@ def export_name(view: View, when: float | None = None) -> str:
     return "-".join(parts + [stamp])
 
 
-def export_view(view: View, folder: str | Path, selection: tuple[int, int] | None, cmap: str) -> tuple[Path, Path | None, str | None]:
+def export_view(
+    view: View, folder: str | Path, selection: tuple[int, int] | None, cmap: str
+) -> tuple[Path, Path | None, str | None]:
     """Writes the view's .json and .png into folder; returns (json path, png path or None, why no png)."""
     from vitsee.engine.export import write_view
 

@@ -53,8 +53,10 @@ def parse_size(text: str) -> tuple[int, int]:
     if size[0] < MIN_SIZE[0] or size[1] < MIN_SIZE[1]:
         raise VitseeError(f"--size {text}: the app needs at least {MIN_SIZE[0]}x{MIN_SIZE[1]}")
     if size[0] > MAX_SIZE[0] or size[1] > MAX_SIZE[1]:
-        raise VitseeError(f"--size {text}: a snapshot is at most {MAX_SIZE[0]}x{MAX_SIZE[1]} (columns x rows); "
-                          "give a smaller size, such as 200x60")
+        raise VitseeError(
+            f"--size {text}: a snapshot is at most {MAX_SIZE[0]}x{MAX_SIZE[1]} (columns x rows); "
+            "give a smaller size, such as 200x60"
+        )
     return size
 
 
@@ -73,8 +75,10 @@ def plan_snapshot(store: Path, view: str, out: Path | None, size: str) -> Snapsh
     columns_rows = parse_size(size)
     if ":" not in view:
         if view not in VIEW_LABELS:
-            raise VitseeError(f"--snapshot {view}: unknown view: give a kind ({', '.join(VIEW_LABELS)}) "
-                              "or a view such as cka:MODEL_A:MODEL_B")
+            raise VitseeError(
+                f"--snapshot {view}: unknown view: give a kind ({', '.join(VIEW_LABELS)}) "
+                "or a view such as cka:MODEL_A:MODEL_B"
+            )
         from vitsee.engine.store import Store
 
         with Store.open(store):  # a missing or broken store is one line now, not an empty screenshot

@@ -21,6 +21,7 @@ a new analysis is a new module here, found by being there (see engine/analyses/R
 `REGISTRY` (name -> analysis, in the analyses' declared order) is what the driver (engine/analyze.py), the views
 (engine/views.py), `show`/`export`, the figures and the app look analyses up in.
 """
+
 from __future__ import annotations
 
 import importlib

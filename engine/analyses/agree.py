@@ -13,6 +13,7 @@ The measures are those of the layer-similarity family (similarity.layer_measures
 estimate of each; CKA, run by default, is computed when missing. Its cache key names each measure's result, so a
 measure computed later makes a new comparison.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -92,8 +93,13 @@ def rank_words(share: float) -> str:
     bottom half', 'in the bottom quarter' or 'in the bottom 10%' of the pairs."""
     if not np.isfinite(share):
         return "unranked"
-    for limit, words in ((0.1, "top 10%"), (0.25, "top quarter"), (0.5, "top half"), (0.75, "bottom half"),
-                         (0.9, "bottom quarter")):
+    for limit, words in (
+        (0.1, "top 10%"),
+        (0.25, "top quarter"),
+        (0.5, "top half"),
+        (0.75, "bottom half"),
+        (0.9, "bottom quarter"),
+    ):
         if share < limit:
             return f"in the {words}"
     return "in the bottom 10%"
@@ -115,8 +121,10 @@ def agreement_line(ranks: dict[str, float]) -> str:
         half = "top half" if halves.pop() else "bottom half"
         detail = ", ".join(f"{text.removeprefix('in the ')} by {', '.join(labels)}" for text, labels in ordered)
         return f"the measures agree: in the {half} of the pairs by every one ({detail})"
-    parts = [f"{text if i == 0 else text.removeprefix('in the ')}{' of the pairs' if i == 0 else ''} by "
-             f"{', '.join(labels)}" for i, (text, labels) in enumerate(ordered)]
+    parts = [
+        f"{text if i == 0 else text.removeprefix('in the ')}{' of the pairs' if i == 0 else ''} by {', '.join(labels)}"
+        for i, (text, labels) in enumerate(ordered)
+    ]
     return "the measures disagree: " + "; ".join(parts)
 
 
@@ -131,8 +139,10 @@ class MeasuresAgree(Analysis):
     name = "agree"
     label = "Agree?"
     title = "do the layer x layer measures agree? each one's matrix, and their rank correlations over the layer pairs"
-    option_help = ("compare the layer x layer measures cached for the store by the rank correlation of their values, "
-                   "for each pair of models and each model with itself")
+    option_help = (
+        "compare the layer x layer measures cached for the store by the rank correlation of their values, "
+        "for each pair of models and each model with itself"
+    )
     order = 19  # after the measures, which it reads
     shape = Shape.MEASURES_AGREE
     family = FAMILY  # in the CKA tab: `m` cycles the measures and then this
@@ -173,8 +183,9 @@ class MeasuresAgree(Analysis):
                 measures[analysis.name] = params
         return {"models": models, "layers": {m: store.layers(m) for m in models}, "measures": measures}
 
-    def compute(self, store: Store, request: Request, params: dict, cfg: AnalyzeConfig,
-                progress: StepFn | None = None) -> dict[str, np.ndarray]:
+    def compute(
+        self, store: Store, request: Request, params: dict, cfg: AnalyzeConfig, progress: StepFn | None = None
+    ) -> dict[str, np.ndarray]:
         """Returns every measure's joint (L, L) matrix over the store's layers, stacked (M, L, L)."""
         panels, columns = [], None
         for i, (name, measure_params) in enumerate(params["measures"].items()):
@@ -184,8 +195,12 @@ class MeasuresAgree(Analysis):
             panels.append(np.asarray(result["matrix"], dtype=np.float64))
             columns = (result["model"], result["layer"])  # every joint matrix: store order, layers in forward order
             emit(progress, self.name, i + 1, len(params["measures"]))
-        return {"panels": np.stack(panels), "measures": np.array(list(params["measures"])),
-                "model": np.asarray(columns[0]), "layer": np.asarray(columns[1])}
+        return {
+            "panels": np.stack(panels),
+            "measures": np.array(list(params["measures"])),
+            "model": np.asarray(columns[0]),
+            "layer": np.asarray(columns[1]),
+        }
 
     def view(self, result: Result, request: Request, info: dict) -> View:
         """Returns the rank correlations of the measures over the A x B layer pairs, with each measure's block."""
@@ -200,23 +215,46 @@ class MeasuresAgree(Analysis):
         labels = [m.label for m in measures]
         higher = [m.higher_is_better for m in measures]
         matrix, n_pairs = rank_correlations(panels, higher, a == b)
-        extra = {"measures": names, "panels": panels, "panel_rows": [layers[i] for i in rows],
-                 "panel_cols": [layers[j] for j in cols], "panel_names": [m.value_name or m.label for m in measures],
-                 "higher_is_better": higher, "n_pairs": n_pairs}
+        extra = {
+            "measures": names,
+            "panels": panels,
+            "panel_rows": [layers[i] for i in rows],
+            "panel_cols": [layers[j] for j in cols],
+            "panel_names": [m.value_name or m.label for m in measures],
+            "higher_is_better": higher,
+            "n_pairs": n_pairs,
+        }
         if len(names) < 2:
-            extra["note"] = (f"only {labels[0] if labels else 'no measure'} is cached for these models: "
-                             "`vitsee analyze STORE --measures all` computes the others")
+            extra["note"] = (
+                f"only {labels[0] if labels else 'no measure'} is cached for these models: "
+                "`vitsee analyze STORE --measures all` computes the others"
+            )
         params = {k: v for k, v in result.params.items() if k != "layers"}
         title = f"Do the measures agree? {a}" if a == b else f"Do the measures agree? {a} (rows) x {b} (cols)"
-        return View(self.name, "", title, "", matrix, labels, labels, "rank correlation", -1.0, 1.0, params=params,
-                    extra=extra, models=[a, b])
+        return View(
+            self.name,
+            "",
+            title,
+            "",
+            matrix,
+            labels,
+            labels,
+            "rank correlation",
+            -1.0,
+            1.0,
+            params=params,
+            extra=extra,
+            models=[a, b],
+        )
 
     def caption_notes(self, view: View) -> str:
         distances = [label for label, up in zip(view.rows, view.extra["higher_is_better"]) if not up]
         within = len(set(view.models)) == 1
-        text = (f"; rank correlation: Spearman over the {view.extra['n_pairs']} layer pairs"
-                + (" (every two different layers, both orders)" if within else "")
-                + (f", {', '.join(distances)} read reversed (a distance: low is alike)" if distances else ""))
+        text = (
+            f"; rank correlation: Spearman over the {view.extra['n_pairs']} layer pairs"
+            + (" (every two different layers, both orders)" if within else "")
+            + (f", {', '.join(distances)} read reversed (a distance: low is alike)" if distances else "")
+        )
         return text + (f"; {view.extra['note']}" if view.extra.get("note") else "")
 
     def command(self, store_path, layer: str | None = None) -> str:

@@ -3,6 +3,7 @@
 The pure core (the distances the extraction hooks compute per image) comes first; then the store-facing runner:
 the parameters of a result (its cache key) and the per-block summary over the stored per-image statistics.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -261,18 +262,37 @@ class AttentionDistances(Analysis):
         r, key = result, request.keys[0]
         heads = r["mean_px"].shape[1]
         blocks = len(r["mean_px"])
-        extra = {"std_px": r["std_px"], "hist_counts": r["hist_counts"], "hist_edges": r["hist_edges"],
-                 "uniform_px": float(r["uniform_px"]), "head_order": r["head_order"], "mean_renorm_px": r["mean_renorm_px"],
-                 # Swin: uniform attention inside a window of each stage; its earlier stages have fewer heads (NaN beyond)
-                 "uniform_px_per_block": r.get("uniform_px_per_block", np.full(blocks, float(r["uniform_px"]))),
-                 "heads_per_block": r.get("heads_per_block", np.full(blocks, heads))}
+        extra = {
+            "std_px": r["std_px"],
+            "hist_counts": r["hist_counts"],
+            "hist_edges": r["hist_edges"],
+            "uniform_px": float(r["uniform_px"]),
+            "head_order": r["head_order"],
+            "mean_renorm_px": r["mean_renorm_px"],
+            # Swin: uniform attention inside a window of each stage; its earlier stages have fewer heads (NaN beyond)
+            "uniform_px_per_block": r.get("uniform_px_per_block", np.full(blocks, float(r["uniform_px"]))),
+            "heads_per_block": r.get("heads_per_block", np.full(blocks, heads)),
+        }
         title = f"Mean attention distance {key}"
         if info.get("family") == "swin":
             title += " (inside shifted windows; uniform reference per stage)"
-        return View(self.name, "", title, "", r["mean_px"], [str(b) for b in r["blocks"]],
-                    [f"head {h + 1}" for h in range(heads)], "distance (px)", 0.0, float(r["hist_edges"][-1]),
-                    params=dict(r.params), extra=extra, models=[key], ci_low=r.get("ci_low_px"),
-                    ci_high=r.get("ci_high_px"))
+        return View(
+            self.name,
+            "",
+            title,
+            "",
+            r["mean_px"],
+            [str(b) for b in r["blocks"]],
+            [f"head {h + 1}" for h in range(heads)],
+            "distance (px)",
+            0.0,
+            float(r["hist_edges"][-1]),
+            params=dict(r.params),
+            extra=extra,
+            models=[key],
+            ci_low=r.get("ci_low_px"),
+            ci_high=r.get("ci_high_px"),
+        )
 
     def present(self, view: View) -> np.ndarray | None:
         """Returns the cells of heads that exist: a Swin stage's missing heads are no values."""
@@ -290,6 +310,7 @@ class AttentionDistances(Analysis):
     def dossier_section(self, view: View, layer: str, note: str = "") -> DossierEntry:
         block = block_of(list(view.rows), layer)
         if block is None:
-            return DossierEntry(layer, [f"{layer} is not an attention block ({view.rows[0]} \u2026 {view.rows[-1]} are)"],
-                                False)
+            return DossierEntry(
+                layer, [f"{layer} is not an attention block ({view.rows[0]} \u2026 {view.rows[-1]} are)"], False
+            )
         return DossierEntry(block, attention_lines(view, block))

@@ -2,6 +2,7 @@
 the CKA batch plan, saving a result with its provenance, reading which images hold NaN/Inf, and the parts the
 analyses of one run share (SHARED: the layer measures' Grams). No analysis lives here (the contract they keep is
 contract.py)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -155,7 +156,9 @@ def batch_plan(n: int, batch_size: int, shuffles: int, seed: int) -> list[tuple[
         raise VitseeError(f"--shuffles must be 0 (store order) or more, got {shuffles}")
     if batch_size < MIN_BATCH:
         raise VitseeError(f"--batch-size {batch_size} is too small for CKA: use at least {MIN_BATCH}")
-    orders = [np.arange(n)] if shuffles == 0 else [np.random.default_rng([seed, k]).permutation(n) for k in range(shuffles)]
+    orders = (
+        [np.arange(n)] if shuffles == 0 else [np.random.default_rng([seed, k]).permutation(n) for k in range(shuffles)]
+    )
     # a batch's HSIC does not depend on the order of its images, and HDF5 reads increasing rows directly
     return [(k, np.sort(order[s : s + batch_size])) for k, order in enumerate(orders) for s in range(0, n, batch_size)]
 
@@ -248,7 +251,11 @@ def nonfinite_image_mask(store: Store, key: str, layer: str, cells=None) -> np.n
     for b in np.flatnonzero(per_batch):
         rows = slice(int(b) * bs, min((int(b) + 1) * bs, n))
         a = store.activations(key, layer, rows)
-        bad = np.stack([~np.isfinite(c).all(axis=1) for c in cells(a)], axis=1) if cells else ~np.isfinite(a.reshape(len(a), -1)).all(axis=1)
+        bad = (
+            np.stack([~np.isfinite(c).all(axis=1) for c in cells(a)], axis=1)
+            if cells
+            else ~np.isfinite(a.reshape(len(a), -1)).all(axis=1)
+        )
         if mask is None:
             mask = np.zeros((n, *bad.shape[1:]), dtype=bool)
         mask[rows] = bad

@@ -30,8 +30,20 @@ from .. import stats as stats_mod
 from ..errors import VitseeError
 from ..store import Store
 from ..zoo_store import batch_grams, gram_batch_size, keeps_grams
-from .base import (MIN_BATCH, AnalyzeConfig, LazyBatch, Prefetch, StepFn, batch_plan, check_ready, emit, read_batch,
-                   resolve_device, save_result, with_stats)
+from .base import (
+    MIN_BATCH,
+    AnalyzeConfig,
+    LazyBatch,
+    Prefetch,
+    StepFn,
+    batch_plan,
+    check_ready,
+    emit,
+    read_batch,
+    resolve_device,
+    save_result,
+    with_stats,
+)
 from .contract import Request, Result
 from .similarity import LayerMatrix, matrix_block
 from ..lazy import lazy_module
@@ -218,8 +230,15 @@ class MinibatchCKA:
     the column layers' images permuted inside each batch by stats.batch_permutations(seed, slot, m, K).
     """
 
-    def __init__(self, num_layers: int, device: str | torch.device | None = None, cross_at: int | None = None,
-                 batch_slots: int = 0, permutations: int = 0, seed: Sequence[int] | int = 0):
+    def __init__(
+        self,
+        num_layers: int,
+        device: str | torch.device | None = None,
+        cross_at: int | None = None,
+        batch_slots: int = 0,
+        permutations: int = 0,
+        seed: Sequence[int] | int = 0,
+    ):
         if num_layers < 1:
             raise VitseeError(f"MinibatchCKA needs at least one layer, got num_layers={num_layers}")
         if cross_at is not None and not 0 < cross_at < num_layers:
@@ -232,8 +251,9 @@ class MinibatchCKA:
         self.batch_slots, self.permutations, self.seed = int(batch_slots), int(permutations), seed
         LL = num_layers * num_layers
         # [HSIC sums (L*L), batch count, per-batch HSIC (slots * L*L), null HSIC sums (K * L*L)]
-        self.state = torch.zeros(LL + 1 + (self.batch_slots + self.permutations) * LL, dtype=torch.float64,
-                                 device=self.device)
+        self.state = torch.zeros(
+            LL + 1 + (self.batch_slots + self.permutations) * LL, dtype=torch.float64, device=self.device
+        )
         # Buffers kept between batches, sized by _reserve (and the upper-triangle indices, by _upper).
         self._scratch = self._gram = self._grams = torch.empty(0, device=self.device)
         self._spare: list[tuple[torch.Tensor, torch.Tensor]] = []  # (scratch, Gram) of the workers beyond the first
@@ -317,14 +337,20 @@ class MinibatchCKA:
         of the features they came from adds, bit for bit (the same fp64 arithmetic from the same fp32 Grams)."""
         grams = list(grams)
         if len(grams) != self.num_layers:
-            raise VitseeError(f"update_grams got {len(grams)} Grams but this MinibatchCKA was made for {self.num_layers} "
-                              "layers: pass every layer of every model, in the same order, for each batch")
+            raise VitseeError(
+                f"update_grams got {len(grams)} Grams but this MinibatchCKA was made for {self.num_layers} "
+                "layers: pass every layer of every model, in the same order, for each batch"
+            )
         m = int(grams[0].shape[0])
         if any(tuple(g.shape) != (m, m) for g in grams):
-            raise VitseeError(f"update_grams needs every layer's ({m}, {m}) Gram of the same batch, got shapes "
-                              f"{sorted({tuple(g.shape) for g in grams})}")
+            raise VitseeError(
+                f"update_grams needs every layer's ({m}, {m}) Gram of the same batch, got shapes "
+                f"{sorted({tuple(g.shape) for g in grams})}"
+            )
         if m < MIN_BATCH:
-            warnings.warn(f"skipping a batch of {m} examples: unbiased HSIC needs at least {MIN_BATCH} per batch", stacklevel=2)
+            warnings.warn(
+                f"skipping a batch of {m} examples: unbiased HSIC needs at least {MIN_BATCH} per batch", stacklevel=2
+            )
             return
         with torch.no_grad(), full_fp32_matmul():
             self._reserve(m, 1)
@@ -342,8 +368,10 @@ class MinibatchCKA:
             sums, scale = self.hsic_sums, 1.0 / (m * (m - 3))
             slot = self.batches if slot is None else int(slot)
             if self.batch_slots and not 0 <= slot < self.batch_slots:
-                raise VitseeError(f"batch slot {slot} is outside the {self.batch_slots} this MinibatchCKA keeps: "
-                                  "make it with batch_slots = the number of batches")
+                raise VitseeError(
+                    f"batch slot {slot} is outside the {self.batch_slots} this MinibatchCKA keeps: "
+                    "make it with batch_slots = the number of batches"
+                )
             own = self.batch_hsic[slot] if self.batch_slots else None
             if self.cross_at is None:
                 pairs = self._pair_product(grams, grams).to(torch.float64) * scale  # (L, L)
@@ -409,7 +437,9 @@ class MinibatchCKA:
         a, b = self._upper(m)  # (T,) row and column of each upper-triangle entry, T = m (m - 1) / 2
         perms = torch.as_tensor(batch_permutations(self.seed, slot, m, self.permutations), device=self.device)
         cols = grams[k:].to(_dtype(NULL_DTYPE))  # (Lc, m*m): the layers whose images are permuted
-        rows = (grams if self.cross_at is None else grams[:k]).index_select(1, a * m + b).to(_dtype(NULL_DTYPE))  # (Lr, T)
+        rows = (
+            (grams if self.cross_at is None else grams[:k]).index_select(1, a * m + b).to(_dtype(NULL_DTYPE))
+        )  # (Lr, T)
         group = max(1, min(self.permutations, PERMUTED_BYTES // max(len(cols) * len(a) * cols.element_size(), 1)))
         null = self.null_hsic if self.cross_at is None else self.null_hsic[:, :k, k:]  # (K, Lr, Lc)
         for s in range(0, self.permutations, group):
@@ -472,13 +502,20 @@ class MinibatchCKA:
                         i = next(taken)
                         if i >= len(feats):
                             return
-                        f = feats[i] if isinstance(feats[i], torch.Tensor) else torch.from_numpy(np.ascontiguousarray(np.asarray(feats[i])))
+                        f = (
+                            feats[i]
+                            if isinstance(feats[i], torch.Tensor)
+                            else torch.from_numpy(np.ascontiguousarray(np.asarray(feats[i])))
+                        )
                     x = self._centred(f, m, scratch)  # (m, D_i)
                     self._grams[i].copy_(gram(x, out=out))  # (m, m) fp32 -> its fp64 slot
 
         from ..threads import torch_threads
 
-        with torch_threads(1), ThreadPoolExecutor(workers, thread_name_prefix="vitsee-cka-grams") as pool:  # inherits nice
+        with (
+            torch_threads(1),
+            ThreadPoolExecutor(workers, thread_name_prefix="vitsee-cka-grams") as pool,
+        ):  # inherits nice
             for future in [pool.submit(work, w) for w in range(workers)]:
                 future.result()
 
@@ -562,7 +599,9 @@ class MinibatchCKA:
         filled = batch_hsic[np.abs(np.diagonal(batch_hsic, axis1=1, axis2=2)).sum(axis=1) > 0]  # skipped slots stay 0
         out["n_batches"] = len(filled) if self.batch_slots else self.batches
         if level and self.batch_slots:
-            low, high = stats.bootstrap_cka_interval(filled, level, replicates or stats.BOOTSTRAP_REPLICATES, seed, cells)
+            low, high = stats.bootstrap_cka_interval(
+                filled, level, replicates or stats.BOOTSTRAP_REPLICATES, seed, cells
+            )
             out["ci_low"], out["ci_high"] = stats.symmetric_upper(low), stats.symmetric_upper(high)
         if self.permutations:
             hsic = self.hsic_sums.cpu().numpy()
@@ -647,9 +686,7 @@ def _zip_same_length(a: Iterator[list[Any]], b: Iterator[list[Any]]) -> Iterator
     sentinel = object()
     for batch_a, batch_b in itertools.zip_longest(a, b, fillvalue=sentinel):
         if batch_a is sentinel or batch_b is sentinel:
-            raise VitseeError(
-                "feats_a and feats_b hold different numbers of batches: both must cover the same images"
-            )
+            raise VitseeError("feats_a and feats_b hold different numbers of batches: both must cover the same images")
         if int(batch_a[0].shape[0]) != int(batch_b[0].shape[0]):
             raise VitseeError(
                 f"a batch has {batch_a[0].shape[0]} examples in feats_a but {batch_b[0].shape[0]} in feats_b: "
@@ -686,12 +723,22 @@ def cka_accumulator(n_layers: int, device, params: dict, shuffle: int) -> Miniba
     st = params.get("stats")
     if st is None:
         return MinibatchCKA(n_layers, device)
-    return MinibatchCKA(n_layers, device, batch_slots=cka_slots(params) if st["ci"] else 0,
-                                permutations=st["permutations"], seed=[st["seed"], shuffle])
+    return MinibatchCKA(
+        n_layers,
+        device,
+        batch_slots=cka_slots(params) if st["ci"] else 0,
+        permutations=st["permutations"],
+        seed=[st["seed"], shuffle],
+    )
 
 
-def compute_cka(store: Store, params: dict, device: torch.device, progress: StepFn | None = None,
-                share: tuple[int, int] | None = None) -> dict:
+def compute_cka(
+    store: Store,
+    params: dict,
+    device: torch.device,
+    progress: StepFn | None = None,
+    share: tuple[int, int] | None = None,
+) -> dict:
     """Returns the joint (L, L) CKA over every stored layer of every model, averaged over the shuffles.
 
     One pass over the store per batch: every layer of every model is read once, its Gram built once, and
@@ -719,7 +766,9 @@ def compute_cka(store: Store, params: dict, device: torch.device, progress: Step
                     for _ in datasets:
                         prefetch.get()
                 else:
-                    accumulators[k].update([LazyBatch((len(rows), *ds.shape[1:]), prefetch) for ds in datasets], slot=slot)
+                    accumulators[k].update(
+                        [LazyBatch((len(rows), *ds.shape[1:]), prefetch) for ds in datasets], slot=slot
+                    )
                 emit(progress, "cka", b + 1, len(plan))
     finally:
         prefetch.close()
@@ -757,9 +806,11 @@ def pooled_stats(per_shuffle: list[dict]) -> dict:
     """Returns the statistics arrays of a CKA-like result from each shuffle's `MinibatchCKA.statistics()`."""
     if not per_shuffle:
         return {}
-    out = stats_mod.pool_shuffles([s["ci_low"] for s in per_shuffle if "ci_low" in s],
-                                  [s["ci_high"] for s in per_shuffle if "ci_high" in s],
-                                  [s["p_value"] for s in per_shuffle if "p_value" in s])
+    out = stats_mod.pool_shuffles(
+        [s["ci_low"] for s in per_shuffle if "ci_low" in s],
+        [s["ci_high"] for s in per_shuffle if "ci_high" in s],
+        [s["p_value"] for s in per_shuffle if "p_value" in s],
+    )
     out["n_batches"] = np.array(min(s["n_batches"] for s in per_shuffle))  # bootstrap units per shuffle
     return out
 
@@ -798,8 +849,9 @@ def _streamed_cka(store: Store, cfg: AnalyzeConfig, params: dict) -> Result:
     )
 
 
-def cka_block(result: Result, model_a: str, model_b: str | None = None,
-              key: str = "matrix") -> tuple[np.ndarray, list[str], list[str]]:
+def cka_block(
+    result: Result, model_a: str, model_b: str | None = None, key: str = "matrix"
+) -> tuple[np.ndarray, list[str], list[str]]:
     """Returns (matrix, row layers, col layers) of model_a x model_b of a CKA result (see similarity.matrix_block)."""
     return matrix_block(result, model_a, model_b, key)
 
@@ -810,13 +862,20 @@ def cka_block(result: Result, model_a: str, model_b: str | None = None,
 def streamed_cka_params(store: Store) -> dict:
     """Returns the parameters of a streaming store's CKA: those of `analyze --cka --shuffles 0` with the
     extraction's batch size, so views and the app find it like any cached CKA."""
-    batch_size = gram_batch_size(store) if keeps_grams(store) else int(store.file["streaming/cka_state"].attrs["batch_size"])
+    batch_size = (
+        gram_batch_size(store) if keeps_grams(store) else int(store.file["streaming/cka_state"].attrs["batch_size"])
+    )
     # the stream kept no per-batch terms or permutations: its CKA carries no statistics
     return cka_params(store, AnalyzeConfig(batch_size=batch_size, shuffles=0, ci=0, permutations=0))
 
 
-def cka_from_grams(store: Store, columns: Sequence[tuple[str, str]], device=None, cross_at: int | None = None,
-                   batch_slots: bool = False) -> MinibatchCKA:
+def cka_from_grams(
+    store: Store,
+    columns: Sequence[tuple[str, str]],
+    device=None,
+    cross_at: int | None = None,
+    batch_slots: bool = False,
+) -> MinibatchCKA:
     """Returns the accumulator of the CKA of the columns [(model, layer)] over a Gram-keeping store's batches (`extract
     --grams`, zoo_store.py), each batch added from its stored Grams: the sums `update` of the activations gives.
 
@@ -843,11 +902,15 @@ def save_streamed_cka(store: Store) -> Result:
             return save_result(store, "cka", params, finish_cka(state[None], columns, params))
     saved = store.streamed_cka_state()
     if saved is None:
-        raise VitseeError(f"{store.path} has no finished batch to compute CKA from: rerun the same `vitsee extract --streaming` command")
+        raise VitseeError(
+            f"{store.path} has no finished batch to compute CKA from: rerun the same `vitsee extract --streaming` command"
+        )
     state, columns = saved
     params = streamed_cka_params(store)
     if [tuple(c) for c in columns] != [(m, layer) for m in params["models"] for layer in params["layers"][m]]:
-        raise VitseeError(f"{store.path}: the streamed CKA's layers do not match the store's models: re-extract it with --overwrite")
+        raise VitseeError(
+            f"{store.path}: the streamed CKA's layers do not match the store's models: re-extract it with --overwrite"
+        )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a batch under 4 images was skipped; the result records it
         arrays = finish_cka(torch.as_tensor(state)[None], columns, params)
@@ -895,8 +958,9 @@ class LinearCKA(LayerMatrix):
     def run(self, store: Store, request: Request, cfg: AnalyzeConfig, progress: StepFn | None = None) -> Result:
         return run_cka(store, cfg, progress)
 
-    def batch_hsic(self, store: Store, result: Result, device: str = "auto",
-                   progress: StepFn | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+    def batch_hsic(
+        self, store: Store, result: Result, device: str = "auto", progress: StepFn | None = None
+    ) -> tuple[np.ndarray, np.ndarray] | None:
         """Returns the HSIC sums and per-batch terms of the CKA result's own batches (its batch size, shuffles and
         seed): one pass over the activations keeping every batch's terms, no permutations; from the Grams of a
         `--grams` store; None for a streaming store without Grams (nothing left to resample)."""
@@ -907,8 +971,10 @@ class LinearCKA(LayerMatrix):
             return acc.hsic_sums.numpy()[None].copy(), acc.batch_hsic.numpy()[None].copy()
         if store.streaming:
             return None
-        terms = {**{k: v for k, v in params.items() if k != "stats"},
-                 "stats": {"ci": 1.0, "bootstrap": 0, "permutations": 0, "seed": 0}}  # keep each batch's terms
+        terms = {
+            **{k: v for k, v in params.items() if k != "stats"},
+            "stats": {"ci": 1.0, "bootstrap": 0, "permutations": 0, "seed": 0},
+        }  # keep each batch's terms
         states = compute_cka(store, terms, resolve_device(device), progress)["states"]
         sums, batches = [], []
         for k, state in enumerate(states):

@@ -9,6 +9,7 @@ At most 1 (a layer with itself), and it can fall below 0. Nearly but not exactly
 mask is not), so the matrix of a model with itself is not either, by ~1e-3. Invariant to rotations and isotropic
 scales, not to translations.
 """
+
 from __future__ import annotations
 
 from .mknn import KNN_K

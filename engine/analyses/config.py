@@ -1,4 +1,5 @@
 """The parameters every analysis is run with, and the progress events it reports (no analysis here)."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -35,21 +36,30 @@ class AnalyzeConfig:
         from dataclasses import fields, replace
 
         own = {f.name for f in fields(self)} - {"options"}
-        return replace(self, **{k: v for k, v in given.items() if k in own},
-                       options={**self.options, **{k: v for k, v in given.items() if k not in own}})
+        return replace(
+            self,
+            **{k: v for k, v in given.items() if k in own},
+            options={**self.options, **{k: v for k, v in given.items() if k not in own}},
+        )
 
     def __post_init__(self):
         # checked where the CLI and the app build the config, before a store is opened
         if self.batch_size < 1:
-            raise VitseeError(f"--batch-size {self.batch_size} is not a batch size: use at least 4 images per CKA "
-                              f"minibatch (default {AnalyzeConfig.batch_size})")
+            raise VitseeError(
+                f"--batch-size {self.batch_size} is not a batch size: use at least 4 images per CKA "
+                f"minibatch (default {AnalyzeConfig.batch_size})"
+            )
         if self.shuffles < 0:
-            raise VitseeError(f"--shuffles {self.shuffles} is negative: use 0 (store order) or the number of seeded shuffles")
+            raise VitseeError(
+                f"--shuffles {self.shuffles} is negative: use 0 (store order) or the number of seeded shuffles"
+            )
         if self.seed < 0:
             raise VitseeError(f"--seed {self.seed} is negative: use a seed of 0 or more")
         if self.probe_max_dim < 0:
-            raise VitseeError(f"--probe-max-dim {self.probe_max_dim} is negative: use 0 (no per-token probes) or a "
-                              f"channel count (default {AnalyzeConfig.probe_max_dim})")
+            raise VitseeError(
+                f"--probe-max-dim {self.probe_max_dim} is negative: use 0 (no per-token probes) or a "
+                f"channel count (default {AnalyzeConfig.probe_max_dim})"
+            )
 
 
 @dataclass

@@ -14,6 +14,7 @@ models their configs), and the typed objects they hand each other.
 Nothing here knows any analysis by name: the rest of the project asks the analysis (`view.analysis`,
 `REGISTRY[name]`) or the view's shape. tests/test_contract.py runs every registered analysis through the same path.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -149,8 +150,12 @@ class Result(Mapping):
 
 def save_result(store: Store, analysis: str, params: dict, arrays: Mapping[str, Any]) -> Result:
     """Caches the arrays of a result under its params, with its provenance; returns it as the cache has it."""
-    provenance = {"store": str(store.path), "dataset": store.dataset_spec, "n_images": store.n_images,
-                  "models": {m: store.model_info(m)["weights"] for m in store.models}}
+    provenance = {
+        "store": str(store.path),
+        "dataset": store.dataset_spec,
+        "n_images": store.n_images,
+        "models": {m: store.model_info(m)["weights"] for m in store.models},
+    }
     store.put_result(analysis, params, dict(arrays), provenance=provenance)
     result = Result.load(store, analysis, params)
     assert result is not None
@@ -169,8 +174,10 @@ class _Registry(Mapping):
     def add(self, analysis: Analysis) -> None:
         old = self._by_name.get(analysis.name)
         if old is not None and type(old).__qualname__ != type(analysis).__qualname__:
-            raise VitseeError(f"two analyses are named '{analysis.name}': {type(old).__module__}.{type(old).__name__} "
-                              f"and {type(analysis).__module__}.{type(analysis).__name__}: rename one")
+            raise VitseeError(
+                f"two analyses are named '{analysis.name}': {type(old).__module__}.{type(old).__name__} "
+                f"and {type(analysis).__module__}.{type(analysis).__name__}: rename one"
+            )
         self._by_name[analysis.name] = analysis
 
     def _ordered(self) -> list[str]:
@@ -227,10 +234,16 @@ class Analysis(ABC):
 
     # --- what it reads and names
     models: ClassVar[tuple[int, int]] = (1, 1)  # how many models its view names (least, most); (0, 0): the whole store
-    model_words: ClassVar[tuple[str, ...]] = ()  # its view string's models for help (default MODEL, or MODEL_A, MODEL_B)
+    model_words: ClassVar[
+        tuple[str, ...]
+    ] = ()  # its view string's models for help (default MODEL, or MODEL_A, MODEL_B)
     takes_layer: ClassVar[bool] = False  # its view is of one layer: NAME:MODEL[:LAYER]
-    needs: ClassVar[frozenset[str]] = frozenset()  # what it reads: activations, statistics, head outputs, input, labels, weights
-    identity: ClassVar[tuple[str, ...]] = ()  # the params that say what a result is about (any estimate of it serves a view)
+    needs: ClassVar[frozenset[str]] = (
+        frozenset()
+    )  # what it reads: activations, statistics, head outputs, input, labels, weights
+    identity: ClassVar[
+        tuple[str, ...]
+    ] = ()  # the params that say what a result is about (any estimate of it serves a view)
 
     # --- its view
     model_fields: ClassVar[tuple[str, ...]] = ("model",)  # the JSON export's names of the view's models
@@ -321,8 +334,9 @@ class Analysis(ABC):
             return cached
         return save_result(store, self.name, params, self.compute(store, request, params, cfg, progress))
 
-    def compute(self, store: Store, request: Request, params: dict, cfg: AnalyzeConfig,
-                progress: StepFn | None = None) -> dict[str, np.ndarray]:
+    def compute(
+        self, store: Store, request: Request, params: dict, cfg: AnalyzeConfig, progress: StepFn | None = None
+    ) -> dict[str, np.ndarray]:
         """Returns the arrays of a result computed from the store (what the default `run` caches)."""
         raise NotImplementedError(f"{type(self).__name__} overrides run(), or must implement compute()")
 
@@ -455,8 +469,9 @@ class View:
         rows = whole if whole.size else np.flatnonzero(self.nonfinite.any(axis=1))
         names = ", ".join(self.rows[r] for r in rows[:4]) + (f" and {len(rows) - 4} more" if len(rows) > 4 else "")
         where = self.analysis.nonfinite_source
-        return (f"{int(self.nonfinite.sum())} non-finite cell(s), from NaN/Inf in the stored {where}, in {names}"
-                + (": see `vitsee info`" if where == "activations" else ""))
+        return f"{int(self.nonfinite.sum())} non-finite cell(s), from NaN/Inf in the stored {where}, in {names}" + (
+            ": see `vitsee info`" if where == "activations" else ""
+        )
 
     @property
     def ci_level(self) -> float:
@@ -509,7 +524,10 @@ class View:
         if names:  # a view of the whole store names none
             out.update(zip(names, [self.models[0]] if len(names) == 1 else [self.models[0], self.models[-1]]))
         out.update(
-            title=self.title, rows=list(self.rows), cols=list(self.cols), value_name=self.value_name,
+            title=self.title,
+            rows=list(self.rows),
+            cols=list(self.cols),
+            value_name=self.value_name,
             values=to_jsonable(self.matrix),
         )
         for name in ("ci_low", "ci_high", "p_value"):  # same shape as values
@@ -519,11 +537,24 @@ class View:
             out["ci_level"] = self.ci_level
         for key, value in self.extra.items():
             out[key] = to_jsonable(value)
-        out["nonfinite"] = [  # the cells whose value is null because it is NaN/Inf (other nulls: not computed)
-            {"row": int(r), "col": int(c), "row_label": self.rows[r], "col_label": self.cols[c],
-             "images": (int(self.nonfinite_images[r, c]) if self.nonfinite_images is not None
-                        and self.nonfinite_images[r, c] >= 0 else None)}
-            for r, c in zip(*np.nonzero(self.nonfinite))] if self.nonfinite is not None else []
+        out["nonfinite"] = (
+            [  # the cells whose value is null because it is NaN/Inf (other nulls: not computed)
+                {
+                    "row": int(r),
+                    "col": int(c),
+                    "row_label": self.rows[r],
+                    "col_label": self.cols[c],
+                    "images": (
+                        int(self.nonfinite_images[r, c])
+                        if self.nonfinite_images is not None and self.nonfinite_images[r, c] >= 0
+                        else None
+                    ),
+                }
+                for r, c in zip(*np.nonzero(self.nonfinite))
+            ]
+            if self.nonfinite is not None
+            else []
+        )
         out["n_images"] = self.n_images
         out["params"] = self.params
         return out
@@ -561,14 +592,17 @@ def to_jsonable(value):
 def bootstrap_words(view: View, level: str) -> str:
     """Returns the words of a bootstrap interval over CKA minibatches (CKA-like analyses' intervals)."""
     n = view.extra.get("n_batches")
-    return (f"{level} bootstrap interval over {n} minibatches of images"
-            + (f" (rough: under {ROUGH_BATCHES} batches)" if view.rough else ""))
+    return f"{level} bootstrap interval over {n} minibatches of images" + (
+        f" (rough: under {ROUGH_BATCHES} batches)" if view.rough else ""
+    )
 
 
 def streaming_reason(store: Store, what: str) -> str:
     """Returns why a streaming store cannot give `what` (it keeps no activations), with the way out."""
-    return (f"{store.path} was extracted with --streaming, which keeps no activations, so {what}: "
-            "re-extract without --streaming into another store")
+    return (
+        f"{store.path} was extracted with --streaming, which keeps no activations, so {what}: "
+        "re-extract without --streaming into another store"
+    )
 
 
 def analyses_of(family: str) -> list[Analysis]:

@@ -18,6 +18,7 @@ The pure core is `input_gradients` (a model, hooks and a batch in, per-layer |gr
 `normalised`; `run_erf` is the store-facing runner, `erf_params` its cache key, and `ReceptiveFields` its contract
 (view, to which models it applies, its dossier section: engine/analyses/contract.py).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -48,8 +49,10 @@ IDENTITY = ("model", "layers", "n_images")  # any number of averaged images serv
 BATCH = 16  # images per backward pass: the graph of every layer is kept until each layer's gradient is taken
 DEFAULT_IMAGES = 32
 NO_FIELD_RTOL = 1e-4  # about 1000 fp32 epsilons: a centre sum whose gradient is this small next to the reference's
-NO_FIELD = ("no receptive field: this layer's centre sum does not depend on the input (its gradient is rounding "
-            "noise, e.g. a LayerNorm at random init, whose channels sum to a constant)")
+NO_FIELD = (
+    "no receptive field: this layer's centre sum does not depend on the input (its gradient is rounding "
+    "noise, e.g. a LayerNorm at random init, whose channels sum to a constant)"
+)
 
 
 # --- the pure core ------------------------------------------------------------------------------------------
@@ -83,8 +86,9 @@ def centre_of_map(out: torch.Tensor) -> torch.Tensor:
     return out[:, :, out.shape[2] // 2, out.shape[3] // 2].sum(dim=1)
 
 
-def input_gradients(model: nn.Module, x: torch.Tensor, taps: dict[str, Tap],
-                    reference: dict[str, float] | None = None) -> dict[str, torch.Tensor]:
+def input_gradients(
+    model: nn.Module, x: torch.Tensor, taps: dict[str, Tap], reference: dict[str, float] | None = None
+) -> dict[str, torch.Tensor]:
     """Returns per layer (B, H, W): |d centre scalar / d x| summed over colour channels, for each image of x.
 
     One forward with a hook per layer, then one gradient per layer through the kept graph. The images of a
@@ -97,9 +101,13 @@ def input_gradients(model: nn.Module, x: torch.Tensor, taps: dict[str, Tap],
     for name, tap in taps.items():
         module = model.get_submodule(tap.module)
         if tap.kind == "input":
-            handles.append(module.register_forward_pre_hook(lambda _m, args, n=name: outputs.__setitem__(n, _first(args))))
+            handles.append(
+                module.register_forward_pre_hook(lambda _m, args, n=name: outputs.__setitem__(n, _first(args)))
+            )
         else:
-            handles.append(module.register_forward_hook(lambda _m, _a, out, n=name: outputs.__setitem__(n, _first(out))))
+            handles.append(
+                module.register_forward_hook(lambda _m, _a, out, n=name: outputs.__setitem__(n, _first(out)))
+            )
     x = x.detach().clone().requires_grad_(True)
     try:
         with torch.enable_grad():
@@ -152,14 +160,18 @@ def check_reloadable_store(store: Store) -> None:
 
 def streaming_reason(store: Store) -> str:
     """Returns why a streaming store has no effective receptive fields: it keeps no model input."""
-    return (f"{store.path} was extracted with --streaming, which keeps no model input, so effective receptive "
-            "fields cannot be computed: re-extract without --streaming into another store")
+    return (
+        f"{store.path} was extracted with --streaming, which keeps no model input, so effective receptive "
+        "fields cannot be computed: re-extract without --streaming into another store"
+    )
 
 
 def features_reason(key: str) -> str:
     """Returns why a model made from another tool's activations (vitsee.from_features) has no ERF."""
-    return (f"{key} holds another tool's activations, not a model vitsee can rebuild: effective receptive "
-            "fields need the model, extracted with `vitsee extract --model NAME`")
+    return (
+        f"{key} holds another tool's activations, not a model vitsee can rebuild: effective receptive "
+        "fields need the model, extracted with `vitsee extract --model NAME`"
+    )
 
 
 def no_centre_reason(key: str) -> str:
@@ -199,8 +211,13 @@ def erf_params(store: Store, model: str, cfg) -> dict:
     images = int(getattr(cfg, "erf_images", DEFAULT_IMAGES))
     if images < 1:
         raise VitseeError(f"--erf-images must be at least 1, got {images}")
-    return {"model": key, "layers": layers, "n_images": store.n_images, "erf_images": min(images, store.n_images),
-            "weights_sha256": info["weights"].get("sha256")}
+    return {
+        "model": key,
+        "layers": layers,
+        "n_images": store.n_images,
+        "erf_images": min(images, store.n_images),
+        "weights_sha256": info["weights"].get("sha256"),
+    }
 
 
 def reload_model(store: Store, key: str, device: torch.device) -> LoadedModel:
@@ -208,8 +225,9 @@ def reload_model(store: Store, key: str, device: torch.device) -> LoadedModel:
     info = store.model_info(key)
     recorded = info["weights"]
     _, h, w = info["data_config"]["input_size"]
-    loaded = models_mod.load_model(models_mod.parse_model_spec(info["spec"]), img_size=int(h) if h == w else None,
-                                   device=device)
+    loaded = models_mod.load_model(
+        models_mod.parse_model_spec(info["spec"]), img_size=int(h) if h == w else None, device=device
+    )
     if recorded.get("sha256") != loaded.weights.get("sha256"):
         raise VitseeError(
             f"the weights of {key} changed since extraction (sha256 {str(recorded.get('sha256'))[:12]} recorded, "
@@ -217,14 +235,18 @@ def reload_model(store: Store, key: str, device: torch.device) -> LoadedModel:
             "back, or re-extract the model with these weights"
         )
     if list(loaded.data_config["input_size"]) != list(info["data_config"]["input_size"]):
-        raise VitseeError(f"{key} rebuilds with input {loaded.data_config['input_size']}, not the recorded "
-                          f"{info['data_config']['input_size']}: re-extract it with this timm")
+        raise VitseeError(
+            f"{key} rebuilds with input {loaded.data_config['input_size']}, not the recorded "
+            f"{info['data_config']['input_size']}: re-extract it with this timm"
+        )
     for p in loaded.model.parameters():
         p.requires_grad_(False)  # gradients are taken against the input only
     return loaded
 
 
-def _check_reproduces(store: Store, key: str, model: nn.Module, x: torch.Tensor, taps: dict[str, Tap], rows: np.ndarray) -> None:
+def _check_reproduces(
+    store: Store, key: str, model: nn.Module, x: torch.Tensor, taps: dict[str, Tap], rows: np.ndarray
+) -> None:
     """Refuses a reloaded model whose forward does not give the stored activations of the first images
     (another timm's random init, say): its ERF would not be the recorded model's."""
     layer = list(taps)[-1]
@@ -261,7 +283,9 @@ def run_erf(store: Store, model: str, cfg, progress=None) -> Result:
         return cached
     device = resolve_device(cfg.device)
     loaded = reload_model(store, key, device)
-    taps = {layer: tap for layer, tap in centre_taps(store, key, store.model_info(key)).items() if layer in params["layers"]}
+    taps = {
+        layer: tap for layer, tap in centre_taps(store, key, store.model_info(key)).items() if layer in params["layers"]
+    }
     n = params["erf_images"]
     total: dict[str, np.ndarray] = {}
     reference: dict[str, float] = {}
@@ -281,8 +305,12 @@ def run_erf(store: Store, model: str, cfg, progress=None) -> Result:
     maps = normalised(np.stack([total[layer] / n for layer in params["layers"]]))  # mean over images, then sum 1
     maps[flat] = np.nan  # rounding noise, not a field
     _, h, w = store.model_info(key)["data_config"]["input_size"]
-    return save_result(store, ANALYSIS, params, {"maps": maps, "layers": np.array(params["layers"]),
-                                                 "input_hw": np.array([h, w]), "no_field": flat})
+    return save_result(
+        store,
+        ANALYSIS,
+        params,
+        {"maps": maps, "layers": np.array(params["layers"]), "input_hw": np.array([h, w]), "no_field": flat},
+    )
 
 
 # --- the view ---------------------------------------------------------------------------------------------------
@@ -311,8 +339,10 @@ def erf_lines(view: View) -> list[str]:
         return [view.extra["no_field"]]
     erf = np.asarray(view.matrix, dtype=float)
     h, w = erf.shape
-    return [f"half of |d centre / d input| lies within {half_mass_radius(erf):.1f} px of the centre pixel "
-            f"(input {h}x{w}); the peak pixel holds {np.nanmax(erf) / np.nansum(erf):.2%}"]
+    return [
+        f"half of |d centre / d input| lies within {half_mass_radius(erf):.1f} px of the centre pixel "
+        f"(input {h}x{w}); the peak pixel holds {np.nanmax(erf) / np.nansum(erf):.2%}"
+    ]
 
 
 class ReceptiveFields(Analysis):
@@ -370,17 +400,32 @@ class ReceptiveFields(Analysis):
         finite = matrix[np.isfinite(matrix) & (matrix > 0)]
         shown = depths(layers)
         flat = [str(x) for x, f in zip(layers, result.get("no_field", np.zeros(len(layers), bool))) if f]
-        extra = {"layers": layers, "depth_layers": [layers[i] for i in shown],
-                 "depth_maps": {layers[i]: maps[i] for i in shown},
-                 "min_positive": float(finite.min()) if finite.size else 0.0,
-                 "no_field_layers": flat, **({"no_field": NO_FIELD} if layer in flat else {})}
+        extra = {
+            "layers": layers,
+            "depth_layers": [layers[i] for i in shown],
+            "depth_maps": {layers[i]: maps[i] for i in shown},
+            "min_positive": float(finite.min()) if finite.size else 0.0,
+            "no_field_layers": flat,
+            **({"no_field": NO_FIELD} if layer in flat else {}),
+        }
         params = dict(result.params, layer=layer)
         params.pop("layers", None)
         h, w = matrix.shape
-        return View(self.name, "", f"Effective receptive field {key} {layer}", "", matrix, [str(i) for i in range(h)],
-                    [str(j) for j in range(w)], "ERF (share of |grad|)", 0.0,
-                    float(np.nanmax(matrix)) if np.isfinite(matrix).any() else 1.0, params=params, extra=extra,
-                    models=[key])
+        return View(
+            self.name,
+            "",
+            f"Effective receptive field {key} {layer}",
+            "",
+            matrix,
+            [str(i) for i in range(h)],
+            [str(j) for j in range(w)],
+            "ERF (share of |grad|)",
+            0.0,
+            float(np.nanmax(matrix)) if np.isfinite(matrix).any() else 1.0,
+            params=params,
+            extra=extra,
+            models=[key],
+        )
 
     def dossier_section(self, view: View, layer: str, note: str = "") -> DossierEntry:
         return DossierEntry(layer, erf_lines(view))

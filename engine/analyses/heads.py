@@ -15,6 +15,7 @@ per ViT (against every layer of the run's other models) as the forward pass make
 after every batch, and `save_streamed_heads` caches heads:VIT:OTHER for every other model under the key
 `analyze --heads --batch-size B --shuffles 0` gives, so views, export and the app find it like an analyzed one.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -121,25 +122,31 @@ def no_pairs_reason(store: Store) -> str:
     streaming = _streaming_reason(store)
     if streaming:
         return streaming
-    why = ("no model has stored head outputs (they are recorded for ViT-like models by this vitsee's extract)"
-           if not any(store.head_blocks(m) for m in store.models)
-           else "head-level CKA compares a ViT with another model and the store holds one")
+    why = (
+        "no model has stored head outputs (they are recorded for ViT-like models by this vitsee's extract)"
+        if not any(store.head_blocks(m) for m in store.models)
+        else "head-level CKA compares a ViT with another model and the store holds one"
+    )
     return f"{store.path}: {why}: extract a ViT and e.g. a ResNet into the store (`vitsee extract STORE --model NAME`)"
 
 
 def _streaming_reason(store: Store) -> str | None:
     """Returns why a streaming store that did not accumulate head-level CKA (extracted without --heads) has none."""
     if store.streaming and not store.streamed_heads():
-        return (f"{store.path} was extracted with --streaming without --heads, which keeps no head outputs, so "
-                "head-level CKA cannot be computed: re-extract with --streaming --heads (or without --streaming) into "
-                "another store")
+        return (
+            f"{store.path} was extracted with --streaming without --heads, which keeps no head outputs, so "
+            "head-level CKA cannot be computed: re-extract with --streaming --heads (or without --streaming) into "
+            "another store"
+        )
     return None
 
 
 def no_head_outputs_reason(key: str) -> str:
     """Returns why a model has no head-level CKA: no head outputs were stored for it."""
-    return (f"{key} has no stored head outputs: they are recorded for ViT-like models at extraction; "
-            "re-extract it with this vitsee (`vitsee extract STORE --model NAME --overwrite`)")
+    return (
+        f"{key} has no stored head outputs: they are recorded for ViT-like models at extraction; "
+        "re-extract it with this vitsee (`vitsee extract STORE --model NAME --overwrite`)"
+    )
 
 
 def heads_params(store: Store, vit: str, other: str, cfg) -> dict:
@@ -152,8 +159,16 @@ def heads_params(store: Store, vit: str, other: str, cfg) -> dict:
     if not blocks:
         raise VitseeError(no_head_outputs_reason(vit))
     batch_size = min(cfg.batch_size, store.n_images)
-    return {"vit": vit, "other": other, "blocks": blocks, "layers": store.layers(other), "batch_size": batch_size,
-            "shuffles": cfg.shuffles, "seed": cfg.seed if cfg.shuffles else None, "n_images": store.n_images}
+    return {
+        "vit": vit,
+        "other": other,
+        "blocks": blocks,
+        "layers": store.layers(other),
+        "batch_size": batch_size,
+        "shuffles": cfg.shuffles,
+        "seed": cfg.seed if cfg.shuffles else None,
+        "n_images": store.n_images,
+    }
 
 
 def mean_distances(store: Store, vit: str, blocks: Sequence[str]) -> np.ndarray:
@@ -266,8 +281,10 @@ def save_streamed_heads(store: Store, vits: Sequence[str] | None = None) -> list
             continue
         state = store.streamed_heads_state(vit)
         if state is None:
-            raise VitseeError(f"{store.path} has no finished batch to compute head-level CKA from: rerun the same "
-                              "`vitsee extract --streaming --heads` command")
+            raise VitseeError(
+                f"{store.path} has no finished batch to compute head-level CKA from: rerun the same "
+                "`vitsee extract --streaming --heads` command"
+            )
         streamed = StreamedHeads(vit, layout["blocks"], layout["heads"], layout["columns"], "cpu")
         streamed.acc.acc.state = torch.as_tensor(state, dtype=torch.float64)
         with warnings.catch_warnings():
@@ -279,9 +296,13 @@ def save_streamed_heads(store: Store, vits: Sequence[str] | None = None) -> list
             params = streamed_heads_params(store, vit, other)
             cols = [i for i, (model, _) in enumerate(streamed.columns) if model == other]
             if [streamed.columns[i][1] for i in cols] != params["layers"]:
-                raise VitseeError(f"{store.path}: the streamed head-level CKA's layers of {other} do not match the "
-                                  "store's: re-extract it with --overwrite")
-            out.append(save_result(store, ANALYSIS, params, _result_arrays(store, params, streamed.n_heads, [matrix[:, cols]])))
+                raise VitseeError(
+                    f"{store.path}: the streamed head-level CKA's layers of {other} do not match the "
+                    "store's: re-extract it with --overwrite"
+                )
+            out.append(
+                save_result(store, ANALYSIS, params, _result_arrays(store, params, streamed.n_heads, [matrix[:, cols]]))
+            )
     return out
 
 
@@ -291,7 +312,11 @@ def _streamed_heads(store: Store, vit: str, other: str, cfg) -> Result:
     streamed = streamed_heads_params(store, vit, other)
     if cfg.any_cka_estimate and not cfg.recompute:
         cached = Result.load(store, ANALYSIS, streamed)
-        return cached if cached is not None else next(r for r in save_streamed_heads(store, [vit]) if r.params["other"] == other)
+        return (
+            cached
+            if cached is not None
+            else next(r for r in save_streamed_heads(store, [vit]) if r.params["other"] == other)
+        )
     raise VitseeError(
         f"{store.path} was extracted with --streaming: its head-level CKA was computed during extraction with batch "
         f"size {streamed['batch_size']} in store order (--batch-size {streamed['batch_size']} --shuffles 0), and other "
@@ -359,9 +384,25 @@ class HeadCKAAnalysis(Analysis):
         plots by default (`scatter_col`, the most similar on average)."""
         vit, other = request.keys[0], request.keys[1]
         matrix = np.asarray(result["cka"], dtype=float)
-        extra = {"distance_px": np.asarray(result["distance_px"], dtype=float), "block": result["block"],
-                 "head": result["head"], "scatter_col": most_similar_layer(matrix)}
+        extra = {
+            "distance_px": np.asarray(result["distance_px"], dtype=float),
+            "block": result["block"],
+            "head": result["head"],
+            "scatter_col": most_similar_layer(matrix),
+        }
         params = {k: v for k, v in result.params.items() if k != "layers"}
-        return View(self.name, "", f"Head-level CKA {vit} heads (rows) x {other} (cols)", "", matrix,
-                    [str(r) for r in result["rows"]], [str(c) for c in result["cols"]], "CKA", 0.0, 1.0, params=params,
-                    extra=extra, models=[vit, other])
+        return View(
+            self.name,
+            "",
+            f"Head-level CKA {vit} heads (rows) x {other} (cols)",
+            "",
+            matrix,
+            [str(r) for r in result["rows"]],
+            [str(c) for c in result["cols"]],
+            "CKA",
+            0.0,
+            1.0,
+            params=params,
+            extra=extra,
+            models=[vit, other],
+        )

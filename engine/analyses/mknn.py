@@ -7,6 +7,7 @@ Hypothesis", as platonic-rep measures it): how many of each image's k nearest im
 1 for a layer with itself, about k / n for unrelated ones. Invariant to rotations and isotropic scales, not to
 translations (rows are normalised without centring, as platonic-rep does).
 """
+
 from __future__ import annotations
 
 from .contract import AnalysisOption

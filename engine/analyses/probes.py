@@ -33,8 +33,7 @@ from ..errors import VitseeError
 from ..stats import clopper_pearson
 from ..store import Store, read_rows
 from ..lazy import lazy_module
-from .base import (NO_CLS, AnalyzeConfig, StepFn, emit, has_cls_token, no_cls, resolve_device, save_result,
-                   with_interval)
+from .base import NO_CLS, AnalyzeConfig, StepFn, emit, has_cls_token, no_cls, resolve_device, save_result, with_interval
 from .contract import Analysis, AnalysisOption, DossierEntry, Request, Result, Shape, View, streaming_reason
 
 torch = lazy_module("torch")  # reading a cached result needs numpy only; torch is imported by the first computation
@@ -199,8 +198,9 @@ class ExampleAccumulator:
     Memory grows with the number of examples, so `new_accumulator` uses it only where n < D.
     """
 
-    def __init__(self, n_classes: int, device="cpu", reference: torch.Tensor | None = None,
-                 workspace: Workspace | None = None):
+    def __init__(
+        self, n_classes: int, device="cpu", reference: torch.Tensor | None = None, workspace: Workspace | None = None
+    ):
         self.n_classes = int(n_classes)
         self.workspace = workspace  # where the kept blocks' buffers come from (None: new ones)
         self.device = torch.device(device)
@@ -301,7 +301,9 @@ class ExampleAccumulator:
 
     def _keep(self, block: torch.Tensor, y: torch.Tensor) -> ExampleAccumulator:
         if self.blocks and block.shape[::2] != self.blocks[0].shape[::2]:
-            raise ValueError(f"batch has (P, D) = {tuple(block.shape[::2])}, earlier batches {tuple(self.blocks[0].shape[::2])}")
+            raise ValueError(
+                f"batch has (P, D) = {tuple(block.shape[::2])}, earlier batches {tuple(self.blocks[0].shape[::2])}"
+            )
         self.blocks.append(block)
         self.y.append(y)
         self.count += len(y)
@@ -433,15 +435,25 @@ class Workspace:
         return buffer
 
 
-def new_accumulator(n_classes: int, n_examples: int, n_features: int, device="cpu", space: str = "auto",
-                    workspace: Workspace | None = None):
+def new_accumulator(
+    n_classes: int,
+    n_examples: int,
+    n_features: int,
+    device="cpu",
+    space: str = "auto",
+    workspace: Workspace | None = None,
+):
     """Return an empty accumulator for probes of n_features over n_examples, in `space` ('auto': the smaller);
     a dual one takes its buffers from `workspace` where given."""
     if space == "auto":
         space = solve_space(n_examples, n_features)
     if space not in ("primal", "dual"):
         raise ValueError(f"space must be 'auto', 'primal' or 'dual', got {space!r}")
-    return ExampleAccumulator(n_classes, device, workspace=workspace) if space == "dual" else RidgeAccumulator(n_classes, device)
+    return (
+        ExampleAccumulator(n_classes, device, workspace=workspace)
+        if space == "dual"
+        else RidgeAccumulator(n_classes, device)
+    )
 
 
 # RidgePath scores this many values of z (P, b, R) times penalties at once, at most (2**22: 32 MB of float64).
@@ -596,7 +608,9 @@ class ProbeSplit:
         return mask
 
 
-def split_examples(n_examples: int, seed: int = 0, test_fraction: float = 0.2, holdout_fraction: float = 0.2) -> ProbeSplit:
+def split_examples(
+    n_examples: int, seed: int = 0, test_fraction: float = 0.2, holdout_fraction: float = 0.2
+) -> ProbeSplit:
     """Return a seeded random split of n examples: test_fraction for test, then the last holdout_fraction of the
     shuffled training examples held out to choose L2."""
     for name, fraction in (("test_fraction", test_fraction), ("holdout_fraction", holdout_fraction)):
@@ -736,8 +750,14 @@ EIGH_FLOPS_PER_N3 = 8.0
 VALUE_FLOPS = 250.0
 
 
-def probe_flops(n_examples: int, n_features: int, n_probes: int = 1, n_classes: int = 10,
-                n_l2: int = len(L2_RATIOS), space: str = "auto") -> float:
+def probe_flops(
+    n_examples: int,
+    n_features: int,
+    n_probes: int = 1,
+    n_classes: int = 10,
+    n_l2: int = len(L2_RATIOS),
+    space: str = "auto",
+) -> float:
     """Return the matrix-product flops fit_probes spends on P probes of D features over n examples.
 
     Counts what dominates, with the default split (64% fit, 16% holdout, 20% test): the statistics, the two
@@ -846,7 +866,9 @@ def _check_pass(part: str, acc, expected_labels: np.ndarray) -> None:
     # A mismatch is a bug in the batches function, not something the user can fix.
     expected = np.bincount(expected_labels, minlength=acc.n_classes)
     if acc.count != len(expected_labels) or not np.array_equal(acc.class_counts.cpu().numpy(), expected):
-        raise ValueError(f"batches yielded {acc.count} {part} examples whose labels differ from the mask's {len(expected_labels)}")
+        raise ValueError(
+            f"batches yielded {acc.count} {part} examples whose labels differ from the mask's {len(expected_labels)}"
+        )
 
 
 def _check_batch(x, y, n_classes: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -939,8 +961,14 @@ def _eye(n: int, like: torch.Tensor) -> torch.Tensor:
 # Store-facing runner
 
 
-def probe_readouts(store: Store, key: str, layer: str, prefix: int | None = None,
-              cls_token: bool | None = None, layout: str | None = None) -> dict[str, Callable[[np.ndarray], np.ndarray]]:
+def probe_readouts(
+    store: Store,
+    key: str,
+    layer: str,
+    prefix: int | None = None,
+    cls_token: bool | None = None,
+    layout: str | None = None,
+) -> dict[str, Callable[[np.ndarray], np.ndarray]]:
     """Returns readout name -> function (b, ...) float32 activations -> (b, P, D) features for the probes.
 
     prefix (the layer's prefix tokens), cls_token (whether the model has one) and layout are read from the store unless
@@ -980,8 +1008,9 @@ def _nonfinite_readouts(ds, readouts: dict[str, Callable[[np.ndarray], np.ndarra
 LAYER_IN_MEMORY_BYTES = 256 * 2**20
 
 
-def _layer_batches(ds, fns: list[Callable[[np.ndarray], np.ndarray]], labels: np.ndarray, batch_size: int,
-                   tokens_last: bool = False) -> BatchesFn:
+def _layer_batches(
+    ds, fns: list[Callable[[np.ndarray], np.ndarray]], labels: np.ndarray, batch_size: int, tokens_last: bool = False
+) -> BatchesFn:
     """Returns the batches(mask) of fit_probes over one layer: (b, P, D) float32 features of every readout in
     fns, side by side, and their labels. tokens_last: the last readout is the layer's tokens as they are (fns[-1]
     the identity), which are then cast into their place in the batch and the other readouts read from there."""
@@ -1023,8 +1052,17 @@ def _float32(a: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
 
 
 def probe_params(store: Store, key: str, cfg: AnalyzeConfig) -> dict:
-    return with_interval({"model": key, "n_images": store.n_images, "seed": cfg.seed, "tokens": cfg.probe_tokens,
-                           "max_token_dim": cfg.probe_max_dim, "l2_ratios": [float(r) for r in L2_RATIOS]}, cfg)
+    return with_interval(
+        {
+            "model": key,
+            "n_images": store.n_images,
+            "seed": cfg.seed,
+            "tokens": cfg.probe_tokens,
+            "max_token_dim": cfg.probe_max_dim,
+            "l2_ratios": [float(r) for r in L2_RATIOS],
+        },
+        cfg,
+    )
 
 
 def run_probes(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | None = None) -> Result:
@@ -1083,8 +1121,14 @@ def run_probes(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | 
     def fit(job: int, progress_fn: ProgressFn, workspace: Workspace) -> ProbeResult:
         _, _, ds, fns, _ = fits[job]
         tokens_last = fits[job][1][-1] == "tokens"
-        return fit_probes(_layer_batches(ds, fns, labels, cfg.batch_size, tokens_last), labels, seed=cfg.seed, device=device,
-                          progress=progress_fn, workspace=workspace)
+        return fit_probes(
+            _layer_batches(ds, fns, labels, cfg.batch_size, tokens_last),
+            labels,
+            seed=cfg.seed,
+            device=device,
+            progress=progress_fn,
+            workspace=workspace,
+        )
 
     emit(progress, f"probes {key}", 0, len(layers) * len(labels), layers[fits[0][0]] if fits else "")
     workers = _layer_workers(device, [f[4] for f in fits])
@@ -1123,7 +1167,9 @@ def run_probes(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | 
     }
     if "stats" in params:  # exact binomial interval on the test count
         n_test = len(split.test)
-        arrays["ci_low"], arrays["ci_high"] = stats_mod.clopper_pearson(np.round(table * n_test), n_test, params["stats"]["ci"])
+        arrays["ci_low"], arrays["ci_high"] = stats_mod.clopper_pearson(
+            np.round(table * n_test), n_test, params["stats"]["ci"]
+        )
     for layer, acc in token_maps.items():
         arrays[f"tokens/{layer}"] = acc
     return save_result(store, "probes", params, arrays)
@@ -1131,8 +1177,10 @@ def run_probes(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | 
 
 def no_labels_reason(store: Store) -> str:
     """Returns the one line that says why a store's images cannot be probed: they have no labels."""
-    return (f"{store.path} has no labels ({store.dataset_spec}): probes need a labelled dataset "
-            "(digits, synthetic, samples, an image folder with class sub-folders); CKA and the rest still work")
+    return (
+        f"{store.path} has no labels ({store.dataset_spec}): probes need a labelled dataset "
+        "(digits, synthetic, samples, an image folder with class sub-folders); CKA and the rest still work"
+    )
 
 
 # Layers are fitted side by side, one compute thread each, where every fit holds at most this much memory.
@@ -1177,8 +1225,12 @@ class _Stopped(Exception):
     """Raised in a layer's fit when another one failed or the run was cancelled."""
 
 
-def _fit_layers(fit: Callable[[int, ProgressFn, Workspace], ProbeResult], n_jobs: int, workers: int,
-                report: Callable[[int, int], None]) -> list[ProbeResult]:
+def _fit_layers(
+    fit: Callable[[int, ProgressFn, Workspace], ProbeResult],
+    n_jobs: int,
+    workers: int,
+    report: Callable[[int, int], None],
+) -> list[ProbeResult]:
     """Return fit(job, progress, workspace) for each job, `workers` of them at once.
 
     report(job, examples read) is only ever called on this thread, so a progress callback may raise (the
@@ -1261,7 +1313,11 @@ def probe_jobs(store: Store, key: str, cfg: AnalyzeConfig) -> list[tuple[str, st
 def estimate_probe_seconds(store: Store, model: str, cfg: AnalyzeConfig) -> float:
     """Returns the seconds run_probes is expected to compute for (0 when its result is cached)."""
     key = store.resolve_model(model)
-    if store.labels is None or not cfg.recompute and Result.load(store, "probes", probe_params(store, key, cfg)) is not None:
+    if (
+        store.labels is None
+        or not cfg.recompute
+        and Result.load(store, "probes", probe_params(store, key, cfg)) is not None
+    ):
         return 0.0
     n_classes = int(store.labels.max()) + 1
     flops = sum(probe_flops(store.n_images, d, p, n_classes) for _, _, p, d in probe_jobs(store, key, cfg))
@@ -1276,10 +1332,16 @@ def probe_warning(store: Store, model: str, cfg: AnalyzeConfig, limit_s: float =
         return None
     key = store.resolve_model(model)
     token_widths = [d for _, group, _, d in probe_jobs(store, key, cfg) if group == "tokens"]
-    narrow = (f"vitsee analyze {store.path.name} --probes --probe-max-dim {max(token_widths) // 2} (no per-token "
-              "probes of wider layers), or " if token_widths else "")
-    return (f"probes of {key} are expected to take about {seconds / 60:.0f} min ({len(store.layers(key))} layers, "
-            f"{store.n_images} images; x cancels): narrow them with {narrow}a store of fewer layers (extract --layers NAME,NAME)")
+    narrow = (
+        f"vitsee analyze {store.path.name} --probes --probe-max-dim {max(token_widths) // 2} (no per-token "
+        "probes of wider layers), or "
+        if token_widths
+        else ""
+    )
+    return (
+        f"probes of {key} are expected to take about {seconds / 60:.0f} min ({len(store.layers(key))} layers, "
+        f"{store.n_images} images; x cancels): narrow them with {narrow}a store of fewer layers (extract --layers NAME,NAME)"
+    )
 
 
 # --- the view and its dossier section --------------------------------------------------------------------
@@ -1318,8 +1380,10 @@ def too_wide_note(view: View) -> str:
     wide = view.extra.get("tokens_too_wide") or []
     if not wide:
         return ""
-    return (f"; no per-token maps for {len(wide)} layer(s) wider than {view.params.get('max_token_dim')} channels "
-            f"({', '.join(wide[:3])}{', ...' if len(wide) > 3 else ''}): vitsee analyze STORE --probes --probe-max-dim N")
+    return (
+        f"; no per-token maps for {len(wide)} layer(s) wider than {view.params.get('max_token_dim')} channels "
+        f"({', '.join(wide[:3])}{', ...' if len(wide) > 3 else ''}): vitsee analyze STORE --probes --probe-max-dim N"
+    )
 
 
 class LinearProbes(Analysis):
@@ -1333,8 +1397,14 @@ class LinearProbes(Analysis):
     shape = Shape.DEPTH_CURVES
     tooltip = "Show the linear probe accuracies"
     option_help = "linear probes per layer and readout (needs labels)"
-    options = (AnalysisOption("probe-max-dim", int, "per-token probes for layers up to N channels wide; each token holds "
-                              "an N x N fp64 matrix (ViT-B: 197 x 768 x 768 x 8 B = 0.9 GB) [default: 1024]"),)
+    options = (
+        AnalysisOption(
+            "probe-max-dim",
+            int,
+            "per-token probes for layers up to N channels wide; each token holds "
+            "an N x N fp64 matrix (ViT-B: 197 x 768 x 768 x 8 B = 0.9 GB) [default: 1024]",
+        ),
+    )
     cost = 2  # the fits take longest: the app caches them last
     needs = frozenset({"activations", "labels"})
     identity = ("model", "n_images", "tokens")  # a result with a larger max_token_dim only adds token maps
@@ -1379,31 +1449,64 @@ class LinearProbes(Analysis):
         else:  # results cached before the count was recorded: a layer holds the prefix tokens or none
             token_prefix = {layer: prefix if len(m) == prefix + gh * gw else 0 for layer, m in token_maps.items()}
         # the token maps hold the prefix tokens first (CLS...): the mean is over the spatial positions only
-        token_mean = np.array([np.mean(token_maps[layer][token_prefix[layer]:]) if layer in token_maps else np.nan
-                               for layer in layers])
+        token_mean = np.array(
+            [np.mean(token_maps[layer][token_prefix[layer] :]) if layer in token_maps else np.nan for layer in layers]
+        )
         matrix = np.column_stack([r["accuracy"], token_mean])
         cols = ["CLS", "GAP", "tokens (mean)"]
         skipped = np.zeros(matrix.shape, dtype=np.int64)  # images with non-finite features, per readout not fitted
-        for layer, readout, count in zip(*(np.atleast_1d(r.get(k, [])) for k in ("skipped_layer", "skipped_readout", "skipped_images"))):
+        for layer, readout, count in zip(
+            *(np.atleast_1d(r.get(k, [])) for k in ("skipped_layer", "skipped_readout", "skipped_images"))
+        ):
             skipped[layers.index(str(layer)), {"cls": 0, "gap": 1, "tokens": 2}[str(readout)]] = int(count)
         keep = [i for i in range(matrix.shape[1]) if np.isfinite(matrix[:, i]).any() or skipped[:, i].any()]
-        params = dict(r.params, split_seed=r.params["seed"], n_train=int(len(r["split_train"])), n_test=int(len(r["split_test"])))
-        extra = {"token_maps": {k: np.asarray(v) for k, v in token_maps.items()}, "chance": float(r["chance"]), "l2": r["l2"],
-                 "grid": list(info.get("grid_size") or []), "prefix_tokens": prefix,
-                 "token_prefix": {layer: token_prefix[layer] for layer in token_maps},
-                 "tokens_too_wide": [str(x) for x in np.atleast_1d(r.get("tokens_too_wide", []))],
-                 "skipped": [{"layer": layers[i], "readout": cols[c], "images": int(skipped[i, c])} for i, c in zip(*np.nonzero(skipped))]}
+        params = dict(
+            r.params, split_seed=r.params["seed"], n_train=int(len(r["split_train"])), n_test=int(len(r["split_test"]))
+        )
+        extra = {
+            "token_maps": {k: np.asarray(v) for k, v in token_maps.items()},
+            "chance": float(r["chance"]),
+            "l2": r["l2"],
+            "grid": list(info.get("grid_size") or []),
+            "prefix_tokens": prefix,
+            "token_prefix": {layer: token_prefix[layer] for layer in token_maps},
+            "tokens_too_wide": [str(x) for x in np.atleast_1d(r.get("tokens_too_wide", []))],
+            "skipped": [
+                {"layer": layers[i], "readout": cols[c], "images": int(skipped[i, c])}
+                for i, c in zip(*np.nonzero(skipped))
+            ],
+        }
         extra["cls_token"] = has_cls_token(info)
-        title = f"Linear probe test accuracy {key}" + (f" ({NO_CLS}: GAP and per-token readouts)" if no_cls(info) else "")
+        title = f"Linear probe test accuracy {key}" + (
+            f" ({NO_CLS}: GAP and per-token readouts)" if no_cls(info) else ""
+        )
         ci = {}
         if "ci_low" in r:  # the token mean: Clopper-Pearson on its mean count, at least as wide as an average of rates
             n_test, level = params["n_test"], float(r.params["stats"]["ci"])
             t_low, t_high = clopper_pearson(np.round(token_mean * n_test), n_test, level)
-            ci = {"ci_low": np.column_stack([r["ci_low"], t_low])[:, keep], "ci_high": np.column_stack([r["ci_high"], t_high])[:, keep]}
+            ci = {
+                "ci_low": np.column_stack([r["ci_low"], t_low])[:, keep],
+                "ci_high": np.column_stack([r["ci_high"], t_high])[:, keep],
+            }
         nonfinite = skipped[:, keep] > 0  # a readout left out for NaN/Inf features: marked, not "not computed"
-        return View(self.name, "", title, "", matrix[:, keep], layers, [cols[i] for i in keep], "accuracy", 0.0, 1.0,
-                    params=params, extra=extra, models=[key], nonfinite=nonfinite,
-                    nonfinite_images=np.where(nonfinite, skipped[:, keep], -1), **ci)
+        return View(
+            self.name,
+            "",
+            title,
+            "",
+            matrix[:, keep],
+            layers,
+            [cols[i] for i in keep],
+            "accuracy",
+            0.0,
+            1.0,
+            params=params,
+            extra=extra,
+            models=[key],
+            nonfinite=nonfinite,
+            nonfinite_images=np.where(nonfinite, skipped[:, keep], -1),
+            **ci,
+        )
 
     def dossier_section(self, view: View, layer: str, note: str = "") -> DossierEntry:
         if layer not in view.rows:

@@ -9,6 +9,7 @@ between them is applied; a true metric, 0 for layers alike up to a rotation, at 
 to any invertible linear map), between the two a mix. Invariant to rotations, translations and isotropic scales.
 A distance: low means alike, and its permutation p-value asks whether the layers are closer than chance.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,8 +29,13 @@ class Procrustes(GramMeasure):
     higher_is_better = False
     value_name = "Procrustes (rad)"
     value_range = (0.0, math.pi / 2)
-    parameters = {"alpha": AnalysisOption(
-        "procrustes-alpha", float, "Procrustes' partial whitening: 1 Procrustes (default), 0 the CCA distance, "
-        "between the two a mix (netrep's alpha)")}
+    parameters = {
+        "alpha": AnalysisOption(
+            "procrustes-alpha",
+            float,
+            "Procrustes' partial whitening: 1 Procrustes (default), 0 the CCA distance, "
+            "between the two a mix (netrep's alpha)",
+        )
+    }
     seconds_at_1000 = 117.0
     cubic = True

@@ -8,6 +8,7 @@ of the layer count little.
 Not symmetric (weighted by the row layer): the matrix of a model with itself is not either. Invariant to rotations,
 translations and isotropic scales.
 """
+
 from __future__ import annotations
 
 from .similarity import GramMeasure

@@ -8,6 +8,7 @@ Invariant to rotations, translations and isotropic scales of either layer (the b
 distance); as the threshold grows it tends to linear CKA. engine/measures.py rbf_cka is the same number for two
 arrays.
 """
+
 from __future__ import annotations
 
 from .contract import AnalysisOption
@@ -22,7 +23,11 @@ class RbfCKA(GramMeasure):
     title = "CKA with a Gaussian kernel between layers (Kornblith et al. 2019)"
     option_help = "RBF CKA (Gaussian kernel, bandwidth a multiple of the median distance) of every pair of layers"
     order = 11
-    parameters = {"threshold": AnalysisOption(
-        "rbf-threshold", float, "RBF CKA's bandwidth as a multiple of the median distance between images "
-        "(default 0.5, Kornblith et al.'s)")}
+    parameters = {
+        "threshold": AnalysisOption(
+            "rbf-threshold",
+            float,
+            "RBF CKA's bandwidth as a multiple of the median distance between images (default 0.5, Kornblith et al.'s)",
+        )
+    }
     seconds_at_1000 = 1.9

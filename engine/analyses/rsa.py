@@ -7,6 +7,7 @@ rank correlation of the two layers' dissimilarity matrices over the same images.
 Invariant to a shift or scale of one image's features and to isotropic scales, not to rotations or translations of
 the feature space (the correlation distance centres each image over its features).
 """
+
 from __future__ import annotations
 
 from .similarity import GramMeasure

@@ -16,6 +16,7 @@ PWCCA, mknn, CKNNA, RSA): each layer's LayerGrams is built once per driver run a
 (base.SHARED), every pair comes from the measure's all-pairs form, and intervals and p-values from
 engine/measures_stats.py over the same Grams. Its modules are declarations only.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -29,14 +30,24 @@ from .. import measures
 from ..errors import VitseeError
 from ..store import Store
 from .base import SHARED, AnalyzeConfig, StepFn, emit, nonfinite_image_mask, resolve_device
-from .contract import (Analysis, AnalysisOption, Request, Result, Shape, View, analyses_of, bootstrap_words,
-                       streaming_reason)
+from .contract import (
+    Analysis,
+    AnalysisOption,
+    Request,
+    Result,
+    Shape,
+    View,
+    analyses_of,
+    bootstrap_words,
+    streaming_reason,
+)
 
 FAMILY = "layer similarity"
 
 
-def matrix_block(result: Result, model_a: str, model_b: str | None = None,
-                 key: str = "matrix") -> tuple[np.ndarray, list[str], list[str]]:
+def matrix_block(
+    result: Result, model_a: str, model_b: str | None = None, key: str = "matrix"
+) -> tuple[np.ndarray, list[str], list[str]]:
     """Returns (values, row layers, col layers) of model_a x model_b (model_b defaults to model_a) from a joint
     layer matrix result; key names another (L, L) array of it to cut the same block from (ci_low, p_value, ...)."""
     model_b = model_b or model_a
@@ -50,7 +61,7 @@ def matrix_block(result: Result, model_a: str, model_b: str | None = None,
 
 def pair_requests(name: str, models: list[str]) -> list[Request]:
     """Returns the views of a layer x layer analysis: the first model with itself, every pair, then the others."""
-    pairs = [Request(name, (a, b)) for i, a in enumerate(models) for b in models[i + 1:]]
+    pairs = [Request(name, (a, b)) for i, a in enumerate(models) for b in models[i + 1 :]]
     return [Request(name, (m,)) for m in models[:1]] + pairs + [Request(name, (m,)) for m in models[1:]]
 
 
@@ -84,27 +95,44 @@ class LayerMatrix(Analysis):
         matrix, rows, cols = matrix_block(result, a, b)
         params = dict(result.params)
         params.pop("layers", None)
-        block = {name: matrix_block(result, a, b, key=name)[0]
-                 for name in ("ci_low", "ci_high", "p_value") if name in result}
+        block = {
+            name: matrix_block(result, a, b, key=name)[0] for name in ("ci_low", "ci_high", "p_value") if name in result
+        }
         extra = {"n_batches": int(result["n_batches"])} if "n_batches" in result else {}
         title = f"{self.label} {a}" if a == b else f"{self.label} {a} (rows) x {b} (cols)"
         vmin, vmax = self.value_range
-        return View(self.name, "", title, "", matrix, rows, cols, self.value_name or self.label, vmin, vmax,
-                    params=params, extra=extra, models=[a, b], **block)
+        return View(
+            self.name,
+            "",
+            title,
+            "",
+            matrix,
+            rows,
+            cols,
+            self.value_name or self.label,
+            vmin,
+            vmax,
+            params=params,
+            extra=extra,
+            models=[a, b],
+            **block,
+        )
 
     def interval_words(self, view: View, level: str) -> str:
         return bootstrap_words(view, level)
 
-    def batch_hsic(self, store: Store, result: Result, device: str = "auto",
-                   progress: StepFn | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+    def batch_hsic(
+        self, store: Store, result: Result, device: str = "auto", progress: StepFn | None = None
+    ) -> tuple[np.ndarray, np.ndarray] | None:
         """Returns the per-batch terms a bootstrap over minibatches of images rebuilds `result`'s joint matrix from:
         (HSIC sums (K, L, L), each batch's HSIC terms (K, B, L, L)), K shuffles, the matrix being sums_ij /
         sqrt(sums_ii sums_jj) averaged over shuffles (the zoo's intervals of a pair's summary, engine/zoo.py);
         None when the measure has no such terms (the default)."""
         return None
 
-    def bootstrap_matrices(self, store: Store, result: Result, device: str = "auto",
-                           progress: StepFn | None = None) -> tuple[Iterator[np.ndarray], str] | None:
+    def bootstrap_matrices(
+        self, store: Store, result: Result, device: str = "auto", progress: StepFn | None = None
+    ) -> tuple[Iterator[np.ndarray], str] | None:
         """Returns (the joint (L, L) matrix of `result` on each of its bootstrap resamples of the images, one at a
         time; how they were drawn, in words) for a measure whose result was computed with bootstrap resamples of
         whole images (the zoo's interval of a pair's summary, engine/zoo.py zoo_from_replicates); None when it has
@@ -115,8 +143,14 @@ class LayerMatrix(Analysis):
         """Returns per cell the images whose activations of either layer hold NaN/Inf."""
         bad, counts = view.nonfinite, np.full(view.matrix.shape, -1, dtype=np.int64)
         a, b = view.models[0], view.models[-1]
-        rows = {layer: nonfinite_image_mask(store, a, layer) for layer in {view.rows[i] for i in np.flatnonzero(bad.any(axis=1))}}
-        cols = {layer: nonfinite_image_mask(store, b, layer) for layer in {view.cols[j] for j in np.flatnonzero(bad.any(axis=0))}}
+        rows = {
+            layer: nonfinite_image_mask(store, a, layer)
+            for layer in {view.rows[i] for i in np.flatnonzero(bad.any(axis=1))}
+        }
+        cols = {
+            layer: nonfinite_image_mask(store, b, layer)
+            for layer in {view.cols[j] for j in np.flatnonzero(bad.any(axis=0))}
+        }
         for i, j in zip(*np.nonzero(bad)):
             r, c = rows[view.rows[i]], cols[view.cols[j]]
             if r is not None and c is not None and (r.any() or c.any()):
@@ -154,8 +188,14 @@ class LayerPairMeasure(LayerMatrix):
 
     def params(self, store: Store, request: Request, cfg: AnalyzeConfig) -> dict:
         models = store.models
-        return {"models": models, "layers": {m: store.layers(m) for m in models}, "n_images": store.n_images,
-                "max_images": min(self.max_images, store.n_images), "seed": cfg.seed, **self.measure_params}
+        return {
+            "models": models,
+            "layers": {m: store.layers(m) for m in models},
+            "n_images": store.n_images,
+            "max_images": min(self.max_images, store.n_images),
+            "seed": cfg.seed,
+            **self.measure_params,
+        }
 
     def images(self, params: dict) -> np.ndarray:
         """Returns the sorted indices of the images the measure runs on: all, or a subset seeded by params (the
@@ -176,8 +216,9 @@ class LayerPairMeasure(LayerMatrix):
                     matrix[j, i] = matrix[i, j]
         return matrix
 
-    def compute(self, store: Store, request: Request, params: dict, cfg: AnalyzeConfig,
-                progress: StepFn | None = None) -> dict[str, np.ndarray]:
+    def compute(
+        self, store: Store, request: Request, params: dict, cfg: AnalyzeConfig, progress: StepFn | None = None
+    ) -> dict[str, np.ndarray]:
         """Returns the joint (L, L) matrix of the measure over every stored layer of every model."""
         for reason in (self.not_applicable(store, key) for key in params["models"]):
             if reason:
@@ -190,8 +231,12 @@ class LayerPairMeasure(LayerMatrix):
             emit(progress, f"{self.name} layers", i + 1, len(columns))
         matrix = self.all_pairs(prepared)
         emit(progress, f"{self.name} pairs", 1, 1)
-        return {"matrix": matrix, "model": np.array([params["models"].index(m) for m, _ in columns]),
-                "layer": np.array([layer for _, layer in columns]), "images": rows}
+        return {
+            "matrix": matrix,
+            "model": np.array([params["models"].index(m) for m, _ in columns]),
+            "layer": np.array([layer for _, layer in columns]),
+            "images": rows,
+        }
 
 
 def layer_measures() -> list[Analysis]:
@@ -203,12 +248,23 @@ def layer_measures() -> list[Analysis]:
 # --- the measures of engine/measures_grams.py ------------------------------------------------------------------
 
 GRAM_OPTIONS = (
-    AnalysisOption("max-images", int, "images the layer x layer measures other than CKA run on, a seeded subset of "
-                   "the store's (default: as many as keep the Grams of every layer within 2 GiB, at most 2048)"),
-    AnalysisOption("measure-bootstrap", int, "bootstrap resamples behind each interval of those measures, at the "
-                   "--ci level (each recomputes the measure: default 0, none)"),
-    AnalysisOption("measure-permutations", int, "permutations behind each p-value of those measures (each "
-                   "recomputes the measure: default 0, none)"),
+    AnalysisOption(
+        "max-images",
+        int,
+        "images the layer x layer measures other than CKA run on, a seeded subset of "
+        "the store's (default: as many as keep the Grams of every layer within 2 GiB, at most 2048)",
+    ),
+    AnalysisOption(
+        "measure-bootstrap",
+        int,
+        "bootstrap resamples behind each interval of those measures, at the "
+        "--ci level (each recomputes the measure: default 0, none)",
+    ),
+    AnalysisOption(
+        "measure-permutations",
+        int,
+        "permutations behind each p-value of those measures (each recomputes the measure: default 0, none)",
+    ),
 )
 # measure parameter -> its check (engine/measures.py), given the parameter, the measure and the image count
 _CHECKS = {
@@ -287,8 +343,14 @@ class GramMeasure(LayerMatrix):
                 values[name] = _CHECKS[name](value, self.key, subset["n_images"]) if name in _CHECKS else value
             except VitseeError as exc:
                 raise VitseeError(f"--{option.name} {value}: {exc}") from None
-        params = {"models": models, "layers": layers, "n_images": store.n_images, "max_images": subset["n_images"],
-                  "seed": subset["seed"], **values}
+        params = {
+            "models": models,
+            "layers": layers,
+            "n_images": store.n_images,
+            "max_images": subset["n_images"],
+            "seed": subset["seed"],
+            **values,
+        }
         settings = self.stats_settings(cfg)
         return params if settings is None else {**params, "stats": settings}
 
@@ -306,8 +368,12 @@ class GramMeasure(LayerMatrix):
         level = cfg.ci if replicates else 0.0
         if not level and not permutations:
             return None
-        return {"ci": stats_mod.check_level(level) if level else 0.0, "bootstrap": replicates if level else 0,
-                "permutations": permutations, "seed": int(cfg.seed)}
+        return {
+            "ci": stats_mod.check_level(level) if level else 0.0,
+            "bootstrap": replicates if level else 0,
+            "permutations": permutations,
+            "seed": int(cfg.seed),
+        }
 
     def images(self, params: dict) -> np.ndarray:
         """Returns the sorted indices of the images the measure runs on (measures_grams.choose_images)."""
@@ -323,14 +389,18 @@ class GramMeasure(LayerMatrix):
         seconds = self.seconds_at_1000 * (n / 1000) ** (3 if self.cubic else 2) * (layers / 23) ** 2 * passes
         if seconds < 60:
             return None
-        return (f"{self.label} of {layers} layers over {n} images" + (f", {passes - 1} resamples" if passes > 1 else "")
-                + f": about {seconds / 60:.0f} min on one CPU core (--max-images fewer, a GPU, or --measure-bootstrap"
-                  " 0 --measure-permutations 0 shorten it)")
+        return (
+            f"{self.label} of {layers} layers over {n} images"
+            + (f", {passes - 1} resamples" if passes > 1 else "")
+            + f": about {seconds / 60:.0f} min on one CPU core (--max-images fewer, a GPU, or --measure-bootstrap"
+            " 0 --measure-permutations 0 shorten it)"
+        )
 
     # --- running ------------------------------------------------------------------------------------------------
 
-    def compute(self, store: Store, request: Request, params: dict, cfg: AnalyzeConfig,
-                progress: StepFn | None = None) -> dict[str, np.ndarray]:
+    def compute(
+        self, store: Store, request: Request, params: dict, cfg: AnalyzeConfig, progress: StepFn | None = None
+    ) -> dict[str, np.ndarray]:
         """Returns the joint (L, L) matrix of the measure over every stored layer of every model, with its
         bootstrap interval and permutation p-values when params ask for them."""
         from .. import measures_stats
@@ -346,8 +416,12 @@ class GramMeasure(LayerMatrix):
         good = [grams[i] for i in ok]
         values = self.measure_values(params)
         size = (len(columns), len(columns))
-        arrays = {"matrix": np.full(size, np.nan), "model": np.array([params["models"].index(m) for m, _ in columns]),
-                  "layer": np.array([layer for _, layer in columns]), "images": rows}
+        arrays = {
+            "matrix": np.full(size, np.nan),
+            "model": np.array([params["models"].index(m) for m, _ in columns]),
+            "layer": np.array([layer for _, layer in columns]),
+            "images": rows,
+        }
         cells = np.ix_(ok, ok)
         if good:
             arrays["matrix"][cells] = pairwise(good, None, self.key, **values)
@@ -357,20 +431,29 @@ class GramMeasure(LayerMatrix):
             arrays["ci_low"], arrays["ci_high"] = np.full(size, np.nan), np.full(size, np.nan)
             if good:
                 step = lambda done, total: emit(progress, f"{self.name} bootstrap", done, total)  # noqa: E731
-                low, high = measures_stats.bootstrap_interval(good, None, self.key, st["ci"], st["bootstrap"],
-                                                              st["seed"], progress=step, **values)
+                low, high = measures_stats.bootstrap_interval(
+                    good, None, self.key, st["ci"], st["bootstrap"], st["seed"], progress=step, **values
+                )
                 arrays["ci_low"][cells], arrays["ci_high"][cells] = low, high
         if st and st["permutations"]:
             arrays["p_value"] = np.full(size, np.nan)
             if good:
                 step = lambda done, total: emit(progress, f"{self.name} permutations", done, total)  # noqa: E731
                 arrays["p_value"][cells] = measures_stats.permutation_p_value(
-                    good, None, self.key, st["permutations"], st["seed"], progress=step,
-                    observed=arrays["matrix"][cells], **values)
+                    good,
+                    None,
+                    self.key,
+                    st["permutations"],
+                    st["seed"],
+                    progress=step,
+                    observed=arrays["matrix"][cells],
+                    **values,
+                )
         return arrays
 
-    def bootstrap_matrices(self, store: Store, result: Result, device: str = "auto",
-                           progress: StepFn | None = None) -> tuple[Iterator[np.ndarray], str] | None:
+    def bootstrap_matrices(
+        self, store: Store, result: Result, device: str = "auto", progress: StepFn | None = None
+    ) -> tuple[Iterator[np.ndarray], str] | None:
         """Returns the result's bootstrap replicates of the whole joint matrix (the resamples, seed and Grams of its
         per-cell interval, so the same draws), NaN rows and columns where a layer holds NaN/Inf; None for a result
         computed without --measure-bootstrap."""
@@ -390,9 +473,9 @@ class GramMeasure(LayerMatrix):
 
         def matrices() -> Iterator[np.ndarray]:
             step = lambda done, total: emit(progress, f"{self.name} bootstrap", done, total)  # noqa: E731
-            for part in measures_stats.iter_bootstrap_replicates([grams[i] for i in ok], None, self.key,
-                                                                 st["bootstrap"], st["seed"], step,
-                                                                 **self.measure_values(params)):
+            for part in measures_stats.iter_bootstrap_replicates(
+                [grams[i] for i in ok], None, self.key, st["bootstrap"], st["seed"], step, **self.measure_values(params)
+            ):
                 whole = np.full((len(columns), len(columns)), np.nan)
                 whole[cells] = part
                 yield whole
@@ -410,26 +493,39 @@ class GramMeasure(LayerMatrix):
 
     def interval_words(self, view: View, level: str) -> str:
         st = view.params.get("stats") or {}
-        return (f"{level} percentile bootstrap over {st.get('bootstrap')} resamples of the "
-                f"{view.params.get('max_images')} images")
+        return (
+            f"{level} percentile bootstrap over {st.get('bootstrap')} resamples of the "
+            f"{view.params.get('max_images')} images"
+        )
 
     def caption_notes(self, view: View) -> str:
         from ..measures_stats import SIGNIFICANCE
 
         used, n, seed = view.params.get("max_images"), view.params.get("n_images"), view.params.get("seed")
-        notes = [f"on all {n} images" if used == n else
-                 f"on {used} of the {n} images, drawn with seed {seed} (--max-images)"]
+        notes = [
+            f"on all {n} images" if used == n else f"on {used} of the {n} images, drawn with seed {seed} (--max-images)"
+        ]
         values = self.measure_values(view.params)
         if values:
-            notes.append(", ".join(f"{name} {('yes' if value else 'no') if isinstance(value, bool) else value}"
-                                   for name, value in values.items()))
+            notes.append(
+                ", ".join(
+                    f"{name} {('yes' if value else 'no') if isinstance(value, bool) else value}"
+                    for name, value in values.items()
+                )
+            )
         if view.p_value is not None:
             notes.append(f"small p: {SIGNIFICANCE[self.key]}")
         return "".join(f"; {note}" for note in notes)
 
 
-def shared_layer_grams(store: Store, columns: list[tuple[str, str]], rows: np.ndarray, device,
-                       progress: StepFn | None = None, label: str = "") -> list:
+def shared_layer_grams(
+    store: Store,
+    columns: list[tuple[str, str]],
+    rows: np.ndarray,
+    device,
+    progress: StepFn | None = None,
+    label: str = "",
+) -> list:
     """Returns each (model, layer)'s LayerGrams over the images `rows` on `device` (None for a layer whose
     activations there hold NaN/Inf), each built once in the driver's run and shared by every measure of it."""
     from ..measures_grams import LayerGrams

@@ -1,5 +1,6 @@
 """Skip-connection norm ratios (Raghu et al. 2021, Fig. 7): ||z|| / ||f(z)|| per sublayer and token, from the
 per-image statistics the extraction recorded; their parameters (cache key) and the run over the store."""
+
 from __future__ import annotations
 
 import warnings
@@ -10,8 +11,7 @@ import numpy as np
 from .. import stats as stats_mod
 from ..errors import VitseeError
 from ..store import Store
-from .base import (NO_CLS, AnalyzeConfig, RunningMoments, StepFn, emit, has_cls_token, no_cls, save_result,
-                   with_interval)
+from .base import NO_CLS, AnalyzeConfig, RunningMoments, StepFn, emit, has_cls_token, no_cls, save_result, with_interval
 from .contract import Analysis, DossierEntry, Request, Result, Shape, View
 
 
@@ -32,7 +32,7 @@ def run_skip(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | No
     stats = store.stats(key)
     pairs = [(names, parts) for names, parts in SKIP_SUBLAYERS if names[0] in stats]
     if pairs:
-        (names, parts), = pairs
+        ((names, parts),) = pairs
         first, second = _finite_means(store, key, list(names))  # (blocks, T) each
         blocks = first.shape[0]
         per_token = np.empty((2 * blocks, first.shape[1]))
@@ -40,7 +40,9 @@ def run_skip(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | No
         per_token[1::2] = second
         prefix = int(info.get("num_prefix_tokens") or 0)
         has_cls = has_cls_token(info)
-        prefix_names = info.get("prefix_names") or (["CLS"] if has_cls else []) + [f"prefix {t}" for t in range(1, prefix)]
+        prefix_names = info.get("prefix_names") or (["CLS"] if has_cls else []) + [
+            f"prefix {t}" for t in range(1, prefix)
+        ]
         rows = [f"blocks.{b}.{part}" for b in range(blocks) for part in parts]
         cols = [prefix_names[t] if t < prefix else f"token {t - prefix}" for t in range(first.shape[1])]
         arrays = {
@@ -58,7 +60,9 @@ def run_skip(store: Store, model: str, cfg: AnalyzeConfig, progress: StepFn | No
         blocks = [layer for layer in store.layers(key) if layer[:5] in ("layer", "stage")]
         arrays = {
             "ratio": ratio[:, None],
-            "rows": np.array(blocks[: len(ratio)] if len(blocks) >= len(ratio) else [f"block {i}" for i in range(len(ratio))]),
+            "rows": np.array(
+                blocks[: len(ratio)] if len(blocks) >= len(ratio) else [f"block {i}" for i in range(len(ratio))]
+            ),
             "cols": np.array(["whole map"]),
             "cls": np.full(len(ratio), np.nan),
             "spatial_mean": ratio,
@@ -83,8 +87,9 @@ SKIP_SUBLAYERS = (
 )
 
 
-def _skip_intervals(store: Store, key: str, names: list[str], arrays: dict, prefix: int, level: float,
-                    has_cls: bool) -> dict:
+def _skip_intervals(
+    store: Store, key: str, names: list[str], arrays: dict, prefix: int, level: float, has_cls: bool
+) -> dict:
     """Returns Student-t intervals over images for the skip ratios: per cell (ci_low, ci_high, like `ratio`), the CLS
     curve (cls_ci_*) and the spatial curve (spatial_ci_*), the last from each image's mean over its spatial tokens.
 
@@ -96,8 +101,11 @@ def _skip_intervals(store: Store, key: str, names: list[str], arrays: dict, pref
     m2, count = np.zeros_like(mean), np.zeros_like(mean)
     spatial = RunningMoments()
     for batch in store.stat_batches(key, names):
-        x = np.stack([batch[n] for n in names], axis=2).reshape(len(batch[names[0]]), *mean.shape) if len(names) > 1 \
-            else np.asarray(batch[names[0]], dtype=np.float64).reshape(-1, *mean.shape)  # (b, rows, T)
+        x = (
+            np.stack([batch[n] for n in names], axis=2).reshape(len(batch[names[0]]), *mean.shape)
+            if len(names) > 1
+            else np.asarray(batch[names[0]], dtype=np.float64).reshape(-1, *mean.shape)
+        )  # (b, rows, T)
         finite = np.isfinite(x)
         m2 += np.where(finite, np.square(np.where(finite, x, 0.0) - mean), 0.0).sum(axis=0)
         count += finite.sum(axis=0)
@@ -109,9 +117,14 @@ def _skip_intervals(store: Store, key: str, names: list[str], arrays: dict, pref
         std = np.sqrt(m2 / np.maximum(count, 1))
     low, high = stats_mod.mean_interval(mean, std, count, level)
     s_low, s_high = stats_mod.mean_interval(arrays["spatial_mean"], spatial.std, spatial.n, level)
-    return {"ci_low": low, "ci_high": high, "cls_ci_low": low[:, 0] if has_cls else np.full(len(mean), np.nan),
-            "cls_ci_high": high[:, 0] if has_cls else np.full(len(mean), np.nan),
-            "spatial_ci_low": s_low, "spatial_ci_high": s_high}
+    return {
+        "ci_low": low,
+        "ci_high": high,
+        "cls_ci_low": low[:, 0] if has_cls else np.full(len(mean), np.nan),
+        "cls_ci_high": high[:, 0] if has_cls else np.full(len(mean), np.nan),
+        "spatial_ci_low": s_low,
+        "spatial_ci_high": s_high,
+    }
 
 
 def _finite_means(store: Store, key: str, names: Sequence[str]) -> list[np.ndarray]:
@@ -189,14 +202,32 @@ class SkipRatios(Analysis):
         for name in ("cls_ci_low", "cls_ci_high", "spatial_ci_low", "spatial_ci_high"):
             if name in r:
                 extra[name] = r[name]
-        title = f"Skip-connection norm ratio ||z||/||f(z)|| {key}" + (f" ({NO_CLS}: spatial tokens only)" if no_cls(info) else "")
-        return View(self.name, "", title, "", ratio, [str(x) for x in r["rows"]], [str(x) for x in r["cols"]], "ratio",
-                    float(finite.min()) if finite.size else 0.0, float(finite.max()) if finite.size else 1.0,
-                    params=dict(r.params), extra=extra, models=[key], ci_low=r.get("ci_low"), ci_high=r.get("ci_high"))
+        title = f"Skip-connection norm ratio ||z||/||f(z)|| {key}" + (
+            f" ({NO_CLS}: spatial tokens only)" if no_cls(info) else ""
+        )
+        return View(
+            self.name,
+            "",
+            title,
+            "",
+            ratio,
+            [str(x) for x in r["rows"]],
+            [str(x) for x in r["cols"]],
+            "ratio",
+            float(finite.min()) if finite.size else 0.0,
+            float(finite.max()) if finite.size else 1.0,
+            params=dict(r.params),
+            extra=extra,
+            models=[key],
+            ci_low=r.get("ci_low"),
+            ci_high=r.get("ci_high"),
+        )
 
     def nonfinite_images(self, view: View, store: Store) -> np.ndarray:
         """Returns per cell the images whose ratio there is NaN/Inf."""
-        names = [n for n in ("skip_ratio_attn", "skip_ratio_mlp") if n in store.stats(view.models[0])] or ["skip_ratio_block"]
+        names = [n for n in ("skip_ratio_attn", "skip_ratio_mlp") if n in store.stats(view.models[0])] or [
+            "skip_ratio_block"
+        ]
         per_cell = [0] * len(names)
         for batch in store.stat_batches(view.models[0], names):
             per_cell = [c + (~np.isfinite(batch[n])).sum(axis=0) for c, n in zip(per_cell, names)]

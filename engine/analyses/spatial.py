@@ -6,6 +6,7 @@ The pixels are the model's input as the store keeps it (`input`): after timm's e
 per-channel mean/std normalisation) and in the store's dtype, not the raw image. A fair choice, since that is
 what the tokens are computed from; CKA against the raw 0-255 pixels differs by about 2e-3. Views say so (INPUT_NOTE).
 """
+
 from __future__ import annotations
 
 import re
@@ -17,10 +18,29 @@ import numpy as np
 from ..errors import VitseeError
 from ..features import is_features_model
 from ..store import Store, read_rows
-from .base import (AnalyzeConfig, StepFn, batch_plan, check_ready, emit, nonfinite_image_mask, resolve_device,
-                   save_result, with_stats)
+from .base import (
+    AnalyzeConfig,
+    StepFn,
+    batch_plan,
+    check_ready,
+    emit,
+    nonfinite_image_mask,
+    resolve_device,
+    save_result,
+    with_stats,
+)
 from .cka import cka_accumulator, cka_slots, pooled_stats
-from .contract import Analysis, AnalysisOption, DossierEntry, Request, Result, Shape, View, bootstrap_words, streaming_reason
+from .contract import (
+    Analysis,
+    AnalysisOption,
+    DossierEntry,
+    Request,
+    Result,
+    Shape,
+    View,
+    bootstrap_words,
+    streaming_reason,
+)
 
 RAMP = " .:-=+*#%@"  # a map as glyphs, dark to bright (readable without colour)
 
@@ -33,7 +53,9 @@ def features_reason(key: str) -> str:
     return f"{key} holds another tool's activations without the model's input: spatial maps need `vitsee extract`"
 
 
-def spatial_layout(store: Store, key: str, layer: str) -> tuple[tuple[int, int], int, Callable[[np.ndarray], list[np.ndarray]]]:
+def spatial_layout(
+    store: Store, key: str, layer: str
+) -> tuple[tuple[int, int], int, Callable[[np.ndarray], list[np.ndarray]]]:
     """Returns (grid, patch px, function activations (b, ...) -> per-cell (b, D) features)."""
     shape = store.layer_shape(key, layer)
     layout = store.layer_layout(key, layer)
@@ -47,12 +69,16 @@ def spatial_layout(store: Store, key: str, layer: str) -> tuple[tuple[int, int],
         gh, gw = info["grid_size"]
         prefix = store.layer_prefix_tokens(key, layer)
         if shape[0] != prefix + gh * gw:
-            raise VitseeError(f"layer {layer} of {key} has {shape[0]} tokens, not a {gh}x{gw} grid: pick a block output")
+            raise VitseeError(
+                f"layer {layer} of {key} has {shape[0]} tokens, not a {gh}x{gw} grid: pick a block output"
+            )
         return (gh, gw), h // gh, lambda a: [a[:, prefix + t, :] for t in range(gh * gw)]
     if layout in ("nchw", "nhwc"):
         gh, gw = shape[1:] if layout == "nchw" else shape[:2]
         if h % gh or w % gw:
-            raise VitseeError(f"layer {layer} of {key} has a {gh}x{gw} map that does not tile the {h}x{w} input: pick another layer")
+            raise VitseeError(
+                f"layer {layer} of {key} has a {gh}x{gw} map that does not tile the {h}x{w} input: pick another layer"
+            )
         if layout == "nhwc":  # channels-last (Swin): a cell is a[:, i, j, :]
             return (gh, gw), h // gh, lambda a: [a[:, i, j, :] for i in range(gh) for j in range(gw)]
         return (gh, gw), h // gh, lambda a: [a[:, :, i, j] for i in range(gh) for j in range(gw)]
@@ -74,13 +100,21 @@ def spatial_params(store: Store, key: str, cfg: AnalyzeConfig, layer: str | None
     store.require_activations("spatial maps cannot be computed")
     layer = layer or cfg.spatial_layer or default_spatial_layer(store, key)
     store.layer_dataset(key, layer)  # names the close matches if the layer is unknown
-    params = {"model": key, "layer": layer, "n_images": store.n_images, "batch_size": min(cfg.batch_size, store.n_images),
-              "shuffles": cfg.shuffles, "seed": cfg.seed if cfg.shuffles else None}
+    params = {
+        "model": key,
+        "layer": layer,
+        "n_images": store.n_images,
+        "batch_size": min(cfg.batch_size, store.n_images),
+        "shuffles": cfg.shuffles,
+        "seed": cfg.seed if cfg.shuffles else None,
+    }
     # intervals only: a permutation per token and patch pair would cost more than the maps themselves
     return with_stats(params, cfg, permutations=0)
 
 
-def run_spatial(store: Store, model: str, cfg: AnalyzeConfig, layer: str | None = None, progress: StepFn | None = None) -> Result:
+def run_spatial(
+    store: Store, model: str, cfg: AnalyzeConfig, layer: str | None = None, progress: StepFn | None = None
+) -> Result:
     """Returns the (cells, cells) CKA between each token position's representation and the pixels of each
     input patch (the normalised model input the store keeps): row t reshaped to the grid is token t's map."""
     key = store.resolve_model(model)
@@ -112,8 +146,11 @@ def run_spatial(store: Store, model: str, cfg: AnalyzeConfig, layer: str | None 
         warnings.simplefilter("ignore")
         maps = np.mean([acc.result(nonfinite="nan")[:n_cells, n_cells:] for acc in accumulators], axis=0)
         st = params.get("stats")
-        per_shuffle = [] if st is None else [acc.statistics(st["ci"], st["bootstrap"], [st["seed"], k])
-                                             for k, acc in enumerate(accumulators)]
+        per_shuffle = (
+            []
+            if st is None
+            else [acc.statistics(st["ci"], st["bootstrap"], [st["seed"], k]) for k, acc in enumerate(accumulators)]
+        )
     arrays = {"maps": maps, "grid": np.array([gh, gw]), "patch_px": np.array(patch)}
     for name, value in pooled_stats(per_shuffle).items():
         arrays[name] = value[:n_cells, n_cells:] if value.ndim == 2 else value
@@ -138,8 +175,10 @@ def ramp_rows(grid: np.ndarray) -> list[str]:
     low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
     span = high - low or 1.0
     levels = np.clip(((grid - low) / span * (len(RAMP) - 2)).round(), 0, len(RAMP) - 2)
-    return ["".join(" " if not np.isfinite(v) else RAMP[int(lv) + 1] for v, lv in zip(vals, lvls))
-            for vals, lvls in zip(grid, levels)]
+    return [
+        "".join(" " if not np.isfinite(v) else RAMP[int(lv) + 1] for v, lv in zip(vals, lvls))
+        for vals, lvls in zip(grid, levels)
+    ]
 
 
 def spatial_lines(view: View) -> list[str]:
@@ -151,8 +190,11 @@ def spatial_lines(view: View) -> list[str]:
     peaks = np.array([np.nanargmax(row) if ok else -1 for row, ok in zip(matrix, finite)])
     at_own = int((peaks == np.arange(len(peaks))).sum())
     centre = (gh // 2) * gw + gw // 2
-    lines = [f"CKA of a token with its own patch: mean {np.nanmean(own):.3f}; the peak is its own patch for "
-             f"{at_own} of {len(own)} tokens", f"map of token r{gh // 2}c{gw // 2} (dark {RAMP[1]} to bright {RAMP[-1]}):"]
+    lines = [
+        f"CKA of a token with its own patch: mean {np.nanmean(own):.3f}; the peak is its own patch for "
+        f"{at_own} of {len(own)} tokens",
+        f"map of token r{gh // 2}c{gw // 2} (dark {RAMP[1]} to bright {RAMP[-1]}):",
+    ]
     lines += ["  " + row for row in ramp_rows(matrix[centre].reshape(gh, gw))]
     return lines
 
@@ -208,11 +250,29 @@ class SpatialMaps(Analysis):
         gh, gw = (int(v) for v in r["grid"])
         cells = [f"r{i}c{j}" for i in range(gh) for j in range(gw)]
         params = dict(r.params)
-        extra = {"grid": [gh, gw], "patch_px": int(r["patch_px"]), "pixels": INPUT_NOTE,
-                 **({"n_batches": int(r["n_batches"])} if "n_batches" in r else {})}
-        return View(self.name, "", f"Spatial localisation {key} {params['layer']}", "", r["maps"],
-                    [f"token {c}" for c in cells], [f"patch {c}" for c in cells], "CKA", 0.0, 1.0, params=params,
-                    extra=extra, models=[key], ci_low=r.get("ci_low"), ci_high=r.get("ci_high"))
+        extra = {
+            "grid": [gh, gw],
+            "patch_px": int(r["patch_px"]),
+            "pixels": INPUT_NOTE,
+            **({"n_batches": int(r["n_batches"])} if "n_batches" in r else {}),
+        }
+        return View(
+            self.name,
+            "",
+            f"Spatial localisation {key} {params['layer']}",
+            "",
+            r["maps"],
+            [f"token {c}" for c in cells],
+            [f"patch {c}" for c in cells],
+            "CKA",
+            0.0,
+            1.0,
+            params=params,
+            extra=extra,
+            models=[key],
+            ci_low=r.get("ci_low"),
+            ci_high=r.get("ci_high"),
+        )
 
     def interval_words(self, view: View, level: str) -> str:
         return bootstrap_words(view, level)

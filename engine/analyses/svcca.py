@@ -7,13 +7,17 @@ variance over the images, then the mean canonical correlation of the two reduced
 Invariant to rotations, translations and isotropic scales (with keep = 1, to any invertible linear map of
 full-rank features). The SVD step comes free from the layer's Gram (its eigenvectors are the thin SVD).
 """
+
 from __future__ import annotations
 
 from .contract import AnalysisOption
 from .similarity import GramMeasure
 
-CCA_KEEP = AnalysisOption("cca-keep", float, "SVCCA and PWCCA: the fraction of each layer's variance the SVD step "
-                          "keeps (default 0.99, Raghu et al.'s)")
+CCA_KEEP = AnalysisOption(
+    "cca-keep",
+    float,
+    "SVCCA and PWCCA: the fraction of each layer's variance the SVD step keeps (default 0.99, Raghu et al.'s)",
+)
 
 
 class SVCCA(GramMeasure):

@@ -26,6 +26,7 @@ says why and how to get them (per-cell intervals give no honest interval of a ma
 
 The view names no model (`zoo`): its rows and columns are all of the store's models, in the store's order.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -51,8 +52,9 @@ def measure_of(cfg: AnalyzeConfig) -> LayerMatrix:
     name = str(cfg.options.get("zoo_measure") or DEFAULT_MEASURE)
     found = next((a for a in measures() if a.name == name), None)
     if found is None:
-        raise VitseeError(f"--zoo-measure {name} is not a layer x layer measure: choose from "
-                          f"{', '.join(a.name for a in measures())}")
+        raise VitseeError(
+            f"--zoo-measure {name} is not a layer x layer measure: choose from {', '.join(a.name for a in measures())}"
+        )
     return found
 
 
@@ -76,14 +78,14 @@ def summary_layers(store: Store, cfg: AnalyzeConfig, summary: str) -> dict[str, 
     for item in filter(None, (part.strip() for part in text.split(","))):
         model, eq, layer = item.rpartition("=")
         if not eq or not model or not layer:
-            raise VitseeError(f"--zoo-layers: '{item}' is not MODEL=LAYER: write e.g. "
-                              "--zoo-layers 'vit=blocks.11,resnet=layer4'")
+            raise VitseeError(
+                f"--zoo-layers: '{item}' is not MODEL=LAYER: write e.g. --zoo-layers 'vit=blocks.11,resnet=layer4'"
+            )
         key = store.resolve_model(model.strip())
         if layer.strip() not in store.layers(key):
             raise VitseeError(f"--zoo-layers: {key} has no layer '{layer.strip()}': see `vitsee info {store.path}`")
         chosen[key] = layer.strip()
     return chosen
-
 
 
 class ModelZoo(Analysis):
@@ -96,12 +98,18 @@ class ModelZoo(Analysis):
     order = 75  # after the paper's seven views: tab and key 8
     shape = Shape.MODEL_MATRIX
     tooltip = "Show the zoo: every pair of models, clustered, and each model's layers matched to a reference's"
-    option_help = ("the zoo: a summary of every pair of models' layer x layer matrix (best match by default), "
-                   "clustered, with bootstrap intervals and each model's layers matched to every other's")
+    option_help = (
+        "the zoo: a summary of every pair of models' layer x layer matrix (best match by default), "
+        "clustered, with bootstrap intervals and each model's layers matched to every other's"
+    )
     options = (
         AnalysisOption("zoo-measure", str, "the layer x layer measure the zoo summarises (default: cka)"),
-        AnalysisOption("zoo-summary", str, "best_match (default: each layer's best match, both ways) or layer "
-                                           "(one layer per model: the last unless --zoo-layers names it)"),
+        AnalysisOption(
+            "zoo-summary",
+            str,
+            "best_match (default: each layer's best match, both ways) or layer "
+            "(one layer per model: the last unless --zoo-layers names it)",
+        ),
         AnalysisOption("zoo-layers", str, "with --zoo-summary layer: MODEL=LAYER,... (others: their last layer)"),
     )
     by_default = False  # asked for: `vitsee analyze --zoo` (the app computes it when its tab opens)
@@ -116,8 +124,10 @@ class ModelZoo(Analysis):
 
     def not_applicable(self, store: Store, key: str) -> str | None:
         if len(store.models) < 2:
-            return (f"the zoo compares the models of a store and {store.path.name} holds one: add others with "
-                    f"`vitsee extract {store.path} -m NAME`")
+            return (
+                f"the zoo compares the models of a store and {store.path.name} holds one: add others with "
+                f"`vitsee extract {store.path} -m NAME`"
+            )
         return None
 
     def preference(self, params: dict) -> float:
@@ -158,14 +168,20 @@ class ModelZoo(Analysis):
     def params(self, store: Store, request: Request, cfg: AnalyzeConfig) -> dict:
         measure, summary = measure_of(cfg), summary_of(cfg)
         models = store.models
-        params = {"measure": measure.name, "models": models, "layers": {m: store.layers(m) for m in models},
-                  "n_images": store.n_images, "summary": summary,
-                  "summary_layers": summary_layers(store, cfg, summary),
-                  "of": self.measure_params(store, measure, cfg)}
+        params = {
+            "measure": measure.name,
+            "models": models,
+            "layers": {m: store.layers(m) for m in models},
+            "n_images": store.n_images,
+            "summary": summary,
+            "summary_layers": summary_layers(store, cfg, summary),
+            "of": self.measure_params(store, measure, cfg),
+        }
         return with_stats(params, cfg)  # the bootstrap's level, replicates and seed (none with --ci 0)
 
-    def compute(self, store: Store, request: Request, params: dict, cfg: AnalyzeConfig,
-                progress: StepFn | None = None) -> dict[str, np.ndarray]:
+    def compute(
+        self, store: Store, request: Request, params: dict, cfg: AnalyzeConfig, progress: StepFn | None = None
+    ) -> dict[str, np.ndarray]:
         """Returns the zoo of the measure's result (cached, or computed first), with intervals where it has
         per-batch terms."""
         measure: LayerMatrix = REGISTRY[params["measure"]]
@@ -177,31 +193,46 @@ class ModelZoo(Analysis):
         sign = 1.0 if measure.higher_is_better else -1.0  # a distance: minima, read back as distances
         families = [numbers.family_of_record(store.model_info(k)) for k in params["models"]]
         layers = params["summary_layers"] or None
-        signed = Result(result.analysis, result.params,
-                        {**result.arrays, "matrix": sign * np.asarray(result["matrix"])})
+        signed = Result(
+            result.analysis, result.params, {**result.arrays, "matrix": sign * np.asarray(result["matrix"])}
+        )
         zoo = numbers.zoo_from_cka(signed, params["summary"], layers, families)
         low, high = np.full_like(zoo.values, np.nan), np.full_like(zoo.values, np.nan)
         st = params.get("stats") or {}
         n_batches, interval = 0, f"none: {measure.label} keeps no per-batch terms or resamples to resample"
         if any(o.name == "measure-bootstrap" for o in measure.options):
-            interval = (f"none: {measure.label} was computed without bootstrap resamples: add --measure-bootstrap "
-                        f"200 to `vitsee analyze --zoo --zoo-measure {measure.name}`")
+            interval = (
+                f"none: {measure.label} was computed without bootstrap resamples: add --measure-bootstrap "
+                f"200 to `vitsee analyze --zoo --zoo-measure {measure.name}`"
+            )
         terms = measure.batch_hsic(store, result, cfg.device, progress) if st.get("ci") and sign > 0 else None
-        resamples = (measure.bootstrap_matrices(store, result, cfg.device, progress)
-                     if st.get("ci") and terms is None else None)
+        resamples = (
+            measure.bootstrap_matrices(store, result, cfg.device, progress) if st.get("ci") and terms is None else None
+        )
         if not st.get("ci"):
             interval = "none: --ci 0"
         elif resamples is not None:  # the measure's own resamples of whole images: each one's summary is a draw
             matrices, how = resamples
-            boot = numbers.zoo_from_replicates(signed, (sign * m for m in matrices), st["ci"], params["summary"],
-                                               layers, families, how)
+            boot = numbers.zoo_from_replicates(
+                signed, (sign * m for m in matrices), st["ci"], params["summary"], layers, families, how
+            )
             low, high = (boot.ci_low, boot.ci_high) if sign > 0 else (-boot.ci_high, -boot.ci_low)
             interval = boot.interval
         elif terms is not None:
             sums, batches = terms
             columns = [(m, layer) for m in result.params["models"] for layer in result.params["layers"][m]]
-            boot = numbers.zoo_from_hsic(sums, columns, params["models"], batches, params["summary"], layers, families,
-                                         level=st["ci"], replicates=st["bootstrap"], seed=st["seed"])
+            boot = numbers.zoo_from_hsic(
+                sums,
+                columns,
+                params["models"],
+                batches,
+                params["summary"],
+                layers,
+                families,
+                level=st["ci"],
+                replicates=st["bootstrap"],
+                seed=st["seed"],
+            )
             low, high, interval = boot.ci_low, boot.ci_high, boot.interval
             n_batches = min(int((np.abs(np.diagonal(b, axis1=1, axis2=2)).sum(axis=1) > 0).sum()) for b in batches)
         models = params["models"]
@@ -211,9 +242,17 @@ class ModelZoo(Analysis):
         for (a, b), c in zoo.correspondences.items():
             i, j = models.index(a), models.index(b)
             argmax[i, j, : len(c.rows)], path[i, j, : len(c.rows)] = c.argmax, c.path
-        return {"values": sign * zoo.values, "ci_low": low, "ci_high": high,
-                "order": np.asarray(zoo.order, dtype=np.int64), "families": np.array(families), "argmax": argmax,
-                "path": path, "interval": np.array([interval]), "n_batches": np.array(n_batches)}
+        return {
+            "values": sign * zoo.values,
+            "ci_low": low,
+            "ci_high": high,
+            "order": np.asarray(zoo.order, dtype=np.int64),
+            "families": np.array(families),
+            "argmax": argmax,
+            "path": path,
+            "interval": np.array([interval]),
+            "n_batches": np.array(n_batches),
+        }
 
     # --- the view ---------------------------------------------------------------------------------------------
 
@@ -232,13 +271,20 @@ class ModelZoo(Analysis):
             for j, b in enumerate(models):
                 if i != j:
                     la = len(layers[a])
-                    c = numbers.Correspondence(a, b, list(layers[a]), list(layers[b]), result["argmax"][i, j, :la],
-                                               result["path"][i, j, :la])
+                    c = numbers.Correspondence(
+                        a, b, list(layers[a]), list(layers[b]), result["argmax"][i, j, :la], result["path"][i, j, :la]
+                    )
                     correspondences.append(c.as_json())
-        extra = {"models": models, "families": [str(f) for f in result["families"]],
-                 "order": [int(k) for k in result["order"]], "summary": params["summary"],
-                 "measure": params["measure"], "summary_layers": params["summary_layers"],
-                 "interval": str(result["interval"][0]), "correspondences": correspondences}
+        extra = {
+            "models": models,
+            "families": [str(f) for f in result["families"]],
+            "order": [int(k) for k in result["order"]],
+            "summary": params["summary"],
+            "measure": params["measure"],
+            "summary_layers": params["summary_layers"],
+            "interval": str(result["interval"][0]),
+            "correspondences": correspondences,
+        }
         if has_ci:
             if int(result["n_batches"]):  # CKA's minibatches; a measure's resamples of images have none
                 extra["n_batches"] = int(result["n_batches"])
@@ -249,12 +295,27 @@ class ModelZoo(Analysis):
         view_params = {k: v for k, v in params.items() if k != "layers"}
         view_params["of"] = {k: v for k, v in params["of"].items() if k != "layers"}
         title = f"Zoo: {value_name} of every pair of the store's {len(models)} models"
-        return View(self.name, "", title, "", np.asarray(result["values"], dtype=float), models, list(models),
-                    value_name, vmin, vmax, params=view_params, extra=extra, models=[],
-                    ci_low=low if has_ci else None, ci_high=high if has_ci else None)
+        return View(
+            self.name,
+            "",
+            title,
+            "",
+            np.asarray(result["values"], dtype=float),
+            models,
+            list(models),
+            value_name,
+            vmin,
+            vmax,
+            params=view_params,
+            extra=extra,
+            models=[],
+            ci_low=low if has_ci else None,
+            ci_high=high if has_ci else None,
+        )
 
     def interval_words(self, view: View, level: str) -> str:
         if not view.extra.get("n_batches"):  # a measure's own resamples of images: zoo_from_replicates said how
             return f"{level} {str(view.extra.get('interval', '')).split(' ', 1)[-1]}"
-        return (bootstrap_words(view, level)
-                + ", each replicate's summary taken from the pair's whole layer x layer matrix")
+        return (
+            bootstrap_words(view, level) + ", each replicate's summary taken from the pair's whole layer x layer matrix"
+        )

@@ -22,6 +22,7 @@ Reading a cached view imports no torch: only `extract`, `train` and a view that 
 This package lives in engine/public/ and is installed as `vitsee` (pyproject.toml's package-dir); it is never
 `vitsee.engine.public`.
 """
+
 from __future__ import annotations
 
 if __name__ != "vitsee":  # one module object per module: this folder is the package `vitsee`, nothing else
@@ -36,8 +37,18 @@ from ._result import Result
 from ._run import extract, train
 from ._store import Images, Store, open
 
-__all__ = ["Images", "Result", "Store", "VitseeError", "VitseeWarning", "extract", "from_features", "measures", "open",
-           "train"]
+__all__ = [
+    "Images",
+    "Result",
+    "Store",
+    "VitseeError",
+    "VitseeWarning",
+    "extract",
+    "from_features",
+    "measures",
+    "open",
+    "train",
+]
 
 
 def __getattr__(name: str):

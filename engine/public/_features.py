@@ -1,4 +1,5 @@
 """`vitsee.from_features`: a store from activations another tool extracted (engine/features.py writes it)."""
+
 from __future__ import annotations
 
 import os
@@ -59,6 +60,7 @@ def from_features(
     """
     n, arrays = check_features(features)
     chosen = feature_images(n, images, shuffle_seed, labels, class_names)
-    write_feature_store(path, arrays, chosen, dtype=dtype, batch_size=batch_size, prefix_tokens=prefix_tokens,
-                        overwrite=overwrite)
+    write_feature_store(
+        path, arrays, chosen, dtype=dtype, batch_size=batch_size, prefix_tokens=prefix_tokens, overwrite=overwrite
+    )
     return Store(path)

@@ -4,6 +4,7 @@ tqdm bars (`tqdm.auto`: a widget in Jupyter, text on stderr in a terminal), or n
 The CLI draws the same events with Rich; the bars here are a notebook's. Warnings (non-finite activations) are
 not progress: they go through Python's `warnings` as a `VitseeWarning` whether or not bars are drawn.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -75,10 +76,20 @@ class Bars:
             self.close()
             self._write(event.message)
         elif event.stage == "step":
-            self._show(("epoch", event.epoch), f"epoch {event.epoch}/{event.epochs}", event.total, event.done,
-                       unit="step", leave=False, loss=f"{event.loss:.3f}", acc=f"{event.accuracy:.3f}")
+            self._show(
+                ("epoch", event.epoch),
+                f"epoch {event.epoch}/{event.epochs}",
+                event.total,
+                event.done,
+                unit="step",
+                leave=False,
+                loss=f"{event.loss:.3f}",
+                acc=f"{event.accuracy:.3f}",
+            )
         elif event.stage == "epoch":
             self.close()
             r = event.row
-            self._write(f"epoch {r['epoch']}/{event.epochs}  loss {r['train_loss']:.4f}  train acc "
-                        f"{r['train_accuracy']:.3f}  test acc {r['test_accuracy']:.3f}  {r['seconds']:.1f} s")
+            self._write(
+                f"epoch {r['epoch']}/{event.epochs}  loss {r['train_loss']:.4f}  train acc "
+                f"{r['train_accuracy']:.3f}  test acc {r['test_accuracy']:.3f}  {r['seconds']:.1f} s"
+            )

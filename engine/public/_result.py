@@ -5,6 +5,7 @@ The one module that knows how the engine hands a view over: today a thin adapter
 draws), so the numbers, the tables and the figures a notebook gets are the CLI's own. When the analyses hand
 over typed results of their own, only `Result.__init__` and the properties below change.
 """
+
 from __future__ import annotations
 
 import base64
@@ -143,8 +144,9 @@ class Result:
         table = {"row": rows, "col": cols, "value": self.to_numpy().ravel()}
         for name in STATISTICS:
             values = getattr(self._view, name)
-            table[name] = (np.asarray(values, dtype=np.float64).ravel() if values is not None
-                           else np.full(n_rows * n_cols, np.nan))
+            table[name] = (
+                np.asarray(values, dtype=np.float64).ravel() if values is not None else np.full(n_rows * n_cols, np.nan)
+            )
         df = pd.DataFrame(table)
         df.attrs.update(view=self.spec, value_name=self.value_name, params=self.params)
         return df
@@ -166,8 +168,15 @@ class Result:
             values = getattr(self._view, name)
             if values is not None:
                 data[name] = (("row", "col"), np.asarray(values, dtype=np.float64))
-        attrs = {"view": self.spec, "kind": self.kind, "models": self.models, "value_name": self.value_name,
-                 "title": self.title, "n_images": self.n_images, "params": json.dumps(self.params, sort_keys=True)}
+        attrs = {
+            "view": self.spec,
+            "kind": self.kind,
+            "models": self.models,
+            "value_name": self.value_name,
+            "title": self.title,
+            "n_images": self.n_images,
+            "params": json.dumps(self.params, sort_keys=True),
+        }
         if self.ci_low is not None:
             attrs["ci_level"] = self.ci_level
         return xr.Dataset(data, coords={"row": self.rows, "col": self.cols}, attrs=attrs)
@@ -195,8 +204,9 @@ class Result:
 
         return figure_for(self._view, selection=self._cell(selection), cmap=cmap)
 
-    def save(self, path: str | Path, selection: tuple[int | str, int | str] | None = None,
-             cmap: str = "viridis") -> Path:
+    def save(
+        self, path: str | Path, selection: tuple[int | str, int | str] | None = None, cmap: str = "viridis"
+    ) -> Path:
         """Writes the view as `vitsee export` does: a figure (.png), its numbers (.json) or a table (.csv).
 
         Args:
@@ -233,8 +243,10 @@ class Result:
         buffer = io.BytesIO()
         self.plot().savefig(buffer, format="png", dpi=NOTEBOOK_DPI)
         image = base64.b64encode(buffer.getvalue()).decode("ascii")
-        return (f'<div><img src="data:image/png;base64,{image}" alt="{html.escape(self.title, quote=True)}"/>'
-                f"<p><code>{html.escape(self.summary())}</code></p></div>")
+        return (
+            f'<div><img src="data:image/png;base64,{image}" alt="{html.escape(self.title, quote=True)}"/>'
+            f"<p><code>{html.escape(self.summary())}</code></p></div>"
+        )
 
     def _cell(self, selection) -> tuple[int, int] | None:
         """Returns a selection given by labels or indices as (row, col) indices."""
@@ -246,13 +258,16 @@ class Result:
     def _index(self, label, labels: list[str], axis: str) -> int:
         if isinstance(label, str):
             if label not in labels:
-                raise VitseeError(f"no {axis} '{label}' in {self.spec}: its {axis}s are {', '.join(labels[:8])}"
-                                  f"{' ...' if len(labels) > 8 else ''}")
+                raise VitseeError(
+                    f"no {axis} '{label}' in {self.spec}: its {axis}s are {', '.join(labels[:8])}"
+                    f"{' ...' if len(labels) > 8 else ''}"
+                )
             return labels.index(label)
         index = int(label)
         if not 0 <= index < len(labels):
-            raise VitseeError(f"{axis} {index} is outside {self.spec}: pick a {axis} in 0..{len(labels) - 1} "
-                              "or name one")
+            raise VitseeError(
+                f"{axis} {index} is outside {self.spec}: pick a {axis} in 0..{len(labels) - 1} or name one"
+            )
         return index
 
 
@@ -263,5 +278,6 @@ def _optional(module: str, method: str):
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise VitseeError(f"{method} needs {module}, which is not installed: pip install {module} "
-                          "(or pip install 'vitsee[notebook]')") from None
+        raise VitseeError(
+            f"{method} needs {module}, which is not installed: pip install {module} (or pip install 'vitsee[notebook]')"
+        ) from None

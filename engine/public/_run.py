@@ -1,5 +1,6 @@
 """`vitsee.extract` and `vitsee.train`: the CLI's two long-running commands as functions, with the same names and
 defaults, drawing progress bars (see _progress.py). torch is imported when one of them is called, not before."""
+
 from __future__ import annotations
 
 import os
@@ -71,27 +72,56 @@ def extract(
     models = [models] if isinstance(models, str) else list(models)
     with Bars(progress) as bars, _compute_threads(threads):
         if not models:
-            given = _resume_options(dataset=dataset, n_images=n_images, batch_size=batch_size, layers=layers,
-                                    img_size=img_size, dtype=dtype, shuffle_seed=shuffle_seed, streaming=streaming,
-                                    heads=heads, overwrite=overwrite)
+            given = _resume_options(
+                dataset=dataset,
+                n_images=n_images,
+                batch_size=batch_size,
+                layers=layers,
+                img_size=img_size,
+                dtype=dtype,
+                shuffle_seed=shuffle_seed,
+                streaming=streaming,
+                heads=heads,
+                overwrite=overwrite,
+            )
             resume = plan_resume(path, given, device=None if device == "auto" else device, workers=workers, force=force)
             if not resume.complete:
                 resume_extraction(resume, progress=bars.extraction)
         else:
-            cfg = ExtractConfig(store=Path(path), models=models, dataset=dataset, n_images=n_images,
-                                batch_size=batch_size, device=device, layers=layers, img_size=img_size, dtype=dtype,
-                                shuffle_seed=shuffle_seed, overwrite=overwrite, force=force, workers=workers,
-                                streaming=streaming, heads=heads)
+            cfg = ExtractConfig(
+                store=Path(path),
+                models=models,
+                dataset=dataset,
+                n_images=n_images,
+                batch_size=batch_size,
+                device=device,
+                layers=layers,
+                img_size=img_size,
+                dtype=dtype,
+                shuffle_seed=shuffle_seed,
+                overwrite=overwrite,
+                force=force,
+                workers=workers,
+                streaming=streaming,
+                heads=heads,
+            )
             run_extraction(cfg, progress=bars.extraction)
     return Store(path)
 
 
 # the CLI's defaults of the options a resume checks against the store's record (run_config.RECORDED_OPTIONS)
-_RESUME_DEFAULTS = {"--dataset": ("dataset", "samples"), "--n-images": ("n_images", None),
-                    "--batch-size": ("batch_size", 64), "--layers": ("layers", "blocks"),
-                    "--img-size": ("img_size", None), "--dtype": ("dtype", "float16"),
-                    "--shuffle-seed": ("shuffle_seed", None), "--streaming": ("streaming", False),
-                    "--heads": ("heads", False), "--overwrite": ("overwrite", False)}
+_RESUME_DEFAULTS = {
+    "--dataset": ("dataset", "samples"),
+    "--n-images": ("n_images", None),
+    "--batch-size": ("batch_size", 64),
+    "--layers": ("layers", "blocks"),
+    "--img-size": ("img_size", None),
+    "--dtype": ("dtype", "float16"),
+    "--shuffle-seed": ("shuffle_seed", None),
+    "--streaming": ("streaming", False),
+    "--heads": ("heads", False),
+    "--overwrite": ("overwrite", False),
+}
 
 
 def _resume_options(**values) -> dict:
@@ -198,11 +228,27 @@ def train(
         kwargs = parse_model_args([model_args] if isinstance(model_args, str) else list(model_args or []))
     skips = parse_no_skip(no_skip if isinstance(no_skip, str) or no_skip is None else ",".join(no_skip))
     cfg = TrainConfig(
-        out=Path(out), model=model, model_args=kwargs, img_size=img_size, dataset=dataset, n_images=n_images,
-        data_fraction=data_fraction, test_fraction=test_fraction, seed=seed,
-        no_skip=skips, pool=pool, epochs=epochs,
-        batch_size=batch_size, lr=lr, weight_decay=weight_decay, warmup_epochs=warmup_epochs,
-        label_smoothing=label_smoothing, augment=augment, device=device, workers=workers, threads=threads,
+        out=Path(out),
+        model=model,
+        model_args=kwargs,
+        img_size=img_size,
+        dataset=dataset,
+        n_images=n_images,
+        data_fraction=data_fraction,
+        test_fraction=test_fraction,
+        seed=seed,
+        no_skip=skips,
+        pool=pool,
+        epochs=epochs,
+        batch_size=batch_size,
+        lr=lr,
+        weight_decay=weight_decay,
+        warmup_epochs=warmup_epochs,
+        label_smoothing=label_smoothing,
+        augment=augment,
+        device=device,
+        workers=workers,
+        threads=threads,
         overwrite=overwrite,
     )
     with Bars(progress) as bars:

@@ -4,6 +4,7 @@ A `Store` keeps the path, not an open file: each call opens the store, reads and
 holds a handle that the terminal app or a running `vitsee analyze` would trip over. A view that is not cached is
 computed and cached exactly as `vitsee show` / `vitsee export` compute it (engine/views.py `load_view`).
 """
+
 from __future__ import annotations
 
 import html
@@ -46,14 +47,20 @@ class Images:
         """
         pd = _optional("pandas", "Images.to_pandas()")
         labels = self.labels if self.labels is not None else np.full(len(self), -1)
-        names = [self.class_names[int(c)] if self.class_names and 0 <= c < len(self.class_names) else None
-                 for c in labels]
+        names = [
+            self.class_names[int(c)] if self.class_names and 0 <= c < len(self.class_names) else None for c in labels
+        ]
         return pd.DataFrame({"index": self.index, "label": labels, "class_name": names})
 
 
-def view_config(batch_size: int | None = None, shuffles: int | None = None, seed: int | None = None,
-                device: str | None = None, ci: float | None = None,
-                permutations: int | None = None) -> AnalyzeConfig | None:
+def view_config(
+    batch_size: int | None = None,
+    shuffles: int | None = None,
+    seed: int | None = None,
+    device: str | None = None,
+    ci: float | None = None,
+    permutations: int | None = None,
+) -> AnalyzeConfig | None:
     """Returns the AnalyzeConfig `vitsee show` / `vitsee export` build from these options: None (any cached
     estimate serves) unless an estimator or statistics option is set; device alone is where to compute, not an
     estimate (load_view takes it apart). Kept equal to the CLI's by a test.
@@ -73,9 +80,13 @@ def view_config(batch_size: int | None = None, shuffles: int | None = None, seed
     if permutations is not None:
         stats_settings(0.0, permutations, 0)  # the one-line error for a negative count
         stats["permutations"] = permutations
-    return AnalyzeConfig(batch_size=base.batch_size if batch_size is None else batch_size,
-                         shuffles=base.shuffles if shuffles is None else shuffles,
-                         seed=base.seed if seed is None else seed, device=device or base.device, **stats)
+    return AnalyzeConfig(
+        batch_size=base.batch_size if batch_size is None else batch_size,
+        shuffles=base.shuffles if shuffles is None else shuffles,
+        seed=base.seed if seed is None else seed,
+        device=device or base.device,
+        **stats,
+    )
 
 
 def analysis_options(given: dict) -> dict:
@@ -84,8 +95,10 @@ def analysis_options(given: dict) -> dict:
     known = {o.attr: o for a in REGISTRY.values() for o in a.options}
     for name in given:
         if name not in known:
-            raise VitseeError(f"no view takes the option {name}=: the analyses' options are {', '.join(sorted(known))} "
-                              "(and batch_size, shuffles, seed, ci, permutations, device, progress)")
+            raise VitseeError(
+                f"no view takes the option {name}=: the analyses' options are {', '.join(sorted(known))} "
+                "(and batch_size, shuffles, seed, ci, permutations, device, progress)"
+            )
     return {name: value for name, value in given.items() if value is not None}
 
 
@@ -143,13 +156,21 @@ class Store:
             for key in s.models:
                 meta = s.model_info(key)
                 models[key] = {
-                    "family": meta.get("family"), "weights": meta.get("weights"), "dtype": meta.get("dtype"),
+                    "family": meta.get("family"),
+                    "weights": meta.get("weights"),
+                    "dtype": meta.get("dtype"),
                     "layers": {layer: s.layer_shape(key, layer) for layer in s.layers(key)},
                     "rows_done": s.rows_done(key),
                 }
-            return {"path": str(self.path), "n_images": s.n_images, "dataset": s.dataset_spec,
-                    "complete": s.complete, "streaming": s.streaming, "models": models,
-                    "results": [{"analysis": r["analysis"], "params": r["params"]} for r in s.results()]}
+            return {
+                "path": str(self.path),
+                "n_images": s.n_images,
+                "dataset": s.dataset_spec,
+                "complete": s.complete,
+                "streaming": s.streaming,
+                "models": models,
+                "results": [{"analysis": r["analysis"], "params": r["params"]} for r in s.results()],
+            }
 
     def views(self) -> list[str]:
         """Returns every view string that applies to this store (CKA pairs first, then per model)."""
@@ -157,9 +178,19 @@ class Store:
 
     # --- views ---------------------------------------------------------------------------------------
 
-    def view(self, spec: str, *, batch_size: int | None = None, shuffles: int | None = None, seed: int | None = None,
-             ci: float | None = None, permutations: int | None = None, device: str | None = None,
-             progress: bool = True, **options) -> Result:
+    def view(
+        self,
+        spec: str,
+        *,
+        batch_size: int | None = None,
+        shuffles: int | None = None,
+        seed: int | None = None,
+        ci: float | None = None,
+        permutations: int | None = None,
+        device: str | None = None,
+        progress: bool = True,
+        **options,
+    ) -> Result:
         """Returns the result of a view, computing and caching it in the store if it is not cached yet.
 
         Args:
@@ -241,8 +272,9 @@ class Store:
         `view`."""
         return self.view(f"agree:{a}" if b is None else f"agree:{a}:{b}", **options)
 
-    def zoo(self, measure: str | None = None, summary: str | None = None,
-            layers: dict[str, str] | None = None, **options) -> Result:
+    def zoo(
+        self, measure: str | None = None, summary: str | None = None, layers: dict[str, str] | None = None, **options
+    ) -> Result:
         """Returns the zoo: one value per pair of the store's models, summarising the pair's layer x layer matrix
         of `measure` (default `cka`) by `summary`: `best_match` (default: each layer's best match, both ways) or
         `layer` (one layer per model, `layers` {model: layer}, the others their last layer). Rows and columns are
@@ -252,8 +284,11 @@ class Store:
         Raises:
             VitseeError: an unknown measure or summary, a layer a model does not have, or as `view`.
         """
-        own = {"zoo_measure": measure, "zoo_summary": summary,
-               "zoo_layers": ",".join(f"{m}={layer}" for m, layer in layers.items()) if layers else None}
+        own = {
+            "zoo_measure": measure,
+            "zoo_summary": summary,
+            "zoo_layers": ",".join(f"{m}={layer}" for m, layer in layers.items()) if layers else None,
+        }
         return self.view("zoo", **{k: v for k, v in own.items() if v is not None}, **options)
 
     # --- in a notebook -------------------------------------------------------------------------------
@@ -267,11 +302,17 @@ class Store:
         with self._open() as s:
             rows = "".join(
                 f"<tr><td><code>{html.escape(key)}</code></td><td>{html.escape(str(s.model_info(key).get('family')))}"
-                f"</td><td>{len(s.layers(key))}</td><td>{s.rows_done(key)}/{s.n_images}</td></tr>" for key in s.models)
-            head = (f"<b>{html.escape(str(self.path))}</b>: {s.n_images} images of "
-                    f"<code>{html.escape(s.dataset_spec)}</code>")
-        return (f"<div>{head}<table><tr><th>model</th><th>family</th><th>layers</th><th>images done</th></tr>"
-                f"{rows}</table></div>")
+                f"</td><td>{len(s.layers(key))}</td><td>{s.rows_done(key)}/{s.n_images}</td></tr>"
+                for key in s.models
+            )
+            head = (
+                f"<b>{html.escape(str(self.path))}</b>: {s.n_images} images of "
+                f"<code>{html.escape(s.dataset_spec)}</code>"
+            )
+        return (
+            f"<div>{head}<table><tr><th>model</th><th>family</th><th>layers</th><th>images done</th></tr>"
+            f"{rows}</table></div>"
+        )
 
 
 def open(path: str | os.PathLike) -> Store:  # `vitsee.open` shadows the builtin, as h5py.File / xarray.open_dataset

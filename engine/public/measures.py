@@ -6,4 +6,5 @@
 Each function returns a Python float and documents its formula, invariances and reference; they are the
 functions the store's analyses call (vitsee.engine.measures), re-exported here as the promised names.
 """
+
 from vitsee.engine.measures import __all__, cknna, linear_cka, mknn, procrustes, pwcca, rbf_cka, rsa, svcca  # noqa: F401

@@ -73,6 +73,7 @@ def view_shown(kind: str):
         screen = app.screen
         panes = screen.query(f"#pane-{kind}") if isinstance(screen, ExplorerScreen) else []
         return bool(panes) and screen.kind == kind and panes.first().loaded is not None
+
     return check
 
 

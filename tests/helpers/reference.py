@@ -11,7 +11,9 @@ def unbiased_hsic(k: np.ndarray, l: np.ndarray) -> float:
     kt, lt = k.copy(), l.copy()
     np.fill_diagonal(kt, 0)
     np.fill_diagonal(lt, 0)
-    return ((kt * lt).sum() + kt.sum() * lt.sum() / ((m - 1) * (m - 2)) - 2 / (m - 2) * kt.sum(0) @ lt.sum(1)) / (m * (m - 3))
+    return ((kt * lt).sum() + kt.sum() * lt.sum() / ((m - 1) * (m - 2)) - 2 / (m - 2) * kt.sum(0) @ lt.sum(1)) / (
+        m * (m - 3)
+    )
 
 
 def reference_cka(x: np.ndarray, y: np.ndarray, batches: list[np.ndarray]) -> float:

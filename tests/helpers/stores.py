@@ -13,9 +13,15 @@ from vitsee.engine.views import load_view
 
 VIEWS_CFG = AnalyzeConfig(shuffles=0, batch_size=16, device="cpu")
 VIEWS = {  # short name -> view string
-    "cka": f"cka:{VIT}", "ckax": f"cka:{VIT}:{RESNET}", "attention": f"attention:{VIT}",
-    "probes": f"probes:{VIT}", "probes:resnet": f"probes:{RESNET}", "skip": f"skip:{VIT}",
-    "skip:resnet": f"skip:{RESNET}", "spatial": f"spatial:{VIT}", "spatial:resnet": f"spatial:{RESNET}",
+    "cka": f"cka:{VIT}",
+    "ckax": f"cka:{VIT}:{RESNET}",
+    "attention": f"attention:{VIT}",
+    "probes": f"probes:{VIT}",
+    "probes:resnet": f"probes:{RESNET}",
+    "skip": f"skip:{VIT}",
+    "skip:resnet": f"skip:{RESNET}",
+    "spatial": f"spatial:{VIT}",
+    "spatial:resnet": f"spatial:{RESNET}",
 }
 
 
@@ -62,8 +68,18 @@ def zoo_store(tiny_store: Path) -> Path:
     shutil.rmtree(building, ignore_errors=True)
     building.mkdir()
     store = copy_store(tiny_store, building / "zoo.h5")
-    run_extraction(ExtractConfig(store=store, models=ZOO_MODELS, dataset="synthetic", n_images=48, batch_size=16,
-                                 img_size=IMG, device="cpu", workers=0))
+    run_extraction(
+        ExtractConfig(
+            store=store,
+            models=ZOO_MODELS,
+            dataset="synthetic",
+            n_images=48,
+            batch_size=16,
+            img_size=IMG,
+            device="cpu",
+            workers=0,
+        )
+    )
     run_analyses(store, ["cka", "zoo"], ZOO_CFG)
     building.rename(path.parent)
     return path

@@ -46,8 +46,14 @@ class DossierSection(Vertical, can_focus=True):
         Binding("enter", "open", "Open view", id="dossier.open", tooltip="Open this section's full view at its layer"),
         # here, not on the screen: the scrolling body between would take the arrows to scroll
         Binding("down,j", "app.focus_next", "Next", show=False, id="dossier.next", tooltip="Go to the next section"),
-        Binding("up,k", "app.focus_previous", "Previous", show=False, id="dossier.previous",
-                tooltip="Go to the previous section"),
+        Binding(
+            "up,k",
+            "app.focus_previous",
+            "Previous",
+            show=False,
+            id="dossier.previous",
+            tooltip="Go to the previous section",
+        ),
     ]
 
     class Opened(Message):
@@ -89,8 +95,16 @@ class DossierScreen(ModalScreen[OpenView | None]):
     }
     """
 
-    def __init__(self, path: Path, summary: StoreSummary, cka: LoadedView, row: int, col: int,
-                 config: Callable[[], AnalyzeConfig], known: dict[str, LoadedView]) -> None:
+    def __init__(
+        self,
+        path: Path,
+        summary: StoreSummary,
+        cka: LoadedView,
+        row: int,
+        col: int,
+        config: Callable[[], AnalyzeConfig],
+        known: dict[str, LoadedView],
+    ) -> None:
         super().__init__()
         self.path, self.summary, self.cka, self.row, self.col = Path(path), summary, cka, row, col
         self.config = config
@@ -106,7 +120,9 @@ class DossierScreen(ModalScreen[OpenView | None]):
             with VerticalScroll(id="dossier-body"):
                 yield self._cka_section()
                 yield Static("reading what the store holds on these layers \u2026", id="dossier-loading")
-            yield Label("\u2191\u2193 / Tab: sections  Enter: open the full view there  Esc: close", classes="dossier--hint")
+            yield Label(
+                "\u2191\u2193 / Tab: sections  Enter: open the full view there  Esc: close", classes="dossier--hint"
+            )
 
     def _cka_section(self) -> DossierSection:
         """Returns the section of the cell itself: its value with its interval, its row and its column."""
@@ -129,11 +145,17 @@ class DossierScreen(ModalScreen[OpenView | None]):
         name, low, high = view.value_name, view.vmin, view.vmax
         self.query_one("#dossier-row", LinePlot).plot(
             [Series(f"{name}({view.rows[self.row]}, column)", view.matrix[self.row, :])],
-            [short_label(x) for x in view.cols], ymin=low, ymax=high, mark=self.col,
+            [short_label(x) for x in view.cols],
+            ymin=low,
+            ymax=high,
+            mark=self.col,
         )
         self.query_one("#dossier-col", LinePlot).plot(
             [Series(f"{name}(row, {view.cols[self.col]})", view.matrix[:, self.col])],
-            [short_label(x) for x in view.rows], ymin=low, ymax=high, mark=self.row,
+            [short_label(x) for x in view.rows],
+            ymin=low,
+            ymax=high,
+            mark=self.row,
         )
         self.query_one("#section-cell").focus()
         self._read()
@@ -167,7 +189,8 @@ class DossierScreen(ModalScreen[OpenView | None]):
             OpenView(section.kind, section.model, section.layer),
             Label(section.title, classes="section--title", markup=False),
             Static("\n".join(section.lines), classes="section--lines", markup=False),
-            available=section.available, id=f"section-{index}",
+            available=section.available,
+            id=f"section-{index}",
         )
 
     def on_dossier_section_opened(self, message: DossierSection.Opened) -> None:

@@ -57,11 +57,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-
 def view_bindings() -> list[Binding]:
     """Returns a number key per tab, in REGISTRY order: 1 CKA, 2 Attention, ..."""
-    return [Binding(str(i), f"show_view('{kind}')", label, show=False, id=f"explorer.view_{kind}", tooltip=tooltip(kind))
-            for i, (kind, label) in enumerate(TAB_LABELS.items(), start=1) if i <= 9]
+    return [
+        Binding(str(i), f"show_view('{kind}')", label, show=False, id=f"explorer.view_{kind}", tooltip=tooltip(kind))
+        for i, (kind, label) in enumerate(TAB_LABELS.items(), start=1)
+        if i <= 9
+    ]
 
 
 def analysis_of(kind: str):
@@ -78,41 +80,121 @@ class ExplorerScreen(Screen):
     AUTO_FOCUS = ""  # the view takes the focus once its numbers are in, not the first model picker
     BINDINGS: ClassVar[list[BindingType]] = [
         *view_bindings(),
-        Binding("a", "cycle_model('a')", "Model A", id="explorer.model_a", tooltip="Show the next model as model A (rows)"),
-        Binding("b", "cycle_model('b')", "Model B", id="explorer.model_b",
-                tooltip="Compare model A with the next model in the CKA view (columns)"),
-        Binding("e", "export", "Export", id="explorer.export",
-                tooltip="Export the view to PNG and JSON in the export folder, the selection marked"),
-        Binding("c", "cycle_cmap", "Colours", show=False, id="explorer.cmap",
-                tooltip="Cycle the colormap: viridis, magma, cividis"),
-        Binding("ctrl+b", "toggle_panel", "Panel", show=False, id="explorer.panel",
-                tooltip="Show or hide the side panel (models and layers)"),
+        Binding(
+            "a", "cycle_model('a')", "Model A", id="explorer.model_a", tooltip="Show the next model as model A (rows)"
+        ),
+        Binding(
+            "b",
+            "cycle_model('b')",
+            "Model B",
+            id="explorer.model_b",
+            tooltip="Compare model A with the next model in the CKA view (columns)",
+        ),
+        Binding(
+            "e",
+            "export",
+            "Export",
+            id="explorer.export",
+            tooltip="Export the view to PNG and JSON in the export folder, the selection marked",
+        ),
+        Binding(
+            "c",
+            "cycle_cmap",
+            "Colours",
+            show=False,
+            id="explorer.cmap",
+            tooltip="Cycle the colormap: viridis, magma, cividis",
+        ),
+        Binding(
+            "ctrl+b",
+            "toggle_panel",
+            "Panel",
+            show=False,
+            id="explorer.panel",
+            tooltip="Show or hide the side panel (models and layers)",
+        ),
         Binding("o", "open_store", "Open", show=False, id="explorer.open", tooltip="Open another store"),
-        Binding("ctrl+n", "new_run", "New run", show=False, id="explorer.new_run",
-                tooltip="Extract another store (models, images, layers)"),
-        Binding("slash", "search", "Search", show=False, id="explorer.search",
-                tooltip="Search this view's layers and the models (the side panel lists what matches); Enter moves "
-                        "the cursor to the first match, n / N to the next / previous, Esc closes"),
+        Binding(
+            "ctrl+n",
+            "new_run",
+            "New run",
+            show=False,
+            id="explorer.new_run",
+            tooltip="Extract another store (models, images, layers)",
+        ),
+        Binding(
+            "slash",
+            "search",
+            "Search",
+            show=False,
+            id="explorer.search",
+            tooltip="Search this view's layers and the models (the side panel lists what matches); Enter moves "
+            "the cursor to the first match, n / N to the next / previous, Esc closes",
+        ),
         # priority, so that n passes the CKA view's n (mark n.s.) while a search is open; check_action lets the
         # key through to it (and to the search box, as a letter) otherwise
-        Binding("n", "step_match(1)", "Next match", show=False, priority=True, id="explorer.next_match",
-                tooltip="Move the cursor to the next match of the search"),
-        Binding("N", "step_match(-1)", "Previous match", show=False, priority=True, id="explorer.previous_match",
-                tooltip="Move the cursor to the previous match of the search"),
-        Binding("escape", "close_search", "Close search", show=False, id="explorer.close_search",
-                tooltip="Close the search and list every layer again"),
-        Binding("colon", "jump", "Jump", show=False, id="explorer.jump",
-                tooltip="List every view with what it shows for the current models, and go to the one picked"),
-        Binding("m", "cycle_measure", "Measure", show=False, id="explorer.measure",
-                tooltip="In the CKA view: the next layer x layer measure cached for these models (RBF CKA, "
-                        "Procrustes, SVCCA, PWCCA, mknn, CKNNA, RSA, then whether they agree), the cursor kept on "
-                        "its layer pair; in the zoo, the next measure it summarises; with only CKA cached, the "
-                        "command that computes the others"),
-        Binding("d", "dossier", "Dossier", show=False, id="explorer.dossier",
-                tooltip="In the CKA view: everything vitsee knows about the selected pair of layers (CKA, head "
-                        "distances, probes, skip ratios, spatial maps, ERFs)"),
-        Binding("x", "cancel", "Cancel", show=False, id="explorer.cancel",
-                tooltip="Stop the analysis being computed (nothing half-done is kept)"),
+        Binding(
+            "n",
+            "step_match(1)",
+            "Next match",
+            show=False,
+            priority=True,
+            id="explorer.next_match",
+            tooltip="Move the cursor to the next match of the search",
+        ),
+        Binding(
+            "N",
+            "step_match(-1)",
+            "Previous match",
+            show=False,
+            priority=True,
+            id="explorer.previous_match",
+            tooltip="Move the cursor to the previous match of the search",
+        ),
+        Binding(
+            "escape",
+            "close_search",
+            "Close search",
+            show=False,
+            id="explorer.close_search",
+            tooltip="Close the search and list every layer again",
+        ),
+        Binding(
+            "colon",
+            "jump",
+            "Jump",
+            show=False,
+            id="explorer.jump",
+            tooltip="List every view with what it shows for the current models, and go to the one picked",
+        ),
+        Binding(
+            "m",
+            "cycle_measure",
+            "Measure",
+            show=False,
+            id="explorer.measure",
+            tooltip="In the CKA view: the next layer x layer measure cached for these models (RBF CKA, "
+            "Procrustes, SVCCA, PWCCA, mknn, CKNNA, RSA, then whether they agree), the cursor kept on "
+            "its layer pair; in the zoo, the next measure it summarises; with only CKA cached, the "
+            "command that computes the others",
+        ),
+        Binding(
+            "d",
+            "dossier",
+            "Dossier",
+            show=False,
+            id="explorer.dossier",
+            tooltip="In the CKA view: everything vitsee knows about the selected pair of layers (CKA, head "
+            "distances, probes, skip ratios, spatial maps, ERFs)",
+        ),
+        Binding(
+            "x",
+            "cancel",
+            "Cancel",
+            show=False,
+            id="explorer.cancel",
+            tooltip="Stop the analysis being computed (nothing half-done is kept)",
+        ),
     ]
 
     DEFAULT_CSS = """
@@ -125,8 +207,15 @@ class ExplorerScreen(Screen):
     }
     """
 
-    def __init__(self, path: Path, options: AppOptions, *, analyse_all: bool = False, note: str | None = None,
-                 analysis: AnalyzeConfig | Callable[[], AnalyzeConfig] | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        options: AppOptions,
+        *,
+        analyse_all: bool = False,
+        note: str | None = None,
+        analysis: AnalyzeConfig | Callable[[], AnalyzeConfig] | None = None,
+    ) -> None:
         super().__init__()
         self.path = Path(path)
         self.options = options
@@ -232,7 +321,9 @@ class ExplorerScreen(Screen):
             self.model_a = summary.models[0].key
         if self.model_b not in summary.keys:
             self.model_b = None
-        if first and self.model_b is None and not self.keep_model_b:  # two models: the cross-model matrix is the interesting first view
+        if (
+            first and self.model_b is None and not self.keep_model_b
+        ):  # two models: the cross-model matrix is the interesting first view
             self.model_b = next((k for k in summary.keys if k != self.model_a), None)
         self.query_one(SidePanel).set_models(summary, self.model_a, self.model_b)
         if summary.problem and first:
@@ -302,8 +393,10 @@ class ExplorerScreen(Screen):
         for key in keys or summary.keys:
             m = summary.model(key)
             if m.rows_done < summary.n_images:
-                return None, (f"{key}: extraction incomplete: {m.rows_done} of {summary.n_images} images; "
-                              f"{INCOMPLETE_HINT} (or `vitsee extract {self.path}`)")
+                return None, (
+                    f"{key}: extraction incomplete: {m.rows_done} of {summary.n_images} images; "
+                    f"{INCOMPLETE_HINT} (or `vitsee extract {self.path}`)"
+                )
         reason = summary.model(a).reason(kind)
         if reason:  # the analysis's own words; where it applies to another model, the key that shows it
             where = next((k for k in others if summary.model(k).reason(kind) is None), None)
@@ -439,8 +532,15 @@ class ExplorerScreen(Screen):
                 self.post_message(AnalysisStep(spec, step.analysis, step.done, step.total, step.message))
 
         try:
-            loaded = read_view(self.path, spec, self._config(), progress, cancelled=lambda: worker.is_cancelled,
-                               warn=self._warn_from_worker, options=self.view_options.get(spec.partition(":")[0]))
+            loaded = read_view(
+                self.path,
+                spec,
+                self._config(),
+                progress,
+                cancelled=lambda: worker.is_cancelled,
+                warn=self._warn_from_worker,
+                options=self.view_options.get(spec.partition(":")[0]),
+            )
         except Cancelled:
             return
         except VitseeError as exc:
@@ -536,11 +636,21 @@ class ExplorerScreen(Screen):
 
             def progress(step: Step, spec=spec, shown=StepThrottle()) -> None:  # noqa: B008 (one throttle per spec)
                 if shown(step.done, step.total):
-                    self.post_message(AnalysisStep(spec, f"{step.analysis} ({index}/{len(specs)})", step.done, step.total, step.message))
+                    self.post_message(
+                        AnalysisStep(
+                            spec, f"{step.analysis} ({index}/{len(specs)})", step.done, step.total, step.message
+                        )
+                    )
 
             try:
-                loaded = read_view(self.path, spec, self._config(), progress, cancelled=lambda: worker.is_cancelled,
-                                   warn=self._warn_from_worker)
+                loaded = read_view(
+                    self.path,
+                    spec,
+                    self._config(),
+                    progress,
+                    cancelled=lambda: worker.is_cancelled,
+                    warn=self._warn_from_worker,
+                )
             except Cancelled:
                 break
             except VitseeError as exc:
@@ -562,8 +672,11 @@ class ExplorerScreen(Screen):
         if message.cached == message.total:
             self.notify(f"all {message.total} views are cached in the store", timeout=4)
         else:
-            self.notify(f"{message.cached} of {message.total} views cached; the others failed (see above)",
-                        severity="warning", timeout=6)
+            self.notify(
+                f"{message.cached} of {message.total} views cached; the others failed (see above)",
+                severity="warning",
+                timeout=6,
+            )
 
     # --- panes and side panel --------------------------------------------------------------------------------
 
@@ -712,9 +825,12 @@ class ExplorerScreen(Screen):
         matches = self.search_matches()
         if not matches:
             models = [key for key in (self.summary.keys if self.summary else []) if matches_query(key, self._search)]
-            where = (f"; model {', '.join(models)} does: pick it in the side panel" if models else "")
-            self.notify(f"no layer of the {VIEW_LABELS.get(self.kind, self.kind)} view matches "
-                        f"'{self._search}'{where}", severity="warning", timeout=4)
+            where = f"; model {', '.join(models)} does: pick it in the side panel" if models else ""
+            self.notify(
+                f"no layer of the {VIEW_LABELS.get(self.kind, self.kind)} view matches '{self._search}'{where}",
+                severity="warning",
+                timeout=4,
+            )
             self._count_matches()
             return
         self._match = (self._match + step) % len(matches) if self._match >= 0 or step > 0 else len(matches) - 1
@@ -767,8 +883,11 @@ class ExplorerScreen(Screen):
         if len(family) < 2:
             first = next((k for k in KINDS if len(self.family_views(k)) > 1), None)
             where = f": press {list(TAB_LABELS).index(tab_of(first)) + 1} first" if first in TAB_LABELS else ""
-            self.notify(f"m cycles the layer x layer measures of the {VIEW_LABELS.get(first, 'CKA')} view{where}",
-                        severity="warning", timeout=4)
+            self.notify(
+                f"m cycles the layer x layer measures of the {VIEW_LABELS.get(first, 'CKA')} view{where}",
+                severity="warning",
+                timeout=4,
+            )
             return
         specs = {k: self.spec_for(k)[0] for k in family}
         if specs[self.kind] is None or self.summary is None:
@@ -790,8 +909,11 @@ class ExplorerScreen(Screen):
 
         try:
             with ACCESS.read(), Store.open(self.path) as store:
-                cached = [k for k, spec in specs.items()
-                          if spec is not None and (spec in self._views or cached_params(store, spec) is not None)]
+                cached = [
+                    k
+                    for k, spec in specs.items()
+                    if spec is not None and (spec in self._views or cached_params(store, spec) is not None)
+                ]
         except VitseeError as exc:
             self.app.call_from_thread(self.notify, str(exc), severity="error", timeout=8)
             return
@@ -820,9 +942,13 @@ class ExplorerScreen(Screen):
         others = [k for k in choices if k != current]
         if not others:
             missing = [k for k in self.family_views(current or KINDS[0]) if analysis_of(k).cost > 0 and k != current]
-            self.notify(f"only {VIEW_LABELS.get(current, current)} is cached for every model: "
-                        f"`{measures_command(self.path, missing)}` computes the others, then m shows them here",
-                        title="measures", severity="warning", timeout=10)
+            self.notify(
+                f"only {VIEW_LABELS.get(current, current)} is cached for every model: "
+                f"`{measures_command(self.path, missing)}` computes the others, then m shows them here",
+                title="measures",
+                severity="warning",
+                timeout=10,
+            )
             return
         nxt = choices[(choices.index(current) + 1) % len(choices)] if current in choices else others[0]
         self.view_options[self.kind] = {analysis.measure_option: nxt}
@@ -846,8 +972,13 @@ class ExplorerScreen(Screen):
         if len(cycle) < 2 or not [k for k in measured if k != self.kind]:
             missing = [k for k in family if k not in message.cached and analysis_of(k).cost > 0]
             have = ", ".join(VIEW_LABELS[k] for k in measured) or "nothing"
-            self.notify(f"only {have} is cached for these models: `{measures_command(self.path, missing)}` "
-                        "computes the other measures", title="measures", severity="warning", timeout=10)
+            self.notify(
+                f"only {have} is cached for these models: `{measures_command(self.path, missing)}` "
+                "computes the other measures",
+                title="measures",
+                severity="warning",
+                timeout=10,
+            )
             return
         nxt = cycle[(cycle.index(self.kind) + 1) % len(cycle)]
         if message.places and analysis_of(nxt).shape is analysis_of(self.kind).shape:
@@ -868,8 +999,11 @@ class ExplorerScreen(Screen):
         pane = self.pane()
         if analysis_of(self.kind).shape is not Shape.LAYER_MATRIX:  # a cell of a layer x layer view names two layers
             first = next((i for i, k in enumerate(KINDS, start=1) if analysis_of(k).shape is Shape.LAYER_MATRIX), 1)
-            self.notify(f"the dossier is of a {VIEW_LABELS[KINDS[first - 1]]} cell: press {first}, pick a cell, then d",
-                        severity="warning", timeout=4)
+            self.notify(
+                f"the dossier is of a {VIEW_LABELS[KINDS[first - 1]]} cell: press {first}, pick a cell, then d",
+                severity="warning",
+                timeout=4,
+            )
             return
         if pane.loaded is None or pane.selection is None or self.summary is None:
             self.notify(f"nothing to show yet: wait for the {pane.label} view to load", severity="warning", timeout=4)

@@ -15,10 +15,36 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Static
 
 GROUPS = ("Move", "Views", "Models", "This view", "App")
-MOVES = ("up", "down", "left", "right", "page_up", "page_down", "first", "last", "first_row", "last_row",
-         "first_col", "last_col", "cursor_up", "cursor_down", "cursor_left", "cursor_right", "page_left", "page_right",
-         "scroll_up", "scroll_down", "scroll_left", "scroll_right", "scroll_home", "scroll_end", "scroll_top",
-         "scroll_bottom", "focus_next", "focus_previous")
+MOVES = (
+    "up",
+    "down",
+    "left",
+    "right",
+    "page_up",
+    "page_down",
+    "first",
+    "last",
+    "first_row",
+    "last_row",
+    "first_col",
+    "last_col",
+    "cursor_up",
+    "cursor_down",
+    "cursor_left",
+    "cursor_right",
+    "page_left",
+    "page_right",
+    "scroll_up",
+    "scroll_down",
+    "scroll_left",
+    "scroll_right",
+    "scroll_home",
+    "scroll_end",
+    "scroll_top",
+    "scroll_bottom",
+    "focus_next",
+    "focus_previous",
+)
 KEY_WIDTH = 12  # the widest key ('shift+home', '0-9 a-z') and the legend's marks line up across groups
 VIEW_IDS = ("explorer.panel", "explorer.cmap")
 APP_IDS = ("explorer.open", "explorer.new_run", "explorer.cancel", "detail.help")
@@ -146,8 +172,11 @@ class HelpScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="help"):
             yield Static(Text(f"Help: {self.title_text}"), classes="help--title")
-            yield Static("\u2191\u2193 scroll \u00b7 ctrl+p: every command by name \u00b7 Esc, ? or q closes",
-                         classes="help--hint", markup=False)
+            yield Static(
+                "\u2191\u2193 scroll \u00b7 ctrl+p: every command by name \u00b7 Esc, ? or q closes",
+                classes="help--hint",
+                markup=False,
+            )
             with VerticalScroll(id="help-body"):
                 for group in GROUPS:
                     rows = [row for row in self.keys if row.group == group]

@@ -49,8 +49,9 @@ class JumpScreen(ModalScreen[str | None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="jump"):
             yield Label("Go to a view", classes="jump--title")
-            yield OptionList(*[Option(f"{t.key:<2} {t.label:<10} {t.what}", id=t.kind) for t in self.targets],
-                             id="jump-list")
+            yield OptionList(
+                *[Option(f"{t.key:<2} {t.label:<10} {t.what}", id=t.kind) for t in self.targets], id="jump-list"
+            )
             yield Label("\u2191\u2193 pick, Enter goes there, Esc stays", classes="jump--hint")
 
     def on_mount(self) -> None:

@@ -41,8 +41,13 @@ class NewRunScreen(Screen):
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("ctrl+s", "start", "Start", id="new_run.start", tooltip="Start the extraction"),
-        Binding("f2", "estimate", "Size", id="new_run.estimate",
-                tooltip="Work out the size on disk (builds each model once, writes nothing)"),
+        Binding(
+            "f2",
+            "estimate",
+            "Size",
+            id="new_run.estimate",
+            tooltip="Work out the size on disk (builds each model once, writes nothing)",
+        ),
         Binding("escape", "back", "Back", id="new_run.back", tooltip="Leave the form"),
     ]
 
@@ -72,30 +77,62 @@ class NewRunScreen(Screen):
             yield Label("New run: extract activations into a store", classes="form--title")
             yield Label("Models", classes="form--label")
             yield ModelPicker(self.initial_models, id="model-picker")
-            yield Label("Images: dataset (samples, synthetic, digits, imagefolder:PATH, cifar10:PATH, npz:PATH) "
-                        "and how many", classes="form--label")
+            yield Label(
+                "Images: dataset (samples, synthetic, digits, imagefolder:PATH, cifar10:PATH, npz:PATH) and how many",
+                classes="form--label",
+            )
             with Horizontal(classes="form--row"):
-                yield Input("samples", id="dataset", classes="form--field", compact=True,
-                            suggester=SuggestFromList(list(BUILTIN_DATASETS), case_sensitive=False))
-                yield Input("240", id="n-images", type="integer", classes="form--field", placeholder="all", compact=True)
+                yield Input(
+                    "samples",
+                    id="dataset",
+                    classes="form--field",
+                    compact=True,
+                    suggester=SuggestFromList(list(BUILTIN_DATASETS), case_sensitive=False),
+                )
+                yield Input(
+                    "240", id="n-images", type="integer", classes="form--field", placeholder="all", compact=True
+                )
             yield Label("Layers, device, image size (empty: the model's own)", classes="form--label")
             with Horizontal(classes="form--row"):
-                yield Select([("blocks", "blocks"), ("sublayers (6x the size)", "sublayers")], value="blocks",
-                             allow_blank=False, id="layers", classes="form--field", compact=True)
-                yield Select([("auto", "auto"), ("cpu", "cpu"), ("cuda", "cuda")], value="auto", allow_blank=False,
-                             id="device", classes="form--field", compact=True)
-                yield Input("", id="img-size", type="integer", placeholder="e.g. 224", classes="form--field", compact=True)
-            yield Label("What to keep: activations serve every view; streaming computes CKA, attention distances and "
-                        "skip ratios during the pass and stores no activations (for runs too large to keep; no probes "
-                        "or spatial maps), with head-level CKA if asked (a ViT's heads against another model's layers)",
-                        classes="form--label")
-            yield Select([("activations", "activations"), ("streaming: results only", "streaming"),
-                          ("streaming: results and head-level CKA", "streaming-heads")],
-                         value="activations", allow_blank=False, id="keep", compact=True)
+                yield Select(
+                    [("blocks", "blocks"), ("sublayers (6x the size)", "sublayers")],
+                    value="blocks",
+                    allow_blank=False,
+                    id="layers",
+                    classes="form--field",
+                    compact=True,
+                )
+                yield Select(
+                    [("auto", "auto"), ("cpu", "cpu"), ("cuda", "cuda")],
+                    value="auto",
+                    allow_blank=False,
+                    id="device",
+                    classes="form--field",
+                    compact=True,
+                )
+                yield Input(
+                    "", id="img-size", type="integer", placeholder="e.g. 224", classes="form--field", compact=True
+                )
+            yield Label(
+                "What to keep: activations serve every view; streaming computes CKA, attention distances and "
+                "skip ratios during the pass and stores no activations (for runs too large to keep; no probes "
+                "or spatial maps), with head-level CKA if asked (a ViT's heads against another model's layers)",
+                classes="form--label",
+            )
+            yield Select(
+                [
+                    ("activations", "activations"),
+                    ("streaming: results only", "streaming"),
+                    ("streaming: results and head-level CKA", "streaming-heads"),
+                ],
+                value="activations",
+                allow_blank=False,
+                id="keep",
+                compact=True,
+            )
             yield Label("Store file", classes="form--label")
             yield Input(str(self.options.folder / f"vitsee-{stamp}.h5"), id="store-path", compact=True)
-            yield Label("size on disk: press F2 to work it out (Start shows it too, before extracting)",
-                        id="size-line")
+            yield Label("size on disk: press F2 to work it out (Start shows it too, before extracting)", id="size-line")
             with Horizontal(id="form-buttons"):
                 yield Button("Start (ctrl+s)", id="start", variant="primary")
                 yield Button("Size (F2)", id="estimate")
@@ -119,18 +156,29 @@ class NewRunScreen(Screen):
             n_images = int(n_text) if n_text else None
             img_size = int(size_text) if size_text else None
         except ValueError:
-            raise VitseeError(f"'{n_text or size_text}' is not a whole number: fix the images or image size field") from None
+            raise VitseeError(
+                f"'{n_text or size_text}' is not a whole number: fix the images or image size field"
+            ) from None
         if n_images is not None and n_images < MIN_IMAGES:
-            raise VitseeError(f"{n_images} images is too few: CKA needs at least {MIN_IMAGES} (a few hundred is better)")
+            raise VitseeError(
+                f"{n_images} images is too few: CKA needs at least {MIN_IMAGES} (a few hundred is better)"
+            )
         keep = self.query_one("#keep", Select).value
         if keep == "streaming-heads" and len(models) < 2:
-            raise VitseeError("head-level CKA compares a ViT's heads with another model's layers: add a second model "
-                              "(e.g. resnet18), or stream results only")
+            raise VitseeError(
+                "head-level CKA compares a ViT's heads with another model's layers: add a second model "
+                "(e.g. resnet18), or stream results only"
+            )
         return dict(
-            store=Path(store).expanduser(), models=models, dataset=self.query_one("#dataset", Input).value.strip() or "samples",
-            n_images=n_images, device=str(self.query_one("#device", Select).value),
-            layers=str(self.query_one("#layers", Select).value), img_size=img_size,
-            streaming=keep in ("streaming", "streaming-heads"), heads=keep == "streaming-heads",
+            store=Path(store).expanduser(),
+            models=models,
+            dataset=self.query_one("#dataset", Input).value.strip() or "samples",
+            n_images=n_images,
+            device=str(self.query_one("#device", Select).value),
+            layers=str(self.query_one("#layers", Select).value),
+            img_size=img_size,
+            streaming=keep in ("streaming", "streaming-heads"),
+            heads=keep == "streaming-heads",
         )
 
     @on(Button.Pressed, "#estimate")

@@ -35,11 +35,18 @@ class PairDetailScreen(DetailScreen):
         shape_a = self.loaded.shapes.get(model_a, {}).get(row_layer)
         shape_b = self.loaded.shapes.get(model_b, {}).get(col_layer)
         params = view.params
-        how = (f", minibatches of {params['batch_size']}, {params.get('shuffles', '?')} shuffle(s)" if "batch_size" in params
-               else f", on {params['max_images']} of them" if "max_images" in params else "")
-        return (f"row     {row_layer} of {model_a}: {shape_text(shape_a)} per image\n"
-                f"column  {col_layer} of {model_b}: {shape_text(shape_b)} per image\n"
-                f"{params.get('n_images', '?')} images{how}")
+        how = (
+            f", minibatches of {params['batch_size']}, {params.get('shuffles', '?')} shuffle(s)"
+            if "batch_size" in params
+            else f", on {params['max_images']} of them"
+            if "max_images" in params
+            else ""
+        )
+        return (
+            f"row     {row_layer} of {model_a}: {shape_text(shape_a)} per image\n"
+            f"column  {col_layer} of {model_b}: {shape_text(shape_b)} per image\n"
+            f"{params.get('n_images', '?')} images{how}"
+        )
 
     def compose_body(self) -> ComposeResult:
         view = self.view
@@ -54,17 +61,28 @@ class PairDetailScreen(DetailScreen):
 
     def legend(self) -> list[tuple[str, str]]:
         name = self.view.value_name
-        return [("\u2812\u2812", f"the {name} of the row layer with every column layer, and of the column layer with every row layer"),
-                ("\u25b2", "the other layer of the pair")]
+        return [
+            (
+                "\u2812\u2812",
+                f"the {name} of the row layer with every column layer, and of the column layer with every row layer",
+            ),
+            ("\u25b2", "the other layer of the pair"),
+        ]
 
     def on_mount(self) -> None:
         view = self.view
         name, low, high = view.value_name, view.vmin, view.vmax
         self.query_one("#detail-row", LinePlot).plot(
             [Series(f"{name}({view.rows[self.row]}, column)", view.matrix[self.row, :])],
-            [short_label(c) for c in view.cols], ymin=low, ymax=high, mark=self.col,
+            [short_label(c) for c in view.cols],
+            ymin=low,
+            ymax=high,
+            mark=self.col,
         )
         self.query_one("#detail-col", LinePlot).plot(
             [Series(f"{name}(row, {view.cols[self.col]})", view.matrix[:, self.col])],
-            [short_label(r) for r in view.rows], ymin=low, ymax=high, mark=self.row,
+            [short_label(r) for r in view.rows],
+            ymin=low,
+            ymax=high,
+            mark=self.row,
         )

@@ -70,11 +70,23 @@ class RunScreen(Screen):
     """Progress of one extraction."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("x,escape", "cancel", "Cancel", id="run.cancel",
-                tooltip="Stop after the current batch; finished batches are kept and r resumes"),
-        Binding("r", "resume", "Resume", id="run.resume",
-                tooltip="Resume the stopped run: extract the batches it has not finished"),
-        Binding("escape", "leave", "Back", id="run.back", tooltip="Leave the stopped run: back to where it was started"),
+        Binding(
+            "x,escape",
+            "cancel",
+            "Cancel",
+            id="run.cancel",
+            tooltip="Stop after the current batch; finished batches are kept and r resumes",
+        ),
+        Binding(
+            "r",
+            "resume",
+            "Resume",
+            id="run.resume",
+            tooltip="Resume the stopped run: extract the batches it has not finished",
+        ),
+        Binding(
+            "escape", "leave", "Back", id="run.back", tooltip="Leave the stopped run: back to where it was started"
+        ),
     ]
 
     DEFAULT_CSS = """
@@ -199,8 +211,9 @@ class RunScreen(Screen):
             return
         except Exception as exc:  # a bug: one line, the traceback in the log
             log.exception("extraction")
-            self.post_message(RunEnded(self.plan.store if self.plan else Path("."),
-                                       error=bug_text("extraction failed", exc)))
+            self.post_message(
+                RunEnded(self.plan.store if self.plan else Path("."), error=bug_text("extraction failed", exc))
+            )
             return
         if not worker.is_cancelled:
             self.post_message(RunEnded(result.store, cancelled=result.cancelled))
@@ -221,12 +234,23 @@ class RunScreen(Screen):
     def _post_train_event(self, event) -> None:
         """Posts an engine TrainEvent as a RunEvent: 'train' steps move the bar, epochs and plans are log lines."""
         if event.stage == "step":
-            self.post_message(RunEvent("train", event.done, event.total,
-                                       f"training: epoch {event.epoch} of {event.epochs}, loss {event.loss:.3f}"))
+            self.post_message(
+                RunEvent(
+                    "train",
+                    event.done,
+                    event.total,
+                    f"training: epoch {event.epoch} of {event.epochs}, loss {event.loss:.3f}",
+                )
+            )
         elif event.stage == "epoch":
             r = event.row
-            self.post_message(RunEvent("plan", text=f"epoch {r['epoch']}/{event.epochs}: loss {r['train_loss']:.3f}, "
-                                                    f"test accuracy {r['test_accuracy']:.3f} ({r['seconds']:.0f} s)"))
+            self.post_message(
+                RunEvent(
+                    "plan",
+                    text=f"epoch {r['epoch']}/{event.epochs}: loss {r['train_loss']:.3f}, "
+                    f"test accuracy {r['test_accuracy']:.3f} ({r['seconds']:.0f} s)",
+                )
+            )
         else:
             self.post_message(RunEvent("plan", text=event.message))
 
@@ -267,7 +291,12 @@ class RunScreen(Screen):
         below = stack[-2] if len(stack) > 2 else None
         if getattr(below, "path", None) == message.store:  # resumed from that store's explorer: replace it
             self.app.pop_screen()
-        self.app.open_store(message.store, analyse_all=True, analysis=plan.analysis if plan else None,
-                            note=plan.note if plan else None, replace=True)
+        self.app.open_store(
+            message.store,
+            analyse_all=True,
+            analysis=plan.analysis if plan else None,
+            note=plan.note if plan else None,
+            replace=True,
+        )
         if plan is not None and plan.opened is not None:
             plan.opened(message.store)

@@ -42,8 +42,13 @@ class StartScreen(Screen):
         Binding("n", "new_run", "New run", id="start.new_run", tooltip="Extract a new store: models, images, layers"),
         Binding("d", "demo", "Demo", id="start.demo", tooltip="Open the demo store (built on first use)"),
         Binding("r", "rescan", "Rescan", id="start.rescan", tooltip="Look for stores in the folder again"),
-        Binding("R", "resume", "Resume", id="start.resume",
-                tooltip="Resume the highlighted store's interrupted extraction (as `vitsee extract STORE` does)"),
+        Binding(
+            "R",
+            "resume",
+            "Resume",
+            id="start.resume",
+            tooltip="Resume the highlighted store's interrupted extraction (as `vitsee extract STORE` does)",
+        ),
         Binding("escape", "back", "Back", show=False, id="start.back", tooltip="Back to the store that was open"),
     ]
 
@@ -69,8 +74,11 @@ class StartScreen(Screen):
     def compose(self) -> ComposeResult:
         with Vertical(id="start"):
             yield Label("vitsee \u2014 do vision transformers see like CNNs?", classes="start--title")
-            yield Label(f"Stores in {self.options.folder} (newest first); Enter opens one.", classes="start--hint",
-                        id="start-folder")
+            yield Label(
+                f"Stores in {self.options.folder} (newest first); Enter opens one.",
+                classes="start--hint",
+                id="start-folder",
+            )
             yield OptionList(id="stores")
             yield Input(placeholder="or type the path of a store and press Enter", id="open-path")
             with Horizontal(id="start-buttons"):
@@ -99,7 +107,9 @@ class StartScreen(Screen):
             option_list.focus()
             self._mark_incomplete(stores)
         else:
-            option_list.add_option(Option("no .h5 stores here: start a new run (n) or open the demo (d)", disabled=True))
+            option_list.add_option(
+                Option("no .h5 stores here: start a new run (n) or open the demo (d)", disabled=True)
+            )
             self.query_one("#new-run", Button).focus()
 
     @work(thread=True, exclusive=True, group="store-status", exit_on_error=False)

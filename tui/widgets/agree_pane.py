@@ -36,8 +36,17 @@ class MeasuresAgreePane(HeatmapPane):
         view = loaded.view
         heatmap = self.heatmap
         if heatmap is None:
-            heatmap = Heatmap(view.matrix, view.rows, view.cols, vmin=-1.0, vmax=1.0, cmap=self.cmap,
-                              color_mode=self.color_mode, value_name="rank corr.", id=f"{self.kind}-heatmap")
+            heatmap = Heatmap(
+                view.matrix,
+                view.rows,
+                view.cols,
+                vmin=-1.0,
+                vmax=1.0,
+                cmap=self.cmap,
+                color_mode=self.color_mode,
+                value_name="rank corr.",
+                id=f"{self.kind}-heatmap",
+            )
             self.query_one(".pane--body").mount(heatmap, before=0)
         else:
             heatmap.set_cmap(self.cmap)
@@ -59,6 +68,7 @@ class MeasuresAgreePane(HeatmapPane):
         if heatmap is None or view is None:
             return ""
         row, col = heatmap.cursor
-        return (f"{view.rows[row]} x {view.cols[col]}  rank correlation {heatmap.describe(row, col)} over "
-                f"{view.extra['n_pairs']} layer pairs")
-
+        return (
+            f"{view.rows[row]} x {view.cols[col]}  rank correlation {heatmap.describe(row, col)} over "
+            f"{view.extra['n_pairs']} layer pairs"
+        )

@@ -38,8 +38,16 @@ class AttentionPane(ViewPane):
         view = loaded.view
         plot = self.query_one(DistancePlot)
         # the intervals are None for a result computed with --ci 0: no whiskers
-        plot.show(view.matrix, list(view.rows), float(np.asarray(view.extra["hist_edges"])[-1]), view.extra["uniform_px"],
-                  view.nonfinite, view.ci_low, view.ci_high, view.interval_caption())
+        plot.show(
+            view.matrix,
+            list(view.rows),
+            float(np.asarray(view.extra["hist_edges"])[-1]),
+            view.extra["uniform_px"],
+            view.nonfinite,
+            view.ci_low,
+            view.ci_high,
+            view.interval_caption(),
+        )
 
     def on_distance_plot_cursor_moved(self, message: DistancePlot.CursorMoved) -> None:
         message.stop()
@@ -50,8 +58,12 @@ class AttentionPane(ViewPane):
         edges = np.asarray(view.extra["hist_edges"])
         left_out = view.n_images * view.matrix.shape[1] - int(counts.sum()) if view.n_images else 0
         self.query_one(Histogram).show(
-            counts, edges, marker=view.extra["uniform_px"], marker_name=f"uniform {view.extra['uniform_px']:.1f} px",
-            unit="px", caption=f"{view.rows[message.block]}: every head and image"
+            counts,
+            edges,
+            marker=view.extra["uniform_px"],
+            marker_name=f"uniform {view.extra['uniform_px']:.1f} px",
+            unit="px",
+            caption=f"{view.rows[message.block]}: every head and image"
             + (f" ({left_out} non-finite left out)" if left_out > 0 else ""),
         )
         self.post_status()
@@ -63,10 +75,16 @@ class AttentionPane(ViewPane):
             (DOT, "one head at its mean attention distance (over spatial queries and images); a row is a block"),
             ("2-9", "that many heads fall on one character"),
             (f"{UNIFORM}  \u25b2", f"the distance of uniform attention over the grid{uniform}: left of it is local"),
-            (WHISKER_LOW + WHISKER + WHISKER_HIGH, "whisker: the interval of the mean over images, for the head under the cursor"),
+            (
+                WHISKER_LOW + WHISKER + WHISKER_HIGH,
+                "whisker: the interval of the mean over images, for the head under the cursor",
+            ),
             (NONFINITE, "a head whose distance is NaN/Inf (non-finite activations), at the right end"),
             ("reversed", "the head under the cursor; the highlighted row is its block"),
-            ("\u2581\u2583\u2588", "below: every head and image of the block, binned by distance; \u2502\u25b2 uniform attention"),
+            (
+                "\u2581\u2583\u2588",
+                "below: every head and image of the block, binned by distance; \u2502\u25b2 uniform attention",
+            ),
         ]
 
     def on_distance_plot_head_selected(self, message: DistancePlot.HeadSelected) -> None:
@@ -88,14 +106,18 @@ class AttentionPane(ViewPane):
         original = int(np.asarray(view.extra["head_order"])[block, head]) + 1
         std = float(np.asarray(view.extra["std_px"])[block, head])
         # Swin: uniform attention inside a window of this block's stage
-        uniform = float(np.asarray(view.extra.get("uniform_px_per_block", [view.extra["uniform_px"]] * (block + 1)))[block])
+        uniform = float(
+            np.asarray(view.extra.get("uniform_px_per_block", [view.extra["uniform_px"]] * (block + 1)))[block]
+        )
         distance = view.matrix[block, head]
         shown = f"{distance:.1f} px \u00b1 {std:.1f}" if np.isfinite(distance) else view.cell_text(block, head)
         interval = ""
         if view.ci_low is not None and np.isfinite(view.ci_low[block, head]):  # of the mean over images
             interval = f"  mean in [{view.ci_low[block, head]:.1f}, {view.ci_high[block, head]:.1f}]"
-        return (f"{view.rows[block]} head {original} ({head + 1}/{heads} by distance)  "
-                f"distance {shown}{interval}  uniform {uniform:.1f} px")
+        return (
+            f"{view.rows[block]} head {original} ({head + 1}/{heads} by distance)  "
+            f"distance {shown}{interval}  uniform {uniform:.1f} px"
+        )
 
     def main_widget(self) -> Widget | None:
         return self.query_one(DistancePlot)

@@ -68,7 +68,9 @@ class AxisLabels:
         return "".join(chars)
 
 
-def _spans(texts: Sequence[str], positions: Sequence[int], width: int, centred: bool, vertical: bool) -> list[tuple[int, int]]:
+def _spans(
+    texts: Sequence[str], positions: Sequence[int], width: int, centred: bool, vertical: bool
+) -> list[tuple[int, int]]:
     """Returns each label's first cell and extent along the axis, kept inside [0, width)."""
     spans = []
     for text, pos in zip(texts, positions):
@@ -105,8 +107,9 @@ def _stride(n: int, spans: Sequence[tuple[int, int]], gap: int) -> list[int]:
     return [0]
 
 
-def _thinned(grid: list[int], spans: Sequence[tuple[int, int]], gap: int, cursor: int | None,
-             keep_ends: bool) -> list[int]:
+def _thinned(
+    grid: list[int], spans: Sequence[tuple[int, int]], gap: int, cursor: int | None, keep_ends: bool
+) -> list[int]:
     """Returns the indices shown: the cursor's first, the first and last when `keep_ends`, then the grid's
     that do not come too close to those."""
     n = len(spans)
@@ -121,7 +124,7 @@ def _forms(labels: Sequence[str], longest: int) -> list[list[str]]:
     short = [short_label(label) for label in labels]
     candidates = [list(labels), short]
     for drop in range(1, max(label.count(".") for label in short) + 1):
-        candidates.append([".".join(s.split(".")[min(drop, s.count(".")):]) for s in short])
+        candidates.append([".".join(s.split(".")[min(drop, s.count(".")) :]) for s in short])
     for width in range(max(map(len, short)) - 1, MIN_CHARS - 1, -1):
         # only single words are cut ('patch_embed' -> 'patch…'): a module path's tail is what tells it apart
         # ('l1.0' cut to 'l1…' could be any block of layer1), so it is thinned out rather than cut
@@ -171,8 +174,15 @@ def layout_axis_labels(
 
 
 @functools.lru_cache(maxsize=64)
-def _plan(labels: tuple[str, ...], positions: tuple[int, ...], width: int, centred: bool, gap: int,
-          max_lines: int, longest: int) -> AxisLabels | tuple[list[str], list[tuple[int, int]], tuple[int, ...]]:
+def _plan(
+    labels: tuple[str, ...],
+    positions: tuple[int, ...],
+    width: int,
+    centred: bool,
+    gap: int,
+    max_lines: int,
+    longest: int,
+) -> AxisLabels | tuple[list[str], list[tuple[int, int]], tuple[int, ...]]:
     """Returns what does not depend on the cursor (a cursor move in a 200-column heatmap repeats the rest
     only): every label placed (cases 1-3), or the form, spans and grid to thin with (case 4)."""
     forms = _forms(labels, longest)
@@ -208,7 +218,7 @@ def shared_line_labels(upper: Sequence[str], lower: Sequence[str], width: int) -
     if not upper:
         return []
     for form in _forms([*upper, *lower], width):
-        ups, lows = form[: len(upper)], form[len(upper):]
+        ups, lows = form[: len(upper)], form[len(upper) :]
         merged = [_merge(a, b) for a, b in zip(ups, lows)]
         if all(len(p) + len(a) + len(b) <= width for p, a, b in merged):
             return merged

@@ -36,12 +36,31 @@ class DistancePlot(Widget, can_focus=True):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("up,k", "move(-1, 0)", "Block up", show=False, id="attention.up", tooltip="Previous block"),
         Binding("down,j", "move(1, 0)", "Block down", show=False, id="attention.down", tooltip="Next block"),
-        Binding("left,h", "move(0, -1)", "Nearer head", show=False, id="attention.left", tooltip="Head with the next shorter distance"),
-        Binding("right,l", "move(0, 1)", "Farther head", show=False, id="attention.right", tooltip="Head with the next longer distance"),
+        Binding(
+            "left,h",
+            "move(0, -1)",
+            "Nearer head",
+            show=False,
+            id="attention.left",
+            tooltip="Head with the next shorter distance",
+        ),
+        Binding(
+            "right,l",
+            "move(0, 1)",
+            "Farther head",
+            show=False,
+            id="attention.right",
+            tooltip="Head with the next longer distance",
+        ),
         Binding("home", "jump(0)", "First block", show=False, id="attention.first", tooltip="Jump to the first block"),
         Binding("end", "jump(-1)", "Last block", show=False, id="attention.last", tooltip="Jump to the last block"),
-        Binding("enter", "select", "Select", id="attention.select",
-                tooltip="Open the distance per image of the head under the cursor"),
+        Binding(
+            "enter",
+            "select",
+            "Select",
+            id="attention.select",
+            tooltip="Open the distance per image of the head under the cursor",
+        ),
     ]
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {
@@ -107,9 +126,17 @@ class DistancePlot(Widget, can_focus=True):
         self.high: np.ndarray | None = None
         self.caption = ""
 
-    def show(self, distances: np.ndarray, blocks: list[str], max_px: float, uniform_px: float | None,
-             nonfinite: np.ndarray | None = None, low: np.ndarray | None = None, high: np.ndarray | None = None,
-             caption: str = "") -> None:
+    def show(
+        self,
+        distances: np.ndarray,
+        blocks: list[str],
+        max_px: float,
+        uniform_px: float | None,
+        nonfinite: np.ndarray | None = None,
+        low: np.ndarray | None = None,
+        high: np.ndarray | None = None,
+        caption: str = "",
+    ) -> None:
         """Show (blocks, heads) distances in px, each row sorted ascending; `nonfinite` marks the heads whose
         distance is NaN/Inf (a Swin stage's missing heads are NaN too, but no values, so not marked);
         `low` / `high` are the ends of each head's interval in the same order, `caption` says what they are."""

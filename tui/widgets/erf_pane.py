@@ -28,7 +28,13 @@ class ErfPane(HeatmapPane):
         "heatmap.select": "Open the ERF at full size with each pixel's value (log10 or percent, as coloured)",
     }
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("g", "toggle_log", "Log scale", id="erf.log", tooltip="Colour the ERF by log10 (it spans decades) or linearly"),
+        Binding(
+            "g",
+            "toggle_log",
+            "Log scale",
+            id="erf.log",
+            tooltip="Colour the ERF by log10 (it spans decades) or linearly",
+        ),
     ]
 
     DEFAULT_CSS = """
@@ -53,7 +59,11 @@ class ErfPane(HeatmapPane):
         if not self.log_scale:
             return matrix, 0.0, peak
         floor = peak * 10.0**-DECADES
-        return np.log10(np.maximum(np.nan_to_num(matrix, nan=floor), floor)), float(np.log10(floor)), float(np.log10(peak))
+        return (
+            np.log10(np.maximum(np.nan_to_num(matrix, nan=floor), floor)),
+            float(np.log10(floor)),
+            float(np.log10(peak)),
+        )
 
     def populate(self, loaded: LoadedView) -> None:
         view = loaded.view
@@ -61,16 +71,26 @@ class ErfPane(HeatmapPane):
         name = "log10 ERF" if self.log_scale else "ERF"
         heatmap = self.heatmap
         if heatmap is None:
-            heatmap = Heatmap(matrix, view.rows, view.cols, vmin=vmin, vmax=vmax, cmap=self.cmap,
-                              color_mode=self.color_mode, value_name=name, id=f"{self.kind}-heatmap")
+            heatmap = Heatmap(
+                matrix,
+                view.rows,
+                view.cols,
+                vmin=vmin,
+                vmax=vmax,
+                cmap=self.cmap,
+                color_mode=self.color_mode,
+                value_name=name,
+                id=f"{self.kind}-heatmap",
+            )
             self.query_one(".pane--body").mount(heatmap)
         else:
             heatmap.set_cmap(self.cmap)
             heatmap.set_data(matrix, view.rows, view.cols, vmin=vmin, vmax=vmax)
             heatmap.value_name = name
         self.query_one(".erf--note", Label).update(
-            f"{view.params.get('layer')}: {view.extra['no_field']}" if view.extra.get("no_field") else
-            f"{view.params.get('layer')}: share of |d centre / d input| per pixel over {view.params.get('erf_images')} "
+            f"{view.params.get('layer')}: {view.extra['no_field']}"
+            if view.extra.get("no_field")
+            else f"{view.params.get('layer')}: share of |d centre / d input| per pixel over {view.params.get('erf_images')} "
             f"images; {'log' if self.log_scale else 'linear'} colours (g switches)"
         )
         self.post_status()
@@ -83,8 +103,11 @@ class ErfPane(HeatmapPane):
     def legend(self) -> list[tuple[str, str]]:
         marks = super().legend()
         marks[1] = ("[ ]  +", "the input pixel under the cursor (the status line gives its share)")
-        scale = (f"log colours: log10 of each pixel's share, down to {DECADES} decades below the peak" if self.log_scale
-                 else "linear colours: each pixel's share of the total")
+        scale = (
+            f"log colours: log10 of each pixel's share, down to {DECADES} decades below the peak"
+            if self.log_scale
+            else "linear colours: each pixel's share of the total"
+        )
         return marks + [("g", scale + " (g switches)")]
 
     def on_heatmap_cell_selected(self, message: Heatmap.CellSelected) -> None:

@@ -25,15 +25,46 @@ class HeadScatter(Widget, can_focus=True):
     """Heads as points: x their mean distance in px, y their CKA with the chosen column (layer)."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("right,l", "step(1)", "Farther head", show=False, id="heads.right", tooltip="Head with the next longer distance"),
-        Binding("left,h", "step(-1)", "Nearer head", show=False, id="heads.left", tooltip="Head with the next shorter distance"),
+        Binding(
+            "right,l",
+            "step(1)",
+            "Farther head",
+            show=False,
+            id="heads.right",
+            tooltip="Head with the next longer distance",
+        ),
+        Binding(
+            "left,h",
+            "step(-1)",
+            "Nearer head",
+            show=False,
+            id="heads.left",
+            tooltip="Head with the next shorter distance",
+        ),
         Binding("down,j", "row(1)", "Next head", show=False, id="heads.down", tooltip="Next head in block order"),
         Binding("up,k", "row(-1)", "Previous head", show=False, id="heads.up", tooltip="Previous head in block order"),
-        Binding("]", "layer(1)", "Next layer", id="heads.next_layer", tooltip="Plot the CKA with the other model's next layer"),
-        Binding("[", "layer(-1)", "Prev layer", show=False, id="heads.prev_layer",
-                tooltip="Plot the CKA with the other model's previous layer"),
-        Binding("enter", "select", "Select", id="heads.select",
-                tooltip="Open the CKA of the head under the cursor with every layer of the other model"),
+        Binding(
+            "]",
+            "layer(1)",
+            "Next layer",
+            id="heads.next_layer",
+            tooltip="Plot the CKA with the other model's next layer",
+        ),
+        Binding(
+            "[",
+            "layer(-1)",
+            "Prev layer",
+            show=False,
+            id="heads.prev_layer",
+            tooltip="Plot the CKA with the other model's previous layer",
+        ),
+        Binding(
+            "enter",
+            "select",
+            "Select",
+            id="heads.select",
+            tooltip="Open the CKA of the head under the cursor with every layer of the other model",
+        ),
     ]
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {"head-scatter--point", "head-scatter--cursor", "head-scatter--axis"}

@@ -56,8 +56,10 @@ class HeadsPane(ViewPane):
         self.post_status()
 
     def legend(self) -> list[tuple[str, str]]:
-        return [("0-9 a-z", "a head, drawn as its block's number: x its mean attention distance, y its CKA with the layer"),
-                ("reversed", "the head under the cursor (the status line names it)")]
+        return [
+            ("0-9 a-z", "a head, drawn as its block's number: x its mean attention distance, y its CKA with the layer"),
+            ("reversed", "the head under the cursor (the status line names it)"),
+        ]
 
     def on_head_scatter_head_selected(self, message: HeadScatter.HeadSelected) -> None:
         message.stop()

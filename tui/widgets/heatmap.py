@@ -134,16 +134,49 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("up,k", "move(-1, 0)", "Up", show=False, id="heatmap.up", tooltip="Move the cursor up one row"),
         Binding("down,j", "move(1, 0)", "Down", show=False, id="heatmap.down", tooltip="Move the cursor down one row"),
-        Binding("left,h", "move(0, -1)", "Left", show=False, id="heatmap.left", tooltip="Move the cursor left one column"),
-        Binding("right,l", "move(0, 1)", "Right", show=False, id="heatmap.right", tooltip="Move the cursor right one column"),
-        Binding("pageup", "page(-1)", "Page up", show=False, id="heatmap.page_up", tooltip="Move the cursor up a screenful"),
-        Binding("pagedown", "page(1)", "Page down", show=False, id="heatmap.page_down", tooltip="Move the cursor down a screenful"),
-        Binding("home", "jump_row(0)", "First row", show=False, id="heatmap.first_row", tooltip="Jump to the first row"),
+        Binding(
+            "left,h", "move(0, -1)", "Left", show=False, id="heatmap.left", tooltip="Move the cursor left one column"
+        ),
+        Binding(
+            "right,l", "move(0, 1)", "Right", show=False, id="heatmap.right", tooltip="Move the cursor right one column"
+        ),
+        Binding(
+            "pageup", "page(-1)", "Page up", show=False, id="heatmap.page_up", tooltip="Move the cursor up a screenful"
+        ),
+        Binding(
+            "pagedown",
+            "page(1)",
+            "Page down",
+            show=False,
+            id="heatmap.page_down",
+            tooltip="Move the cursor down a screenful",
+        ),
+        Binding(
+            "home", "jump_row(0)", "First row", show=False, id="heatmap.first_row", tooltip="Jump to the first row"
+        ),
         Binding("end", "jump_row(-1)", "Last row", show=False, id="heatmap.last_row", tooltip="Jump to the last row"),
-        Binding("shift+home", "jump_col(0)", "First column", show=False, id="heatmap.first_col", tooltip="Jump to the first column"),
-        Binding("shift+end", "jump_col(-1)", "Last column", show=False, id="heatmap.last_col", tooltip="Jump to the last column"),
-        Binding("z", "cycle_zoom", "Zoom", id="heatmap.zoom", tooltip="Cycle zoom: fit (pooled) / 1:1 / detail with values"),
-        Binding("enter", "select_cell", "Select", id="heatmap.select", tooltip="Select the layer pair under the cursor"),
+        Binding(
+            "shift+home",
+            "jump_col(0)",
+            "First column",
+            show=False,
+            id="heatmap.first_col",
+            tooltip="Jump to the first column",
+        ),
+        Binding(
+            "shift+end",
+            "jump_col(-1)",
+            "Last column",
+            show=False,
+            id="heatmap.last_col",
+            tooltip="Jump to the last column",
+        ),
+        Binding(
+            "z", "cycle_zoom", "Zoom", id="heatmap.zoom", tooltip="Cycle zoom: fit (pooled) / 1:1 / detail with values"
+        ),
+        Binding(
+            "enter", "select_cell", "Select", id="heatmap.select", tooltip="Select the layer pair under the cursor"
+        ),
     ]
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {
@@ -260,7 +293,9 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
         self._generation = 0  # bumped by every new matrix
         self._marks: np.ndarray | None = None  # bool, like the matrix: cells drawn as marked (e.g. not significant)
         self._load(matrix, row_labels, col_labels)
-        self.set_reactive(Heatmap.color_mode, detect_color_mode() if color_mode is None else ColorMode.parse(color_mode))
+        self.set_reactive(
+            Heatmap.color_mode, detect_color_mode() if color_mode is None else ColorMode.parse(color_mode)
+        )
         self.set_reactive(Heatmap.zoom, self.validate_zoom(zoom))
 
     # --- Data -----------------------------------------------------------------------------------------
@@ -343,7 +378,11 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
 
     def is_nonfinite(self, row: int, col: int) -> bool:
         """Return whether a cell was computed and is NaN/Inf."""
-        return self._nonfinite is not None and bool(self._nonfinite[row, col]) and not math.isfinite(self._matrix[row, col])
+        return (
+            self._nonfinite is not None
+            and bool(self._nonfinite[row, col])
+            and not math.isfinite(self._matrix[row, col])
+        )
 
     def describe(self, row: int, col: int) -> str:
         """Return a cell's value as the status line says it: '0.8123', 'non-finite (...)' or 'not computed'."""
@@ -434,8 +473,9 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
             self._col_axes: dict[int, AxisLabels] = {}
             self._label_lines = self._col_axis(layout, self.cursor[1]).lines
             self._line_cache.clear()
-            self.virtual_size = Size(layout.gutter + layout.grid_width,
-                                     layout.grid_lines + self._label_lines + FOOTER_LINES - 1)
+            self.virtual_size = Size(
+                layout.gutter + layout.grid_width, layout.grid_lines + self._label_lines + FOOTER_LINES - 1
+            )
         return self._layout
 
     def _row_label_width(self, outer: Size) -> int:
@@ -528,13 +568,16 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
             shared.append(("", abbreviate_label(short_label(self.row_labels[-1]), self._row_label_width(outer)), ""))
         return shared
 
-    def _place_row_labels(self, layout: _Layout,
-                          shared: list[tuple[str, str, str]] | None) -> dict[int, list[tuple[int | None, str]]]:
+    def _place_row_labels(
+        self, layout: _Layout, shared: list[tuple[str, str, str]] | None
+    ) -> dict[int, list[tuple[int | None, str]]]:
         """Return, per grid line, its label as pieces (matrix row or None, text): the cursor's piece is the
         one highlighted; a line without the cursor's piece shows the cursor's label instead, on its line."""
         if shared is not None:
-            return {line: [(None, p), (2 * line, a)] + ([(None, "/"), (2 * line + 1, b[1:])] if b else [])
-                    for line, (p, a, b) in enumerate(shared)}
+            return {
+                line: [(None, p), (2 * line, a)] + ([(None, "/"), (2 * line + 1, b[1:])] if b else [])
+                for line, (p, a, b) in enumerate(shared)
+            }
         texts = self._row_texts
         lines: dict[int, list[tuple[int | None, str]]] = {}
         for row in range(0, len(self.row_labels), layout.pool_rows):  # a pooled cell: its first row names it
@@ -549,8 +592,13 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
             # upright labels only where the grid leaves lines free below it (a fitted grid rarely does)
             free = layout.view_lines + 1 - layout.grid_lines
             axis = self._col_axes[cursor_col] = layout_axis_labels(
-                self.col_labels, positions, layout.grid_width, cursor_col, max_chars=self.label_chars,
-                max_lines=free if self._label_lines_allowed(layout) else 1)
+                self.col_labels,
+                positions,
+                layout.grid_width,
+                cursor_col,
+                max_chars=self.label_chars,
+                max_lines=free if self._label_lines_allowed(layout) else 1,
+            )
         return axis
 
     def _label_lines_allowed(self, layout: _Layout) -> bool:
@@ -622,8 +670,9 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
             pieces = [(cursor_row, self._row_texts[cursor_row])] if grid_y == first_line else []
         pad = layout.gutter - 1 - sum(len(text) for _, text in pieces)
         segments = [Segment(" " * pad, plain)] if pad > 0 else []
-        segments += [Segment(text, highlight if on_cursor_line and row == cursor_row else plain)
-                     for row, text in pieces if text]
+        segments += [
+            Segment(text, highlight if on_cursor_line and row == cursor_row else plain) for row, text in pieces if text
+        ]
         segments.append(Segment(" ", self._base_style))
 
         # Grid cells in view, one run per shown cell, merged when neighbours look the same.
@@ -660,7 +709,7 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
             text = glyph if np.isnan(value) else self._value_format.format(value)
             if levels[0] == MARKED:  # readable without colour too
                 text += MARK_CHAR
-            text = text.rjust(layout.cell_w)[-layout.cell_w:]
+            text = text.rjust(layout.cell_w)[-layout.cell_w :]
             key = ("detail", levels[0], cursor_here[0])
             return text, self._look(key, lambda: self._detail_look(levels[0], cursor_here[0]))[1]
         key = (levels, cursor_here, layout.cell_w)
@@ -680,8 +729,9 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
             level = levels[0]
             if level == beyond:
                 return " " * width, Style()
-            char = ({MISSING: palette.missing_char, NONFINITE: NONFINITE_ASCII, MARKED: MARK_CHAR}.get(level)
-                    or palette.chars[level])
+            char = {MISSING: palette.missing_char, NONFINITE: NONFINITE_ASCII, MARKED: MARK_CHAR}.get(
+                level
+            ) or palette.chars[level]
             return char * width, self._style("heatmap--cursor") if cursor[0] else Style()
 
         missing = self._style("heatmap--missing")
@@ -726,7 +776,7 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
         """Return one column label line; the cursor column's label is highlighted in its own slot."""
         width = min(layout.view_width, layout.grid_width - scroll_x)
         axis = self._col_axis(layout, self.cursor[1])
-        text = axis.line_text(line, layout.grid_width)[scroll_x: scroll_x + width]
+        text = axis.line_text(line, layout.grid_width)[scroll_x : scroll_x + width]
         start = end = 0
         for index, x, label in axis.placed:
             if index == self.cursor[1] and (not axis.vertical or line < len(label)):
@@ -767,8 +817,11 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
             if self.color_mode is ColorMode.NONE:
                 segments.append(Segment(f"  {MARK_CHAR} not significant (p > 0.05)", legend))
             else:
-                segments += [Segment("  "), Segment(FULL_BLOCK, Style(color=self._style("heatmap--missing").bgcolor)),
-                             Segment(" not significant (p > 0.05)", legend)]
+                segments += [
+                    Segment("  "),
+                    Segment(FULL_BLOCK, Style(color=self._style("heatmap--missing").bgcolor)),
+                    Segment(" not significant (p > 0.05)", legend),
+                ]
         if self.title:
             segments.append(Segment(f"  {self.title}", legend))
         return Strip(segments).crop(0, self.size.width)
@@ -795,8 +848,11 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
         top, height = first - scroll_y, last - first + 1
         label_y = min(layout.grid_lines - scroll_y, layout.view_lines)
         # upright labels only change in the cursor's column; labels along a line may move along the line
-        labels = (Region(layout.gutter + left - scroll_x, label_y, 1, self._label_lines) if self._label_lines > 1
-                  else Region(0, label_y, self.size.width, 1))
+        labels = (
+            Region(layout.gutter + left - scroll_x, label_y, 1, self._label_lines)
+            if self._label_lines > 1
+            else Region(0, label_y, self.size.width, 1)
+        )
         return [
             Region(layout.gutter + left - scroll_x, top, right - left, height),
             Region(0, top, layout.gutter, height),

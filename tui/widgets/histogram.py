@@ -21,7 +21,12 @@ AXIS_WIDTH = 6
 class Histogram(Widget):
     """Bar heights from bin counts over bin edges; `marker` puts a ▲ and its name under the axis."""
 
-    COMPONENT_CLASSES: ClassVar[set[str]] = {"histogram--bar", "histogram--axis", "histogram--marker", "histogram--line"}
+    COMPONENT_CLASSES: ClassVar[set[str]] = {
+        "histogram--bar",
+        "histogram--axis",
+        "histogram--marker",
+        "histogram--line",
+    }
 
     DEFAULT_CSS = """
     Histogram {
@@ -43,8 +48,17 @@ class Histogram(Widget):
         self.caption = ""
         self.lines: list[float] = []
 
-    def show(self, counts: Sequence[float], edges: Sequence[float], *, marker: float | None = None,
-             marker_name: str = "", unit: str = "", caption: str = "", lines: Sequence[float] = ()) -> None:
+    def show(
+        self,
+        counts: Sequence[float],
+        edges: Sequence[float],
+        *,
+        marker: float | None = None,
+        marker_name: str = "",
+        unit: str = "",
+        caption: str = "",
+        lines: Sequence[float] = (),
+    ) -> None:
         """Show bin counts over edges; `marker` gets a │ and a ▲ with its name, each of `lines` a ┃."""
         self.counts, self.edges = np.asarray(counts, dtype=float), np.asarray(edges, dtype=float)
         self.marker, self.marker_name, self.unit, self.caption = marker, marker_name, unit, caption
@@ -93,10 +107,10 @@ class Histogram(Widget):
         axis_line = [" "] * (bins * cell_w)
         lo_text, hi_text = f"{lo:g}", f"{hi:.0f} {self.unit}".strip()
         axis_line[: len(lo_text)] = lo_text
-        axis_line[len(axis_line) - len(hi_text):] = hi_text
+        axis_line[len(axis_line) - len(hi_text) :] = hi_text
         for x in line_xs:  # also under the bars: a value inside the tallest bar would show nowhere else
             axis_line[x] = VALUE_LINE
-        text.append(" " * AXIS_WIDTH + "".join(axis_line)[: plot_w], axis)
+        text.append(" " * AXIS_WIDTH + "".join(axis_line)[:plot_w], axis)
         text.append("\n")
         caption = Text(" " * AXIS_WIDTH, no_wrap=True, overflow="crop")
         if marker_x is not None:

@@ -20,9 +20,15 @@ class LayerMatrixPane(HeatmapPane):
 
     shape = Shape.LAYER_MATRIX
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("n", "toggle_marks", "Mark n.s.", id="cka.marks", show=False,  # the help screen lists it; the
-                # footer at 80 columns has no room left (Help would drop off)
-                tooltip="Mark the cells whose permutation p-value is above 0.05 (not significant)"),
+        Binding(
+            "n",
+            "toggle_marks",
+            "Mark n.s.",
+            id="cka.marks",
+            show=False,  # the help screen lists it; the
+            # footer at 80 columns has no room left (Help would drop off)
+            tooltip="Mark the cells whose permutation p-value is above 0.05 (not significant)",
+        ),
     ]
     marks_on = False
     lists_model_layers = True
@@ -37,14 +43,31 @@ class LayerMatrixPane(HeatmapPane):
         view = loaded.view
         heatmap = self.heatmap
         if heatmap is None:
-            heatmap = Heatmap(view.matrix, view.rows, view.cols, vmin=view.vmin, vmax=view.vmax, cmap=self.cmap,
-                              color_mode=self.color_mode, value_name=view.value_name, id=f"{self.kind}-heatmap",
-                              nonfinite=view.nonfinite, nonfinite_text=view.nonfinite_text)
+            heatmap = Heatmap(
+                view.matrix,
+                view.rows,
+                view.cols,
+                vmin=view.vmin,
+                vmax=view.vmax,
+                cmap=self.cmap,
+                color_mode=self.color_mode,
+                value_name=view.value_name,
+                id=f"{self.kind}-heatmap",
+                nonfinite=view.nonfinite,
+                nonfinite_text=view.nonfinite_text,
+            )
             self.query_one(".pane--body").mount(heatmap)
         else:
             heatmap.set_cmap(self.cmap)
-            heatmap.set_data(view.matrix, view.rows, view.cols, vmin=view.vmin, vmax=view.vmax,
-                             nonfinite=view.nonfinite, nonfinite_text=view.nonfinite_text)
+            heatmap.set_data(
+                view.matrix,
+                view.rows,
+                view.cols,
+                vmin=view.vmin,
+                vmax=view.vmax,
+                nonfinite=view.nonfinite,
+                nonfinite_text=view.nonfinite_text,
+            )
         heatmap.set_marks(view.not_significant() if self.marks_on else None)
 
     def action_toggle_marks(self) -> None:
@@ -54,14 +77,18 @@ class LayerMatrixPane(HeatmapPane):
             return
         if view.p_value is None:
             option = getattr(view.analysis, "permutations_option", "permutations")
-            self.notify(f"this {self.label} result has no p-values: vitsee analyze STORE --{self.kind} --{option} 99",
-                        severity="warning")
+            self.notify(
+                f"this {self.label} result has no p-values: vitsee analyze STORE --{self.kind} --{option} 99",
+                severity="warning",
+            )
             return
         self.marks_on = not self.marks_on
         heatmap.set_marks(view.not_significant() if self.marks_on else None)
 
     def legend(self) -> list[tuple[str, str]]:
-        return super().legend() + [(MARK_CHAR, "p > 0.05: not significant under the permutation null (n shows or hides)")]
+        return super().legend() + [
+            (MARK_CHAR, "p > 0.05: not significant under the permutation null (n shows or hides)")
+        ]
 
     def on_heatmap_cursor_moved(self, message: Heatmap.CursorMoved) -> None:
         message.stop()

@@ -51,7 +51,9 @@ class Series:
         """Returns whether the series carries an interval at some x position."""
         if self.low is None or self.high is None:
             return False
-        return bool((np.isfinite(np.asarray(self.low, dtype=float)) & np.isfinite(np.asarray(self.high, dtype=float))).any())
+        return bool(
+            (np.isfinite(np.asarray(self.low, dtype=float)) & np.isfinite(np.asarray(self.high, dtype=float))).any()
+        )
 
 
 def format_tick(value: float) -> str:
@@ -98,8 +100,9 @@ class LinePlot(Widget):
     }
     """
 
-    def __init__(self, *, name: str | None = None, id: str | None = None, classes: str | None = None,
-                 monochrome: bool = False) -> None:
+    def __init__(
+        self, *, name: str | None = None, id: str | None = None, classes: str | None = None, monochrome: bool = False
+    ) -> None:
         super().__init__(name=name, id=id, classes=classes)
         self.series: list[Series] = []
         self.x_labels: list[str] = []
@@ -111,9 +114,18 @@ class LinePlot(Widget):
         self.caption = ""
         self.monochrome = monochrome
 
-    def plot(self, series: Sequence[Series], x_labels: Sequence[str], *, ymin: float | None = None,
-             ymax: float | None = None, mark: int | None = None, hline: float | None = None,
-             hline_name: str = "", caption: str = "") -> None:
+    def plot(
+        self,
+        series: Sequence[Series],
+        x_labels: Sequence[str],
+        *,
+        ymin: float | None = None,
+        ymax: float | None = None,
+        mark: int | None = None,
+        hline: float | None = None,
+        hline_name: str = "",
+        caption: str = "",
+    ) -> None:
         """Show new data (a length-0 series list clears the plot); `caption` names the intervals, if any."""
         self.series = list(series)
         self.x_labels = list(x_labels)
@@ -178,7 +190,9 @@ class LinePlot(Widget):
                 if k + 1 < len(points):
                     x2, y2 = points[k + 1]
                     steps = max(x2 - x, abs(y2 - y), 1)
-                    dots += [(round(x + (x2 - x) * t / steps), round(y + (y2 - y) * t / steps)) for t in range(1, steps)]
+                    dots += [
+                        (round(x + (x2 - x) * t / steps), round(y + (y2 - y) * t / steps)) for t in range(1, steps)
+                    ]
             for x, y in dots:
                 row, col = y // 4, x // 2
                 cells[row, col] |= DOT_BITS[x % 2][y % 4]
@@ -193,13 +207,22 @@ class LinePlot(Widget):
         mark = self.get_component_rich_style("line-plot--mark")
         mark_style = Style(bgcolor=mark.bgcolor, bold=mark.bold)  # the curves keep their colours across the mark
         hline_style = self.get_component_rich_style("line-plot--hline")
-        series_styles = [self.get_component_rich_style(SERIES_CLASSES[i % len(SERIES_CLASSES)]) for i in range(len(self.series))]
-        band_styles = [self.get_component_rich_style(BAND_CLASSES[i % len(BAND_CLASSES)]) for i in range(len(self.series))]
+        series_styles = [
+            self.get_component_rich_style(SERIES_CLASSES[i % len(SERIES_CLASSES)]) for i in range(len(self.series))
+        ]
+        band_styles = [
+            self.get_component_rich_style(BAND_CLASSES[i % len(BAND_CLASSES)]) for i in range(len(self.series))
+        ]
         text = Text(no_wrap=True, overflow="crop")
         ticks = self._y_ticks(plot_h, lo, hi)
         for row in range(plot_h):
             tick = ticks.get(row)
-            text.append(f"{format_tick(tick):>{AXIS_WIDTH - 1}}\u2524" if tick is not None else " " * (AXIS_WIDTH - 1) + "\u2502", axis)
+            text.append(
+                f"{format_tick(tick):>{AXIS_WIDTH - 1}}\u2524"
+                if tick is not None
+                else " " * (AXIS_WIDTH - 1) + "\u2502",
+                axis,
+            )
             for col in range(plot_w):
                 bits = int(cells[row, col])
                 if (row, col) in markers:
@@ -245,7 +268,7 @@ class LinePlot(Widget):
                 col = x_of(i) // 2
                 if side_by_side:  # at the right edge the group moves left to stay inside
                     col = col + k - max(0, col + len(banded) - plot_w)
-                band[y_of(hi) // 4: y_of(lo) // 4 + 1, col] = index
+                band[y_of(hi) // 4 : y_of(lo) // 4 + 1, col] = index
         return band
 
     def _caption(self, band_styles: list[Style], width: int) -> Text:
@@ -290,7 +313,9 @@ class LinePlot(Widget):
     def _legend(self, styles: list[Style], hline_style: Style, width: int) -> Text:
         legend = Text(" " * AXIS_WIDTH, no_wrap=True, overflow="crop")
         for index, (series, style) in enumerate(zip(self.series, styles)):
-            glyph = MARKERS[(index - 1) % len(MARKERS)] if self.monochrome and index > 0 else "\u2812\u2812"  # ⠒⠒ a line
+            glyph = (
+                MARKERS[(index - 1) % len(MARKERS)] if self.monochrome and index > 0 else "\u2812\u2812"
+            )  # ⠒⠒ a line
             legend.append(f"{glyph} ", style)
             legend.append(f"{series.name}  ")
         if self.hline is not None and self.hline_name:

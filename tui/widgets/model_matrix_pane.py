@@ -45,8 +45,13 @@ class ModelMatrixPane(HeatmapPane):
 
     shape = Shape.MODEL_MATRIX
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("r", "next_reference", "Reference", id="zoo.reference",
-                tooltip="Match every model's layers onto the next model's (the reference of the curves below)"),
+        Binding(
+            "r",
+            "next_reference",
+            "Reference",
+            id="zoo.reference",
+            tooltip="Match every model's layers onto the next model's (the reference of the curves below)",
+        ),
     ]
     key_help: ClassVar[dict[str, str]] = {
         "heatmap.select": "Open the layer x layer view of the pair under the cursor (models A and B set to the pair)",
@@ -96,9 +101,20 @@ class ModelMatrixPane(HeatmapPane):
 
         heatmap = self.heatmap
         if heatmap is None:
-            heatmap = Heatmap(shown, rows, families, vmin=view.vmin, vmax=view.vmax, cmap=self.cmap,
-                              color_mode=self.color_mode, value_name=view.value_name, id=f"{self.kind}-heatmap",
-                              nonfinite=nonfinite, nonfinite_text=describe, label_chars=LABEL_CHARS)
+            heatmap = Heatmap(
+                shown,
+                rows,
+                families,
+                vmin=view.vmin,
+                vmax=view.vmax,
+                cmap=self.cmap,
+                color_mode=self.color_mode,
+                value_name=view.value_name,
+                id=f"{self.kind}-heatmap",
+                nonfinite=nonfinite,
+                nonfinite_text=describe,
+                label_chars=LABEL_CHARS,
+            )
             self.query_one(".pane--body").mount(heatmap, before=0)
         else:
             heatmap.set_cmap(self.cmap)
@@ -124,7 +140,8 @@ class ModelMatrixPane(HeatmapPane):
         x_labels = [f"{k / (DEPTHS - 1):g}" for k in range(DEPTHS)]
         self.query_one(LinePlot).plot(series, x_labels, ymin=0.0, ymax=1.0)
         self.query_one(".zoo--curves", Label).update(
-            f"each model's layers (x: relative depth) matched onto {names[self.reference]}'s (y), r: next reference")
+            f"each model's layers (x: relative depth) matched onto {names[self.reference]}'s (y), r: next reference"
+        )
 
     def action_next_reference(self) -> None:
         """Makes the next model in the heatmap's order the reference of the curves."""
@@ -157,8 +174,10 @@ class ModelMatrixPane(HeatmapPane):
         names, families = self.names(), view.extra["families"]
         interval = view.interval_text(i, j) if np.isfinite(view.matrix[i, j]) else ""
         # parts the status line drops from the end where it is narrow: the families go first
-        return (f"{names[i]} x {names[j]}  {view.value_name} {view.cell_text(i, j)}{interval}  "
-                f"{families[i]} x {families[j]}")
+        return (
+            f"{names[i]} x {names[j]}  {view.value_name} {view.cell_text(i, j)}{interval}  "
+            f"{families[i]} x {families[j]}"
+        )
 
     def on_heatmap_cursor_moved(self, message: Heatmap.CursorMoved) -> None:
         message.stop()
@@ -195,6 +214,8 @@ class ModelMatrixPane(HeatmapPane):
         return super().legend() + [
             ("rows", "the models, in the order of a hierarchical clustering of the matrix"),
             ("columns", "the same models in the same order, labelled with their family (ViT, ResNet, ...)"),
-            ("\u2812\u2812", "below: each model's layers matched onto the reference's, by relative depth (0 first, "
-                             "1 last)"),
+            (
+                "\u2812\u2812",
+                "below: each model's layers matched onto the reference's, by relative depth (0 first, 1 last)",
+            ),
         ]

@@ -23,8 +23,13 @@ class ChosenModels(OptionList):
     """The models of the run; Delete removes the highlighted one."""
 
     BINDINGS = [
-        Binding("delete,backspace", "remove", "Remove model", id="new_run.remove_model",
-                tooltip="Remove the highlighted model from the run"),
+        Binding(
+            "delete,backspace",
+            "remove",
+            "Remove model",
+            id="new_run.remove_model",
+            tooltip="Remove the highlighted model from the run",
+        ),
     ]
 
     def action_remove(self) -> None:
@@ -38,8 +43,14 @@ class ModelPicker(Vertical):
     """A search box over timm's models, its matches, and the chosen models."""
 
     BINDINGS = [
-        Binding("down", "focus_matches", "Matches", show=False, id="new_run.matches",
-                tooltip="Move from the search box into its matches"),
+        Binding(
+            "down",
+            "focus_matches",
+            "Matches",
+            show=False,
+            id="new_run.matches",
+            tooltip="Move from the search box into its matches",
+        ),
     ]
 
     DEFAULT_CSS = """
@@ -59,8 +70,11 @@ class ModelPicker(Vertical):
         self.rows: list[dict] = []
 
     def compose(self) -> ComposeResult:
-        yield Input(placeholder="search timm models (vit, resnet...), or type NAME[.TAG][@random|@FILE] + Enter",
-                    id="model-search", compact=True)
+        yield Input(
+            placeholder="search timm models (vit, resnet...), or type NAME[.TAG][@random|@FILE] + Enter",
+            id="model-search",
+            compact=True,
+        )
         yield Label("matches: name, family, \u2713 = weights cached here", id="model-matches-label")
         yield OptionList(id="model-matches")
         yield Label("models of the run (Delete removes)")
@@ -70,7 +84,9 @@ class ModelPicker(Vertical):
         self.query_one("#model-matches", OptionList).focus()
 
     def on_mount(self) -> None:
-        self.query_one("#model-matches", OptionList).add_option(Option("loading timm's model list \u2026", disabled=True))
+        self.query_one("#model-matches", OptionList).add_option(
+            Option("loading timm's model list \u2026", disabled=True)
+        )
         self._load_models()
 
     @work(thread=True, group="models", exit_on_error=False)
@@ -104,10 +120,12 @@ class ModelPicker(Vertical):
         option_list = self.query_one("#model-matches", OptionList)
         option_list.clear_options()
         width = max((len(r["name"]) for r in matches[:MAX_MATCHES]), default=10)
-        option_list.add_options([
-            Option(f"{r['name']:<{width}}  {r['family']:<6} {CACHED if r['cached'] else ' '}", id=r["name"])
-            for r in matches[:MAX_MATCHES]
-        ])
+        option_list.add_options(
+            [
+                Option(f"{r['name']:<{width}}  {r['family']:<6} {CACHED if r['cached'] else ' '}", id=r["name"])
+                for r in matches[:MAX_MATCHES]
+            ]
+        )
         more = len(matches) - MAX_MATCHES
         self.query_one("#model-matches-label", Label).update(
             f"{len(matches)} matches{f' (first {MAX_MATCHES} shown)' if more > 0 else ''}; "

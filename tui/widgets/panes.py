@@ -34,8 +34,9 @@ def registered_panes() -> dict[str, type[ViewPane]]:
     """Returns analysis name -> the pane class of its shape, for every registered analysis that has one, in
     REGISTRY order."""
     for name in missing_panes():
-        log.warning("analysis %s has no pane in the app (no pane draws a %s): it is left out", name,
-                    REGISTRY[name].shape.value)
+        log.warning(
+            "analysis %s has no pane in the app (no pane draws a %s): it is left out", name, REGISTRY[name].shape.value
+        )
     return {name: PANE_CLASSES[a.shape] for name, a in REGISTRY.items() if a.shape in PANE_CLASSES}
 
 

@@ -18,6 +18,11 @@ class ProbeTable(DataTable):
         Binding("down", "cursor_down", "Down", show=False, id="probes.down", tooltip="Next layer"),
         Binding("left", "cursor_left", "Left", show=False, id="probes.left", tooltip="Previous readout"),
         Binding("right", "cursor_right", "Right", show=False, id="probes.right", tooltip="Next readout"),
-        Binding("enter", "select_cursor", "Select", id="probes.select",
-                tooltip="Open the layer under the cursor: its readouts and the accuracy of a probe on each token"),
+        Binding(
+            "enter",
+            "select_cursor",
+            "Select",
+            id="probes.select",
+            tooltip="Open the layer under the cursor: its readouts and the accuracy of a probe on each token",
+        ),
     ]

@@ -67,17 +67,29 @@ class ProbesPane(ViewPane):
                 elif not math.isfinite(value):
                     cells.append(Text("  \u2013"))  # –
                 elif best[c] == r:
-                    cells.append(Text(f"{value:.3f}{BEST}", style="bold"))  # same width numbers: left-aligned they line up
+                    cells.append(
+                        Text(f"{value:.3f}{BEST}", style="bold")
+                    )  # same width numbers: left-aligned they line up
                 else:
                     cells.append(Text(f"{value:.3f}"))
             table.add_row(*cells, label=layer, key=layer)
         plot = self.query_one(LinePlot)
         low, high = view.ci_low, view.ci_high  # None for a result computed with --ci 0: no bands
-        plot.plot([Series(name, view.matrix[:, c], None if low is None else low[:, c], None if high is None else high[:, c])
-                   for c, name in enumerate(view.cols)],
-                  [short_label(r) for r in view.rows], ymin=0.0, ymax=1.0,
-                  mark=0, hline=float(view.extra.get("chance", float("nan"))), hline_name="chance",
-                  caption=view.interval_caption())
+        plot.plot(
+            [
+                Series(
+                    name, view.matrix[:, c], None if low is None else low[:, c], None if high is None else high[:, c]
+                )
+                for c, name in enumerate(view.cols)
+            ],
+            [short_label(r) for r in view.rows],
+            ymin=0.0,
+            ymax=1.0,
+            mark=0,
+            hline=float(view.extra.get("chance", float("nan"))),
+            hline_name="chance",
+            caption=view.interval_caption(),
+        )
         self.post_status()
 
     def on_data_table_cell_highlighted(self, message: DataTable.CellHighlighted) -> None:
@@ -128,8 +140,10 @@ class ProbesPane(ViewPane):
         if chance is not None:
             text += f"  chance {float(chance):.3f}"
         if view.rows[row] in view.extra.get("tokens_too_wide", []):
-            text += (f"  no token map: wider than {view.params.get('max_token_dim')} channels "
-                     "(vitsee analyze --probes --probe-max-dim N)")
+            text += (
+                f"  no token map: wider than {view.params.get('max_token_dim')} channels "
+                "(vitsee analyze --probes --probe-max-dim N)"
+            )
         return text
 
     def main_widget(self) -> Widget | None:

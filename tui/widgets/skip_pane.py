@@ -48,30 +48,66 @@ class SkipPane(HeatmapPane):
         view = loaded.view
         heatmap = self.heatmap
         if heatmap is None:
-            heatmap = Heatmap(view.matrix, view.rows, view.cols, vmin=view.vmin, vmax=view.vmax, cmap=self.cmap,
-                              color_mode=self.color_mode, value_name="ratio", id=f"{self.kind}-heatmap",
-                              nonfinite=view.nonfinite, nonfinite_text=view.nonfinite_text)
+            heatmap = Heatmap(
+                view.matrix,
+                view.rows,
+                view.cols,
+                vmin=view.vmin,
+                vmax=view.vmax,
+                cmap=self.cmap,
+                color_mode=self.color_mode,
+                value_name="ratio",
+                id=f"{self.kind}-heatmap",
+                nonfinite=view.nonfinite,
+                nonfinite_text=view.nonfinite_text,
+            )
             body = self.query_one(".pane--body")
             body.mount(heatmap, before=0)
         else:
             heatmap.set_cmap(self.cmap)
-            heatmap.set_data(view.matrix, view.rows, view.cols, vmin=view.vmin, vmax=view.vmax,
-                             nonfinite=view.nonfinite, nonfinite_text=view.nonfinite_text)
+            heatmap.set_data(
+                view.matrix,
+                view.rows,
+                view.cols,
+                vmin=view.vmin,
+                vmax=view.vmax,
+                nonfinite=view.nonfinite,
+                nonfinite_text=view.nonfinite_text,
+            )
         note = self.query_one(".skip--note", Label)
         note.update(self.init_note)
         note.display = bool(self.init_note)  # said where the "no finite ratio" cells show
         cls = np.asarray(view.extra["cls"], dtype=float)
         spatial = np.asarray(view.extra["spatial_mean"], dtype=float)
         extra = view.extra  # the intervals over images, absent for a result computed with --ci 0
-        series = [Series("CLS token", cls, extra.get("cls_ci_low"), extra.get("cls_ci_high"))] if np.isfinite(cls).any() else []
-        series.append(Series("spatial tokens (mean)" if series else "whole map", spatial,
-                             extra.get("spatial_ci_low"), extra.get("spatial_ci_high")))
-        self.query_one(LinePlot).plot(series, [short_label(r) for r in view.rows], mark=heatmap.cursor[0],
-                                      hline=1.0, hline_name="ratio 1", caption=view.interval_caption())
+        series = (
+            [Series("CLS token", cls, extra.get("cls_ci_low"), extra.get("cls_ci_high"))]
+            if np.isfinite(cls).any()
+            else []
+        )
+        series.append(
+            Series(
+                "spatial tokens (mean)" if series else "whole map",
+                spatial,
+                extra.get("spatial_ci_low"),
+                extra.get("spatial_ci_high"),
+            )
+        )
+        self.query_one(LinePlot).plot(
+            series,
+            [short_label(r) for r in view.rows],
+            mark=heatmap.cursor[0],
+            hline=1.0,
+            hline_name="ratio 1",
+            caption=view.interval_caption(),
+        )
 
     def legend(self) -> list[tuple[str, str]]:
         return super().legend() + [
-            ("\u2812\u2812 \u2824\u2824", "below: the CLS token and the mean over spatial tokens, sublayer by sublayer"),
+            (
+                "\u2812\u2812 \u2824\u2824",
+                "below: the CLS token and the mean over spatial tokens, sublayer by sublayer",
+            ),
             ("\u2508\u2508", "a ratio of 1: the skip and the branch are equally large"),
             (BAND, "the interval of the mean over images (the caption gives its level)"),
             ("\u25b2", "the sublayer under the cursor"),

@@ -62,8 +62,10 @@ class SpatialPane(HeatmapPane):
         view, (gh, gw) = self.view, self.grid
         if view.nonfinite is None:
             return {}
-        return {"nonfinite": view.nonfinite[token].reshape(gh, gw),
-                "nonfinite_text": lambda i, j: view.nonfinite_text(token, i * gw + j)}
+        return {
+            "nonfinite": view.nonfinite[token].reshape(gh, gw),
+            "nonfinite_text": lambda i, j: view.nonfinite_text(token, i * gw + j),
+        }
 
     def populate(self, loaded: LoadedView) -> None:
         view = loaded.view
@@ -72,12 +74,24 @@ class SpatialPane(HeatmapPane):
         rows, cols = [f"r{i}" for i in range(gh)], [f"c{j}" for j in range(gw)]
         heatmap = self.heatmap
         if heatmap is None:
-            heatmap = Heatmap(self.token_map(self.token), rows, cols, vmin=view.vmin, vmax=view.vmax, cmap=self.cmap,
-                              color_mode=self.color_mode, value_name="CKA", id=f"{self.kind}-heatmap", **self.token_marks(self.token))
+            heatmap = Heatmap(
+                self.token_map(self.token),
+                rows,
+                cols,
+                vmin=view.vmin,
+                vmax=view.vmax,
+                cmap=self.cmap,
+                color_mode=self.color_mode,
+                value_name="CKA",
+                id=f"{self.kind}-heatmap",
+                **self.token_marks(self.token),
+            )
             self.query_one(".pane--body").mount(heatmap)
         else:
             heatmap.set_cmap(self.cmap)
-            heatmap.set_data(self.token_map(self.token), rows, cols, vmin=view.vmin, vmax=view.vmax, **self.token_marks(self.token))
+            heatmap.set_data(
+                self.token_map(self.token), rows, cols, vmin=view.vmin, vmax=view.vmax, **self.token_marks(self.token)
+            )
         heatmap.cursor = (self.token // gw, self.token % gw)
         self.query_one(".spatial--note", Label).update(
             f"CKA of the cursor's token ({view.params.get('layer')}, {gh}x{gw}) with the stored, normalised "
@@ -121,8 +135,10 @@ class SpatialPane(HeatmapPane):
         own = view.cell_text(self.token, self.token)
         if not np.isfinite(values).any():
             return f"token {cell_name(self.token, gw)} x patch {cell_name(self.token, gw)}  CKA {own}"
-        return (f"token {cell_name(self.token, gw)} x patch {cell_name(self.token, gw)}  CKA {own}"
-                f"  peak patch {cell_name(peak, gw)} {values[peak]:.4f}")
+        return (
+            f"token {cell_name(self.token, gw)} x patch {cell_name(self.token, gw)}  CKA {own}"
+            f"  peak patch {cell_name(peak, gw)} {values[peak]:.4f}"
+        )
 
     def layer_choices(self) -> list[str]:
         return list(self.grid_layers)

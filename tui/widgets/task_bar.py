@@ -101,7 +101,9 @@ class TaskBar(Horizontal):
         self.query_one(".task-bar--text", Label).update(text)
         self.query_one(ProgressBar).update(total=total, progress=done)
         percent = f"{100 * min(done, total) // total}%"
-        self.query_one(".task-bar--eta", Label).update(percent if left is None else f"{percent}  ETA {format_eta(left)}")
+        self.query_one(".task-bar--eta", Label).update(
+            percent if left is None else f"{percent}  ETA {format_eta(left)}"
+        )
         self.add_class("-running")
 
     def stop(self) -> None:

@@ -215,13 +215,26 @@ class HeatmapPane(ViewPane):
 
     def legend(self) -> list[tuple[str, str]]:
         plain = self.color_mode is ColorMode.NONE
-        marks = [("[ ]  +", "the cell under the cursor: corner marks (+ on a narrow cell), its own colour left visible"),
-                 (NONFINITE_ASCII if plain else NONFINITE_GLYPH, "computed, but from NaN/Inf inputs (the status line says how many images)"),
-                 (MISSING_GLYPH, "not computed yet")]
+        marks = [
+            ("[ ]  +", "the cell under the cursor: corner marks (+ on a narrow cell), its own colour left visible"),
+            (
+                NONFINITE_ASCII if plain else NONFINITE_GLYPH,
+                "computed, but from NaN/Inf inputs (the status line says how many images)",
+            ),
+            (MISSING_GLYPH, "not computed yet"),
+        ]
         if plain:
-            marks.insert(0, (ASCII_RAMP.strip(), "no colour: a denser character is a higher value (the bottom line gives the range)"))
+            marks.insert(
+                0,
+                (
+                    ASCII_RAMP.strip(),
+                    "no colour: a denser character is a higher value (the bottom line gives the range)",
+                ),
+            )
         else:
-            marks.insert(0, (UPPER_HALF, "two rows per character when pooled: the upper half one row, the lower half the next"))
+            marks.insert(
+                0, (UPPER_HALF, "two rows per character when pooled: the upper half one row, the lower half the next")
+            )
         marks.append(("bottom line", "the zoom, then the colour ramp from its lowest to its highest value"))
         return marks
 

@@ -11,7 +11,9 @@ def short_labels(labels: dict[str, str]) -> dict[str, str]:
     """Returns each view's short tab label, as its analysis declares it (default: the label's first 4 letters)."""
     from vitsee.engine.analyses import REGISTRY
 
-    return {kind: (REGISTRY[kind].short_label if kind in REGISTRY else "") or label[:4] for kind, label in labels.items()}
+    return {
+        kind: (REGISTRY[kind].short_label if kind in REGISTRY else "") or label[:4] for kind, label in labels.items()
+    }
 
 
 def tab_labels(labels: dict[str, str], width: int) -> dict[str, str]:
