@@ -246,7 +246,7 @@ def yield_cpu_to_event_loop(nice: int = WORKER_NICE) -> bool:
 def read_view(
     path: str | Path,
     spec: str,
-    base: an.AnalyzeConfig,
+    base: an.AnalyzeConfig | None,
     progress: StepFn | None = None,
     cancelled: Callable[[], bool] = lambda: False,
     warn: Callable[[str], None] | None = None,
@@ -273,7 +273,8 @@ def read_view(
     with ACCESS.read(), Store.open(path) as store:
         cached = cached_params(store, spec, options=options) is not None  # any cached estimate serves the app
         request = request_of(store, spec)
-        base = base.with_options(options)
+        if base is not None:  # None: read a cached view only (the first frame's path, no engine config)
+            base = base.with_options(options)
         warning = None if cached else request.analysis.warning(store, request, base)
     if warning and warn is not None:
         warn(warning)
