@@ -523,7 +523,8 @@ def busy_core_table(
     ours = {c: s for c, setup, _, _, n, s, _ in rows if setup == "as vitsee analyze" and n.startswith("vitsee")}
     theirs = {c: s for c, setup, _, _, n, s, _ in rows if setup == "torch default" and n.startswith("pytorch-cka")}
     print(
-        f"\nvitsee as analyze sets it up: one core busy / idle = {ours['one core busy'] / ours['idle']:.2f}x (target: at most 1.5x)"
+        f"\nvitsee as analyze sets it up: one core busy / idle = {ours['one core busy'] / ours['idle']:.2f}x "
+        "(target: at most 1.5x)"
     )
     if theirs:
         print(

@@ -7,9 +7,9 @@ model from one pass over the images) this times
   - extract: `run_extraction` into a new store (loading and preprocessing images, hooks, attention
     statistics with unfused attention, device-to-host copies, the writer thread, HDF5), timed from the first
     batch to the end of the pass (model loading and planning excluded),
-and prints images/s of both (and of the image loading alone, which the bare pass skips), their ratio (target: extract at most 1.3x the bare forward's time), the MB/s
-written, and the ratio of CPU time (all threads and the loader processes), which a busy shared machine
-disturbs less than wall time.
+and prints images/s of both (and of the image loading alone, which the bare pass skips), their ratio (target:
+extract at most 1.3x the bare forward's time), the MB/s written, and the ratio of CPU time (all threads and the
+loader processes), which a busy shared machine disturbs less than wall time.
 
     python benchmarks/extract.py                                   # vit_tiny + resnet18 at 112 px, CPU
     python benchmarks/extract.py --img-size 224 --n-images 512 --device cuda --batch-size 128
@@ -216,10 +216,12 @@ def main() -> int:
         )
         return 0
     print(
-        f"{args.n_images} synthetic images, batch {args.batch_size}, {args.img_size} px, {device}, {torch.get_num_threads()} threads, {args.dtype}"
+        f"{args.n_images} synthetic images, batch {args.batch_size}, {args.img_size} px, {device}, "
+        f"{torch.get_num_threads()} threads, {args.dtype}"
     )
     print(
-        f"{'models':<44} {'bare img/s':>10} {'loading img/s':>13} {'extract img/s':>13} {'time ratio':>10} {'CPU ratio':>9} {'MB/s written':>12}"
+        f"{'models':<44} {'bare img/s':>10} {'loading img/s':>13} {'extract img/s':>13} "
+        f"{'time ratio':>10} {'CPU ratio':>9} {'MB/s written':>12}"
     )
     runs = [[m] for m in args.models] + ([args.models] if len(args.models) > 1 else [])
     worst = 0.0
@@ -240,7 +242,8 @@ def main() -> int:
         worst = max(worst, ratio)
         name = " + ".join(s.split("@")[0] for s in specs)
         print(
-            f"{name:<44} {args.n_images / bare:>10.1f} {args.n_images / load:>13.1f} {args.n_images / seconds:>13.1f} {ratio:>9.2f}x {cpu / bare_cpu:>8.2f}x "
+            f"{name:<44} {args.n_images / bare:>10.1f} {args.n_images / load:>13.1f} "
+            f"{args.n_images / seconds:>13.1f} {ratio:>9.2f}x {cpu / bare_cpu:>8.2f}x "
             f"{written / seconds / 1e6:>12.1f}",
             flush=True,
         )

@@ -4,8 +4,8 @@ For each store and image count n (a seeded subset, engine/measures_grams.choose_
 every model, build each layer's LayerGrams once, then the per-layer parts the measures share -- the spectrum (one
 eigh per layer: Procrustes, SVCCA, PWCCA), the kNN masks (k = 10: mknn, CKNNA), the RDM ranks (rsa) -- and then
 each measure's joint L x L matrix (within and across models) from those parts. Beside them: vitsee's minibatch
-linear CKA (the `cka` view, batches of 256) on the same features, and, at the smallest n, the direct functions called pair by pair
-(each call builds both layers' Grams again) on 3 layers, scaled to L x L pairs.
+linear CKA (the `cka` view, batches of 256) on the same features, and, at the smallest n, the direct functions
+called pair by pair (each call builds both layers' Grams again) on 3 layers, scaled to L x L pairs.
 
 The count lines show the sharing: Gram products, eigendecompositions and kNN sorts are counted by wrapping the
 torch calls, and equal the number of layers, not layers^2 x measures. Peak memory is the largest rise of this

@@ -124,7 +124,8 @@ def main() -> int:
     best = time_analyses(path, cfg, args.repeats, args.budget_s)
     ratio = best["probes"] / best["cka"]
     print(
-        f"probes ({args.space}) {best['probes']:.2f} s (estimated beforehand: {estimate:.1f} s), cka {best['cka']:.2f} s: "
+        f"probes ({args.space}) {best['probes']:.2f} s (estimated beforehand: {estimate:.1f} s), "
+        f"cka {best['cka']:.2f} s: "
         f"probes/CKA {ratio:.1f}x (target: at most {TARGET:g}x); load average {os.getloadavg()[0]:.2f}"
     )
     return 0 if ratio <= TARGET else 1

@@ -391,7 +391,8 @@ def report_while_probes() -> int:
     ms = sorted(result["ms"])
     p50, p95 = statistics.median(ms), ms[int(0.95 * (len(ms) - 1))]
     print(
-        f"{'with no worker (baseline)' if ARGS.no_worker else 'while a probe worker computes'} (load average {os.getloadavg()[0]:.1f}): {len(ms)} keys "
+        f"{'with no worker (baseline)' if ARGS.no_worker else 'while a probe worker computes'} "
+        f"(load average {os.getloadavg()[0]:.1f}): {len(ms)} keys "
         f"{ARGS.key_gap_ms:.0f} ms apart"
     )
     print(f"  key -> frame with the moved cursor (ms)   p50 {p50:7.1f}   p95 {p95:7.1f}   max {ms[-1]:7.1f}")

@@ -118,7 +118,8 @@ def extract(
     workers: Annotated[
         Optional[int],
         typer.Option(
-            help="image loading processes (default: on a GPU cores - 1, at most 4; on the CPU 0, images load between forward passes)"
+            help="image loading processes (default: on a GPU cores - 1, at most 4; on the CPU 0, "
+            "images load between forward passes)"
         ),
     ] = None,
     streaming: Annotated[
@@ -131,7 +132,8 @@ def extract(
         bool,
         typer.Option(
             "--heads",
-            help="with --streaming: also head-level CKA, each ViT head against the other models' layers (paper Fig. 5); without it head outputs are stored anyway",
+            help="with --streaming: also head-level CKA, each ViT head against the other models' layers "
+            "(paper Fig. 5); without it head outputs are stored anyway",
         ),
     ] = False,
     models_from: Annotated[
@@ -145,7 +147,8 @@ def extract(
         list[str],
         typer.Option(
             "--models",
-            help="every timm model with pretrained weights matching a pattern, e.g. 'vit_tiny*' (timm.list_models(PATTERN, pretrained=True))",
+            help="every timm model with pretrained weights matching a pattern, e.g. 'vit_tiny*' "
+            "(timm.list_models(PATTERN, pretrained=True))",
         ),
     ] = [],  # noqa: B006
     skip_missing: Annotated[
@@ -156,14 +159,16 @@ def extract(
         bool,
         typer.Option(
             "--grams",
-            help="streaming for a zoo: keep each layer's Gram of each batch (4 x images x batch size bytes a layer), so models run a few at a time and can be added later",
+            help="streaming for a zoo: keep each layer's Gram of each batch (4 x images x batch size bytes a layer), "
+            "so models run a few at a time and can be added later",
         ),
     ] = False,
     memory_budget: Annotated[
         Optional[str],
         typer.Option(
             "--memory-budget",
-            help="memory the models may take at once, e.g. 4G (default: half of what is free); more models run in waves",
+            help="memory the models may take at once, e.g. 4G (default: half of what is free); "
+            "more models run in waves",
         ),
     ] = None,
     overwrite: Annotated[bool, typer.Option(help="replace an existing store")] = False,
@@ -174,7 +179,8 @@ def extract(
     threads: Annotated[
         Optional[int],
         typer.Option(
-            help="CPU compute threads (default: the usable cores other processes leave free; CKA Grams and probe fits also share the busy ones, a layer at a time)"
+            help="CPU compute threads (default: the usable cores other processes leave free; "
+            "CKA Grams and probe fits also share the busy ones, a layer at a time)"
         ),
     ] = None,
 ) -> None:
@@ -534,7 +540,8 @@ def info(store: Annotated[Path, typer.Argument(help="a store made by `vitsee ext
             if note:
                 out.print(f"  [yellow]{note}[/]", highlight=False)
             out.print(
-                f"  input {meta['data_config']['input_size']}{_grid_text(meta)}; {meta['dtype']}, batch {meta['batch_size']}; "
+                f"  input {meta['data_config']['input_size']}{_grid_text(meta)}; "
+                f"{meta['dtype']}, batch {meta['batch_size']}; "
                 f"{done}/{s.n_images} rows done; {human_bytes(s.model_bytes(key))}",
                 highlight=False,
             )
@@ -772,7 +779,8 @@ def analyze(
     threads: Annotated[
         Optional[int],
         typer.Option(
-            help="CPU compute threads (default: the usable cores other processes leave free; CKA Grams and probe fits also share the busy ones, a layer at a time)"
+            help="CPU compute threads (default: the usable cores other processes leave free; "
+            "CKA Grams and probe fits also share the busy ones, a layer at a time)"
         ),
     ] = None,
     measures: Annotated[
@@ -877,7 +885,8 @@ ViewSeed = Annotated[Optional[int], typer.Option(help=f"seed {EST_HELP}")]
 ViewDevice = Annotated[
     Optional[str],
     typer.Option(
-        help="auto | cpu | cuda: where to compute a view not cached yet (the cached one is shown whatever device made it)"
+        help="auto | cpu | cuda: where to compute a view not cached yet "
+        "(the cached one is shown whatever device made it)"
     ),
 ]
 ViewCI = Annotated[Optional[float], typer.Option(help=f"confidence level of the intervals (0: none) {EST_HELP}")]

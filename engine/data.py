@@ -405,7 +405,8 @@ class CifarSet(ImageSet):
         what = f"a dict with keys {list(batch)[:4]}" if isinstance(batch, dict) else f"a {type(batch).__name__}"
         if not isinstance(batch, dict) or b"data" not in batch or self._label_key not in batch:
             raise VitseeError(
-                f"{path} holds {what}, not a {self.variant} batch (a dict of b'data' and {self._label_key!r}): {way_out}"
+                f"{path} holds {what}, not a {self.variant} batch "
+                f"(a dict of b'data' and {self._label_key!r}): {way_out}"
             )
         data, labels = np.asarray(batch[b"data"]), np.asarray(batch[self._label_key])
         if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
@@ -818,7 +819,8 @@ def train_test_split(
         raise VitseeError(f"--test-fraction {test_fraction} is outside (0, 1): use e.g. 0.2")
     if n_images is not None and n_images > n_available:
         raise VitseeError(
-            f"--n-images {n_images} asks for more images than the dataset holds ({n_available}): use --n-images {n_available} or fewer"
+            f"--n-images {n_images} asks for more images than the dataset holds ({n_available}): "
+            f"use --n-images {n_available} or fewer"
         )
     order = np.random.default_rng([seed, 0]).permutation(n_available)[: n_images or n_available]
     n_test = int(round(len(order) * test_fraction))
@@ -827,7 +829,8 @@ def train_test_split(
     if n_test < MIN_IMAGES or n_train < MIN_IMAGES:
         raise VitseeError(
             f"{len(order)} images give {n_train} to train on and {n_test} to test (--test-fraction {test_fraction}, "
-            f"--data-fraction {data_fraction}); each part needs at least {MIN_IMAGES}: use more images or larger fractions"
+            f"--data-fraction {data_fraction}); each part needs at least {MIN_IMAGES}: "
+            "use more images or larger fractions"
         )
     keep = np.random.default_rng([seed, 1]).permutation(len(train))[:n_train]
     return np.sort(train[keep]).astype(np.int64), np.sort(test).astype(np.int64)

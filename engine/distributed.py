@@ -52,7 +52,8 @@ def current() -> Rank | None:
         return Rank(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", os.environ["RANK"])))
     except (KeyError, ValueError):
         raise VitseeError(
-            f"WORLD_SIZE={world} but RANK/LOCAL_RANK are not set: launch with torchrun (or set them), or unset WORLD_SIZE"
+            f"WORLD_SIZE={world} but RANK/LOCAL_RANK are not set: "
+            "launch with torchrun (or set them), or unset WORLD_SIZE"
         ) from None
 
 

@@ -247,7 +247,8 @@ def check_same_images(store: Store, images: ImageSet, indices: np.ndarray) -> No
     if store.dataset_spec != images.spec or not np.array_equal(store.indices, indices):
         raise VitseeError(
             f"{store.path} holds {store.n_images} images of '{store.dataset_spec}' but this run asks for "
-            f"{len(indices)} of '{images.spec}': use the same --dataset/--n-images/--shuffle-seed, a new store, or --overwrite"
+            f"{len(indices)} of '{images.spec}': "
+            "use the same --dataset/--n-images/--shuffle-seed, a new store, or --overwrite"
         )
 
 
@@ -277,14 +278,20 @@ def check_same_mode(store: Store, cfg: ExtractConfig, keys: list[str]) -> None:
         )
     if cfg.streaming and not store.streaming:
         raise VitseeError(
-            f"{store.path} already holds activations; --streaming makes a store of its own: choose another path or --overwrite"
+            f"{store.path} already holds activations; "
+            "--streaming makes a store of its own: choose another path or --overwrite"
         )
     if cfg.streaming and cfg.grams != keeps_grams(store):
         raise VitseeError(
-            f"{store.path} keeps each layer's per-batch Grams (--grams): add --grams to resume it or to add models to it"
+            (
+                f"{store.path} keeps each layer's per-batch Grams (--grams): "
+                "add --grams to resume it or to add models to it"
+            )
             if keeps_grams(store)
-            else f"{store.path} streamed one all-pairs CKA accumulator, not per-model Grams: stream the zoo with --grams "
-            "into another store (or --overwrite), or leave out --grams to resume it"
+            else (
+                f"{store.path} streamed one all-pairs CKA accumulator, not per-model Grams: "
+                "stream the zoo with --grams into another store (or --overwrite), or leave out --grams to resume it"
+            )
         )
     new = [k for k in keys if k not in store.models]
     if cfg.grams and new and cfg.batch_size != gram_batch_size(store):
@@ -300,7 +307,8 @@ def check_same_mode(store: Store, cfg: ExtractConfig, keys: list[str]) -> None:
     if cfg.streaming and not cfg.grams and store.models != keys:
         raise VitseeError(
             f"{store.path} streamed {', '.join(store.models)}; a streaming store cannot take other models "
-            f"({', '.join(keys)}) since its CKA covers all models of one pass: give the same --model list, another store or --overwrite"
+            f"({', '.join(keys)}) since its CKA covers all models of one pass: "
+            "give the same --model list, another store or --overwrite"
         )
 
 
@@ -405,7 +413,8 @@ def plan(
         if cfg.heads and not any(mp.head_recorder for mp in plans):
             raise VitseeError(
                 f"--heads compares a ViT's attention heads with another model, and no model of this run "
-                f"({', '.join(keys)}) has attention heads (ViT-like models do): add a ViT with --model, or leave out --heads"
+                f"({', '.join(keys)}) has attention heads (ViT-like models do): "
+                "add a ViT with --model, or leave out --heads"
             )
     except BaseException:
         if existing is not None:

@@ -17,10 +17,10 @@ an existing shape is drawn here without code of its own:
 - measures side by side ("do the measures agree?"): each layer x layer measure's matrix of one pair of models with
   the same axes, and their rank correlations as an annotated matrix.
 
-Orientation: heatmaps whose rows are layers (layer matrices, token ratios, heads) put row 0 at the bottom left, as the paper
-does, so depth grows up and to the right. The terminal (`vitsee show`, the TUI) draws row 0 at the top
-because text is read top-down; both name every layer on the axis, and the figure's caption says which way
-up it is (ORIENTATION). Spatial maps are pictures of the input: grid row 0 is at the top everywhere.
+Orientation: heatmaps whose rows are layers (layer matrices, token ratios, heads) put row 0 at the bottom left, as
+the paper does, so depth grows up and to the right. The terminal (`vitsee show`, the TUI) draws row 0 at the top
+because text is read top-down; both name every layer on the axis, and the figure's caption says which way up it
+is (ORIENTATION). Spatial maps are pictures of the input: grid row 0 is at the top everywhere.
 
 Every text lies inside the figure, whatever the names: titles, subtitles and captions are wrapped to the
 figure's width as the renderer measures them, and axes titles and axis labels longer than their axes are

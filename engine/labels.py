@@ -1,7 +1,8 @@
 """Layer names shortened alike for a narrow place (a heatmap's gutter, an axis), never two layers alike: one
 layout for `vitsee show` (engine/render.py) and the app (tui/widgets/axis_labels.py builds its axes on it).
 
-    'blocks.11' -> 'b.11'     'layer2.1.conv1' -> 'l2.1.conv1'     'blocks.3.attn' -> '3.attn'     'patch_embed' -> 'patch…'
+    'blocks.11' -> 'b.11'     'layer2.1.conv1' -> 'l2.1.conv1'     'blocks.3.attn' -> '3.attn'
+    'patch_embed' -> 'patch…'
 """
 
 from __future__ import annotations

@@ -147,7 +147,8 @@ def u_centre_gram(k: torch.Tensor) -> torch.Tensor:
 
 
 def cka_from_grams(k: torch.Tensor, l: torch.Tensor, debiased: bool = False) -> float:
-    """Returns <C(K), C(L)>_F / (||C(K)|| ||C(L)||): CKA of two (n, n) Grams, C the centring (U-centring if debiased)."""
+    """Returns <C(K), C(L)>_F / (||C(K)|| ||C(L)||): CKA of two (n, n) Grams, C the centring (U-centring if
+    debiased)."""
     centre = u_centre_gram if debiased else centre_gram
     kc, lc = centre(k), centre(l)
     return float((kc * lc).sum() / (kc.norm() * lc.norm()))

@@ -555,5 +555,6 @@ def pairwise(grams_a: Sequence[LayerGrams], grams_b: Sequence[LayerGrams] | None
 
 
 def pair(grams_x: LayerGrams, grams_y: LayerGrams, name: str, **params) -> float:
-    """Returns measure `name` of one pair of layers from their Grams (what measures.<name>(x, y) gives from features)."""
+    """Returns measure `name` of one pair of layers from their Grams (what measures.<name>(x, y) gives from
+    features)."""
     return float(pairwise([grams_x], [grams_y], name, **params)[0, 0])

@@ -113,7 +113,8 @@ def parse_model_spec(text: str) -> ModelSpec:
             ) from None
         if not 0 <= seed <= MAX_TORCH_SEED:
             raise VitseeError(
-                f"seed {seed} in '{text}' is out of torch's range: use @random:SEED with SEED from 0 to {MAX_TORCH_SEED}"
+                f"seed {seed} in '{text}' is out of torch's range: "
+                f"use @random:SEED with SEED from 0 to {MAX_TORCH_SEED}"
             )
         return ModelSpec(name, tag, "random", seed=seed)
     path = Path(os.path.expanduser(weights))
@@ -305,7 +306,8 @@ def layer_points(model: nn.Module, family: str, layers: str | list[str]) -> list
         if family in POINTS:
             return POINTS[family](model, layers)
         raise VitseeError(
-            f"{type(model).__name__} is not a ViT-, ResNet-, Mixer- or Swin-like model, so '{layers}' is not defined for it: "
+            f"{type(model).__name__} is not a ViT-, ResNet-, Mixer- or Swin-like model, "
+            f"so '{layers}' is not defined for it: "
             "name the layers with --layers NAME,NAME (module paths from `vitsee layers MODEL --granularity modules`)"
         )
     modules = dict(model.named_modules())
@@ -703,7 +705,8 @@ def load_model(spec: ModelSpec | str, img_size: int | None = None, device: str |
         tag = spec.tag or _default_tag(spec.name)
         if tag is None:
             raise VitseeError(
-                f"{spec.name} has no pretrained weights in timm: use {spec.name}@random or {spec.name}@/path/to/weights.safetensors"
+                f"{spec.name} has no pretrained weights in timm: "
+                f"use {spec.name}@random or {spec.name}@/path/to/weights.safetensors"
             )
         spec = ModelSpec(spec.name, tag, "pretrained")
         cached = cached_pretrained_file(spec.timm_name)

@@ -48,8 +48,8 @@ class Recorder:
 
 # fp16 rounding loss (error energy over centred signal energy) above which a layer is named at extraction.
 # 1 - CKA(x, fp16(x)) comes out within a factor of about 2 of this ratio (measured: 5.2e-3 -> 5.2e-3,
-# 6.6e-4 -> 6.4e-4, 4.2e-3 -> 9.5e-3), so 1e-4 keeps a stored layer's CKA within a few 1e-4 of float32. Plain fp16 rounding costs ~1e-7; activations near
-# +-2000 in a few channels (pretrained ViTs have them) cost 1e-3 to 1e-2.
+# 6.6e-4 -> 6.4e-4, 4.2e-3 -> 9.5e-3), so 1e-4 keeps a stored layer's CKA within a few 1e-4 of float32. Plain fp16
+# rounding costs ~1e-7; activations near +-2000 in a few channels (pretrained ViTs have them) cost 1e-3 to 1e-2.
 FP16_LOSS_LIMIT = 1e-4
 
 
@@ -360,7 +360,8 @@ class SkipRatioRecorder(Recorder):
         ]
 
     def _mixer_block(self, i: int, block: nn.Module) -> None:
-        """x + mlp_tokens(norm1(x)^T)^T, then x + mlp_channels(norm2(x)): per token, the stream against what each adds."""
+        """x + mlp_tokens(norm1(x)^T)^T, then x + mlp_channels(norm2(x)): per token, the stream against what each
+        adds."""
         stream: dict[str, torch.Tensor] = {}
 
         def keep(key):

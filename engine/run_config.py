@@ -4,9 +4,10 @@ A store's root attr `run_config` (and an appended model file's, for the run that
 everything `vitsee extract` was given that decides what is stored: the models' specs (weights files by their
 absolute paths), the dataset (its canonical spec), the number of images and the shuffle seed, the batch size,
 the image size, the layers, the dtype and streaming; plus the device it ran on, which changes no stored value
-and which a resume may replace (loader workers are not recorded: the resuming machine picks its own). `vitsee extract STORE` with no model rebuilds the run
-from that record (`plan_resume`) and finishes its missing batches (`extract.resume_extraction`), as the
-app's Resume does. Stores made before runs were recorded open as before; only resuming them needs the original command.
+and which a resume may replace (loader workers are not recorded: the resuming machine picks its own).
+`vitsee extract STORE` with no model rebuilds the run from that record (`plan_resume`) and finishes its missing
+batches (`extract.resume_extraction`), as the app's Resume does. Stores made before runs were recorded open as
+before; only resuming them needs the original command.
 
 No torch at import: `vitsee info` reads records through this module.
 """

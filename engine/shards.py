@@ -82,7 +82,8 @@ def stitch(path: str | Path, shard_paths: Sequence[Path], cfg, models: Sequence[
                 map(os.path.normpath, rels)
             ):
                 raise VitseeError(
-                    f"{path} was stitched from other shards than {shard_paths[0].parent.name}/ holds now: rerun with --overwrite"
+                    f"{path} was stitched from other shards than {shard_paths[0].parent.name}/ holds now: "
+                    "rerun with --overwrite"
                 )
             for key in keys:
                 store.add_virtual_model(key, lambda group, key=key: _fill_virtual_model(group, key, shard_paths))

@@ -46,7 +46,8 @@ def check_level(level: float) -> float:
     """Return level if it is a confidence level in (0, 1); raise the one-line error otherwise."""
     if not 0.0 < float(level) < 1.0:
         raise VitseeError(
-            f"--ci {level} is not a confidence level: use a number between 0 and 1, e.g. --ci 0.9 (0 turns intervals off)"
+            f"--ci {level} is not a confidence level: "
+            "use a number between 0 and 1, e.g. --ci 0.9 (0 turns intervals off)"
         )
     return float(level)
 

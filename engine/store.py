@@ -25,8 +25,8 @@ and input: each model group records its layers' per-image shapes and prefix toke
 slots, batch b writes slot b % 2 before `done` marks it, so the state of the last finished batch is never
 the one being overwritten). With `--heads`, /streaming/heads/<vit> (2, S) holds a ViT's head-level CKA accumulator
 the same way (attrs blocks, heads, columns: its heads against every layer of the run's other models). A streaming
-store made with `--grams` (a zoo) has no accumulator: /streaming (attrs grams, batch_size) marks it, and each model keeps
-its layers' per-batch Grams in grams/<layer>, so models run one at a time and are appended later (zoo_store.py).
+store made with `--grams` (a zoo) has no accumulator: /streaming (attrs grams, batch_size) marks it, and each model
+keeps its layers' per-batch Grams in grams/<layer>, so models run one at a time and are appended later (zoo_store.py).
 
 A store stitched from torchrun shards (file attr shards: json list of relative paths) holds the images and,
 per model, HDF5 virtual datasets over the shards' datasets of the same names; see shards.py. Readers use
@@ -38,7 +38,8 @@ again except in place:
                             built under a temporary name and renamed into place; attrs: store_id (random hex)
     STORE.d/lock            the one-writer lock (see store_lock.py)
     STORE.d/models/K.h5     a model appended later (K = its key, %-quoted): the group layout above at the file's
-                            root, attrs store_id, order and run_config (the run that added it); allocated in full under a temporary name, then renamed
+                            root, attrs store_id, order and run_config (the run that added it); allocated in full
+                            under a temporary name, then renamed
     STORE.d/results/A/I.h5  one cached result of analysis A (I = hash of its parameters): arrays at the root,
                             attrs params, provenance, store_id; written under a temporary name, then renamed
 Every data array a run fills is allocated in full when its file is made (HDF5 early allocation, and the

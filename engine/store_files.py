@@ -138,8 +138,8 @@ def _move_aside(store: Path, owner: str, files: list[Path]) -> Path:
             moved += 1
     warnings.warn(
         f"{store}: moved {moved} file(s) of another store (store_id {owner[:ASIDE_ID]}...: models and results made "
-        f"before {store.name} was made or replaced) aside to {aside.name}/; if that store was moved without its folder, "
-        "rename this one to its name + '.d' (`vitsee info` on it says so)",
+        f"before {store.name} was made or replaced) aside to {aside.name}/; "
+        "if that store was moved without its folder, rename this one to its name + '.d' (`vitsee info` on it says so)",
         VitseeNote,
         stacklevel=2,
     )
@@ -192,7 +192,8 @@ def check_store_path(path: Path) -> None:
         raise VitseeError(f"store {path} is a folder: give the path of a .h5 store file")
     if path.stat().st_size == 0:  # HDF5 would turn an empty file opened for writing into an HDF5 file
         raise VitseeError(
-            f"store {path} is an empty file, not a vitsee store: give a store made by `vitsee extract` (which replaces this file with --overwrite)"
+            f"store {path} is an empty file, not a vitsee store: "
+            "give a store made by `vitsee extract` (which replaces this file with --overwrite)"
         )
 
 

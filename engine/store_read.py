@@ -116,7 +116,8 @@ class StoreReading:
         return bool(self.file.attrs.get("streaming", False))
 
     def require_activations(self, what: str) -> None:
-        """Raises a VitseeError (`{what}` says what cannot be done) when the store keeps no activations (--streaming)."""
+        """Raises a VitseeError (`{what}` says what cannot be done) when the store keeps no activations
+        (--streaming)."""
         if self.streaming:
             raise VitseeError(
                 f"{self.path} was extracted with --streaming: activations were not stored, so {what}: "
@@ -263,7 +264,8 @@ class StoreReading:
         if block not in self.head_blocks(model):
             raise VitseeError(
                 f"no head outputs of '{block}' stored for {self.resolve_model(model)} (stored: "
-                f"{', '.join(self.head_blocks(model)) or 'none'}): re-extract the ViT with this vitsee, without --streaming"
+                f"{', '.join(self.head_blocks(model)) or 'none'}): "
+                "re-extract the ViT with this vitsee, without --streaming"
             )
         return self._finished(model, group["heads"][block], rows)
 

@@ -194,7 +194,10 @@ def _implausible(ds: h5py.Dataset) -> str | None:
     (a crafted (10^6, 10^6) array would otherwise be read into memory whole)."""
     size = os.path.getsize(ds.file.filename)
     if ds.nbytes > size:
-        return f"declares {tuple(ds.shape)} of {ds.dtype} ({human_bytes(ds.nbytes)}), more than its file's {human_bytes(size)}"
+        return (
+            f"declares {tuple(ds.shape)} of {ds.dtype} ({human_bytes(ds.nbytes)}), "
+            f"more than its file's {human_bytes(size)}"
+        )
     if ds.chunks is None and not ds.is_virtual and ds.id.get_storage_size() < ds.nbytes and ds.size:
         return f"declares {tuple(ds.shape)} but holds {ds.id.get_storage_size()} of its {ds.nbytes} bytes"
     return None

@@ -222,7 +222,8 @@ def _plan(cfg: TrainConfig) -> _Plan:
     if not images.has_labels or (labels < 0).any():
         missing = int((labels < 0).sum())
         raise VitseeError(
-            f"dataset '{images.spec}' has {missing} of {len(images)} images without a label; training needs a label for "
+            f"dataset '{images.spec}' has {missing} of {len(images)} images without a label; "
+            "training needs a label for "
             "every image: use an image folder with one sub-folder per class, or an .npz with 'labels'"
         )
     train_idx, test_idx = train_test_split(len(images), cfg.test_fraction, cfg.seed, cfg.n_images, cfg.data_fraction)

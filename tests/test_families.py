@@ -368,8 +368,8 @@ def _unbiased_cka(x: np.ndarray, y: np.ndarray) -> float:
     "offset,spread,lossy", [(0, 1.0, False), (100, 0.3, False), (2000, 1.0, True), (2000, 3.0, True)]
 )
 def test_fp16_rounding_loss_bounds_what_cka_loses(offset, spread, lossy):
-    """The measured ratio ||x - fp16(x)||^2 / ||x - mean||^2 tracks |1 - CKA(x, fp16(x))| (fp64, the formula); a few channels near
-    +-2000 (as in pretrained ViTs) go over the limit, ordinary activations stay far below it."""
+    """The measured ratio ||x - fp16(x)||^2 / ||x - mean||^2 tracks |1 - CKA(x, fp16(x))| (fp64, the formula); a few
+    channels near +-2000 (as in pretrained ViTs) go over the limit, ordinary activations stay far below it."""
     from vitsee.engine.models import Point
     from vitsee.engine.recorders import FP16_LOSS_LIMIT, ActivationRecorder, fp16_lossy_layers
 

@@ -283,9 +283,9 @@ STATS = {"ci": 0.95, "permutations": 199}
 
 def _subtitle(*models: str) -> str:
     """The subtitle load_view writes: each model's weights, then the images."""
-    return (
-        "; ".join(f"{m}: random init (seed 0)" for m in models)
-        + "; 2560 images of npz:/mnt/shared/Datasets/ImageNet/ILSVRC2012_VALIDATION_MAXRES_WITH_BOXES_AND_MASKS_FROM_THE_2026_RELABELLING_WMW.npz"
+    return "; ".join(f"{m}: random init (seed 0)" for m in models) + (
+        "; 2560 images of npz:/mnt/shared/Datasets/ImageNet/"
+        "ILSVRC2012_VALIDATION_MAXRES_WITH_BOXES_AND_MASKS_FROM_THE_2026_RELABELLING_WMW.npz"
     )
 
 

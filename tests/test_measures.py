@@ -144,7 +144,8 @@ def _mknn_ref(x, y, k):
 
 
 def _cknna_ref(x, y, k):
-    """Huh et al.'s CKNNA as platonic-rep's metrics.py computes it (unbiased HSIC of masked kernels), without its 1e-6."""
+    """Huh et al.'s CKNNA as platonic-rep's metrics.py computes it (unbiased HSIC of masked kernels), without its
+    1e-6."""
 
     def kernel(a):
         an = a / np.linalg.norm(a, axis=1, keepdims=True)
@@ -327,7 +328,8 @@ class TestConsistency:
         assert _call(name, y, x) == pytest.approx(_call(name, x, y), abs=1e-10)
 
     def test_pwcca_and_cknna_are_not_symmetric(self):
-        """PWCCA weights by x's neurons; CKNNA's 1'AB1 term differs from 1'BA1 as the mutual-kNN mask is not symmetric."""
+        """PWCCA weights by x's neurons; CKNNA's 1'AB1 term differs from 1'BA1 as the mutual-kNN mask is not
+        symmetric."""
         x, y = _layers(60)[:2]
         assert abs(ms.pwcca(x, y) - ms.pwcca(y, x)) > 1e-4
         assert abs(ms.cknna(x, y, k=K) - ms.cknna(y, x, k=K)) > 1e-6

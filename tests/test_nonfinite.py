@@ -294,7 +294,10 @@ def _finish_batch(path, batch: int) -> None:
     import subprocess
     import sys
 
-    code = f"import h5py\nwith h5py.File({str(path)!r}, 'r+', locking=False) as f:\n    f['models/{VIT}/done'][{batch}] = 1\n"
+    code = (
+        f"import h5py\nwith h5py.File({str(path)!r}, 'r+', locking=False) as f:\n"
+        f"    f['models/{VIT}/done'][{batch}] = 1\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -160,7 +160,8 @@ async def test_a_view_that_does_not_apply_says_why(store, tmp_path):
         await settle(pilot, lambda a: a.screen.pane("cka").loaded.spec == f"cka:{RESNET}")
         await pilot.press("2")
         await settle(pilot)
-        # the analysis's one reason (as `vitsee analyze --attention` and the dossier say it), and the key to a model it fits
+        # the analysis's one reason (as `vitsee analyze --attention` and the dossier say it), and the key to a model
+        # it fits
         assert status(app) == (
             f"{RESNET} has no attention distances (resnet model): they exist for ViT- and Swin-like "
             f"models only; press a to pick {VIT} as model A"

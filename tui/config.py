@@ -37,8 +37,8 @@ COLOR_CHOICES = ("auto", "truecolor", "256", "16", "none")
 DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?$")
 
 # What `preset = "vim"` adds, by Binding id. hjkl already move every cursor; this adds vim's jumps and pages,
-# and hjkl in the probe table (`:` is already the explorer's jump overlay, vim's command line). The ERF log toggle leaves `g` (first row) to the
-# heatmap it sits around, which would otherwise hide it.
+# and hjkl in the probe table (`:` is already the explorer's jump overlay, vim's command line). The ERF log toggle
+# leaves `g` (first row) to the heatmap it sits around, which would otherwise hide it.
 PRESETS: dict[str, dict[str, str]] = {
     "vim": {
         "heatmap.first_row": "home,g",

@@ -9,9 +9,9 @@ Nguyen et al. 2021:
 with K_b = X_b X_b^T the Gram matrix of batch b of the flattened representation (ViT: tokens x channels,
 CNN: H x W x C). HSIC1 of one batch is a Frobenius inner product of U-centred Grams, so the HSIC of all layer pairs
 of a batch is one matrix product of the stacked, flattened, U-centred Grams (the shape of Google's
-efficient_CKA.py). The first part of this module is the pure numerical core (arrays in, arrays out, no store, no printing); the
-second is the store-facing runner: the result's parameters (its cache key), the run over the store, and the
-CKA a streaming extraction accumulates as it goes.
+efficient_CKA.py). The first part of this module is the pure numerical core (arrays in, arrays out, no store, no
+printing); the second is the store-facing runner: the result's parameters (its cache key), the run over the store,
+and the CKA a streaming extraction accumulates as it goes.
 """
 
 from __future__ import annotations
@@ -73,8 +73,8 @@ PAIR_ROWS = 64  # the pair products are cut into blocks of this many rows, each 
 #   Gram fp32, U-centring + pair product fp32: 2.4e-07 (2.7e-07)  -- the m*m-term sums in fp32 are what hurts
 #   Gram fp64, U-centring + pair product fp64: 6.8e-15 (1.2e-14), at 2-5x the CPU time, 1/64 rate on consumer GPUs
 # Once the features are shifted to about their batch mean, the fp32 Gram is accurate to ~1e-8 in CKA; without the
-# shift the error grows with the offset (8e-8 on these features, 3e-2 with +300, on 512 of them). U-centring and the pair
-# product are O(L m^2) and O(L^2 m^2) against O(L m^2 D) for the Grams, so they run in fp64 at no visible cost.
+# shift the error grows with the offset (8e-8 on these features, 3e-2 with +300, on 512 of them). U-centring and the
+# pair product are O(L m^2) and O(L^2 m^2) against O(L m^2 D) for the Grams, so they run in fp64 at no visible cost.
 GRAM_DTYPE = "float32"
 PAIR_DTYPE = "float64"
 
@@ -843,7 +843,8 @@ def _streamed_cka(store: Store, cfg: AnalyzeConfig, params: dict) -> Result:
         return Result.load(store, "cka", streamed) or save_streamed_cka(store)
     raise VitseeError(
         f"{store.path} was extracted with --streaming: its CKA was computed during extraction with batch size "
-        f"{streamed['batch_size']} in store order, without intervals or p-values (--batch-size {streamed['batch_size']} "
+        f"{streamed['batch_size']} in store order, without intervals or p-values "
+        f"(--batch-size {streamed['batch_size']} "
         "--shuffles 0 --ci 0 --permutations 0) and other settings need the activations, which were not stored: "
         "re-extract without --streaming into another store"
     )
@@ -903,7 +904,8 @@ def save_streamed_cka(store: Store) -> Result:
     saved = store.streamed_cka_state()
     if saved is None:
         raise VitseeError(
-            f"{store.path} has no finished batch to compute CKA from: rerun the same `vitsee extract --streaming` command"
+            f"{store.path} has no finished batch to compute CKA from: "
+            "rerun the same `vitsee extract --streaming` command"
         )
     state, columns = saved
     params = streamed_cka_params(store)

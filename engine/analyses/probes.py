@@ -1340,7 +1340,8 @@ def probe_warning(store: Store, model: str, cfg: AnalyzeConfig, limit_s: float =
     )
     return (
         f"probes of {key} are expected to take about {seconds / 60:.0f} min ({len(store.layers(key))} layers, "
-        f"{store.n_images} images; x cancels): narrow them with {narrow}a store of fewer layers (extract --layers NAME,NAME)"
+        f"{store.n_images} images; x cancels): narrow them with {narrow}a store of fewer layers "
+        "(extract --layers NAME,NAME)"
     )
 
 

@@ -82,7 +82,14 @@ class DossierScreen(ModalScreen[OpenView | None]):
     DEFAULT_CSS = """
     DossierScreen {
         align: center middle;
-        & > #dossier { width: 95%; max-width: 130; height: 95%; border: round $accent; background: $surface; padding: 0 1; }
+        & > #dossier {
+            width: 95%;
+            max-width: 130;
+            height: 95%;
+            border: round $accent;
+            background: $surface;
+            padding: 0 1;
+        }
         & .dossier--title { text-style: bold; width: 1fr; }
         & .dossier--hint { color: $text-muted; width: 1fr; }
         & #dossier-body { height: 1fr; }

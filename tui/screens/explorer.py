@@ -199,7 +199,15 @@ class ExplorerScreen(Screen):
 
     DEFAULT_CSS = """
     ExplorerScreen {
-        & #title-bar { width: 1fr; height: 1; padding: 0 1; background: $panel; color: $text; text-wrap: nowrap; text-overflow: ellipsis; }
+        & #title-bar {
+            width: 1fr;
+            height: 1;
+            padding: 0 1;
+            background: $panel;
+            color: $text;
+            text-wrap: nowrap;
+            text-overflow: ellipsis;
+        }
         & #explorer-body { height: 1fr; }
         & #main { width: 1fr; height: 1fr; }
         & #panes { height: 1fr; }

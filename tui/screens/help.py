@@ -138,7 +138,8 @@ def legend_table(legend: list[tuple[str, str]]) -> Table:
 
 
 class HelpScreen(ModalScreen[None]):
-    """The keys of the current view by group, then the legend of its marks; scrolls when it is taller than the window."""
+    """The keys of the current view by group, then the legend of its marks; scrolls when it is taller than the
+    window."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape,question_mark,q", "dismiss", "Close", id="help.close", tooltip="Close the help"),

@@ -90,8 +90,8 @@ class ErfPane(HeatmapPane):
         self.query_one(".erf--note", Label).update(
             f"{view.params.get('layer')}: {view.extra['no_field']}"
             if view.extra.get("no_field")
-            else f"{view.params.get('layer')}: share of |d centre / d input| per pixel over {view.params.get('erf_images')} "
-            f"images; {'log' if self.log_scale else 'linear'} colours (g switches)"
+            else f"{view.params.get('layer')}: share of |d centre / d input| per pixel over "
+            f"{view.params.get('erf_images')} images; {'log' if self.log_scale else 'linear'} colours (g switches)"
         )
         self.post_status()
 

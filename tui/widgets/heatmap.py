@@ -190,15 +190,15 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
         "heatmap--ink-on-light",
     }
     """
-    | Class | Used for |
-    | :- | :- |
-    | `heatmap--label` | Row and column labels. |
-    | `heatmap--label-cursor` | The labels of the cursor's row and column. |
-    | `heatmap--legend` | The legend text. |
-    | `heatmap--missing` | Cells not computed yet (colour = glyph, background = the hole). |
-    | `heatmap--nonfinite` | Cells computed from NaN/Inf inputs (colour = glyph and half block). |
-    | `heatmap--cursor` | The cursor where it is drawn with text attributes (values, ASCII). |
-    | `heatmap--ink-on-dark` / `heatmap--ink-on-light` | Text and the cursor's corner marks drawn on a dark / light level. |
+| Class | Used for |
+| :- | :- |
+| `heatmap--label` | Row and column labels. |
+| `heatmap--label-cursor` | The labels of the cursor's row and column. |
+| `heatmap--legend` | The legend text. |
+| `heatmap--missing` | Cells not computed yet (colour = glyph, background = the hole). |
+| `heatmap--nonfinite` | Cells computed from NaN/Inf inputs (colour = glyph and half block). |
+| `heatmap--cursor` | The cursor where it is drawn with text attributes (values, ASCII). |
+| `heatmap--ink-on-dark` / `heatmap--ink-on-light` | Text and the cursor's corner marks drawn on a dark / light level. |
     """
 
     DEFAULT_CSS = """

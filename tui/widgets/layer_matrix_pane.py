@@ -109,7 +109,10 @@ class LayerMatrixPane(HeatmapPane):
         view = self.loaded.view
         value = heatmap.value_at(row, col)
         interval = view.interval_text(row, col) if value == value else ""
-        return f"{heatmap.row_labels[row]} x {heatmap.col_labels[col]}  {view.value_name} {heatmap.describe(row, col)}{interval}"
+        return (
+            f"{heatmap.row_labels[row]} x {heatmap.col_labels[col]}  "
+            f"{view.value_name} {heatmap.describe(row, col)}{interval}"
+        )
 
     def places(self) -> list[Place]:
         """Returns model A's row layers, then, across two models, model B's column layers."""

@@ -6,9 +6,9 @@ the skip ratios. Each series has its own colour (a colour-blind-safe set, fixed:
 warning are the same orange in textual-dark); without colour the series after the first are drawn as a
 glyph of their own at each sample (o, x, +), so the curves can still be told apart, and the legend
 shows each one's glyph. The y axis has a tick every few lines; the x labels are laid out by
-`layout_axis_labels`, the marked position's label highlighted in its own slot. A series with an interval per sample (a probe's binomial interval, a
-skip ratio's t interval) gets a band: a column of BAND glyphs from its low to its high end at each sample,
-behind the curve, and a caption line saying what the interval is.
+`layout_axis_labels`, the marked position's label highlighted in its own slot. A series with an interval per sample
+(a probe's binomial interval, a skip ratio's t interval) gets a band: a column of BAND glyphs from its low to its high
+end at each sample, behind the curve, and a caption line saying what the interval is.
 """
 
 from __future__ import annotations

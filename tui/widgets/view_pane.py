@@ -55,7 +55,14 @@ class ViewPane(Vertical):
     DEFAULT_CSS = """
     ViewPane {
         height: 1fr;
-        & > .pane--title { width: 1fr; height: 1; color: $text-muted; padding: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
+        & > .pane--title {
+            width: 1fr;
+            height: 1;
+            color: $text-muted;
+            padding: 0 1;
+            text-wrap: nowrap;
+            text-overflow: ellipsis;
+        }
         & > .pane--message { width: 1fr; height: auto; padding: 1 2; color: $text-muted; }
         & > .pane--body { height: 1fr; }
         &.-message > .pane--body { display: none; }
