@@ -9,8 +9,9 @@ import torch
 from safetensors.numpy import load_file
 
 import vitsee
-from conftest import IMG, VIT, run_cli
+from conftest import IMG, RESNET, VIT, run_cli
 from vitsee.engine.store import Store as EngineStore
+from vitsee.engine.zoo_store import keeps_grams, read_gram
 
 EXTRACT = {"dataset": "synthetic", "n_images": 8, "batch_size": 4, "img_size": IMG, "device": "cpu", "workers": 0}
 EXTRACT_CLI = [
@@ -69,6 +70,45 @@ class TestExtract:
             assert mine.run_config() == {**theirs.run_config()}
             for layer in mine.layers(VIT):
                 assert np.array_equal(mine.activations(VIT, layer), theirs.activations(VIT, layer))
+
+    def test_a_zoo_of_grams_is_the_store_vitsee_extract_grams_writes(self, tmp_path, capsys):
+        """grams and memory_budget as --grams and --memory-budget: the same streamed Grams, waves of one model each
+        (a budget below any model), and the zoo from them. One thread each: a forward pass's float sums follow the
+        thread count."""
+        models = [VIT, RESNET]
+        lib = vitsee.extract(
+            tmp_path / "lib.h5", models, **EXTRACT, grams=True, memory_budget=1, threads=1, progress=False
+        )
+        cli = [
+            "extract",
+            tmp_path / "cli.h5",
+            "-m",
+            VIT,
+            "-m",
+            RESNET,
+            *EXTRACT_CLI,
+            "--grams",
+            "--memory-budget",
+            "1",
+            "--threads",
+            "1",
+        ]
+        code, _, err = run_cli(cli, capsys)
+        assert code == 0, err
+        with EngineStore.open(lib.path) as mine, EngineStore.open(tmp_path / "cli.h5") as theirs:
+            assert mine.run_config() == theirs.run_config() and mine.run_config()["grams"]
+            assert keeps_grams(mine) and mine.streaming and mine.models == models
+            for model in models:
+                for layer in mine.layers(model):
+                    for batch in range(2):
+                        assert np.array_equal(
+                            read_gram(mine, model, layer, batch), read_gram(theirs, model, layer, batch)
+                        )
+        zoo = lib.zoo()
+        assert zoo.rows == models and zoo.values.shape == (2, 2) and np.isfinite(zoo.values).all()
+        assert np.array_equal(zoo.values, vitsee.open(tmp_path / "cli.h5").zoo().values)
+        with pytest.raises(vitsee.VitseeError, match="--memory-budget 'lots' is not a size"):
+            vitsee.extract(tmp_path / "x.h5", [VIT], **EXTRACT, grams=True, memory_budget="lots", progress=False)
 
     def test_extract_without_models_resumes_the_recorded_run(self, tmp_path):
         path = tmp_path / "run.h5"

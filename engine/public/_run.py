@@ -29,6 +29,8 @@ def extract(
     workers: int | None = None,
     streaming: bool = False,
     heads: bool = False,
+    grams: bool = False,
+    memory_budget: str | int | None = None,
     overwrite: bool = False,
     force: bool = False,
     threads: int | None = None,
@@ -52,6 +54,10 @@ def extract(
         workers: image loading processes (default: on a GPU cores - 1, at most 4; on the CPU 0: in this process).
         streaming: keep no activations, only CKA and statistics from the forward pass.
         heads: with streaming, also head-level CKA (paper Fig. 5).
+        grams: streaming for a zoo: each layer's Gram of each batch, so models run a few at a time and can be
+            added later (`store.zoo()` reads them).
+        memory_budget: memory the models may take at once (bytes, or a size such as "4G"; default: half of what
+            is free); more models run in waves.
         overwrite: replace an existing store.
         force: start even if the disk looks too small.
         threads: CPU compute threads during the run (default: the free cores); torch's count is restored after.
@@ -66,10 +72,11 @@ def extract(
             finished is lost; a KeyboardInterrupt keeps the finished batches too.
     """
     from vitsee.engine.extract import resume_extraction, run_extraction
-    from vitsee.engine.extract_plan import ExtractConfig
+    from vitsee.engine.extract_plan import ExtractConfig, parse_bytes
     from vitsee.engine.run_config import plan_resume
 
     models = [models] if isinstance(models, str) else list(models)
+    budget = None if memory_budget is None else parse_bytes(str(memory_budget))
     with Bars(progress) as bars, _compute_threads(threads):
         if not models:
             given = _resume_options(
@@ -82,9 +89,17 @@ def extract(
                 shuffle_seed=shuffle_seed,
                 streaming=streaming,
                 heads=heads,
+                grams=grams,
                 overwrite=overwrite,
             )
-            resume = plan_resume(path, given, device=None if device == "auto" else device, workers=workers, force=force)
+            resume = plan_resume(
+                path,
+                given,
+                device=None if device == "auto" else device,
+                workers=workers,
+                force=force,
+                memory_budget=budget,
+            )
             if not resume.complete:
                 resume_extraction(resume, progress=bars.extraction)
         else:
@@ -104,6 +119,8 @@ def extract(
                 workers=workers,
                 streaming=streaming,
                 heads=heads,
+                grams=grams,
+                memory_budget=budget,
             )
             run_extraction(cfg, progress=bars.extraction)
     return Store(path)
@@ -120,6 +137,7 @@ _RESUME_DEFAULTS = {
     "--shuffle-seed": ("shuffle_seed", None),
     "--streaming": ("streaming", False),
     "--heads": ("heads", False),
+    "--grams": ("grams", False),
     "--overwrite": ("overwrite", False),
 }
 
