@@ -103,12 +103,7 @@ def bootstrap_interval(
     if method not in ("percentile", "basic"):
         raise VitseeError(f"bootstrap method '{method}' is unknown: use percentile or basic")
     reps = bootstrap_replicates(grams_a, grams_b, name, replicates, seed, progress, **params)
-    tail = (1.0 - level) / 2
-    finite = np.isfinite(reps).any(axis=0)
-    low, high = np.full(reps.shape[1:], np.nan), np.full(reps.shape[1:], np.nan)
-    if finite.any():
-        q = np.nanquantile(reps[:, finite], [tail, 1.0 - tail], axis=0)
-        low[finite], high[finite] = q[0], q[1]
+    low, high = stats.percentile_interval(reps, level)
     if method == "basic":
         estimate = pairwise(grams_a, grams_b, name, **params)
         low, high = 2 * estimate - high, 2 * estimate - low

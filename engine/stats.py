@@ -82,6 +82,18 @@ def cka_from_hsic(hsic: np.ndarray, self_hsic: np.ndarray | None = None) -> np.n
         return hsic / np.sqrt(diag[..., :, None] * diag[..., None, :])
 
 
+def percentile_interval(draws: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray]:
+    """Return (low, high), each draws.shape[1:]: the percentile interval at `level` of draws (R, ...) over their
+    finite values; NaN where no draw is finite."""
+    tail = (1.0 - level) / 2
+    finite = np.isfinite(draws).any(axis=0)
+    low, high = np.full(draws.shape[1:], np.nan), np.full(draws.shape[1:], np.nan)
+    if finite.any():
+        q = np.nanquantile(draws[:, finite], [tail, 1.0 - tail], axis=0)
+        low[finite], high[finite] = q[0], q[1]
+    return low, high
+
+
 def bootstrap_indices(n_batches: int, replicates: int, seed: Sequence[int] | int) -> np.ndarray:
     """Return (replicates, n_batches) batch indices drawn with replacement, seeded."""
     return np.random.default_rng(seed).integers(0, n_batches, size=(replicates, n_batches))

@@ -369,6 +369,35 @@ def _summary_cells(
     return chosen
 
 
+def _columns(result: Any) -> list[tuple[str, str]]:
+    """Returns the (model, layer) of each row and column of a cached layer x layer result's joint matrix."""
+    models = list(result.params["models"])
+    return [(models[int(i)], str(name)) for i, name in zip(result["model"], result["layer"])]
+
+
+def _layout(
+    columns: Sequence[tuple[str, str]], models: list[str], summary: str, layers: dict[str, str] | None
+) -> tuple[dict[str, np.ndarray], dict[str, list[str]], dict[str, int]]:
+    """Returns (model -> its columns, model -> its layer names, model -> the layer the `layer` summary reads)."""
+    idx = _blocks(columns, models)
+    names = {m: [columns[i][1] for i in idx[m]] for m in models}
+    return idx, names, _summary_cells(summary, models, names, layers)
+
+
+def _pair_summaries(
+    matrix: np.ndarray, idx: dict[str, np.ndarray], models: list[str], summary: str, cell: dict[str, int]
+) -> np.ndarray:
+    """Returns (n, n): the summary of every pair's block of the joint matrix, symmetric."""
+    n = len(models)
+    values = np.full((n, n), np.nan)
+    for a in range(n):
+        for b in range(a, n):
+            ma, mb = models[a], models[b]
+            block = matrix[np.ix_(idx[ma], idx[mb])]
+            values[a, b] = values[b, a] = summarise(block, summary, cell[ma], cell[mb])
+    return values
+
+
 def _build(
     matrix: np.ndarray,
     columns: Sequence[tuple[str, str]],
@@ -379,17 +408,15 @@ def _build(
     interval_of,
 ) -> Zoo:
     models = list(models)
-    idx = _blocks(columns, models)
-    names = {m: [columns[i][1] for i in idx[m]] for m in models}
-    cell = _summary_cells(summary, models, names, layers)
+    idx, names, cell = _layout(columns, models, summary, layers)
     n = len(models)
-    values, low, high = np.full((n, n), np.nan), np.full((n, n), np.nan), np.full((n, n), np.nan)
+    values = _pair_summaries(matrix, idx, models, summary, cell)
+    low, high = np.full((n, n), np.nan), np.full((n, n), np.nan)
     corr: dict[tuple[str, str], Correspondence] = {}
     for a in range(n):
         for b in range(a, n):
             ma, mb = models[a], models[b]
             block = matrix[np.ix_(idx[ma], idx[mb])]
-            values[a, b] = values[b, a] = summarise(block, summary, cell[ma], cell[mb])
             if interval_of is not None:
                 low[a, b], high[a, b] = interval_of(idx[ma], idx[mb], cell[ma], cell[mb])
                 low[b, a], high[b, a] = low[a, b], high[a, b]
@@ -417,8 +444,9 @@ def zoo_from_cka(
     families: one per model (e.g. family_of_record of each store record); default from the keys.
     """
     models = list(result.params["models"])
-    columns = [(models[int(i)], str(name)) for i, name in zip(result["model"], result["layer"])]
-    zoo = _build(np.asarray(result["matrix"], dtype=np.float64), columns, models, summary, layers, families, None)
+    zoo = _build(
+        np.asarray(result["matrix"], dtype=np.float64), _columns(result), models, summary, layers, families, None
+    )
     zoo.interval = "none: a summary's interval needs the per-batch HSIC terms (zoo_from_hsic), not per-cell intervals"
     return zoo
 
@@ -501,12 +529,9 @@ def zoo_from_replicates(
     for `interval`.
     """
     zoo = zoo_from_cka(result, summary, layers, families)
-    models = zoo.models
-    columns = [(models[int(i)], str(name)) for i, name in zip(result["model"], result["layer"])]
-    idx = _blocks(columns, models)
-    names = {m: [columns[i][1] for i in idx[m]] for m in models}
-    cell = _summary_cells(summary, models, names, layers)
-    n, draws = len(models), []
+    columns = _columns(result)
+    idx, _, cell = _layout(columns, zoo.models, summary, layers)
+    draws = []
     for matrix in replicates:
         matrix = np.asarray(matrix, dtype=np.float64)
         if matrix.shape != (len(columns), len(columns)):
@@ -514,23 +539,11 @@ def zoo_from_replicates(
                 f"a bootstrap replicate of shape {matrix.shape} for a result of {len(columns)} layers: "
                 "give replicates of the same result"
             )
-        values = np.full((n, n), np.nan)
-        for a in range(n):
-            for b in range(a, n):
-                block = matrix[np.ix_(idx[models[a]], idx[models[b]])]
-                values[a, b] = values[b, a] = summarise(block, summary, cell[models[a]], cell[models[b]])
-        draws.append(values)
+        draws.append(_pair_summaries(matrix, idx, zoo.models, summary, cell))
     if not draws:
         raise VitseeError("no bootstrap replicates were given: ask for some (e.g. --measure-bootstrap 200)")
     level = stats_mod.check_level(level)
-    tail = (1.0 - level) / 2
-    stacked = np.stack(draws)  # (R, n, n)
-    finite = np.isfinite(stacked).any(axis=0)
-    if finite.any():
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            q = np.nanquantile(stacked[:, finite], [tail, 1.0 - tail], axis=0)
-        zoo.ci_low[finite], zoo.ci_high[finite] = q[0], q[1]
+    zoo.ci_low, zoo.ci_high = stats_mod.percentile_interval(np.stack(draws), level)  # (R, n, n) draws
     zoo.interval = (
         f"{level:g} percentile bootstrap over {len(draws)} resamples of the images"
         + (f" {what}" if what else "")
