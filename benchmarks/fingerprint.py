@@ -32,11 +32,13 @@ import h5py
 import numpy as np
 
 VIT, RESNET = "test_vit@random:0", "test_resnet@random:0"
+MEASURES = ("cka", "rbf_cka", "procrustes", "svcca", "pwcca", "mknn", "cknna", "rsa")
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "VITSEE_TEST": "1", "NO_COLOR": "1"}
 
 
 def _cli(*args: str, threads: int | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "vitsee.engine.cli", *map(str, args)]
+    # the console script beside this interpreter: the same command whichever module of the package holds the CLI
+    cmd = [str(Path(sys.executable).with_name("vitsee")), *map(str, args)]
     if threads is not None and args[0] == "analyze":
         cmd += ["--threads", str(threads)]
     done = subprocess.run(cmd, capture_output=True, text=True, env=ENV)
@@ -132,6 +134,8 @@ def _models(store: Path) -> list[tuple[str, str]]:
 def _view_strings(models: list[tuple[str, str]]) -> list[str]:
     keys = [k for k, _ in models]
     views = [f"cka:{a}" for a in keys] + [f"cka:{a}:{b}" for a in keys for b in keys if a != b]
+    views += [f"{m}:{a}:{b}" for m in (*MEASURES[1:], "agree") for a in keys for b in keys]
+    views += [f"zoo --zoo-measure {m}" for m in MEASURES]  # a view string, then its options
     for key, family in models:
         views += [f"{kind}:{key}" for kind in ("attention", "probes", "skip", "spatial", "erf")]
         if family == "vit":
@@ -166,9 +170,16 @@ def run(stores: list[Path], threads: int | None) -> dict:
                 shutil.copytree(f"{store}.d", f"{copy}.d", ignore=shutil.ignore_patterns("lock"))
             _cli("analyze", copy, "-q", "--device", "cpu", threads=threads)
             _cli("analyze", copy, "--heads", "--erf", "-q", "--device", "cpu", threads=threads, check=False)
+            # every layer x layer measure with its intervals and p-values, their agreement, and the zoo of each
+            stats = ["--measure-bootstrap", "8", "--measure-permutations", "8", "--seed", "0"]
+            _cli("analyze", copy, "--measures", "all", *stats, "-q", "--device", "cpu", threads=threads)
+            _cli("analyze", copy, "--agree", "-q", "--device", "cpu", threads=threads, check=False)
+            for measure in MEASURES:
+                _cli("analyze", copy, "--zoo", "--zoo-measure", measure, *stats, "-q", "--device", "cpu",
+                     threads=threads, check=False)
             views = {}
             for view in _view_strings(_models(copy)):
-                done = _cli("show", copy, view, "--format", "json", check=False)
+                done = _cli("show", copy, *view.split(" "), "--format", "json", check=False)
                 if done.returncode == 0:
                     views[view] = _sha(_normalised(done.stdout).encode())
                 else:
