@@ -10,7 +10,7 @@ layers, non-negative post-ReLU maps with positive offsets in the CNN-like layers
 unit (a stress test for fp32 cancellation).
 
 Methods, all given the same fp32 features already on --device, all computing the same 26 x 26 matrix:
-- vitsee: vitsee.engine.analyses.cka.minibatch_cka (per batch: each layer's Gram once, all pairs in one product).
+- vitsee: vitsee.analyses.cka.minibatch_cka (per batch: each layer's Gram once, all pairs in one product).
 - pytorch-cka (PyPI `pytorch-cka`, imports as `cka`), called as its README shows:
   `compute_cka(model1, model2, loader, layers=..., model2_layers=..., device=..., progress=False)`. It wants
   models and a DataLoader, so the precomputed features sit in modules of identity-like submodules that return a
@@ -57,7 +57,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
-from vitsee.engine.analyses import cka as vcka  # noqa: E402
+from vitsee.analyses import cka as vcka  # noqa: E402
 
 # Dense peak TFLOP/s for the products vitsee runs (fp32 without TF32 for the Grams, fp64 tensor cores for the
 # pair product: the two are equal on these cards), boost clock, from NVIDIA's datasheets. First match wins.
@@ -252,7 +252,7 @@ def vitsee_with_stats(
 ) -> np.ndarray:
     """Return the (L, L) CKA, computing on the way what `vitsee analyze` adds by default: per-batch HSIC terms, the
     null sums of `permutations` permuted pairings, a 1,000-replicate bootstrap interval and the p-values."""
-    from vitsee.engine import stats
+    from vitsee import stats
 
     n = feats[0].shape[0]
     acc = vcka.MinibatchCKA(len(feats), device, batch_slots=-(-n // batch_size), permutations=permutations, seed=0)
@@ -492,9 +492,9 @@ def busy_core_table(
 ) -> None:
     """Print vitsee (and pytorch-cka, if installed) idle and with one core busy: at torch's default thread count
     with the layer Grams one after another (vitsee before task workers), and as `vitsee analyze` sets it up
-    (vitsee.engine.threads.set_compute_threads(): torch threads on the free cores, task workers on every usable
+    (vitsee.threads.set_compute_threads(): torch threads on the free cores, task workers on every usable
     core, each layer's Gram on the next worker free)."""
-    from vitsee.engine import threads as threads_mod
+    from vitsee import threads as threads_mod
 
     default = torch.get_num_threads()
     methods = {"vitsee minibatch_cka": lambda: vcka.minibatch_cka(feats, batch_size=batch_size, device=device)}

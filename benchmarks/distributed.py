@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from vitsee.engine.analyses.cka import cka_params
-from vitsee.engine.analyze import AnalyzeConfig
-from vitsee.engine.store import Store
+from vitsee.analyses.cka import cka_params
+from vitsee.analyses.driver import AnalyzeConfig
+from vitsee.store import Store
 
 
 def timed(cmd: list[str]) -> float:

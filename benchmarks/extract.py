@@ -49,9 +49,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vitsee.engine.analyses.base import resolve_device
-from vitsee.engine.extract import ExtractConfig, default_workers, run_extraction
-from vitsee.engine.models import load_model, make_transform, parse_model_spec
+from vitsee.analyses.base import resolve_device
+from vitsee.extraction.extract import ExtractConfig, default_workers, run_extraction
+from vitsee.models.load import load_model, make_transform, parse_model_spec
 
 DEFAULT_MODELS = ["vit_tiny_patch16_224@random:0", "resnet18@random:0"]
 
@@ -89,8 +89,8 @@ def bare_forward_s(
 
 def loading_s(specs: list[str], n_images: int, batch_size: int, img_size: int, workers: int | None) -> float:
     """Returns seconds to load and preprocess the images as extract does (its DataLoader, no model)."""
-    from vitsee.engine.data import open_dataset
-    from vitsee.engine.extract import _TransformedImages
+    from vitsee.data import open_dataset
+    from vitsee.extraction.extract import _TransformedImages
 
     transforms = {}
     for spec in specs:
@@ -278,7 +278,7 @@ with torch.inference_mode():
         for model, transform in models:
             model(torch.stack([transform(p) for p in pictures]))
 """
-CLI = "from vitsee.engine.cli import main; main()"
+CLI = "from vitsee.cli import main; main()"
 
 
 def timed_process(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float]:
@@ -329,7 +329,7 @@ def whole_process(args) -> int:
         weights = work / f"{name}-random0.safetensors"
         save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(weights))
         pairs.append(f"{name}@{weights}")
-    from vitsee.engine.data import open_dataset
+    from vitsee.data import open_dataset
 
     synthetic = open_dataset("synthetic")
     npz = work / "images.npz"

@@ -175,8 +175,19 @@ def run(stores: list[Path], threads: int | None) -> dict:
             _cli("analyze", copy, "--measures", "all", *stats, "-q", "--device", "cpu", threads=threads, check=False)
             _cli("analyze", copy, "--agree", "-q", "--device", "cpu", threads=threads, check=False)
             for measure in MEASURES:
-                _cli("analyze", copy, "--zoo", "--zoo-measure", measure, *stats, "-q", "--device", "cpu",
-                     threads=threads, check=False)
+                _cli(
+                    "analyze",
+                    copy,
+                    "--zoo",
+                    "--zoo-measure",
+                    measure,
+                    *stats,
+                    "-q",
+                    "--device",
+                    "cpu",
+                    threads=threads,
+                    check=False,
+                )
             views = {}
             for view in _view_strings(_models(copy)):
                 done = _cli("show", copy, *view.split(" "), "--format", "json", check=False)

@@ -242,8 +242,8 @@ def step_tests(s: Step) -> None:
 
 def extract_store(path: Path, models, n_images: int, batch_size: int, img_size, device: str, progress=None):
     """Extracts the models over the first synthetic images into a new store at path (replacing one there)."""
-    from vitsee.engine.extract import run_extraction
-    from vitsee.engine.extract_plan import ExtractConfig
+    from vitsee.extraction.extract import run_extraction
+    from vitsee.extraction.plan import ExtractConfig
 
     cfg = ExtractConfig(
         store=path,
@@ -279,9 +279,9 @@ def result_difference(a, b) -> float:
 
 
 def step_agreement(s: Step) -> None:
-    from vitsee.engine.analyses import REGISTRY
-    from vitsee.engine.analyze import AnalyzeConfig
-    from vitsee.engine.store import Store, copy_store
+    from vitsee.analyses import REGISTRY
+    from vitsee.analyses.driver import AnalyzeConfig
+    from vitsee.store import Store, copy_store
 
     z = s.sizes
     cpu_store = s.work / "small-cpu.h5"
@@ -311,9 +311,9 @@ def step_extract(s: Step) -> None:
     import torch
     from PIL import Image
 
-    from vitsee.engine import extract as extract_mod
-    from vitsee.engine.extract_plan import ExtractConfig, estimate
-    from vitsee.engine.models import load_model, make_transform, parse_model_spec
+    from vitsee.extraction import extract as extract_mod
+    from vitsee.extraction.plan import ExtractConfig, estimate
+    from vitsee.models.load import load_model, make_transform, parse_model_spec
 
     z = s.sizes
     device = torch.device(s.device)
@@ -449,9 +449,9 @@ def step_cka(s: Step) -> None:
     import numpy as np
     import torch
 
-    from vitsee.engine.analyses import REGISTRY, cka
-    from vitsee.engine.analyze import AnalyzeConfig
-    from vitsee.engine.store import Store
+    from vitsee.analyses import REGISTRY, cka
+    from vitsee.analyses.driver import AnalyzeConfig
+    from vitsee.store import Store
 
     z = s.sizes
     path, n = big_store(s)
@@ -517,9 +517,9 @@ def load_pytorch_cka():
 
 def analysis_step(name: str):
     def run(s: Step) -> None:
-        from vitsee.engine.analyses import REGISTRY
-        from vitsee.engine.analyze import AnalyzeConfig
-        from vitsee.engine.store import Store
+        from vitsee.analyses import REGISTRY
+        from vitsee.analyses.driver import AnalyzeConfig
+        from vitsee.store import Store
 
         path, n = big_store(s)
         analysis = REGISTRY[name]
@@ -540,7 +540,7 @@ def analysis_step(name: str):
 
 def steps_in_order() -> dict:
     """Returns step name -> function, in the order they run."""
-    from vitsee.engine.analyses import REGISTRY
+    from vitsee.analyses import REGISTRY
 
     steps = {
         "env": step_env,
@@ -559,7 +559,7 @@ def steps_in_order() -> dict:
 def step_names() -> list[str]:
     """Returns the step names without importing torch: the fixed ones, then the registered analyses' modules."""
     names = ["env", "gemm", "tests", "agreement", "extract", "cka"]
-    from vitsee.engine.analyses import REGISTRY  # the registry imports no torch at import time
+    from vitsee.analyses import REGISTRY  # the registry imports no torch at import time
 
     return names + [n for n in REGISTRY if n != "cka"]
 

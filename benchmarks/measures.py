@@ -34,10 +34,10 @@ from pathlib import Path
 import psutil
 import torch
 
-from vitsee.engine import measures_grams as mg
-from vitsee.engine.analyses.cka import minibatch_cka
-from vitsee.engine.store import Store
-from vitsee.engine.threads import set_compute_threads
+from vitsee.measures import grams as mg
+from vitsee.analyses.cka import minibatch_cka
+from vitsee.store import Store
+from vitsee.threads import set_compute_threads
 
 BENCH = Path("/work/fpstores/bench.h5")
 BIG = Path("/tmp/measures_2000.h5")

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from vitsee.engine import store as store_mod
-from vitsee.engine.store import ArraySpec, LayerSpec, Store
+from vitsee import store as store_mod
+from vitsee.store import ArraySpec, LayerSpec, Store
 
 BLOCKS, HEADS, GRID, PATCH, DIM, CLASSES = 6, 12, 8, 8, 64, 10
 TOKENS = 1 + GRID * GRID
@@ -118,10 +118,10 @@ def main() -> int:
     parser.add_argument("--keep", type=Path, help="folder to keep the stores in (default: a temporary one)")
     args = parser.parse_args()
 
-    vitsee = [sys.executable, "-m", "vitsee.engine.cli"]
+    vitsee = [sys.executable, "-m", "vitsee.cli"]
     folder = args.keep or Path(tempfile.mkdtemp(prefix="vitsee-memory-"))
     folder.mkdir(parents=True, exist_ok=True)
-    floor, _ = peak_rss_mb([sys.executable, "-c", "import vitsee.engine.cli, vitsee.engine.analyze, torch"])
+    floor, _ = peak_rss_mb([sys.executable, "-c", "import vitsee.cli, vitsee.analyses.driver, torch"])
     print(
         f"peak RSS of `vitsee analyze STORE --<analysis> --device cpu` (MB; one subprocess each); "
         f"importing torch and vitsee alone: {floor:.0f} MB"

@@ -25,13 +25,13 @@ from pathlib import Path
 
 import torch
 
-from vitsee.engine.analyses import probes
-from vitsee.engine.analyses.cka import run_cka
-from vitsee.engine.analyses.probes import estimate_probe_seconds, run_probes
-from vitsee.engine.analyze import AnalyzeConfig
-from vitsee.engine.extract import ExtractConfig, run_extraction
-from vitsee.engine.store import Store
-from vitsee.engine.threads import set_compute_threads, task_workers
+from vitsee.analyses import probes
+from vitsee.analyses.cka import run_cka
+from vitsee.analyses.probes import estimate_probe_seconds, run_probes
+from vitsee.analyses.driver import AnalyzeConfig
+from vitsee.extraction.extract import ExtractConfig, run_extraction
+from vitsee.store import Store
+from vitsee.threads import set_compute_threads, task_workers
 
 TARGET = 3.0
 # What `--layers blocks` means for MLP-Mixer (issue 10, section 4), spelled out for timm's module paths.

@@ -62,7 +62,7 @@ def cpu_s() -> float:
 
 async def launch(cache: Path) -> dict:
     """Returns the seconds (wall, CPU) from the app's start to its first CKA heatmap, per stage."""
-    from vitsee.engine.colormap import ColorMode
+    from vitsee.output.colormap import ColorMode
     from vitsee.tui.app import VitseeApp
     from vitsee.tui.options import AppOptions
     from vitsee.tui.screens.explorer import ExplorerScreen
@@ -113,7 +113,7 @@ def demo(args) -> None:
 def vitsee(*argv, cwd: Path) -> float:
     """Runs one vitsee command in cwd and returns its wall seconds (it must succeed)."""
     t = time.perf_counter()
-    cmd = [sys.executable, "-m", "vitsee.engine.cli", *map(str, argv)]
+    cmd = [sys.executable, "-m", "vitsee.cli", *map(str, argv)]
     print("$ vitsee", " ".join(map(str, argv)), f"(load {load()})", flush=True)
     subprocess.run(cmd, cwd=cwd, check=True)
     return time.perf_counter() - t
@@ -145,7 +145,7 @@ def model(name: str) -> str:
 
 def trained(work: Path, name: str) -> dict:
     """Trains work/NAME.safetensors unless it exists; returns its training record."""
-    from vitsee.engine.train import read_record
+    from vitsee.training.train import read_record
 
     if not (work / f"{name}.safetensors").exists():
         vitsee("train", f"{name}.safetensors", *VIT, "--held-out", "test.npz", "-q", *RUNS[name], cwd=work)

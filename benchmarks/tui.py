@@ -181,8 +181,8 @@ def time_widget_work(heatmap: Heatmap) -> list[float]:
 
 def app_on_cka_view(matrix: np.ndarray, zoom: str, color_mode: str):
     """Returns vitsee-tui opened on a simulated store whose CKA view is `matrix`."""
-    from vitsee.engine.colormap import ColorMode
-    from vitsee.engine.views import View
+    from vitsee.output.colormap import ColorMode
+    from vitsee.analyses.views import View
     from vitsee.tui import results
     from vitsee.tui.app import VitseeApp
     from vitsee.tui.options import AppOptions
@@ -266,10 +266,10 @@ async def measure(zoom: str) -> dict[str, list[float]]:
 
 def probe_job(store_path: Path):
     """Returns read_view's stand-in for probes:MODEL specs: the real run_probes on store_path, recomputed."""
-    from vitsee.engine.analyses.probes import run_probes
-    from vitsee.engine.analyze import AnalyzeConfig
-    from vitsee.engine.store import Store
-    from vitsee.engine.threads import set_compute_threads
+    from vitsee.analyses.probes import run_probes
+    from vitsee.analyses.driver import AnalyzeConfig
+    from vitsee.store import Store
+    from vitsee.threads import set_compute_threads
     from vitsee.tui.results import Cancelled, yield_cpu_to_event_loop
 
     def compute(path, spec, cfg, progress=None, cancelled=lambda: False, warn=None):

@@ -92,9 +92,9 @@ def zoo(n: int) -> list[str]:
 def child(store: str, n: int, budget: str | None, images: int, batch: int) -> None:
     """Extracts the n-model zoo into store (in this process) and prints what it did as JSON."""
     register()
-    from vitsee.engine.extract import ExtractConfig, run_extraction
-    from vitsee.engine.extract_plan import parse_bytes
-    from vitsee.engine.threads import set_compute_threads
+    from vitsee.extraction.extract import ExtractConfig, run_extraction
+    from vitsee.extraction.plan import parse_bytes
+    from vitsee.threads import set_compute_threads
 
     set_compute_threads(None)
     t0 = time.perf_counter()
@@ -135,8 +135,8 @@ def disk_mb(store: Path) -> float:
 
 def pairs_seconds(store: Path) -> tuple[float, int]:
     """Returns (seconds, layers) of the all-pairs CKA of every stored layer from the store's Grams."""
-    from vitsee.engine.analyses.cka import cka_from_grams
-    from vitsee.engine.store import Store
+    from vitsee.analyses.cka import cka_from_grams
+    from vitsee.store import Store
 
     with Store.open(store) as s:
         columns = [(m, layer) for m in s.models for layer in s.layers(m)]
@@ -163,7 +163,7 @@ def main() -> int:
     register()
     import torch
 
-    from vitsee.engine.models import load_model
+    from vitsee.models.load import load_model
 
     sizes = {
         a: sum(
@@ -214,7 +214,7 @@ def main() -> int:
 
 def run_child_floor() -> tuple[float, float]:
     """Returns (peak RSS in MB, CPU seconds) of a child that only imports what extraction imports."""
-    proc = subprocess.Popen([sys.executable, "-c", "import vitsee.engine.extract, vitsee.engine.cli, timm, torch"])
+    proc = subprocess.Popen([sys.executable, "-c", "import vitsee.extraction.extract, vitsee.cli, timm, torch"])
     _, _, usage = os.wait4(proc.pid, 0)
     return usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
 

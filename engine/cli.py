@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .errors import VitseeError, VitseeNote, brief
+from vitsee.errors import VitseeError, VitseeNote, brief
 
 app = typer.Typer(
     name="vitsee",
@@ -186,12 +186,12 @@ def extract(
 ) -> None:
     """Run models over images and store layer activations and per-image statistics (resumable: with no
     --model, `vitsee extract STORE` finishes the run STORE records)."""
-    from . import distributed
-    from .distributed import is_secondary
-    from .extract import resume_extraction, run_extraction
-    from .extract_plan import ExtractConfig, parse_bytes
-    from .run_config import plan_resume
-    from .threads import set_compute_threads
+    from vitsee.extraction import distributed
+    from vitsee.extraction.distributed import is_secondary
+    from vitsee.extraction.extract import resume_extraction, run_extraction
+    from vitsee.extraction.plan import ExtractConfig, parse_bytes
+    from vitsee.extraction.run_config import plan_resume
+    from vitsee.threads import set_compute_threads
 
     secondary = is_secondary()
     quiet = quiet or secondary  # under torchrun rank 0 speaks for the run
@@ -259,7 +259,7 @@ def _listed_models(
 ) -> list[str]:
     """Returns the specs to extract from -m, --models-from and --models, after printing the plan of their weights
     (cached here, would be downloaded, cannot be had) on stderr."""
-    from .models import model_list
+    from vitsee.models.load import model_list
 
     listed = model_list(specs, files, patterns)
     if not quiet:
@@ -284,7 +284,7 @@ def _typed(ctx: typer.Context, name: str, value):
 
 def _typed_options(ctx: typer.Context) -> dict:
     """Returns {flag: value} of the options a resume checks against the store's record that the user typed."""
-    from .run_config import RECORDED_OPTIONS
+    from vitsee.extraction.run_config import RECORDED_OPTIONS
 
     typed = {flag: _typed(ctx, name, ctx.params[name]) for flag, name in RECORDED_OPTIONS.items()}
     typed["--overwrite"] = _typed(ctx, "overwrite", ctx.params["overwrite"])
@@ -413,9 +413,9 @@ def train(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar or epoch lines")] = False,
 ) -> None:
     """Train a timm classifier with the paper's interventions; resumable, OUT written at the end."""
-    from .interventions import parse_no_skip
-    from .train import TrainConfig, check_held_out, checkpoint_path, parse_model_args, write_held_out
-    from .train import train as run_training
+    from vitsee.models.interventions import parse_no_skip
+    from vitsee.training.train import TrainConfig, check_held_out, checkpoint_path, parse_model_args, write_held_out
+    from vitsee.training.train import train as run_training
 
     cfg = TrainConfig(
         out=out_file,
@@ -469,10 +469,10 @@ def info(store: Annotated[Path, typer.Argument(help="a store made by `vitsee ext
     """Print what a store holds: images, models, layers with shapes and sizes, statistics, results."""
     from rich.markup import escape
 
-    from .init_notes import random_init_note
-    from .run_config import command_line
-    from .store import Store, human_bytes
-    from .store_files import find_moved_folder
+    from vitsee.models.init_notes import random_init_note
+    from vitsee.extraction.run_config import command_line
+    from vitsee.store import Store, human_bytes
+    from vitsee.store.files import find_moved_folder
 
     with Store.open(store) as s:
         record = s.run_config()
@@ -631,7 +631,7 @@ def models(
     pretrained: Annotated[bool, typer.Option(help="only names with pretrained tags")] = False,
 ) -> None:
     """List timm models: the family vitsee recognises and whether pretrained weights are cached locally."""
-    from .models import list_models
+    from vitsee.models.load import list_models
 
     rows = list_models(pattern, pretrained_only=pretrained)
     if not rows:
@@ -659,7 +659,7 @@ def layers(
     ] = None,
 ) -> None:
     """List the layer names a model offers to --layers, in forward order."""
-    from .models import layer_points, load_model, parse_model_spec
+    from vitsee.models.load import layer_points, load_model, parse_model_spec
 
     if granularity not in (None, "blocks", "sublayers", "modules"):
         raise VitseeError(f"--granularity '{granularity}' is not one of blocks, sublayers, modules")
@@ -704,7 +704,7 @@ def _with_analysis_options(command, flags: bool):
     import functools
     import inspect
 
-    from .analyses import REGISTRY
+    from vitsee.analyses import REGISTRY
 
     flags = [(a.name, a.option_help) for a in REGISTRY.values()] if flags else []
     # an option several analyses declare (the measures' --max-images) is one option, given to each of them
@@ -797,10 +797,10 @@ def analyze(
     """Compute the paper's analyses (none named: all that apply) and cache them in the store."""
     from dataclasses import fields
 
-    from . import distributed
-    from .analyze import AnalyzeConfig, measure_names, run_analyses
-    from .distributed import is_secondary
-    from .threads import set_compute_threads
+    from vitsee.extraction import distributed
+    from vitsee.analyses.driver import AnalyzeConfig, measure_names, run_analyses
+    from vitsee.extraction.distributed import is_secondary
+    from vitsee.threads import set_compute_threads
 
     chosen = list(dict.fromkeys([*chosen, *measure_names(measures)]))
     base = AnalyzeConfig()
@@ -825,7 +825,7 @@ def analyze(
     on_event, bar = _progress_bar(quiet)
 
     def on_step(step) -> None:
-        from .extract_plan import Progress
+        from vitsee.extraction.plan import Progress
 
         on_event(Progress("analyze", done=step.done, total=step.total, message=step.analysis))
 
@@ -842,7 +842,7 @@ def analyze(
 
 def _stats_options(ci, permutations) -> dict:
     """Returns the AnalyzeConfig statistics fields the user set (checked here, so a bad one fails before any work)."""
-    from .stats import check_level, stats_settings
+    from vitsee.stats import check_level, stats_settings
 
     out = {}
     if ci is not None:
@@ -856,7 +856,7 @@ def _stats_options(ci, permutations) -> dict:
 def _view_config(batch_size, shuffles, seed, device, ci=None, permutations=None):
     """Returns None (any cached estimate serves) unless the user set an estimator or statistics option; --device
     alone says where to compute what is missing, not which estimate to show (load_view takes it apart)."""
-    from .analyze import AnalyzeConfig
+    from vitsee.analyses.driver import AnalyzeConfig
 
     if batch_size is None and shuffles is None and seed is None and ci is None and permutations is None:
         return None
@@ -871,7 +871,7 @@ def _view_config(batch_size, shuffles, seed, device, ci=None, permutations=None)
 
 
 def _view_arg() -> str:
-    from .analyses import REGISTRY
+    from vitsee.analyses import REGISTRY
 
     return " | ".join(a.usage for a in REGISTRY.values())
 
@@ -910,8 +910,8 @@ def export(
     given: dict,
 ) -> None:
     """Write one view as a figure (.png), its numbers (.json) or a table (.csv); computes it if needed."""
-    from .export import check_export, write_view
-    from .views import load_view
+    from vitsee.output.export import check_export, write_view
+    from vitsee.analyses.views import load_view
 
     check_export(out_file, cmap)  # before the view is computed: a refused export changes nothing
     v = load_view(
@@ -942,9 +942,9 @@ def show(
 ) -> None:
     """Print a view in the terminal: a coloured heatmap or a table (ASCII with NO_COLOR, or into a pipe or file,
     followed there by the numbers), and the best cell's interval; --format csv|json prints the numbers only."""
-    from .colormap import ColorMode, check_colormap, detect_color_mode
-    from .render import prints_numbers, render_view
-    from .views import load_view
+    from vitsee.output.colormap import ColorMode, check_colormap, detect_color_mode
+    from vitsee.output.render import prints_numbers, render_view
+    from vitsee.analyses.views import load_view
 
     if fmt not in ("text", "csv", "json"):
         raise VitseeError(f"--format '{fmt}' is not one of text, csv, json")

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from .errors import VitseeError, brief
+from vitsee.errors import VitseeError, brief
 
 BUILTIN_DATASETS = ("digits", "samples", "synthetic")
 PATH_DATASETS = ("imagefolder", "cifar10", "cifar100", "npz", "tar")

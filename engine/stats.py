@@ -29,8 +29,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .errors import VitseeError
-from .lazy import lazy_module
+from vitsee.errors import VitseeError
+from vitsee.lazy import lazy_module
 
 sps = lazy_module("scipy.stats")  # scipy.stats takes ~1 s to import; a cached view needs only the constants
 

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 import psutil
 import torch
 
-from .errors import VitseeError
+from vitsee.errors import VitseeError
 
 SAMPLE_S = 0.2  # long enough to see a spinning neighbour, short enough not to delay a run
 BUSY_PERCENT = 50.0  # a core this loaded over the sample is taken

@@ -23,7 +23,7 @@ IMG = 64
 @pytest.fixture(scope="session")
 def tiny_store(tmp_path_factory) -> Path:
     """A complete store: a 6-block ViT and a ResNet, random init, 48 synthetic images, batches of 16."""
-    from vitsee.engine.extract import ExtractConfig, run_extraction
+    from vitsee.extraction.extract import ExtractConfig, run_extraction
 
     path = tmp_path_factory.mktemp("stores") / "tiny.h5"
     run_extraction(
@@ -63,7 +63,7 @@ def paper_store(tiny_store, tmp_path_factory) -> Path:
     """A copy of the tiny store with head-level CKA (paper Fig. 5) and ERFs (Fig. 6) cached."""
     import shutil
 
-    from vitsee.engine.analyze import AnalyzeConfig, run_analyses
+    from vitsee.analyses.driver import AnalyzeConfig, run_analyses
 
     path = tmp_path_factory.mktemp("paper") / "paper.h5"
     shutil.copy(tiny_store, path)
@@ -73,7 +73,7 @@ def paper_store(tiny_store, tmp_path_factory) -> Path:
 
 def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
     """Runs `vitsee ARGS` in-process; returns (exit code, stdout, stderr)."""
-    from vitsee.engine.cli import main
+    from vitsee.cli import main
 
     old = sys.argv
     sys.argv = ["vitsee", *map(str, args)]

@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 
-from vitsee.engine.store import ArraySpec, LayerSpec, Store
+from vitsee.store import ArraySpec, LayerSpec, Store
 
 LAYERS = [LayerSpec("blocks.0", (5, 8), prefix_tokens=1), LayerSpec("blocks.1", (5, 8), prefix_tokens=1)]
 STATS = [ArraySpec("attention_distance", (2, 2))]

@@ -42,18 +42,18 @@ def _digest(folder: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def package(tmp_path_factory, tiny_store) -> dict:
-    """A copy of the vitsee package (engine/ copied, tui/ and assets/ as they are) with the example saved into it,
-    and a copy of the tiny store; returns where they are and how to run the CLI and the app from them."""
+    """A copy of the vitsee package (engine/ copied as the package, tui/ and assets/ linked into it as pyproject's
+    package-dir places them) with the example saved into it, and a copy of the tiny store; returns where they are
+    and how to run the CLI and the app from them."""
     base = tmp_path_factory.mktemp("adding")
     pkg = base / "vitsee"
-    pkg.mkdir()
-    shutil.copytree(ROOT / "engine", pkg / "engine", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "engine", pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    before = _digest(pkg)
+    path, source = example_module()
+    (pkg / path.removeprefix("engine/")).write_text(source, encoding="utf-8")
+    after = _digest(pkg)
     for part in ("tui", "assets"):
         (pkg / part).symlink_to(ROOT / part, target_is_directory=True)
-    before = _digest(pkg / "engine")
-    path, source = example_module()
-    (pkg / path).write_text(source, encoding="utf-8")
-    after = _digest(pkg / "engine")
     touched = sorted(k for k in after.keys() | before.keys() if after.get(k) != before.get(k))
     store = base / "tiny.h5"
     shutil.copy(tiny_store, store)
@@ -74,14 +74,14 @@ def run(package: dict, module: str, *args, timeout: int = 300) -> subprocess.Com
 
 
 def cli(package: dict, *args) -> subprocess.CompletedProcess:
-    done = run(package, "vitsee.engine.cli", *args)
+    done = run(package, "vitsee.cli", *args)
     assert done.returncode == 0, done.stderr
     return done
 
 
 def test_the_example_is_one_new_file_and_the_copy_runs_it(package):
     assert package["touched"] == [package["path"].removeprefix("engine/")]  # one file, and nothing else changed
-    done = run(package, "vitsee.engine.cli", "analyze", "--help")
+    done = run(package, "vitsee.cli", "analyze", "--help")
     assert done.returncode == 0 and f"--{package['name']}" in done.stdout, done.stdout + done.stderr
 
 
@@ -94,7 +94,7 @@ def test_vitsee_analyze_named_computes_it_and_show_prints_it(package):
 
 
 def test_the_exported_numbers_are_the_distance_correlation_of_the_layers(package):
-    from vitsee.engine.store import Store
+    from vitsee.store import Store
 
     name, store, out = package["name"], package["store"], package["base"] / "dcor.json"
     cli(package, "analyze", store, f"--{name}", "--device", "cpu", "-q")

@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 
 from conftest import IMG, RESNET, VIT, run_cli
-from vitsee.engine import analyze as an
-from vitsee.engine.analyses.cka import cka_block, cka_params, run_cka
-from vitsee.engine.analyses.probes import run_probes
-from vitsee.engine.analyses import cka as cka_mod
-from vitsee.engine.analyses.cka import minibatch_cka
-from vitsee.engine.errors import VitseeError
-from vitsee.engine.analyses.probes import ridge_probe
-from vitsee.engine.store import Store
-from vitsee.engine.views import load_view
+from vitsee.analyses import driver as an
+from vitsee.analyses.cka import cka_block, cka_params, run_cka
+from vitsee.analyses.probes import run_probes
+from vitsee.analyses import cka as cka_mod
+from vitsee.analyses.cka import minibatch_cka
+from vitsee.errors import VitseeError
+from vitsee.analyses.probes import ridge_probe
+from vitsee.store import Store
+from vitsee.analyses.views import load_view
 
 CFG = an.AnalyzeConfig(batch_size=16, shuffles=0, device="cpu")
 
@@ -177,7 +177,7 @@ def test_layers_wider_than_probe_max_dim_get_no_token_maps_and_the_table_says_so
 
 
 def test_probes_without_labels_are_a_clear_error_and_nothing_else_is(tmp_path, capsys):
-    from vitsee.engine.extract import ExtractConfig, run_extraction
+    from vitsee.extraction.extract import ExtractConfig, run_extraction
 
     images = np.random.default_rng(0).integers(0, 256, size=(12, 20, 20, 3), dtype=np.uint8)
     np.savez(tmp_path / "unlabelled.npz", images=images)
@@ -246,8 +246,8 @@ def test_csv_export_has_labels(store, tmp_path, capsys):
 
 
 def test_cka_needs_four_images(tmp_path, monkeypatch):
-    from vitsee.engine import data
-    from vitsee.engine.extract import ExtractConfig, run_extraction
+    from vitsee import data
+    from vitsee.extraction.extract import ExtractConfig, run_extraction
 
     monkeypatch.setattr(data, "MIN_IMAGES", 1)  # extraction refuses 3 images now; a store from elsewhere may hold them
     path = tmp_path / "three.h5"

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from vitsee.engine.analyses.attention import mean_attention_distance, uniform_attention_distance_px
+from vitsee.analyses.attention import mean_attention_distance, uniform_attention_distance_px
 
 
 def _reference(

@@ -116,7 +116,7 @@ def test_a_line_plot_axis_keeps_both_ends_and_the_marked_label():
 
 
 def test_model_names_are_shortened_alike_and_never_read_alike():
-    from vitsee.engine.labels import model_labels
+    from vitsee.output.labels import model_labels
 
     stem = "demo-{}-digits32-r1a2b3c4d-s0"
     vit = f"vit_tiny_patch16_224@file:{stem.format('vit_tiny_patch16_224')}"

@@ -235,7 +235,7 @@ def test_a_bad_input_is_one_line_and_writes_nothing(tmp_path, tiny_store, capsys
 
 def test_an_image_damaged_past_its_header_stops_the_run_in_one_line_and_the_rerun_resumes(tmp_path, tiny_store, capsys):
     """The header check passes it; decoding fails in a DataLoader worker, whose traceback must not reach the user."""
-    from vitsee.engine.store import Store
+    from vitsee.store import Store
 
     buf = io.BytesIO()
     Image.effect_noise((16, 16), 60).convert("RGB").save(buf, "PNG")
@@ -296,7 +296,7 @@ def test_files_a_killed_start_left_are_removed_at_the_next_start_unless_their_pr
     ],
 )
 def test_the_configs_the_app_builds_refuse_the_same_values(build, needle):
-    from vitsee.engine.errors import VitseeError
+    from vitsee.errors import VitseeError
 
     with pytest.raises(VitseeError) as info:
         build()
@@ -323,6 +323,6 @@ def new_run_config(**fields):
 
 
 def analyze_config(**fields):
-    from vitsee.engine.analyze import AnalyzeConfig
+    from vitsee.analyses.driver import AnalyzeConfig
 
     return AnalyzeConfig(**fields)

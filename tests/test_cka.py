@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from vitsee.engine.analyses.cka import (
+from vitsee.analyses.cka import (
     MinibatchCKA,
     SHIFT_ROWS,
     full_fp32_matmul,
@@ -22,7 +22,7 @@ from vitsee.engine.analyses.cka import (
     u_centre,
     unbiased_hsic,
 )
-from vitsee.engine.errors import VitseeError
+from vitsee.errors import VitseeError
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -301,7 +301,7 @@ def test_fp32_matmul_speaks_the_newer_precision_api_when_the_process_uses_it():
     # Mixing the legacy and newer TF32 switches raises in PyTorch, and would poison this process: use a child.
     code = (
         "import torch, numpy as np\n"
-        "from vitsee.engine.analyses.cka import minibatch_cka, full_fp32_matmul\n"
+        "from vitsee.analyses.cka import minibatch_cka, full_fp32_matmul\n"
         "torch.backends.cuda.matmul.fp32_precision = 'tf32'\n"
         "torch.backends.mkldnn.matmul.fp32_precision = 'bf16'\n"
         "with full_fp32_matmul():\n"
@@ -369,8 +369,8 @@ class _InOrder:
 
 @pytest.mark.parametrize("cross_at", [None, 3])
 def test_layer_grams_built_on_workers_give_the_one_thread_state_bit_for_bit(rng, monkeypatch, cross_at):
-    from vitsee.engine import threads
-    from vitsee.engine.analyses import cka
+    from vitsee import threads
+    from vitsee.analyses import cka
 
     monkeypatch.setattr(cka, "GRAM_WORKERS_MIN_VALUES", 0)  # these small layers on the workers too
 
@@ -401,8 +401,8 @@ def test_layer_grams_built_on_workers_give_the_one_thread_state_bit_for_bit(rng,
 
 
 def test_layer_grams_stay_on_one_thread_where_spare_buffers_would_cost_too_much(monkeypatch):
-    from vitsee.engine import threads
-    from vitsee.engine.analyses import cka
+    from vitsee import threads
+    from vitsee.analyses import cka
 
     monkeypatch.setattr(threads, "task_workers", lambda: 4)
     acc = MinibatchCKA(6)
@@ -417,8 +417,8 @@ def test_layer_grams_stay_on_one_thread_where_spare_buffers_would_cost_too_much(
 
 
 def test_a_layer_that_fails_on_a_worker_fails_the_update(rng, monkeypatch):
-    from vitsee.engine import threads
-    from vitsee.engine.analyses import cka
+    from vitsee import threads
+    from vitsee.analyses import cka
 
     monkeypatch.setattr(threads, "task_workers", lambda: 2)
     monkeypatch.setattr(cka, "GRAM_WORKERS_MIN_VALUES", 0)
@@ -440,8 +440,8 @@ def test_a_layer_that_fails_on_a_worker_fails_the_update(rng, monkeypatch):
 def test_the_state_is_the_same_bit_for_bit_with_any_number_of_threads(rng, monkeypatch, cross_at):
     """Torch's threads split a long product's sums differently with another count; the accumulator's products run
     on one thread each (the pair products of more than PAIR_ROWS rows in fixed blocks on the workers)."""
-    from vitsee.engine import threads
-    from vitsee.engine.analyses import cka
+    from vitsee import threads
+    from vitsee.analyses import cka
 
     n_layers = 14 if cross_at is None else 140  # 70 rows: two blocks of the pair product
     batches = [[rng.normal(size=(16, 17, 8)).astype(np.float32) + 3 for _ in range(n_layers)] for _ in range(2)]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from matplotlib import colormaps
 
-from vitsee.engine.colormap import (
+from vitsee.output.colormap import (
     ANSI_16_RGB,
     ASCII_MISSING,
     ASCII_RAMP,
@@ -26,7 +26,7 @@ from vitsee.engine.colormap import (
     quantize,
     relative_luminance,
 )
-from vitsee.engine.errors import VitseeError
+from vitsee.errors import VitseeError
 
 LEVEL_COUNTS = (16, 24, 32)
 

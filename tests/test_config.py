@@ -12,10 +12,10 @@ import pytest
 
 from conftest import RESNET, VIT
 from helpers.app import SIZE, analysed_copy, settle, view_shown
-from vitsee.engine.colormap import ColorMode
-from vitsee.engine.errors import VitseeError
-from vitsee.engine.store import copy_store
-from vitsee.engine.views import load_view
+from vitsee.output.colormap import ColorMode
+from vitsee.errors import VitseeError
+from vitsee.store import copy_store
+from vitsee.analyses.views import load_view
 from vitsee.tui.app import build_app, main, parse_args
 from vitsee.tui.config import PRESETS, binding_table, config_path, load_settings
 from vitsee.tui.widgets.heatmap import Heatmap

@@ -14,11 +14,11 @@ import pytest
 
 from conftest import IMG, RESNET, VIT, run_cli
 from helpers.app import SIZE, make_app, settle, view_shown
-from vitsee.engine.analyses import REGISTRY, Result, Shape, View
-from vitsee.engine.analyses.contract import Request
-from vitsee.engine.analyze import AnalyzeConfig
-from vitsee.engine.store import Store
-from vitsee.engine.views import load_view, request_of
+from vitsee.analyses import REGISTRY, Result, Shape, View
+from vitsee.analyses.contract import Request
+from vitsee.analyses.driver import AnalyzeConfig
+from vitsee.store import Store
+from vitsee.analyses.views import load_view, request_of
 
 CFG = AnalyzeConfig(batch_size=16, shuffles=0, device="cpu", erf_images=4, permutations=9)
 NAMES = list(REGISTRY)
@@ -43,7 +43,7 @@ def store(tiny_store, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def streamed(tmp_path_factory) -> Path:
     """A streaming store of both models (no activations, no input, no head outputs): what reads them is n/a."""
-    from vitsee.engine.extract import ExtractConfig, run_extraction
+    from vitsee.extraction.extract import ExtractConfig, run_extraction
 
     path = tmp_path_factory.mktemp("contract-stream") / "stream.h5"
     run_extraction(
@@ -189,7 +189,7 @@ def _not_applicable(stores: list[Path], name: str) -> tuple[Path, str, str] | No
 async def test_a_model_it_does_not_apply_to_is_told_why_by_the_driver_the_view_and_the_app(
     store, streamed, name, tmp_path, capsys
 ):
-    from vitsee.engine.analyze import plan
+    from vitsee.analyses.driver import plan
     from vitsee.tui.results import read_summary
 
     found = _not_applicable([store, streamed], name)
@@ -219,8 +219,8 @@ async def test_a_model_it_does_not_apply_to_is_told_why_by_the_driver_the_view_a
 
 
 def test_the_registry_finds_the_layer_similarity_family_and_views_name_their_requests(store):
-    from vitsee.engine.analyses.contract import analyses_of
-    from vitsee.engine.views import available_views
+    from vitsee.analyses.contract import analyses_of
+    from vitsee.analyses.views import available_views
 
     assert REGISTRY["cka"] in analyses_of(REGISTRY["cka"].family)
     views = available_views(store)

@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 
 from conftest import IMG, RESNET, VIT, run_cli
-from vitsee.engine.errors import VitseeError
-from vitsee.engine.store import Store, copy_store
-from vitsee.engine.store_lock import WriteLock
+from vitsee.errors import VitseeError
+from vitsee.store import Store, copy_store
+from vitsee.store.lock import WriteLock
 
 DRIVER = str(Path(__file__).with_name("store_driver.py"))
 STRACE = shutil.which("strace")
@@ -135,7 +135,7 @@ def test_a_kill_during_vitsee_analyze_leaves_the_store_readable_and_the_rerun_ca
     analyze = [
         sys.executable,
         "-m",
-        "vitsee.engine.cli",
+        "vitsee.cli",
         "analyze",
         "--cka",
         "--device",
@@ -202,10 +202,10 @@ def test_results_left_by_a_replaced_store_are_not_read_as_this_stores(base, tmp_
     with Store.open(base) as s:
         old_id = s.store_id
     old_results = list((tmp_path / "base.h5.d" / "results").rglob("*.h5"))
-    from vitsee.engine import store as store_mod
+    from vitsee import store as store_mod
 
     with monkeypatch.context() as m:
-        m.setattr("vitsee.engine.store_write.tidy", lambda *a, **k: [])  # --overwrite, killed before it removed them
+        m.setattr("vitsee.store.write.tidy", lambda *a, **k: [])  # --overwrite, killed before it removed them
         with store_mod.creating(base, overwrite=True) as h5:
             store_mod.write_images(h5, "synthetic", np.arange(4), np.zeros(4), None, None)
     assert all(p.exists() for p in old_results)
@@ -232,7 +232,7 @@ def test_results_left_by_a_replaced_store_are_not_read_as_this_stores(base, tmp_
 
 def test_a_second_writer_is_refused_with_the_first_ones_pid(base):
     with Store.writer(base):
-        code = f"from vitsee.engine.store import Store\nStore.writer({str(base)!r})\n"
+        code = f"from vitsee.store import Store\nStore.writer({str(base)!r})\n"
         other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
         assert other.returncode != 0
         assert f"being written by process {os.getpid()}" in other.stderr
@@ -271,7 +271,7 @@ def test_overwrite_is_refused_while_another_process_holds_the_lock(base, tmp_pat
 
 def _subprocess_cli(args) -> tuple[int, str, str]:
     run = subprocess.run(
-        [sys.executable, "-m", "vitsee.engine.cli", *map(str, args)],
+        [sys.executable, "-m", "vitsee.cli", *map(str, args)],
         capture_output=True,
         text=True,
         env=_env(),
@@ -299,7 +299,7 @@ def test_two_extractions_into_one_new_path_never_both_succeed(tmp_path):
     ]
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "vitsee.engine.cli", "extract", str(path), "--model", m, *common],
+            [sys.executable, "-m", "vitsee.cli", "extract", str(path), "--model", m, *common],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -322,7 +322,7 @@ def test_a_killed_extraction_with_loader_workers_can_be_rerun_at_once(tmp_path):
     cmd = [
         sys.executable,
         "-m",
-        "vitsee.engine.cli",
+        "vitsee.cli",
         "extract",
         str(path),
         "--model",
@@ -535,7 +535,7 @@ def test_a_full_disk_while_caching_a_result_leaves_the_store_as_it_was(small_dis
 def test_readers_never_see_a_half_written_result(base):
     code = (
         "import numpy as np\n"
-        "from vitsee.engine.store import Store\n"
+        "from vitsee.store import Store\n"
         f"with Store.writer({str(base)!r}) as s:\n"
         "    for i in range(40):\n"
         "        s.put_result('cka', {'x': 1}, {'v': np.full((64, 64), float(i)), 'w': np.full(64, float(i))})\n"

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vitsee.engine.data import SAMPLE_PHOTOS, open_dataset, select_indices
-from vitsee.engine.errors import VitseeError
+from vitsee.data import SAMPLE_PHOTOS, open_dataset, select_indices
+from vitsee.errors import VitseeError
 
 
 def test_digits_are_1797_labelled_rgb_images():
@@ -287,7 +287,7 @@ def test_hfds_without_the_datasets_package_names_the_install(monkeypatch):
 
 def test_extract_reads_a_tar_spec_end_to_end_as_the_same_images_in_a_folder(tmp_path, capsys):
     from conftest import IMG, VIT, run_cli
-    from vitsee.engine.store import Store
+    from vitsee.store import Store
 
     tar_path, folder, _ = _write_class_tar(tmp_path, n_per_class=2)
     common = ["--model", VIT, "--batch-size", "3", "--img-size", str(IMG), "--device", "cpu", "--quiet"]

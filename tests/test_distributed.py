@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 
 from conftest import IMG, RESNET, VIT, run_cli
-from vitsee.engine import analyze as an
-from vitsee.engine.analyses.cka import cka_params, run_cka
-from vitsee.engine import shards
-from vitsee.engine.distributed import Rank, batch_range, shard_path
-from vitsee.engine.errors import VitseeError
-from vitsee.engine.extract import ExtractConfig
-from vitsee.engine.store import Store
+from vitsee.analyses import driver as an
+from vitsee.analyses.cka import cka_params, run_cka
+from vitsee.extraction import shards
+from vitsee.extraction.distributed import Rank, batch_range, shard_path
+from vitsee.errors import VitseeError
+from vitsee.extraction.extract import ExtractConfig
+from vitsee.store import Store
 
 # the run of conftest's tiny_store: 48 images in 3 batches, so the ranks get 1 and 2 batches
 RUN = [
@@ -163,7 +163,7 @@ def test_two_processes_give_the_cka_matrix_of_one(stitched, one_process):
 
 
 def test_streaming_under_two_processes_sums_the_shards_to_the_one_process_cka(tmp_path, one_process):
-    from vitsee.engine.analyses.heads import heads_params, run_heads
+    from vitsee.analyses.heads import heads_params, run_heads
 
     path = tmp_path / "streamed.h5"
     torchrun("extract", str(path), *RUN, "--streaming", "--heads")

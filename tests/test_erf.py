@@ -22,7 +22,7 @@ def store_copy(tiny_store, tmp_path):
 
 def _reference_erf(spec: str, module: str, x: np.ndarray, centre) -> np.ndarray:
     """One image at a time: |d centre(output of module) / d x| summed over colours, mean over images, sum 1."""
-    from vitsee.engine.models import load_model
+    from vitsee.models.load import load_model
 
     model = load_model(spec, img_size=IMG).model
     total = np.zeros(x.shape[2:])
@@ -39,17 +39,17 @@ def _reference_erf(spec: str, module: str, x: np.ndarray, centre) -> np.ndarray:
 
 
 def _erf(store_copy, model: str, images: int = 6) -> dict:
-    from vitsee.engine.analyses.erf import run_erf
-    from vitsee.engine.analyze import AnalyzeConfig
-    from vitsee.engine.store import Store
+    from vitsee.analyses.erf import run_erf
+    from vitsee.analyses.driver import AnalyzeConfig
+    from vitsee.store import Store
 
     with Store.writer(store_copy) as store:
         return run_erf(store, model, AnalyzeConfig(device="cpu", erf_images=images))
 
 
 def test_vit_erf_matches_autograd_image_by_image(store_copy, monkeypatch):
-    from vitsee.engine.analyses import erf
-    from vitsee.engine.store import Store
+    from vitsee.analyses import erf
+    from vitsee.store import Store
 
     monkeypatch.setattr(erf, "BATCH", 4)
     result = _erf(store_copy, VIT, images=6)  # two batches of the runner (4 + 2)
@@ -64,7 +64,7 @@ def test_vit_erf_matches_autograd_image_by_image(store_copy, monkeypatch):
 
 
 def test_cnn_erf_matches_autograd_at_the_centre_of_the_map(store_copy):
-    from vitsee.engine.store import Store
+    from vitsee.store import Store
 
     result = _erf(store_copy, RESNET)
     with Store.open(store_copy) as store:
@@ -89,9 +89,9 @@ def test_a_layer_whose_centre_sum_is_constant_has_no_receptive_field_not_a_map_o
     rounding noise that normalising to sum 1 drew as a map."""
     import json
 
-    from vitsee.engine.analyses.erf import NO_FIELD
-    from vitsee.engine.figures import figure_for
-    from vitsee.engine.views import load_view
+    from vitsee.analyses.erf import NO_FIELD
+    from vitsee.output.figures import figure_for
+    from vitsee.analyses.views import load_view
 
     result = _erf(store_copy, VIT)
     layers = [str(x) for x in result["layers"]]
@@ -111,7 +111,7 @@ def test_a_layer_whose_centre_sum_is_constant_has_no_receptive_field_not_a_map_o
 def test_no_field_is_the_gradient_zero_to_working_precision_next_to_a_random_sign_reference():
     import torch
 
-    from vitsee.engine.analyses.erf import Tap, centre_of_tokens, input_gradients, no_field
+    from vitsee.analyses.erf import Tap, centre_of_tokens, input_gradients, no_field
 
     class Layers(torch.nn.Module):  # (B, 3, 4, 4) -> tokens (B, 4, 8): a linear map, then LayerNorm without affine
         def __init__(self):
@@ -138,8 +138,8 @@ def test_no_field_is_the_gradient_zero_to_working_precision_next_to_a_random_sig
 def test_changed_weights_file_is_refused_in_one_line(tmp_path, capsys):
     from safetensors.torch import save_file
 
-    from vitsee.engine.extract import ExtractConfig, run_extraction
-    from vitsee.engine.models import load_model
+    from vitsee.extraction.extract import ExtractConfig, run_extraction
+    from vitsee.models.load import load_model
 
     weights = tmp_path / "w.safetensors"
     model = load_model(VIT, img_size=IMG).model
@@ -167,7 +167,7 @@ def test_changed_weights_file_is_refused_in_one_line(tmp_path, capsys):
 
 
 def test_streaming_store_is_refused_in_one_line(tmp_path, capsys):
-    from vitsee.engine.extract import ExtractConfig, run_extraction
+    from vitsee.extraction.extract import ExtractConfig, run_extraction
 
     path = tmp_path / "stream.h5"
     run_extraction(
@@ -188,8 +188,8 @@ def test_streaming_store_is_refused_in_one_line(tmp_path, capsys):
 
 
 def test_erf_view_json_holds_the_pixel_map_and_png_shows_several_depths(store_copy, tmp_path, capsys):
-    from vitsee.engine.figures import figure_for
-    from vitsee.engine.views import load_view
+    from vitsee.output.figures import figure_for
+    from vitsee.analyses.views import load_view
 
     code, _, err = run_cli(["analyze", store_copy, "--erf", "--erf-images", "4", "--device", "cpu", "-q"], capsys)
     assert code == 0, err
@@ -211,9 +211,9 @@ def test_erf_view_json_holds_the_pixel_map_and_png_shows_several_depths(store_co
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_erf_and_head_cka_on_cuda_match_cpu(store_copy):
-    from vitsee.engine.analyses.heads import run_heads
-    from vitsee.engine.analyze import AnalyzeConfig
-    from vitsee.engine.store import Store
+    from vitsee.analyses.heads import run_heads
+    from vitsee.analyses.driver import AnalyzeConfig
+    from vitsee.store import Store
 
     with Store.writer(store_copy) as store:
         cpu = _erf_with(store, "cpu")
@@ -227,7 +227,7 @@ def test_erf_and_head_cka_on_cuda_match_cpu(store_copy):
 
 
 def _erf_with(store, device: str) -> np.ndarray:
-    from vitsee.engine.analyses.erf import run_erf
-    from vitsee.engine.analyze import AnalyzeConfig
+    from vitsee.analyses.erf import run_erf
+    from vitsee.analyses.driver import AnalyzeConfig
 
     return run_erf(store, VIT, AnalyzeConfig(device=device, erf_images=8, recompute=True))["maps"]

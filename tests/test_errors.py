@@ -192,7 +192,7 @@ def test_overwrite_replaces(tiny_store, tmp_path, capsys):
     shutil.copy(tiny_store, copy)
     code, _, err = run_cli(["extract", copy, "--model", VIT, *BASE, "--overwrite"], capsys)
     assert code == 0, err
-    from vitsee.engine.store import Store
+    from vitsee.store import Store
 
     with Store.open(copy) as s:
         assert s.dataset_spec == "digits" and s.n_images == 8 and s.models == [VIT]

@@ -10,10 +10,10 @@ import timm
 import torch
 
 from conftest import IMG, RESNET, VIT
-from vitsee.engine.data import open_dataset
-from vitsee.engine.extract import ExtractConfig, run_extraction
-from vitsee.engine.models import load_model, make_transform
-from vitsee.engine.store import Store
+from vitsee.data import open_dataset
+from vitsee.extraction.extract import ExtractConfig, run_extraction
+from vitsee.models.load import load_model, make_transform
+from vitsee.store import Store
 
 FP16_TOL = dict(rtol=2e-3, atol=2e-3)
 
@@ -257,7 +257,7 @@ def test_explicit_layers_are_stored_in_forward_order(tmp_path):
     ],
 )
 def test_the_family_listed_for_a_name_is_the_family_an_extraction_uses(name, family):
-    from vitsee.engine.models import family_of_model, family_of_name
+    from vitsee.models.load import family_of_model, family_of_name
 
     assert family_of_name(name) == family
     assert family_of_model(timm.create_model(name, pretrained=False)) == family
@@ -300,7 +300,7 @@ def test_adding_a_model_appends_and_keeps_the_first_models_data(tmp_path):
 
 
 def test_a_different_dataset_is_refused_and_the_store_is_untouched(tmp_path):
-    from vitsee.engine.errors import VitseeError
+    from vitsee.errors import VitseeError
 
     store = tmp_path / "keep.h5"
     run_extraction(
@@ -358,7 +358,7 @@ def test_too_little_disk_is_refused_unless_forced(tmp_path, monkeypatch):
     import shutil
     from collections import namedtuple
 
-    from vitsee.engine.errors import VitseeError
+    from vitsee.errors import VitseeError
 
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda _p: usage(10**6, 10**6 - 1000, 1000))

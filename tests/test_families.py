@@ -15,15 +15,15 @@ import numpy as np
 import pytest
 import torch
 
-from vitsee.engine import analyze as an
-from vitsee.engine.analyses.attention import attention_reference, run_attention
-from vitsee.engine.analyses.base import has_cls_token
-from vitsee.engine.analyses.probes import probe_readouts
-from vitsee.engine.analyses.skip import run_skip
-from vitsee.engine.analyses.attention import mean_window_attention_distance, uniform_attention_distance_px
-from vitsee.engine.extract import ExtractConfig, run_extraction
-from vitsee.engine.models import family_of_name, load_model
-from vitsee.engine.store import Store
+from vitsee.analyses import driver as an
+from vitsee.analyses.attention import attention_reference, run_attention
+from vitsee.analyses.base import has_cls_token
+from vitsee.analyses.probes import probe_readouts
+from vitsee.analyses.skip import run_skip
+from vitsee.analyses.attention import mean_window_attention_distance, uniform_attention_distance_px
+from vitsee.extraction.extract import ExtractConfig, run_extraction
+from vitsee.models.load import family_of_name, load_model
+from vitsee.store import Store
 
 TINY_VIT = dict(embed_dim=32, depth=2, num_heads=2)
 
@@ -312,7 +312,7 @@ def test_mixer_skip_ratios_against_its_own_sublayers(store_dir):
 
 def test_register_only_vit_has_no_cls_column_or_series_and_says_so(store_dir):
     """vit_*_reg4_gap_*: four prefix tokens, none of them a class token (register 0 was taken for CLS)."""
-    from vitsee.engine.views import load_view
+    from vitsee.analyses.views import load_view
 
     path = _store("reg_gap_vit", store_dir)
     key = "vitsee_tiny_vit_reg4_gap@random:0"
@@ -370,8 +370,8 @@ def _unbiased_cka(x: np.ndarray, y: np.ndarray) -> float:
 def test_fp16_rounding_loss_bounds_what_cka_loses(offset, spread, lossy):
     """The measured ratio ||x - fp16(x)||^2 / ||x - mean||^2 tracks |1 - CKA(x, fp16(x))| (fp64, the formula); a few
     channels near +-2000 (as in pretrained ViTs) go over the limit, ordinary activations stay far below it."""
-    from vitsee.engine.models import Point
-    from vitsee.engine.recorders import FP16_LOSS_LIMIT, ActivationRecorder, fp16_lossy_layers
+    from vitsee.models.load import Point
+    from vitsee.extraction.recorders import FP16_LOSS_LIMIT, ActivationRecorder, fp16_lossy_layers
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((128, 16, 48))
@@ -399,7 +399,7 @@ def test_extraction_names_fp16_lossy_layers_records_them_and_info_shows_them(tmp
     import timm
 
     from conftest import run_cli
-    from vitsee.engine.extract import run_extraction as extract
+    from vitsee.extraction.extract import run_extraction as extract
 
     torch.manual_seed(0)
     model = timm.create_model("test_vit", img_size=64)
@@ -506,8 +506,8 @@ async def test_the_app_draws_swin_attention_with_its_missing_heads(store_dir, tm
 def test_the_probe_estimate_counts_the_features_each_fit_gets_channels_last_included(store_dir):
     """probe_jobs (the app's warning before a long probe job) sizes each fit by the width its readout gives:
     C of a Swin layer's (H, W, C), not H."""
-    from vitsee.engine.analyses.probes import probe_jobs
-    from vitsee.engine.analyze import AnalyzeConfig
+    from vitsee.analyses.probes import probe_jobs
+    from vitsee.analyses.driver import AnalyzeConfig
 
     layouts = set()
     for label in ("swin", "mixer"):

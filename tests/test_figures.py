@@ -12,10 +12,10 @@ from matplotlib.colors import LogNorm
 from PIL import Image
 
 from conftest import RESNET, VIT, run_cli
-from vitsee.engine.errors import VitseeError
-from vitsee.engine.figures import ORIENTATION, figure_for, spatial_centre_token, token_grid, wrap_to_width
-from vitsee.engine.export import write_view
-from vitsee.engine.views import View, load_view
+from vitsee.errors import VitseeError
+from vitsee.output.figures import ORIENTATION, figure_for, spatial_centre_token, token_grid, wrap_to_width
+from vitsee.output.export import write_view
+from vitsee.analyses.views import View, load_view
 
 from helpers.stores import VIEWS, VIEWS_CFG as CFG, analysed_store
 
@@ -228,8 +228,8 @@ def test_spatial_figure_defaults_to_the_centre_tokens_map_with_its_cell_outlined
 
 
 def test_spatial_views_say_the_tokens_are_compared_with_the_normalised_stored_input(views, capsys):
-    from vitsee.engine.analyses.spatial import INPUT_NOTE
-    from vitsee.engine.render import render_view
+    from vitsee.analyses.spatial import INPUT_NOTE
+    from vitsee.output.render import render_view
 
     view = views["spatial"]
     assert view.extra["pixels"] == INPUT_NOTE and "normalised input as the store keeps it" in INPUT_NOTE

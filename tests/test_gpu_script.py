@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vitsee.engine.analyses import REGISTRY
+from vitsee.analyses import REGISTRY
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu.py"
 

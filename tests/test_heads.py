@@ -25,8 +25,8 @@ def store_copy(tiny_store, tmp_path):
 
 
 def test_stored_head_outputs_are_softmax_qk_v_of_timms_attention(tiny_store):
-    from vitsee.engine.models import load_model
-    from vitsee.engine.store import Store
+    from vitsee.models.load import load_model
+    from vitsee.store import Store
 
     loaded = load_model(VIT, img_size=IMG)
     block = loaded.model.blocks[2]
@@ -53,7 +53,7 @@ def test_stored_head_outputs_are_softmax_qk_v_of_timms_attention(tiny_store):
 
 
 def test_head_outputs_are_allocated_per_block_and_counted_in_the_size_estimate(tiny_store):
-    from vitsee.engine.store import Store
+    from vitsee.store import Store
 
     with Store.open(tiny_store) as store:
         assert store.head_blocks(VIT_KEY) == [f"blocks.{b}" for b in range(6)]
@@ -66,7 +66,7 @@ def test_head_outputs_are_allocated_per_block_and_counted_in_the_size_estimate(t
 
 
 def test_size_estimate_includes_the_head_outputs(tmp_path):
-    from vitsee.engine.extract_plan import ExtractConfig, estimate
+    from vitsee.extraction.plan import ExtractConfig, estimate
 
     cfg = ExtractConfig(
         store=tmp_path / "e.h5",
@@ -88,10 +88,10 @@ def test_size_estimate_includes_the_head_outputs(tmp_path):
 
 @pytest.mark.parametrize("shuffles", [0, 2])
 def test_head_cka_matches_a_per_head_reference(store_copy, shuffles):
-    from vitsee.engine.analyses.heads import run_heads
-    from vitsee.engine.analyses.base import batch_plan
-    from vitsee.engine.analyze import AnalyzeConfig
-    from vitsee.engine.store import Store
+    from vitsee.analyses.heads import run_heads
+    from vitsee.analyses.base import batch_plan
+    from vitsee.analyses.driver import AnalyzeConfig
+    from vitsee.store import Store
 
     cfg = AnalyzeConfig(batch_size=16, shuffles=shuffles, device="cpu")
     with Store.writer(store_copy) as store:
@@ -111,9 +111,9 @@ def test_head_cka_matches_a_per_head_reference(store_copy, shuffles):
 
 
 def test_each_head_sits_beside_its_mean_attention_distance(store_copy):
-    from vitsee.engine.analyses.heads import run_heads
-    from vitsee.engine.analyze import AnalyzeConfig
-    from vitsee.engine.store import Store
+    from vitsee.analyses.heads import run_heads
+    from vitsee.analyses.driver import AnalyzeConfig
+    from vitsee.store import Store
 
     with Store.writer(store_copy) as store:
         result = run_heads(store, VIT_KEY, RESNET_KEY, AnalyzeConfig(batch_size=16, shuffles=0, device="cpu"))
@@ -144,8 +144,8 @@ def test_analyze_heads_then_export_json_and_png(store_copy, tmp_path, capsys):
 
 
 def test_heads_figure_scatters_distance_against_the_most_similar_layer(store_copy):
-    from vitsee.engine.figures import figure_for
-    from vitsee.engine.views import load_view
+    from vitsee.output.figures import figure_for
+    from vitsee.analyses.views import load_view
 
     view = load_view(store_copy, "heads:test_vit:test_resnet")
     col = int(view.extra["scatter_col"])
@@ -166,7 +166,7 @@ def test_a_heads_view_of_one_model_or_a_cnn_is_refused_in_one_line(store_copy, c
 
 
 def test_streaming_stores_keep_no_head_outputs_and_refuse_heads(tmp_path, capsys):
-    from vitsee.engine.extract import ExtractConfig, run_extraction
+    from vitsee.extraction.extract import ExtractConfig, run_extraction
 
     path = tmp_path / "stream.h5"
     run_extraction(
@@ -189,8 +189,8 @@ def test_streaming_stores_keep_no_head_outputs_and_refuse_heads(tmp_path, capsys
 def test_a_store_extracted_before_head_outputs_resumes_without_them(tmp_path):
     import h5py
 
-    from vitsee.engine.extract import ExtractConfig, run_extraction
-    from vitsee.engine.store import Store
+    from vitsee.extraction.extract import ExtractConfig, run_extraction
+    from vitsee.store import Store
 
     path = tmp_path / "old.h5"
     cfg = ExtractConfig(

@@ -8,7 +8,7 @@ from rich.style import Style
 from textual.app import App, ComposeResult
 from textual.widgets import Label
 
-from vitsee.engine.colormap import ASCII_RAMP, ColorMode, palette
+from vitsee.output.colormap import ASCII_RAMP, ColorMode, palette
 from vitsee.tui.widgets import Heatmap
 from vitsee.tui.widgets.heatmap import MISSING_GLYPH, UPPER_HALF, abbreviate_label
 

@@ -1,6 +1,6 @@
-"""The layering written in pyproject.toml ([tool.importlinter]) holds for this checkout: the engine never imports
-Textual or the app, the analyses never import the CLI or the figures, the public API (`import vitsee`) never imports
-the CLI, and no module imports itself round a cycle."""
+"""The layering written in pyproject.toml ([tool.importlinter]) holds for this checkout: each room of engine/ (the
+package `vitsee`) imports only from the floors below it, the app above them all; the engine never imports Textual,
+the public API never imports Typer, and no module imports itself round a cycle."""
 
 from __future__ import annotations
 
@@ -23,12 +23,14 @@ def _lint_imports() -> str | None:
 
 
 def _namespace(tmp_path: Path) -> Path:
-    """Returns a folder where `vitsee` is a namespace package of this checkout's engine/ and tui/, as an install
-    makes it: import-linter then analyses this code, not whatever vitsee the environment has installed."""
+    """Returns a folder holding `vitsee` as an install makes it: engine/'s files and rooms with tui/ among them (the
+    package-dir of pyproject.toml). import-linter then analyses this checkout, not whatever vitsee is installed."""
     pkg = tmp_path / "vitsee"
     pkg.mkdir()
-    for part in ("engine", "tui"):
-        (pkg / part).symlink_to(ROOT / part, target_is_directory=True)
+    for entry in ROOT.joinpath("engine").iterdir():
+        if entry.name != "__pycache__":
+            (pkg / entry.name).symlink_to(entry, target_is_directory=entry.is_dir())
+    (pkg / "tui").symlink_to(ROOT / "tui", target_is_directory=True)
     return tmp_path
 
 
@@ -57,17 +59,37 @@ def _imports(path: Path, name: str, modules: set[str]) -> set[str]:
         if isinstance(node, ast.ImportFrom):
             base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
             target = ".".join(base + ([node.module] if node.module else [])) if node.level else node.module or ""
-            out |= {target} | {f"{target}.{a.name}" for a in node.names}
+            submodules = {f"{target}.{a.name}" for a in node.names} & modules
+            # `from vitsee import stats` imports the module stats; the package's own names only if it takes one
+            out |= submodules | ({target} if len(submodules) < len(node.names) else set())
         elif isinstance(node, ast.Import):
             out |= {a.name for a in node.names}
     return {m for m in out if m in modules and m != name}
 
 
+def _packages() -> dict[str, Path]:
+    """Returns {package name: folder} for every package of the distribution, as pyproject.toml's package-dir maps
+    them (engine/ is `vitsee`, tui/ `vitsee.tui`)."""
+    out = {}
+    for top, name in (("engine", "vitsee"), ("tui", "vitsee.tui"), ("assets", "vitsee.assets")):
+        for init in sorted((ROOT / top).rglob("__init__.py")):
+            rel = init.parent.relative_to(ROOT / top)
+            out[".".join([name, *rel.parts])] = init.parent
+    return out
+
+
+def test_every_package_folder_is_in_pyproject():
+    import tomllib
+
+    listed = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    assert sorted(listed) == sorted(_packages())
+
+
 def test_no_module_of_the_engine_or_the_app_is_on_an_import_cycle():
     files = {}
-    for folder in ("engine", "engine/analyses", "engine/public", "tui", "tui/widgets", "tui/screens"):
-        for f in (ROOT / folder).glob("*.py"):
-            files[("vitsee." + folder.replace("/", ".") + "." + f.stem).replace(".__init__", "")] = f
+    for name, folder in _packages().items():
+        for f in folder.glob("*.py"):
+            files[(name + "." + f.stem).replace(".__init__", "")] = f
     graph = {name: _imports(path, name, set(files)) for name, path in files.items()}
 
     def reaches(start: str, goal: str) -> bool:
@@ -85,9 +107,9 @@ def test_no_module_of_the_engine_or_the_app_is_on_an_import_cycle():
 
 
 def test_every_registered_analysis_has_its_view_string_and_its_shape_a_figure_a_drawing_and_a_pane():
-    from vitsee.engine import figures, render
-    from vitsee.engine.analyses import REGISTRY
-    from vitsee.engine.views import view_help
+    from vitsee.output import figures, render
+    from vitsee.analyses import REGISTRY
+    from vitsee.analyses.views import view_help
     from vitsee.tui.screens.explorer import PANES
     from vitsee.tui.widgets.view_pane import PANE_CLASSES
 
@@ -148,7 +170,7 @@ def _names_compared(tree: ast.AST, names: set[str]) -> list[tuple[int, str]]:
 def test_no_module_outside_the_analyses_compares_a_kind_with_an_analysis_name():
     # what an analysis is, does or is drawn as is asked of the analysis (REGISTRY[kind]) or of its view's shape:
     # a new analysis then needs no edit elsewhere (the issue counted 56 such comparisons in nine files)
-    from vitsee.engine.analyses import REGISTRY
+    from vitsee.analyses import REGISTRY
 
     names = set(REGISTRY)
     offenders = []

@@ -18,8 +18,8 @@ from PIL import Image
 
 import vitsee
 from conftest import RESNET, VIT, run_cli
-from vitsee.engine.store import Store as EngineStore
-from vitsee.engine.store import copy_store
+from vitsee.store import Store as EngineStore
+from vitsee.store import copy_store
 
 FAST = {"shuffles": 0, "batch_size": 16, "device": "cpu"}  # the estimator of these tests' results
 FAST_CLI = ["--shuffles", "0", "--batch-size", "16", "--device", "cpu"]
@@ -267,8 +267,8 @@ class TestViews:
         assert code == 2 and err.strip() == f"error: {caught.value}"
 
     def test_the_view_options_build_the_config_the_cli_builds(self):
-        from vitsee._store import view_config
-        from vitsee.engine import cli
+        from vitsee.library.store import view_config
+        from vitsee import cli
 
         cases = [
             {},
@@ -305,8 +305,8 @@ class TestProgress:
         assert "skip" in drawn and "100%" in drawn
 
     def test_a_warning_of_a_run_is_a_vitsee_warning_even_without_bars(self):
-        from vitsee._progress import Bars
-        from vitsee.engine.extract_plan import Progress
+        from vitsee.library.progress import Bars
+        from vitsee.extraction.plan import Progress
 
         with pytest.warns(vitsee.VitseeWarning, match="2 layer"):
             Bars(enabled=False).extraction(Progress("warning", message="2 layer(s) hold non-finite values"))
@@ -351,7 +351,7 @@ def test_the_public_api_is_documented_like_the_readme():
 
 
 def test_measures_are_the_engines_functions_under_the_public_name():
-    import vitsee.engine.measures as engine_measures
+    import vitsee.measures.direct as engine_measures
     from vitsee.measures import rbf_cka
 
     assert rbf_cka is engine_measures.rbf_cka
@@ -360,17 +360,21 @@ def test_measures_are_the_engines_functions_under_the_public_name():
     assert vitsee.measures.linear_cka(x, x) == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("module", ["vitsee._store", "vitsee._result", "vitsee._run", "vitsee._features"])
+@pytest.mark.parametrize(
+    "module", ["vitsee.library.store", "vitsee.library.result", "vitsee.library.run", "vitsee.library.features"]
+)
 def test_the_doctest_examples_run(module):
     import importlib
 
     failed, attempted = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
-    assert failed == 0 and (attempted > 0 or module != "vitsee._store")
+    assert failed == 0 and (attempted > 0 or module != "vitsee.library.store")
 
 
-def test_the_folder_is_only_ever_the_package_vitsee():
-    import importlib
+def test_import_vitsee_is_engine_and_its_rooms_are_its_sub_packages():
+    import vitsee.store
+    import vitsee.tui
 
-    with pytest.raises(ImportError, match="import vitsee"):
-        importlib.import_module("vitsee.engine.public")
-    assert Path(vitsee.__file__).resolve().parent == Path(__file__).resolve().parents[1] / "engine" / "public"
+    root = Path(__file__).resolve().parents[1]
+    assert Path(vitsee.__file__).resolve() == root / "engine" / "__init__.py"
+    assert Path(vitsee.store.__file__).resolve() == root / "engine" / "store" / "__init__.py"
+    assert Path(vitsee.tui.__file__).resolve() == root / "tui" / "__init__.py"

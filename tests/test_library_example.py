@@ -15,7 +15,7 @@ from PIL import Image
 
 import vitsee
 from conftest import RESNET, VIT
-from vitsee.engine.store import copy_store
+from vitsee.store import copy_store
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "examples" / "paper_figures.ipynb"
 

@@ -12,10 +12,10 @@ import torch
 
 import vitsee
 from conftest import IMG, VIT, run_cli
-from vitsee.engine.data import open_dataset
-from vitsee.engine.models import load_model, make_transform
-from vitsee.engine.store import Store as EngineStore
-from vitsee.engine.store import copy_store
+from vitsee.data import open_dataset
+from vitsee.models.load import load_model, make_transform
+from vitsee.store import Store as EngineStore
+from vitsee.store import copy_store
 
 BLOCKS = [f"blocks.{i}" for i in range(6)]
 FAST = {"shuffles": 0, "batch_size": 16, "device": "cpu", "progress": False}
@@ -95,7 +95,7 @@ def test_the_images_and_labels_are_those_of_the_dataset_or_given(store, tiny_sto
 
 
 def test_the_analyses_that_need_more_than_activations_say_so_in_one_line(store, capsys):
-    from vitsee.engine.analyses.similarity import layer_measures
+    from vitsee.analyses.similarity import layer_measures
 
     measures = [f"{a.name}:vit" for a in layer_measures()]  # CKA and the other measures need activations only
     assert store.views() == [*measures, "agree:vit", "probes:vit"]

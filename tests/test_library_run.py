@@ -10,8 +10,8 @@ from safetensors.numpy import load_file
 
 import vitsee
 from conftest import IMG, RESNET, VIT, run_cli
-from vitsee.engine.store import Store as EngineStore
-from vitsee.engine.zoo_store import keeps_grams, read_gram
+from vitsee.store import Store as EngineStore
+from vitsee.zoo.streamed import keeps_grams, read_gram
 
 EXTRACT = {"dataset": "synthetic", "n_images": 8, "batch_size": 4, "img_size": IMG, "device": "cpu", "workers": 0}
 EXTRACT_CLI = [

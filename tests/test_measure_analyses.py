@@ -16,14 +16,14 @@ from scipy.stats import spearmanr
 
 from conftest import RESNET, VIT, run_cli
 from helpers.app import SIZE, make_app, notifications, settle, status, view_shown
-from vitsee.engine.analyses import REGISTRY, Result
-from vitsee.engine.analyses.similarity import layer_measures
-from vitsee.engine.analyze import AnalyzeConfig, run_analyses
-from vitsee.engine.store import Store
-from vitsee.engine.views import load_view
+from vitsee.analyses import REGISTRY, Result
+from vitsee.analyses.similarity import layer_measures
+from vitsee.analyses.driver import AnalyzeConfig, run_analyses
+from vitsee.store import Store
+from vitsee.analyses.views import load_view
 
 CFG = AnalyzeConfig(batch_size=16, shuffles=0, device="cpu", permutations=9)
-MEASURES = [a.name for a in layer_measures() if a.name != "cka"]  # the seven of engine/measures_grams.py
+MEASURES = [a.name for a in layer_measures() if a.name != "cka"]  # the seven of engine/measures/grams.py
 # a ViT block against a ResNet stage, and two ResNet stages
 PAIRS = [((VIT, "blocks.1"), (RESNET, "layer3.0")), ((RESNET, "layer2.0"), (RESNET, "layer4.0"))]
 # the direct functions of RBF CKA, SVCCA and PWCCA take seconds a pair on the ViT's 4,160 features (the analyses
@@ -69,7 +69,7 @@ def measured(tiny_store, tmp_path_factory) -> Path:
 def test_a_run_builds_each_layers_gram_and_spectrum_once_for_all_its_measures(tiny_store, tmp_path, monkeypatch):
     import torch
 
-    from vitsee.engine import measures_grams
+    from vitsee.measures import grams as measures_grams
 
     builds, eighs = [], []
     build, eigh = measures_grams.LayerGrams.from_features.__func__, torch.linalg.eigh
@@ -132,7 +132,7 @@ def test_every_measure_is_its_function_on_the_stored_layers(measured):
 
 def test_max_images_draws_a_seeded_subset_that_params_and_the_caption_record(tiny_store, tmp_path, capsys):
     from vitsee import measures
-    from vitsee.engine.measures_grams import choose_images
+    from vitsee.measures.grams import choose_images
 
     path = _copy(tiny_store, tmp_path)
     code, _, err = run_cli(
@@ -161,8 +161,8 @@ def test_max_images_draws_a_seeded_subset_that_params_and_the_caption_record(tin
 
 
 def test_intervals_and_p_values_are_measures_stats_over_the_same_grams(tiny_store, tmp_path):
-    from vitsee.engine import measures_stats
-    from vitsee.engine.measures_grams import layer_grams
+    from vitsee.measures import resampling as measures_stats
+    from vitsee.measures.grams import layer_grams
 
     path = _copy(tiny_store, tmp_path)
     cfg = AnalyzeConfig(device="cpu", seed=2, options={"measure_bootstrap": 20, "measure_permutations": 9})
@@ -244,7 +244,7 @@ def test_the_comparison_is_the_spearman_correlation_of_the_measures_over_the_lay
 
 
 def test_the_figure_draws_each_measure_with_the_same_axes_beside_the_correlations(measured):
-    from vitsee.engine.figures import figure_for
+    from vitsee.output.figures import figure_for
 
     view = load_view(measured, f"agree:{VIT}:{RESNET}")
     fig = figure_for(view, selection=(0, 2))
@@ -263,7 +263,7 @@ def test_the_figure_draws_each_measure_with_the_same_axes_beside_the_correlation
 
 
 def test_a_pairs_rank_is_the_share_of_the_other_pairs_more_alike_a_distance_read_the_other_way():
-    from vitsee.engine.analyses.agree import agreement_line, pair_rank, rank_words
+    from vitsee.analyses.agree import agreement_line, pair_rank, rank_words
 
     m = np.array([[0.9, 0.2, 0.5], [0.4, 0.8, 0.1], [0.3, 0.7, 0.6]])
     assert pair_rank(m, 0, 0) == 0.0 and pair_rank(m, 1, 2) == 1.0

@@ -15,10 +15,10 @@ import pytest
 import torch
 from scipy import stats as sps
 
-from vitsee.engine import measures as ms
-from vitsee.engine import measures_grams as mg
-from vitsee.engine import measures_stats as mst
-from vitsee.engine.errors import VitseeError
+from vitsee.measures import direct as ms
+from vitsee.measures import grams as mg
+from vitsee.measures import resampling as mst
+from vitsee.errors import VitseeError
 
 K = 5  # neighbours in the small tests
 
@@ -221,7 +221,7 @@ class TestAgainstFormulas:
         assert doctest.testmod(ms, raise_on_error=False).failed == 0
 
     def test_linear_cka_matches_the_cka_analysis_full_batch_one(self):
-        from vitsee.engine.analyses.cka import linear_cka as analysis_cka
+        from vitsee.analyses.cka import linear_cka as analysis_cka
 
         x, _, wide, _ = _layers(40)
         assert ms.linear_cka(x, wide) == pytest.approx(analysis_cka(x, wide), abs=1e-13)

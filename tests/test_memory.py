@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from conftest import RESNET, VIT
-from vitsee.engine import analyze as an
-from vitsee.engine.analyses.attention import run_attention
-from vitsee.engine.analyses.base import RunningMoments
-from vitsee.engine.analyses.skip import run_skip
-from vitsee.engine.store import Store
+from vitsee.analyses import driver as an
+from vitsee.analyses.attention import run_attention
+from vitsee.analyses.base import RunningMoments
+from vitsee.analyses.skip import run_skip
+from vitsee.store import Store
 
 
 @pytest.fixture(scope="module")

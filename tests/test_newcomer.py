@@ -12,8 +12,8 @@ import pytest
 
 from conftest import RESNET, VIT, run_cli
 from helpers.stores import analysed_store
-from vitsee.engine.colormap import ASCII_RAMP, ColorScale
-from vitsee.engine.views import load_view
+from vitsee.output.colormap import ASCII_RAMP, ColorScale
+from vitsee.analyses.views import load_view
 
 OTHER = "mobilenetv3_small_050"  # outside the ViT/ResNet/Mixer/Swin families: no blocks or sublayers defined
 
@@ -111,7 +111,7 @@ def test_the_note_is_true_timm_zeroes_the_last_norm_of_every_resnet_block():
 
 
 def test_random_init_note_names_resnet_and_convnext_only_for_random_weights():
-    from vitsee.engine.init_notes import TINY_BRANCH, ZERO_BRANCH, random_init_note
+    from vitsee.models.init_notes import TINY_BRANCH, ZERO_BRANCH, random_init_note
 
     def info(name, family="resnet", kind="random"):
         return {"timm_name": name, "family": family, "weights": {"kind": kind}}
@@ -129,8 +129,8 @@ def test_random_init_note_names_resnet_and_convnext_only_for_random_weights():
 OPEN_CACHED = """
 import asyncio, sys
 from pathlib import Path
-from vitsee.engine.colormap import ColorMode
-from vitsee.engine.views import load_view
+from vitsee.output.colormap import ColorMode
+from vitsee.analyses.views import load_view
 from vitsee.tui.app import VitseeApp
 from vitsee.tui.options import AppOptions
 from vitsee.tui.results import read_summary, read_view

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from conftest import IMG, RESNET, VIT, run_cli
-from vitsee.engine.analyze import AnalyzeConfig
-from vitsee.engine.store import Store
-from vitsee.engine.views import load_view
+from vitsee.analyses.driver import AnalyzeConfig
+from vitsee.store import Store
+from vitsee.analyses.views import load_view
 
 CFG = AnalyzeConfig(shuffles=0, batch_size=16)
 NAN_ROWS = [5, 6, 7, 8, 9]  # blocks.2 of the ViT, one spatial token each: NaN
@@ -66,7 +66,7 @@ def bad_store(tiny_store, tmp_path_factory) -> Path:
 
 
 def test_row_ranges_compress_runs_and_cut_after_the_limit():
-    from vitsee.engine.writer import row_ranges
+    from vitsee.extraction.writer import row_ranges
 
     assert row_ranges([5, 6, 7, 8, 9, 17]) == "5-9, 17"
     assert row_ranges([0, 2, 4, 6, 7], limit=2) == "0, 2 and 3 more"
@@ -77,7 +77,7 @@ def test_extraction_ends_with_one_line_naming_the_layers_and_rows_with_nonfinite
     tmp_path, capsys, monkeypatch, quiet
 ):
     """--quiet drops the progress bars, not the warnings about the data (fp16 loss, non-finite values)."""
-    from vitsee.engine import extract
+    from vitsee.extraction import extract
 
     monkeypatch.setattr(extract, "fp16_note", lambda key, loss: f"{key}: float16 storage rounds away up to 2.0e-03")
 
@@ -222,7 +222,7 @@ def test_probes_skip_and_name_the_readouts_with_nonfinite_features(bad_store, ti
 
 
 def test_png_export_of_a_nonfinite_cka_paints_those_cells(bad_store, tmp_path):
-    from vitsee.engine.figures import figure_for
+    from vitsee.output.figures import figure_for
 
     view = load_view(bad_store, f"cka:{VIT}", CFG)
     fig = figure_for(view)

@@ -7,9 +7,9 @@ import pytest
 import torch
 from sklearn.linear_model import Ridge, RidgeClassifier
 
-from vitsee.engine.errors import VitseeError
-from vitsee.engine.analyses import probes
-from vitsee.engine.analyses.probes import (
+from vitsee.errors import VitseeError
+from vitsee.analyses import probes
+from vitsee.analyses.probes import (
     ExampleAccumulator,
     RidgeAccumulator,
     fit_probes,
@@ -405,7 +405,7 @@ def test_batches_that_ignore_the_mask_are_a_bug_not_a_user_error():
 
 
 def test_ties_on_held_out_accuracy_go_to_the_lowest_squared_error_then_the_larger_penalty():
-    from vitsee.engine.analyses.probes import best_ratio
+    from vitsee.analyses.probes import best_ratio
 
     accuracy = np.array([[0.5, 0.5, 0.5, 0.25], [0.0, 0.0, 0.0, 0.0], [0.1, 0.2, 0.2, 0.1]])
     error = np.array([[3.0, 1.0, 2.0, 0.5], [4.0, 4.0, 4.0, 4.0], [1.0, 9.0, 9.0, 1.0]])
@@ -423,7 +423,7 @@ def test_ties_on_held_out_accuracy_go_to_the_lowest_squared_error_then_the_large
 
 
 def test_probe_flops_count_the_smaller_space_and_grow_with_the_probes():
-    from vitsee.engine.analyses.probes import EIGH_FLOPS_PER_N3, VALUE_FLOPS, probe_flops
+    from vitsee.analyses.probes import EIGH_FLOPS_PER_N3, VALUE_FLOPS, probe_flops
 
     n, d, p, k = 100, 768, 197, 10
     primal, dual = probe_flops(n, d, p, k, space="primal"), probe_flops(n, d, p, k, space="dual")
@@ -443,9 +443,9 @@ def test_the_warning_before_a_long_probe_job_names_the_ways_to_narrow_it(tiny_st
     import shutil
 
     from conftest import VIT
-    from vitsee.engine.analyses.probes import estimate_probe_seconds, probe_warning, run_probes
-    from vitsee.engine.analyze import AnalyzeConfig
-    from vitsee.engine.store import Store
+    from vitsee.analyses.probes import estimate_probe_seconds, probe_warning, run_probes
+    from vitsee.analyses.driver import AnalyzeConfig
+    from vitsee.store import Store
 
     path = tmp_path / "copy.h5"
     shutil.copy(tiny_store, path)
@@ -473,9 +473,9 @@ def test_run_probes_gives_each_readout_what_a_fit_of_that_readout_alone_gives(ti
     import shutil
 
     from conftest import VIT
-    from vitsee.engine.analyses.probes import run_probes
-    from vitsee.engine.analyze import AnalyzeConfig
-    from vitsee.engine.store import Store
+    from vitsee.analyses.probes import run_probes
+    from vitsee.analyses.driver import AnalyzeConfig
+    from vitsee.store import Store
 
     path = tmp_path / "copy.h5"
     shutil.copy(tiny_store, path)
@@ -633,11 +633,11 @@ def test_fits_sharing_a_workspace_reuse_its_buffers_and_score_what_fresh_ones_do
 def _run_probes_arrays(path, model, threads, workers=None, **kwargs):
     """Return run_probes' arrays (recomputed) on the store at path with torch at `threads` threads, and the
     worker counts _fit_layers was called with (also appended to `workers` where given)."""
-    from vitsee.engine.analyses.probes import run_probes
-    from vitsee.engine.analyze import AnalyzeConfig
-    from vitsee.engine.store import Store
+    from vitsee.analyses.probes import run_probes
+    from vitsee.analyses.driver import AnalyzeConfig
+    from vitsee.store import Store
 
-    from vitsee.engine import threads as threads_mod
+    from vitsee import threads as threads_mod
 
     before, workers = (torch.get_num_threads(), list(threads_mod._TASK_WORKERS)), [] if workers is None else workers
     real = probes._fit_layers
@@ -677,9 +677,9 @@ def test_a_run_cancelled_from_its_progress_stops_every_layer_and_saves_nothing(t
     import threading
 
     from conftest import VIT
-    from vitsee.engine.analyses.probes import probe_params
-    from vitsee.engine.analyze import AnalyzeConfig
-    from vitsee.engine.store import Store
+    from vitsee.analyses.probes import probe_params
+    from vitsee.analyses.driver import AnalyzeConfig
+    from vitsee.store import Store
 
     class Stop(Exception):
         pass
@@ -730,7 +730,7 @@ def test_a_layer_whose_fit_fails_fails_the_run_with_its_own_error(tiny_store, tm
 
 
 def test_layers_go_side_by_side_only_on_cpu_with_threads_to_spare_and_fits_that_fit_in_memory(monkeypatch):
-    from vitsee.engine import threads
+    from vitsee import threads
 
     small, big = 40e6, probes.PARALLEL_FIT_BYTES + 1
     monkeypatch.setattr(threads, "task_workers", lambda: 2)

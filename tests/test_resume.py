@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from conftest import IMG, RESNET, VIT, run_cli
-from vitsee.engine.extract import ExtractConfig, run_extraction
-from vitsee.engine.store import Store
+from vitsee.extraction.extract import ExtractConfig, run_extraction
+from vitsee.store import Store
 
 ARGS = [
     "--model",
@@ -42,7 +42,7 @@ ARGS = [
 
 
 def _extract_cmd(store) -> list[str]:
-    return [sys.executable, "-m", "vitsee.engine.cli", "extract", str(store), *ARGS]
+    return [sys.executable, "-m", "vitsee.cli", "extract", str(store), *ARGS]
 
 
 def _batches_done(store) -> int:
@@ -79,7 +79,7 @@ def test_a_killed_run_resumed_by_vitsee_extract_store_alone_ends_with_the_values
 
     # the store's record alone (the same command rerun is tested in test_crash_safety.py)
     rerun = subprocess.run(
-        [sys.executable, "-m", "vitsee.engine.cli", "extract", str(store), "--threads", "1"],
+        [sys.executable, "-m", "vitsee.cli", "extract", str(store), "--threads", "1"],
         capture_output=True,
         text=True,
         timeout=600,
@@ -251,7 +251,7 @@ def test_options_that_contradict_the_recorded_run_are_refused_in_one_line_and_no
 
 
 def test_options_the_record_agrees_with_or_does_not_fix_are_accepted(interrupted, tmp_path, capsys):
-    from vitsee.engine.run_config import plan_resume
+    from vitsee.extraction.run_config import plan_resume
 
     resume = plan_resume(
         interrupted,
@@ -274,7 +274,7 @@ def test_info_on_an_incomplete_store_prints_the_exact_resume_command(interrupted
 
 
 def test_an_old_store_without_a_record_is_told_the_way_out_and_a_missing_one_too(interrupted, tmp_path, capsys):
-    from vitsee.engine.store import copy_store
+    from vitsee.store import copy_store
 
     old = copy_store(interrupted, tmp_path / "old.h5")
     with h5py.File(old, "r+") as f:

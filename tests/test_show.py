@@ -13,10 +13,10 @@ from rich.text import Text
 
 from conftest import RESNET, VIT, run_cli
 from helpers.stores import VIEWS_CFG as CFG, analysed_store
-from vitsee.engine import cli
-from vitsee.engine.colormap import ASCII_RAMP, ColorMode, ColorScale, palette
-from vitsee.engine.render import UPPER_HALF, render_view
-from vitsee.engine.views import View, load_view
+from vitsee import cli
+from vitsee.output.colormap import ASCII_RAMP, ColorMode, ColorScale, palette
+from vitsee.output.render import UPPER_HALF, render_view
+from vitsee.analyses.views import View, load_view
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -254,7 +254,7 @@ def test_device_on_show_and_export_says_where_to_compute_not_which_estimate_to_s
     """A store analysed with --batch-size 8: `show --device cpu` used to compute and show the default estimate."""
     import json as json_mod
 
-    from vitsee.engine.store import Store, copy_store
+    from vitsee.store import Store, copy_store
 
     path = copy_store(tiny_store, tmp_path / "b8.h5")
     code, _, err = run_cli(
@@ -282,7 +282,7 @@ def _sublayers(depth: int) -> list[str]:
     """Returns the layer names of a ViT of `depth` blocks at sublayer granularity, as extraction records them."""
     import timm
 
-    from vitsee.engine.models import layer_points
+    from vitsee.models.load import layer_points
 
     model = timm.create_model(
         "vit_tiny_patch16_224", depth=depth, img_size=32, patch_size=8, embed_dim=24, num_heads=2, pretrained=False
@@ -291,7 +291,7 @@ def _sublayers(depth: int) -> list[str]:
 
 
 def test_show_gives_every_layer_of_a_sublayer_store_a_label_of_its_own():
-    from vitsee.engine.labels import fit_labels
+    from vitsee.output.labels import fit_labels
 
     names = _sublayers(12)
     assert {"blocks.1.mlp.act", "blocks.10.mlp.act", "blocks.11.mlp.act"} <= set(
@@ -312,7 +312,7 @@ def test_show_gives_every_layer_of_a_sublayer_store_a_label_of_its_own():
 
 
 def test_the_app_and_show_shorten_labels_alike():
-    from vitsee.engine import render
+    from vitsee.output import render
     from vitsee.tui.widgets import axis_labels
 
     names = _sublayers(12)

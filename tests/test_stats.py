@@ -10,15 +10,15 @@ import torch
 from scipy import stats as sps
 
 from conftest import VIT, run_cli
-from vitsee.engine import analyze as an
-from vitsee.engine.analyses.attention import run_attention
-from vitsee.engine.analyses.cka import cka_params, run_cka
-from vitsee.engine.analyses.probes import run_probes
-from vitsee.engine.analyses.skip import run_skip
-from vitsee.engine import stats
-from vitsee.engine.analyses.cka import MinibatchCKA, unbiased_hsic
-from vitsee.engine.errors import VitseeError
-from vitsee.engine.store import Store
+from vitsee.analyses import driver as an
+from vitsee.analyses.attention import run_attention
+from vitsee.analyses.cka import cka_params, run_cka
+from vitsee.analyses.probes import run_probes
+from vitsee.analyses.skip import run_skip
+from vitsee import stats
+from vitsee.analyses.cka import MinibatchCKA, unbiased_hsic
+from vitsee.errors import VitseeError
+from vitsee.store import Store
 
 
 def _related(n: int, seed: int) -> list[np.ndarray]:
@@ -317,7 +317,7 @@ async def test_heatmap_marks_read_as_x_without_colour_and_grey_with_it():
 
 
 def test_a_view_marks_the_cells_above_alpha_and_words_its_interval():
-    from vitsee.engine.views import View
+    from vitsee.analyses.views import View
 
     p = np.array([[0.01, 0.2], [0.2, 0.01]])
     view = View(
@@ -345,8 +345,8 @@ def test_a_view_marks_the_cells_above_alpha_and_words_its_interval():
 
 
 def test_figures_hatch_weak_cka_cells_band_probes_and_whisker_heads(tiny_store, tmp_path):
-    from vitsee.engine.figures import figure_for
-    from vitsee.engine.views import load_view
+    from vitsee.output.figures import figure_for
+    from vitsee.analyses.views import load_view
 
     path = tmp_path / "copy.h5"
     path.write_bytes(tiny_store.read_bytes())

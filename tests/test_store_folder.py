@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from conftest import IMG, VIT, run_cli
-from vitsee.engine.store import Store, copy_store
+from vitsee.store import Store, copy_store
 
 EXTRA = "test_vit@random:1"  # the appended model, a file of its own in STORE.d/models
 EXTRA_FILE = "test_vit%40random%3A1.h5"
@@ -295,7 +295,7 @@ def test_another_stores_files_move_aside_in_one_line_and_the_moved_store_is_told
 
 
 def test_overwrite_removes_the_replaced_stores_files_and_moves_any_other_aside(template, tmp_path):
-    from vitsee.engine import store as store_mod
+    from vitsee import store as store_mod
 
     root = tmp_path / "case"
     shutil.copytree(template, root, symlinks=True)

@@ -15,11 +15,11 @@ import pytest
 
 from conftest import IMG, RESNET, VIT, run_cli
 from helpers.reference import reference_cka
-from vitsee.engine.analyses.heads import run_heads
-from vitsee.engine.analyze import AnalyzeConfig
-from vitsee.engine.errors import VitseeError
-from vitsee.engine.extract import ExtractConfig, run_extraction
-from vitsee.engine.store import Store
+from vitsee.analyses.heads import run_heads
+from vitsee.analyses.driver import AnalyzeConfig
+from vitsee.errors import VitseeError
+from vitsee.extraction.extract import ExtractConfig, run_extraction
+from vitsee.store import Store
 
 BATCH = 16
 ROWS = [f"blocks.{b}.head.{h}" for b in range(6) for h in range(2)]  # test_vit: 6 blocks of 2 heads
@@ -99,7 +99,7 @@ def test_streamed_head_cka_matches_a_per_head_numpy_reference(streamed, tiny_sto
 
 
 def test_streaming_heads_keeps_no_head_outputs_and_costs_no_disk(streamed, tmp_path, capsys):
-    from vitsee.engine.extract_plan import estimate
+    from vitsee.extraction.plan import estimate
 
     code, out, _ = run_cli(["info", streamed], capsys)
     assert code == 0 and "statistics and CKA and head-level CKA from the forward pass only" in out

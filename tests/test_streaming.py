@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from conftest import IMG, RESNET, VIT, run_cli
-from vitsee.engine import analyze as an
-from vitsee.engine.analyses.cka import run_cka
-from vitsee.engine.errors import VitseeError
-from vitsee.engine.extract import ExtractConfig, run_extraction
-from vitsee.engine.store import Store
+from vitsee.analyses import driver as an
+from vitsee.analyses.cka import run_cka
+from vitsee.errors import VitseeError
+from vitsee.extraction.extract import ExtractConfig, run_extraction
+from vitsee.store import Store
 
 BATCH = 16
 

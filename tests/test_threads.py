@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from vitsee.engine import threads
-from vitsee.engine.errors import VitseeError
-from vitsee.engine.threads import compute_threads, set_compute_threads
+from vitsee import threads
+from vitsee.errors import VitseeError
+from vitsee.threads import compute_threads, set_compute_threads
 
 
 @pytest.fixture
@@ -138,7 +138,7 @@ def test_a_rerun_with_another_thread_count_caches_the_same_arrays_bit_for_bit(ti
     """CKA (with its bootstrap and permutation null) and the spatial maps: the pair products summed in another
     order on two of torch's threads (up to 7.8e-15 apart); every product now runs on one thread each."""
     from conftest import run_cli
-    from vitsee.engine.store import copy_store
+    from vitsee.store import copy_store
 
     before = torch.get_num_threads()
     arrays = {}

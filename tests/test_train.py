@@ -17,12 +17,12 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import run_cli
-from vitsee.engine.data import train_test_split
-from vitsee.engine.errors import VitseeError
-from vitsee.engine.interventions import remove_skips
-from vitsee.engine.models import load_model
-from vitsee.engine.models import read_record
-from vitsee.engine.train import TrainConfig, checkpoint_path, lock_path, train
+from vitsee.data import train_test_split
+from vitsee.errors import VitseeError
+from vitsee.models.interventions import remove_skips
+from vitsee.models.load import load_model
+from vitsee.models.load import read_record
+from vitsee.training.train import TrainConfig, checkpoint_path, lock_path, train
 
 TINY_VIT = {
     "model": "test_vit",
@@ -178,8 +178,8 @@ def test_the_record_round_trips_and_name_at_file_rebuilds_the_architecture(tmp_p
 def test_kept_tensors_of_a_fixed_transform_equal_a_fresh_transform_and_random_ones_are_not_kept():
     import timm.data
 
-    from vitsee.engine.data import open_dataset
-    from vitsee.engine.train import _Images
+    from vitsee.data import open_dataset
+    from vitsee.training.train import _Images
 
     digits = open_dataset("digits")
     fixed = timm.data.create_transform(input_size=(3, 32, 32), interpolation="bicubic", crop_pct=0.9)
@@ -199,7 +199,7 @@ def _train_command(out: Path, epochs: int) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "vitsee.engine.cli",
+        "vitsee.cli",
         "train",
         str(out),
         "-m",
@@ -361,8 +361,8 @@ def test_the_cli_trains_with_loader_workers_and_prints_one_line_per_epoch(tmp_pa
 
 
 def test_the_held_out_file_holds_exactly_the_test_split_with_its_labels(tmp_path):
-    from vitsee.engine.data import open_dataset
-    from vitsee.engine.train import write_held_out
+    from vitsee.data import open_dataset
+    from vitsee.training.train import write_held_out
 
     cfg = tiny_vit(tmp_path / "m.safetensors")
     write_held_out(cfg, tmp_path / "test.npz")
@@ -376,11 +376,11 @@ def test_the_held_out_file_holds_exactly_the_test_split_with_its_labels(tmp_path
 
 
 def test_the_demo_keys_its_cached_weights_by_the_recipe_so_a_new_recipe_trains_anew(tmp_path, monkeypatch):
-    from vitsee.engine import train as train_mod
+    from vitsee.training import train as train_mod
     from vitsee.tui import demo
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr("vitsee.engine.models.cached_pretrained_file", lambda name: None)  # so the demo trains
+    monkeypatch.setattr("vitsee.models.load.cached_pretrained_file", lambda name: None)  # so the demo trains
     now = demo.choose(folder=tmp_path, device="cpu")
     names = [t.out.name for t in now.training]
     assert names[0].startswith("demo-vit_tiny_patch16_224-digits32-r") and names[0].endswith("-s0.safetensors")
@@ -408,7 +408,7 @@ def test_a_held_out_path_that_cannot_be_written_is_refused_before_training(tmp_p
     out = tmp_path / "m.safetensors"
     path = {"FOLDER": tmp_path / "held.npz", "OUT": out}.get(held_out) or held_out.replace("TMP", str(tmp_path))
     if held_out == "OUT":  # an .npz OUT is refused first for its suffix: check the function itself
-        from vitsee.engine.train import check_held_out
+        from vitsee.training.train import check_held_out
 
         with pytest.raises(VitseeError, match=message):
             check_held_out(out.with_suffix(".npz"), out.with_suffix(".npz"))
@@ -450,7 +450,7 @@ def test_the_temporaries_of_a_run_killed_while_writing_are_removed_by_the_next_r
 
 
 def test_write_initial_writes_the_seeded_init_a_run_starts_from_with_a_record_of_no_epochs(tmp_path):
-    from vitsee.engine.train import write_initial
+    from vitsee.training.train import write_initial
 
     cfg = tiny_vit(tmp_path / "init.safetensors", seed=3)
     record = write_initial(cfg)

@@ -17,10 +17,10 @@ import pytest
 
 from conftest import RESNET, VIT, run_cli
 from helpers.app import CACHED, SIZE, cka_status, make_app, notifications, same_as_a, settle, status, view_shown
-from vitsee.engine.analyze import AnalyzeConfig
-from vitsee.engine.colormap import ColorMode
-from vitsee.engine.store import Store
-from vitsee.engine.views import load_view
+from vitsee.analyses.driver import AnalyzeConfig
+from vitsee.output.colormap import ColorMode
+from vitsee.store import Store
+from vitsee.analyses.views import load_view
 from vitsee.tui.app import VitseeApp, build_app, main, parse_args
 from vitsee.tui.screens.explorer import ExplorerScreen
 from vitsee.tui.widgets.heatmap import UPPER_HALF, Heatmap
@@ -318,7 +318,7 @@ def test_a_cancelled_computation_stops_at_its_next_step_and_caches_nothing(tiny_
 async def test_a_probe_job_expected_to_take_over_a_minute_is_announced_with_the_ways_to_narrow_it(
     tiny_store, tmp_path, monkeypatch
 ):
-    from vitsee.engine.analyses import probes
+    from vitsee.analyses import probes
 
     path = tmp_path / "fresh.h5"
     shutil.copy(tiny_store, path)

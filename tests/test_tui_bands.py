@@ -17,8 +17,8 @@ import pytest
 from textual.app import App, ComposeResult
 
 from helpers.app import CACHED, SIZE, analysed_copy, make_app, settle, view_shown
-from vitsee.engine.analyze import AnalyzeConfig, run_analyses
-from vitsee.engine.colormap import ColorMode
+from vitsee.analyses.driver import AnalyzeConfig, run_analyses
+from vitsee.output.colormap import ColorMode
 from vitsee.tui.widgets.distance_plot import DistancePlot
 from vitsee.tui.widgets.heatmap import fit_labels
 from vitsee.tui.widgets.line_plot import AXIS_WIDTH, BAND, MARKERS, LinePlot, Series

@@ -12,7 +12,7 @@ from rich.console import Console
 import vitsee.tui.screens.view_detail as details
 from conftest import RESNET, VIT
 from helpers.app import make_app, settle, view_shown
-from vitsee.engine.store import Store
+from vitsee.store import Store
 from vitsee.tui.screens.explorer import ExplorerScreen
 from vitsee.tui.screens.help import HelpScreen
 from vitsee.tui.widgets.heatmap import Heatmap

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import RESNET, VIT
 from helpers.app import SIZE, make_app, settle, status, view_shown
-from vitsee.engine.analyses import REGISTRY
+from vitsee.analyses import REGISTRY
 from vitsee.tui.screens.explorer import ExplorerScreen
 from vitsee.tui.widgets.heatmap import Heatmap
 
@@ -202,7 +202,7 @@ def section_texts(dossier_screen) -> dict[tuple[str, str], str]:
 
 
 async def test_d_opens_the_dossier_of_the_cka_cell_with_every_analysis_of_both_layers(store, tmp_path):
-    from vitsee.engine.views import load_view
+    from vitsee.analyses.views import load_view
 
     app = make_app(store, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
@@ -309,7 +309,7 @@ async def test_d_outside_the_cka_view_says_where_the_dossier_is(store, tmp_path)
 
 
 def test_the_erf_half_mass_radius_counts_pixels_outward_from_the_centre():
-    from vitsee.engine.analyses.erf import half_mass_radius
+    from vitsee.analyses.erf import half_mass_radius
 
     erf = np.zeros((5, 5))
     erf[2, 2] = 0.4  # centre (H // 2, W // 2)
@@ -326,8 +326,8 @@ def test_the_erf_half_mass_radius_counts_pixels_outward_from_the_centre():
 
 
 def test_the_spatial_summary_counts_tokens_whose_peak_is_their_own_patch():
-    from vitsee.engine.views import View
-    from vitsee.engine.analyses.spatial import spatial_lines
+    from vitsee.analyses.views import View
+    from vitsee.analyses.spatial import spatial_lines
 
     matrix = np.full((4, 4), 0.1)
     matrix[0, 0], matrix[1, 1], matrix[2, 0] = 0.9, 0.8, 0.95  # token 2 peaks at patch 0, token 3 ties everywhere
@@ -352,15 +352,15 @@ def test_the_spatial_summary_counts_tokens_whose_peak_is_their_own_patch():
 
 
 def test_the_spatial_ramp_runs_from_the_maps_minimum_to_its_maximum_and_leaves_nan_blank():
-    from vitsee.engine.analyses.spatial import RAMP, ramp_rows
+    from vitsee.analyses.spatial import RAMP, ramp_rows
 
     assert ramp_rows(np.array([[0.0, 1.0], [0.5, np.nan]])) == [RAMP[1] + RAMP[-1], RAMP[5] + " "]
 
 
 def test_a_layer_outside_every_block_has_no_head_distances_or_skip_ratios(store):
-    from vitsee.engine.analyses import REGISTRY
-    from vitsee.engine.analyses.attention import block_of
-    from vitsee.engine.views import load_view
+    from vitsee.analyses import REGISTRY
+    from vitsee.analyses.attention import block_of
+    from vitsee.analyses.views import load_view
     from vitsee.tui.dossier import section_of
 
     attention, skip = load_view(store, f"attention:{VIT}"), load_view(store, f"skip:{VIT}")

@@ -10,10 +10,10 @@ import pytest
 
 from conftest import IMG, VIT
 from helpers.app import SIZE, make_app, notifications, settle, view_shown
-from vitsee.engine import threads
-from vitsee.engine.analyze import AnalyzeConfig
-from vitsee.engine.extract import ExtractConfig, run_extraction
-from vitsee.engine.store import Store
+from vitsee import threads
+from vitsee.analyses.driver import AnalyzeConfig
+from vitsee.extraction.extract import ExtractConfig, run_extraction
+from vitsee.store import Store
 from vitsee.tui.screens.run import RunPlan, RunScreen
 from vitsee.tui.screens.start import StartScreen
 
@@ -141,7 +141,7 @@ async def test_a_store_another_process_is_extracting_names_that_writer_instead_o
         cancel,
     )
     code = (
-        "from vitsee.engine.store_lock import WriteLock; import time\n"
+        "from vitsee.store.lock import WriteLock; import time\n"
         f"lock = WriteLock({str(path)!r}, command='vitsee extract'); print('held', flush=True); time.sleep(60)"
     )
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
@@ -172,7 +172,7 @@ async def test_a_store_another_process_is_extracting_names_that_writer_instead_o
 
 
 async def test_esc_leaves_a_failed_first_run_for_the_start_screen_and_r_tries_the_plan_again(tmp_path):
-    from vitsee.engine.errors import VitseeError
+    from vitsee.errors import VitseeError
 
     tries = []
 

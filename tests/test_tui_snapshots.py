@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from helpers.app import analysed_copy, make_app, settle, view_shown
-from vitsee.engine.colormap import ColorMode
+from vitsee.output.colormap import ColorMode
 
 SIZE = (120, 36)
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from helpers.app import make_app, settle, status, view_shown
 from helpers.stores import ZOO_MODELS
-from vitsee.engine.labels import model_labels
-from vitsee.engine.views import load_view
+from vitsee.output.labels import model_labels
+from vitsee.analyses.views import load_view
 from vitsee.tui.widgets.panes import TAB_LABELS
 from vitsee.tui.widgets.side_panel import SidePanel
 
@@ -115,8 +115,8 @@ class TestZooView:
 async def test_m_summarises_the_next_measure_cached_and_its_own_scale(zoo_store, tmp_path):
     """m in the Zoo reads the zoo of the next layer x layer measure cached for every model (a distance here:
     minima, its own range and name on the legend), then comes back to CKA."""
-    from vitsee.engine.analyze import run_analyses
-    from vitsee.engine.store import copy_store
+    from vitsee.analyses.driver import run_analyses
+    from vitsee.store import copy_store
     from helpers.stores import ZOO_CFG
 
     path = copy_store(zoo_store, tmp_path / "zoo.h5")
@@ -154,7 +154,7 @@ async def test_m_with_only_cka_cached_names_the_command_for_the_others(zoo_store
 
 
 async def test_the_tab_computes_a_missing_zoo_from_the_cka_already_cached(store, tmp_path):
-    from vitsee.engine.store import Store, copy_store
+    from vitsee.store import Store, copy_store
 
     path = copy_store(store, tmp_path / "tiny.h5")  # CKA cached (batch 16, store order), no zoo
     with Store.open(path) as s:

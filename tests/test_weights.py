@@ -9,10 +9,10 @@ import pytest
 import timm
 import torch
 
-from vitsee.engine.errors import VitseeError
-from vitsee.engine.extract import ExtractConfig, run_extraction
-from vitsee.engine.models import cached_pretrained_file, list_models, load_model, parse_model_spec
-from vitsee.engine.store import Store
+from vitsee.errors import VitseeError
+from vitsee.extraction.extract import ExtractConfig, run_extraction
+from vitsee.models.load import cached_pretrained_file, list_models, load_model, parse_model_spec
+from vitsee.store import Store
 
 
 @pytest.fixture
@@ -155,7 +155,7 @@ def test_a_hub_that_accepts_and_stays_silent_is_one_line_after_the_bound(silent_
 
 
 def test_the_hub_wait_is_bounded_by_a_positive_number_of_seconds(monkeypatch):
-    from vitsee.engine.models import HUB_TIMEOUT_S, hub_timeout_s
+    from vitsee.models.load import HUB_TIMEOUT_S, hub_timeout_s
 
     monkeypatch.delenv("VITSEE_HUB_TIMEOUT", raising=False)
     assert hub_timeout_s() == HUB_TIMEOUT_S == 30

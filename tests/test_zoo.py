@@ -1,4 +1,4 @@
-"""The zoo's numbers (engine/zoo.py) against straightforward references: the alignment by loops, the monotone
+"""The zoo's numbers (engine/zoo/summaries.py) against straightforward references: the alignment by loops, the monotone
 path by brute force over every non-decreasing map, intervals by explicit bootstrap replicates, families by table."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import itertools
 import numpy as np
 import pytest
 
-from vitsee.engine import stats
-from vitsee.engine import zoo
-from vitsee.engine.errors import VitseeError
+from vitsee import stats
+from vitsee.zoo import summaries as zoo
+from vitsee.errors import VitseeError
 
 
 def _alignment_by_loops(m: np.ndarray) -> float:
@@ -28,7 +28,7 @@ class TestBestMatch:
             assert zoo.best_match_alignment(m) == pytest.approx(_alignment_by_loops(m), abs=1e-15)
 
     def test_is_symmetric_and_one_for_a_model_with_itself(self):
-        from vitsee.engine.analyses.cka import minibatch_cka
+        from vitsee.analyses.cka import minibatch_cka
 
         rng = np.random.default_rng(1)
         feats = [rng.normal(size=(48, d)) for d in (5, 9, 13)]
@@ -242,7 +242,7 @@ def _per_batch_hsic(rng, n_batches=12, m=8, dims=(6, 9, 4, 7, 5)):
     """Returns (batch HSIC (B, L, L), HSIC sums (L, L), the MinibatchCKA) of random related layers."""
     import torch
 
-    from vitsee.engine.analyses.cka import MinibatchCKA
+    from vitsee.analyses.cka import MinibatchCKA
 
     acc = MinibatchCKA(len(dims), "cpu", batch_slots=n_batches)
     base = rng.normal(size=(n_batches * m, 6))
@@ -294,9 +294,9 @@ class TestIntervals:
 def test_a_zoo_from_a_cached_cka_result_summarises_each_pairs_view(tiny_store):
     """The zoo of a store's cached CKA equals the summaries of the per-pair views computed one pair at a time."""
     from conftest import RESNET, VIT
-    from vitsee.engine import analyze as an
-    from vitsee.engine.analyses.cka import cka_block, run_cka
-    from vitsee.engine.store import Store, copy_store
+    from vitsee.analyses import driver as an
+    from vitsee.analyses.cka import cka_block, run_cka
+    from vitsee.store import Store, copy_store
 
     with Store.writer(copy_store(tiny_store, tiny_store.parent / "zoo-cka.h5")) as s:
         result = run_cka(s, an.AnalyzeConfig(batch_size=16, shuffles=0, device="cpu", ci=0, permutations=0))

@@ -21,13 +21,13 @@ import pytest
 import torch
 
 from conftest import run_cli
-from vitsee.engine import analyze as an
-from vitsee.engine.analyses.cka import cka_from_grams, run_cka
-from vitsee.engine.errors import VitseeError
-from vitsee.engine.extract import ExtractConfig, run_extraction
-from vitsee.engine.store import Store, copy_store
-from vitsee.engine.threads import torch_threads
-from vitsee.engine.zoo_store import gram_bytes
+from vitsee.analyses import driver as an
+from vitsee.analyses.cka import cka_from_grams, run_cka
+from vitsee.errors import VitseeError
+from vitsee.extraction.extract import ExtractConfig, run_extraction
+from vitsee.store import Store, copy_store
+from vitsee.threads import torch_threads
+from vitsee.zoo.streamed import gram_bytes
 from zoo_models import ZOO_IMG, zoo_models
 
 SMALL = dict(dataset="synthetic", n_images=24, batch_size=8, img_size=ZOO_IMG, device="cpu", workers=0)
@@ -98,7 +98,7 @@ class TestWaves:
             assert s.models == zoo_models() and s.complete
 
     def test_no_more_than_one_wave_is_resident_while_the_images_run(self, tmp_path, monkeypatch):
-        from vitsee.engine import extract_plan
+        from vitsee.extraction import plan as extract_plan
 
         alive: list[weakref.ref] = []
         load = extract_plan.load_model
@@ -132,7 +132,7 @@ class TestWaves:
         assert min(resident) == 7  # everything fits: all resident, one pass, as before waves
 
     def test_waves_are_runs_of_models_whose_costs_fit_the_budget(self, tmp_path):
-        from vitsee.engine.extract_plan import memory_budget, plan, waves, _release
+        from vitsee.extraction.plan import memory_budget, plan, waves, _release
 
         cfg = ExtractConfig(store=tmp_path / "p.h5", **{**SMALL, "models": zoo_models()})
         selection, plans, existing = plan(cfg, torch.device("cpu"), lambda _e: None)  # no budget: all stay loaded
@@ -223,10 +223,10 @@ class TestGrams:
 
 
 def test_the_zoo_of_seven_families_equals_each_pairs_cka_computed_alone(one_pass, grams, tmp_path):
-    """engine/zoo.py over a real zoo: the matrix from the joint CKA against each pair's CKA computed one pair at a time
-    from the stored activations, and the intervals from the Grams' per-batch terms."""
-    from vitsee.engine import zoo
-    from vitsee.engine.analyses.cka import minibatch_cka
+    """engine/zoo/summaries.py over a real zoo: the matrix from the joint CKA against each pair's CKA computed one
+    pair at a time from the stored activations, and the intervals from the Grams' per-batch terms."""
+    from vitsee.zoo import summaries as zoo
+    from vitsee.analyses.cka import minibatch_cka
 
     stored = copy_store(one_pass, tmp_path / "analyzed.h5")
     with Store.writer(stored) as s:
@@ -259,7 +259,7 @@ def test_the_zoo_of_seven_families_equals_each_pairs_cka_computed_alone(one_pass
     "text, size", [("4G", 4 << 30), ("512M", 512 << 20), ("1.5g", 3 << 29), ("2000", 2000), ("64MiB", 64 << 20)]
 )
 def test_memory_budgets_read_as_sizes(text, size):
-    from vitsee.engine.extract_plan import parse_bytes
+    from vitsee.extraction.plan import parse_bytes
 
     assert parse_bytes(text) == size
 
@@ -474,7 +474,7 @@ class TestModelLists:
     ):
         import huggingface_hub.constants as hub
 
-        from vitsee.engine.models import model_list
+        from vitsee.models.load import model_list
 
         server = socket.create_server(("127.0.0.1", 0))
         endpoint = f"http://127.0.0.1:{server.getsockname()[1]}"

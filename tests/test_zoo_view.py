@@ -10,9 +10,9 @@ import pytest
 
 from conftest import RESNET, VIT, run_cli
 from helpers.stores import ZOO_CFG, ZOO_MODELS
-from vitsee.engine.analyses import REGISTRY, Result
-from vitsee.engine.store import Store, copy_store
-from vitsee.engine.views import load_view
+from vitsee.analyses import REGISTRY, Result
+from vitsee.store import Store, copy_store
+from vitsee.analyses.views import load_view
 
 
 def best_match_by_loops(m: np.ndarray) -> float:
@@ -49,7 +49,7 @@ class TestNumbers:
         assert view.ci_high[0, 1] == pytest.approx(pair.ci_high[-1, -1], abs=1e-12)
 
     def test_a_distance_measure_is_summarised_by_its_minima_without_intervals(self, zoo_store, tmp_path, monkeypatch):
-        from vitsee.engine.analyses.similarity import LayerPairMeasure
+        from vitsee.analyses.similarity import LayerPairMeasure
 
         class OneMinusCKA(LayerPairMeasure):  # a distance: 0 for a layer with itself
             label = "1-CKA"
@@ -85,8 +85,8 @@ class TestNumbers:
         """With --measure-bootstrap, a zoo of a Gram measure has intervals from the measure's own resamples of
         the images: the `layer` summary's interval is then that cell's own interval (the same draws), and the
         best-match interval is the quantiles of each replicate's best match, here recomputed by loops."""
-        from vitsee.engine import measures_stats
-        from vitsee.engine.measures_grams import LayerGrams
+        from vitsee.measures import resampling as measures_stats
+        from vitsee.measures.grams import LayerGrams
 
         path = copy_store(zoo_store, tmp_path / "zoo.h5")
         options = {"zoo_measure": measure, "measure_bootstrap": 40, "max_images": 24}
@@ -169,7 +169,7 @@ class TestCommandLine:
         assert code == 2 and message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
     def test_a_store_of_one_model_is_told_the_zoo_compares_models(self, tiny_store, tmp_path, capsys):
-        from vitsee.engine.extract import ExtractConfig, run_extraction
+        from vitsee.extraction.extract import ExtractConfig, run_extraction
 
         path = tmp_path / "one.h5"
         run_extraction(
@@ -192,7 +192,7 @@ def test_a_grams_store_gives_the_zoo_and_intervals_of_its_activations(zoo_store,
     """A zoo streamed as Grams (`extract --grams`, no activations) has the values and intervals the same models over
     the same images and batches give from their activations."""
     from conftest import IMG
-    from vitsee.engine.extract import ExtractConfig, run_extraction
+    from vitsee.extraction.extract import ExtractConfig, run_extraction
 
     path = tmp_path / "grams.h5"
     run_extraction(

@@ -12,7 +12,7 @@ from zoo_models import zoo_models
 
 if __name__ == "__main__":
     zoo_models()
-    from vitsee.engine.cli import main
+    from vitsee.cli import main
 
     sys.argv = ["vitsee", *sys.argv[1:]]
     main()

@@ -1,8 +1,8 @@
 """Tiny models of seven families for the zoo's tests (img_size 64, two blocks, 16-32 channels, random init).
 
 Four are timm architectures shrunk and registered in the timm module of their family under a name whose prefix says
-the family (`deit_zoo_tiny` ...), so extraction builds them by name and engine/zoo.py names their family; the other
-three are timm's own test models. `python tests/zoo_driver.py ARGS` runs `vitsee ARGS` with them registered.
+the family (`deit_zoo_tiny` ...), so extraction builds them by name and engine/zoo/summaries.py names their family;
+the other three are timm's own test models. `python tests/zoo_driver.py ARGS` runs `vitsee ARGS` with them registered.
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ from textual import work
 from textual.app import App
 from textual.binding import Binding, BindingType
 
-from vitsee.engine.colormap import ColorMode
-from vitsee.engine.errors import VitseeError
+from vitsee.output.colormap import ColorMode
+from vitsee.errors import VitseeError
 from vitsee.tui.commands import VitseeCommands
 from vitsee.tui.config import COLOR_CHOICES, Settings, load_settings
 from vitsee.tui.logs import bug_text
@@ -30,7 +30,7 @@ from vitsee.tui.messages import FirstViewShown
 from vitsee.tui.options import COLORMAPS, AppOptions
 
 if TYPE_CHECKING:
-    from vitsee.engine.analyze import AnalyzeConfig
+    from vitsee.analyses.driver import AnalyzeConfig
     from vitsee.tui.screens.run import RunPlan
     from vitsee.tui.snapshot import SnapshotPlan
 
@@ -136,7 +136,7 @@ class VitseeApp(App):
         from vitsee.tui.screens.run import RunPlan, RunScreen
 
         def prepare() -> RunPlan:  # in the run's worker
-            from vitsee.engine.analyze import AnalyzeConfig
+            from vitsee.analyses.driver import AnalyzeConfig
 
             return RunPlan(None, AnalyzeConfig(device=self.options.device), resume=Path(path))
 

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from vitsee.engine.colormap import ColorMode, detect_color_mode
-from vitsee.engine.errors import VitseeError
+from vitsee.output.colormap import ColorMode, detect_color_mode
+from vitsee.errors import VitseeError
 from vitsee.tui.options import COLORMAPS, AppOptions
 
 DEFAULT = "default"

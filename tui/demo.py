@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from vitsee.engine.analyze import AnalyzeConfig
-    from vitsee.engine.extract_plan import ExtractConfig
-    from vitsee.engine.train import TrainConfig
+    from vitsee.analyses.driver import AnalyzeConfig
+    from vitsee.extraction.plan import ExtractConfig
+    from vitsee.training.train import TrainConfig
 
 DEMO_VIT = "vit_tiny_patch16_224.augreg_in21k_ft_in1k"
 DEMO_RESNET = "resnet18.a1_in1k"
@@ -78,7 +78,7 @@ class DemoChoice:
 
     def _models_note(self) -> str:
         if self.training:
-            from vitsee.engine.train import recipe_of
+            from vitsee.training.train import recipe_of
 
             cfg = self.training[0]
             names = " and ".join(t.model for t in self.training)
@@ -105,16 +105,16 @@ def cache_dir() -> Path:
 
 def hub_reachable() -> bool:
     """Returns whether the Hugging Face Hub answers (False at once when HF_HUB_OFFLINE is set)."""
-    from vitsee.engine import models
+    from vitsee.models import load as models
 
     return models.hub_reachable(timeout_s=2.0)
 
 
 def choose(plan: DemoPlan | None = None, device: str = "auto", folder: Path | None = None) -> DemoChoice:
     """Returns the demo's run: pretrained where possible (may wait a moment on the network check)."""
-    from vitsee.engine.analyze import AnalyzeConfig
-    from vitsee.engine.extract_plan import ExtractConfig
-    from vitsee.engine.models import cached_pretrained_file
+    from vitsee.analyses.driver import AnalyzeConfig
+    from vitsee.extraction.plan import ExtractConfig
+    from vitsee.models.load import cached_pretrained_file
 
     plan = plan or DemoPlan()
     pretrained: dict[str, bool] = {}
@@ -147,8 +147,8 @@ def choose(plan: DemoPlan | None = None, device: str = "auto", folder: Path | No
 
 def _trained_choice(plan: DemoPlan, device: str, folder: Path, pretrained: dict[str, bool], analysis) -> DemoChoice:
     """Returns the demo of models trained here: their training runs, and the extraction of the held-out images."""
-    from vitsee.engine.extract_plan import ExtractConfig
-    from vitsee.engine.train import TrainConfig
+    from vitsee.extraction.plan import ExtractConfig
+    from vitsee.training.train import TrainConfig
 
     def run(name: str, args: dict, out: Path) -> TrainConfig:
         return TrainConfig(
@@ -186,7 +186,7 @@ def _recipe_tag(plan: DemoPlan, runs: list[TrainConfig]) -> str:
     import hashlib
     import json
 
-    from vitsee.engine.train import recipe_of
+    from vitsee.training.train import recipe_of
 
     if plan.train_epochs is not None:
         return f"e{plan.train_epochs}"
@@ -197,7 +197,7 @@ def _recipe_tag(plan: DemoPlan, runs: list[TrainConfig]) -> str:
 def prepare_trained(choice: DemoChoice, progress, cancel=None) -> None:
     """Trains the demo's models that are not cached yet and writes the held-out images the store extracts;
     progress gets each engine TrainEvent."""
-    from vitsee.engine.train import train, write_held_out, write_initial
+    from vitsee.training.train import train, write_held_out, write_initial
 
     for cfg in choice.training:
         Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
@@ -257,6 +257,6 @@ def last_opened(folder: Path | None = None) -> Opened | None:
 
 def analysis_config(plan: DemoPlan | None = None, device: str = "auto") -> AnalyzeConfig:
     """Returns the parameters the demo computes uncached views with (those choose() gives)."""
-    from vitsee.engine.analyze import AnalyzeConfig
+    from vitsee.analyses.driver import AnalyzeConfig
 
     return AnalyzeConfig(device=device, probe_tokens=(plan or DemoPlan()).probe_tokens)

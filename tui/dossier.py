@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 from vitsee.tui.results import LoadedView, StoreSummary, read_view
 
 if TYPE_CHECKING:
-    from vitsee.engine.analyze import AnalyzeConfig
-    from vitsee.engine.views import View
+    from vitsee.analyses.driver import AnalyzeConfig
+    from vitsee.analyses.views import View
 
 
 @dataclass
@@ -54,7 +54,7 @@ class Dossier:
 
 def dossier_analyses() -> list:
     """Returns the registered analyses that have a section in the dossier, in the registry's order."""
-    from vitsee.engine.analyses import REGISTRY
+    from vitsee.analyses import REGISTRY
 
     return [a for a in REGISTRY.values() if a.dossier_title]
 
@@ -72,9 +72,9 @@ def read_dossier(
     (head distances, probes, skip ratios, spatial map, ERF). Views in `known` or the cache are read; the cheap ones
     (cost 0: summaries of statistics recorded at extraction) are computed when missing; the rest say how to
     compute them."""
-    from vitsee.engine.init_notes import random_init_note
-    from vitsee.engine.store import Store
-    from vitsee.engine.views import cached_params, load_view
+    from vitsee.models.init_notes import random_init_note
+    from vitsee.store import Store
+    from vitsee.analyses.views import cached_params, load_view
 
     from vitsee.tui.results import ACCESS
 
@@ -118,12 +118,12 @@ def measures_section(
     value with its interval and where the pair ranks among all pairs of the two models, then one line saying
     whether the measures agree on that rank; what is not cached says how to compute it. Enter opens the
     measures' comparison (the family's view that is no layer matrix), else the cell's own view."""
-    from vitsee.engine.analyses.agree import agreement_line, pair_rank, rank_words
-    from vitsee.engine.analyses.contract import Shape, analyses_of
-    from vitsee.engine.analyses.similarity import layer_measures
-    from vitsee.engine.analyze import measures_command
-    from vitsee.engine.store import Store
-    from vitsee.engine.views import cached_params, load_view
+    from vitsee.analyses.agree import agreement_line, pair_rank, rank_words
+    from vitsee.analyses.contract import Shape, analyses_of
+    from vitsee.analyses.similarity import layer_measures
+    from vitsee.analyses.driver import measures_command
+    from vitsee.store import Store
+    from vitsee.analyses.views import cached_params, load_view
 
     from vitsee.tui.results import ACCESS
 

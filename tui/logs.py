@@ -8,7 +8,7 @@ import logging
 import os
 from pathlib import Path
 
-from vitsee.engine.errors import brief
+from vitsee.errors import brief
 
 LOGGER = "vitsee"  # every module logs under it (logging.getLogger(__name__) in vitsee.*)
 FILE_NAME = "vitsee-tui.log"

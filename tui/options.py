@@ -7,10 +7,10 @@ from pathlib import Path
 
 from typing import TYPE_CHECKING
 
-from vitsee.engine.colormap import ColorMode
+from vitsee.output.colormap import ColorMode
 
 if TYPE_CHECKING:
-    from vitsee.engine.analyze import AnalyzeConfig
+    from vitsee.analyses.driver import AnalyzeConfig
 
 COLORMAPS = ("viridis", "magma", "cividis")
 
@@ -31,7 +31,7 @@ class AppOptions:
 
         Call it from a worker: the engine imports torch.
         """
-        from vitsee.engine.analyze import AnalyzeConfig
+        from vitsee.analyses.driver import AnalyzeConfig
 
         # no estimator settings asked for: what builds on a cached estimate (the zoo on CKA, a streaming store's
         # CKA) takes the one cached, as the views do

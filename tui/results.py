@@ -23,15 +23,15 @@ from pathlib import Path
 
 from typing import TYPE_CHECKING
 
-from vitsee.engine.errors import VitseeError, brief
+from vitsee.errors import VitseeError, brief
 
 if TYPE_CHECKING:  # the engine pulls in torch (seconds): imported by the workers, not at start-up
-    from vitsee.engine import analyze as an
-    from vitsee.engine.analyses.base import Step
-    from vitsee.engine.store import Store
+    from vitsee.analyses import driver as an
+    from vitsee.analyses.base import Step
+    from vitsee.store import Store
     import numpy as np
 
-    from vitsee.engine.views import View
+    from vitsee.analyses.views import View
 
 StepFn = Callable[["Step"], None]
 INCOMPLETE_HINT = "R resumes it"  # the app's Resume (app.py), the engine call of `vitsee extract STORE`
@@ -114,9 +114,9 @@ def weights_text(weights: dict) -> str:
 def read_summary(path: str | Path) -> StoreSummary:
     """Returns the summary of the store at path: its models, and for each whether every registered analysis applies
     to it (the analysis's own reason where not); a missing, corrupt or foreign file is a VitseeError."""
-    from vitsee.engine.analyses import REGISTRY
-    from vitsee.engine.store import Store
-    from vitsee.engine.store_lock import writer_of
+    from vitsee.analyses import REGISTRY
+    from vitsee.store import Store
+    from vitsee.store.lock import writer_of
 
     path = Path(path)
     try:
@@ -201,7 +201,7 @@ class StoreAccess:
 
     @contextmanager
     def write(self, path: str | Path) -> Iterator[Store]:
-        from vitsee.engine.store import Store
+        from vitsee.store import Store
 
         with self._one_writer:
             with self._cond:
@@ -259,9 +259,9 @@ def read_view(
     `cancelled` is polled at every progress step; when it says so the computation stops with Cancelled
     and nothing is cached. `warn` hears, before it starts, that a computation is expected to be long.
     """
-    from vitsee.engine.init_notes import random_init_note
-    from vitsee.engine.store import Store
-    from vitsee.engine.views import cached_params, compute_view, load_view, request_of
+    from vitsee.models.init_notes import random_init_note
+    from vitsee.store import Store
+    from vitsee.analyses.views import cached_params, compute_view, load_view, request_of
 
     def step(event: Step) -> None:
         if cancelled():
@@ -280,7 +280,7 @@ def read_view(
         warn(warning)
     if not cached:
         yield_cpu_to_event_loop()
-        from vitsee.engine.threads import set_compute_threads  # imports torch: only when something is computed
+        from vitsee.threads import set_compute_threads  # imports torch: only when something is computed
 
         set_compute_threads()  # the free cores now, as `vitsee analyze` takes them
         with ACCESS.write(path) as store:
@@ -300,7 +300,7 @@ def read_view(
 def read_head_distances(path: str | Path, model: str, block: int, head: int) -> np.ndarray:
     """Returns the (N,) mean attention distance in px of one head (its index in the model, not the sorted one)
     per image, as the extraction recorded it (the attention view holds only the means and a histogram)."""
-    from vitsee.engine.store import Store
+    from vitsee.store import Store
 
     with ACCESS.read(), Store.open(path) as store:
         distances = store.attention_distance(model)  # (N, blocks, heads)
@@ -323,7 +323,7 @@ def export_view(
     view: View, folder: str | Path, selection: tuple[int, int] | None, cmap: str
 ) -> tuple[Path, Path | None, str | None]:
     """Writes the view's .json and .png into folder; returns (json path, png path or None, why no png)."""
-    from vitsee.engine.export import write_view
+    from vitsee.output.export import write_view
 
     folder = Path(folder)
     try:
@@ -334,7 +334,7 @@ def export_view(
     out_json = write_view(view, folder / f"{stem}.json", selection=selection, cmap=cmap)
     try:
         out_png = write_view(view, folder / f"{stem}.png", selection=selection, cmap=cmap)
-    except ImportError as exc:  # engine/figures.py not installed yet
+    except ImportError as exc:  # engine/output/figures.py not installed yet
         return out_json, None, f"PNG export is unavailable ({brief(exc)}); wrote the numbers"
     return out_json, out_png, None
 
@@ -345,6 +345,6 @@ def export_view(
 def estimate_size(cfg) -> str:
     """Returns 'N images x M model(s), expected size on disk 1.2 GB' for an extraction config, by planning
     it (nothing is written). Raises VitseeError for a bad config."""
-    from vitsee.engine.extract_plan import estimate
+    from vitsee.extraction.plan import estimate
 
     return estimate(cfg).describe()

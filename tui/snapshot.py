@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vitsee.engine.errors import VitseeError, brief
+from vitsee.errors import VitseeError, brief
 from vitsee.tui.widgets.panes import VIEW_LABELS
 
 if TYPE_CHECKING:
@@ -79,12 +79,12 @@ def plan_snapshot(store: Path, view: str, out: Path | None, size: str) -> Snapsh
                 f"--snapshot {view}: unknown view: give a kind ({', '.join(VIEW_LABELS)}) "
                 "or a view such as cka:MODEL_A:MODEL_B"
             )
-        from vitsee.engine.store import Store
+        from vitsee.store import Store
 
         with Store.open(store):  # a missing or broken store is one line now, not an empty screenshot
             pass
         return SnapshotPlan(store, view, view, [], None, out, columns_rows)
-    from vitsee.engine.views import resolve_view
+    from vitsee.analyses.views import resolve_view
 
     request = resolve_view(store, view)
     return SnapshotPlan(store, view, request.name, list(request.keys), request.layer, out, columns_rows)
@@ -92,7 +92,7 @@ def plan_snapshot(store: Path, view: str, out: Path | None, size: str) -> Snapsh
 
 def prepare(plan: SnapshotPlan, screen: ExplorerScreen) -> None:
     """Sets the explorer, before it opens the store, on the plan's view and models."""
-    from vitsee.engine.analyses import REGISTRY
+    from vitsee.analyses import REGISTRY
 
     screen.kind = plan.kind
     if not plan.keys:

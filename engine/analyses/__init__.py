@@ -10,16 +10,16 @@ a new analysis is a new module here, found by being there (see engine/analyses/R
     spatial.py     spatial localisation maps (Fig. 9, 10)
     heads.py       head-level CKA against another model (Fig. 5)
     erf.py         effective receptive fields (Fig. 6)
-    zoo.py         every pair of the store's models from a layer x layer measure (issue 21; numbers in engine/zoo.py)
-    rbf_cka.py, procrustes.py, svcca.py, pwcca.py, mknn.py, cknna.py, rsa.py
-                   the measures beyond linear CKA (engine/measures.py), each a layer x layer view like CKA's
+    zoo.py         every pair of the store's models from a layer x layer measure (issue 21; numbers in
+    engine/zoo/summaries.py) rbf_cka.py, procrustes.py, svcca.py, pwcca.py, mknn.py, cknna.py, rsa.py
+                   the measures beyond linear CKA (engine/measures/direct.py), each a layer x layer view like CKA's
     agree.py       do the measures agree? each one's matrix of a pair of models and their rank correlations
     contract.py    the contract: Analysis, Shape, Request, Result, View, the registry
     similarity.py  what layer x layer measures share (LayerMatrix, LayerPairMeasure, GramMeasure)
     base.py        plumbing: config, progress events, device, read-ahead, batch plan, parts a run shares
 
-`REGISTRY` (name -> analysis, in the analyses' declared order) is what the driver (engine/analyze.py), the views
-(engine/views.py), `show`/`export`, the figures and the app look analyses up in.
+`REGISTRY` (name -> analysis, in the analyses' declared order) is what the driver (engine/analyses/driver.py), the views
+(engine/analyses/views.py), `show`/`export`, the figures and the app look analyses up in.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from ..errors import VitseeError
-from .contract import REGISTRY, Analysis, Request, Result, Shape, View
+from vitsee.errors import VitseeError
+from vitsee.analyses.contract import REGISTRY, Analysis, Request, Result, Shape, View
 
 __all__ = ["REGISTRY", "Analysis", "Request", "Result", "Shape", "View", "get"]
 

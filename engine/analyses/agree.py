@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..store import Store
-from .base import AnalyzeConfig, StepFn, emit
-from .contract import REGISTRY, Analysis, Request, Result, Shape, View, streaming_reason
-from .similarity import FAMILY, layer_measures, pair_requests
+from vitsee.store import Store
+from vitsee.analyses.base import AnalyzeConfig, StepFn, emit
+from vitsee.analyses.contract import REGISTRY, Analysis, Request, Result, Shape, View, streaming_reason
+from vitsee.analyses.similarity import FAMILY, layer_measures, pair_requests
 
 # --- the pure core ---------------------------------------------------------------------------------------------
 

@@ -11,12 +11,12 @@ from functools import lru_cache
 
 import numpy as np
 
-from .. import stats as stats_mod
-from ..errors import VitseeError
-from ..store import Store
-from ..lazy import lazy_module
-from .base import AnalyzeConfig, RunningMoments, StepFn, emit, save_result, with_interval
-from .contract import Analysis, DossierEntry, Request, Result, Shape, View
+from vitsee import stats as stats_mod
+from vitsee.errors import VitseeError
+from vitsee.store import Store
+from vitsee.lazy import lazy_module
+from vitsee.analyses.base import AnalyzeConfig, RunningMoments, StepFn, emit, save_result, with_interval
+from vitsee.analyses.contract import Analysis, DossierEntry, Request, Result, Shape, View
 
 torch = lazy_module("torch")  # reading a cached result needs numpy only; torch is imported by the first computation
 

@@ -12,12 +12,12 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from .. import stats as stats_mod
-from ..errors import VitseeError
-from ..lazy import lazy_module
-from ..store import Store
-from .config import AnalyzeConfig, Step, StepFn
-from .contract import save_result  # noqa: F401  (the analyses' runners save through base)
+from vitsee import stats as stats_mod
+from vitsee.errors import VitseeError
+from vitsee.lazy import lazy_module
+from vitsee.store import Store
+from vitsee.analyses.config import AnalyzeConfig, Step, StepFn
+from vitsee.analyses.contract import save_result  # noqa: F401  (the analyses' runners save through base)
 
 torch = lazy_module("torch")  # reading a cached result needs numpy only; torch is imported by the first computation
 

@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 
-from .. import stats as stats_mod
-from ..errors import VitseeError
-from ..store import Store
-from ..zoo_store import batch_grams, gram_batch_size, keeps_grams
-from .base import (
+from vitsee import stats as stats_mod
+from vitsee.errors import VitseeError
+from vitsee.store import Store
+from vitsee.zoo.streamed import batch_grams, gram_batch_size, keeps_grams
+from vitsee.analyses.base import (
     MIN_BATCH,
     AnalyzeConfig,
     LazyBatch,
@@ -44,9 +44,9 @@ from .base import (
     save_result,
     with_stats,
 )
-from .contract import Request, Result
-from .similarity import LayerMatrix, matrix_block
-from ..lazy import lazy_module
+from vitsee.analyses.contract import Request, Result
+from vitsee.analyses.similarity import LayerMatrix, matrix_block
+from vitsee.lazy import lazy_module
 
 torch = lazy_module("torch")  # reading a cached result needs numpy only; torch is imported by the first computation
 
@@ -394,7 +394,7 @@ class MinibatchCKA:
 
     def _one_thread(self) -> contextlib.AbstractContextManager:
         """Return a context running its body on one torch thread on the CPU (see PAIR_ROWS), as it is on a GPU."""
-        from ..threads import torch_threads
+        from vitsee.threads import torch_threads
 
         return torch_threads(1) if self.device.type == "cpu" else contextlib.nullcontext()
 
@@ -403,7 +403,7 @@ class MinibatchCKA:
         product on one thread, shared out to the task workers, so its sums do not depend on the thread count."""
         if self.device.type != "cpu" or len(a) <= PAIR_ROWS:
             return a @ b.T
-        from ..threads import task_workers
+        from vitsee.threads import task_workers
 
         out = a.new_empty(len(a), len(b))
         starts = range(0, len(a), PAIR_ROWS)
@@ -431,7 +431,7 @@ class MinibatchCKA:
         p-value when a permutation lands that close to the observed CKA. Permutations go in groups whose gathered
         Grams fit in PERMUTED_BYTES (one small op per permutation costs more than the product on small batches).
         """
-        from ..stats import batch_permutations
+        from vitsee.stats import batch_permutations
 
         k = self.cross_at or 0
         a, b = self._upper(m)  # (T,) row and column of each upper-triangle entry, T = m (m - 1) / 2
@@ -476,7 +476,7 @@ class MinibatchCKA:
         than a worker gives: 200 layers of 48 x 64 took 11 ms a batch one after another on one thread and 21 ms
         on two workers; 26 layers of 64 x 1088 took 19 and 16 ms) and the spare buffers stay within
         GRAM_WORKERS_BYTES."""
-        from ..threads import task_workers
+        from vitsee.threads import task_workers
 
         workers = min(task_workers(), self.num_layers) if self.device.type == "cpu" else 1
         if mean_layer is not None and mean_layer < GRAM_WORKERS_MIN_VALUES:
@@ -510,7 +510,7 @@ class MinibatchCKA:
                     x = self._centred(f, m, scratch)  # (m, D_i)
                     self._grams[i].copy_(gram(x, out=out))  # (m, m) fp32 -> its fp64 slot
 
-        from ..threads import torch_threads
+        from vitsee.threads import torch_threads
 
         with (
             torch_threads(1),
@@ -587,7 +587,7 @@ class MinibatchCKA:
         the p-value the permutation test over `permutations` (see engine/stats.py). Symmetric like result(): a cell
         below the diagonal repeats the one above it, whose column layer is the permuted one.
         """
-        from .. import stats
+        from vitsee import stats
 
         L, k = self.num_layers, self.cross_at
         cells = np.triu(np.ones((L, L), dtype=bool))
@@ -878,7 +878,7 @@ def cka_from_grams(
     batch_slots: bool = False,
 ) -> MinibatchCKA:
     """Returns the accumulator of the CKA of the columns [(model, layer)] over a Gram-keeping store's batches (`extract
-    --grams`, zoo_store.py), each batch added from its stored Grams: the sums `update` of the activations gives.
+    --grams`, zoo/streamed.py), each batch added from its stored Grams: the sums `update` of the activations gives.
 
     cross_at: only the block of columns [:k] against [k:] (a model appended to a zoo against the others: its new
     pairs only); batch_slots: keep each batch's terms, for the bootstrap (engine/stats.py).

@@ -12,8 +12,8 @@ scales, not to translations.
 
 from __future__ import annotations
 
-from .mknn import KNN_K
-from .similarity import GramMeasure
+from vitsee.analyses.mknn import KNN_K
+from vitsee.analyses.similarity import GramMeasure
 
 
 class CKNNA(GramMeasure):

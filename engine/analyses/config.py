@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .. import stats as stats_mod
-from ..errors import VitseeError
+from vitsee import stats as stats_mod
+from vitsee.errors import VitseeError
 
 
 @dataclass

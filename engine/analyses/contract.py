@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from ..errors import VitseeError
-from ..stats import ALPHA, ROUGH_BATCHES, significance_label
+from vitsee.errors import VitseeError
+from vitsee.stats import ALPHA, ROUGH_BATCHES, significance_label
 
-from .config import AnalyzeConfig, StepFn
+from vitsee.analyses.config import AnalyzeConfig, StepFn
 
 if TYPE_CHECKING:
-    from ..store import Store
+    from vitsee.store import Store
 
 
 SLOW = 2  # an analysis of this cost or more takes minutes where the others take seconds: it runs last
@@ -41,8 +41,8 @@ SLOW = 2  # an analysis of this cost or more takes minutes where the others take
 class Shape(Enum):
     """The picture a view is drawn as, and the fields of the view that picture reads.
 
-    A new analysis whose view has one of these shapes is drawn by the PNG figures (engine/figures.py), `vitsee show`
-    (engine/render.py) and the app (the pane of that shape) without any code of its own.
+    A new analysis whose view has one of these shapes is drawn by the PNG figures (engine/output/figures.py), `vitsee
+    show` (engine/output/render.py) and the app (the pane of that shape) without any code of its own.
     """
 
     LAYER_MATRIX = "layer x layer matrix"

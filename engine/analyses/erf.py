@@ -27,22 +27,22 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import VitseeError
-from ..features import is_features_model
-from ..lazy import lazy_module
-from ..store import Store
+from vitsee.errors import VitseeError
+from vitsee.store.layout import is_features_model
+from vitsee.lazy import lazy_module
+from vitsee.store import Store
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from ..models import LoadedModel
+    from vitsee.models.load import LoadedModel
 
 # the shared plumbing of the store-facing runners (device, progress, caching with provenance)
-from .base import AnalyzeConfig, StepFn, emit, resolve_device, save_result
-from .contract import Analysis, AnalysisOption, DossierEntry, Request, Result, Shape, View
+from vitsee.analyses.base import AnalyzeConfig, StepFn, emit, resolve_device, save_result
+from vitsee.analyses.contract import Analysis, AnalysisOption, DossierEntry, Request, Result, Shape, View
 
 torch = lazy_module("torch")  # imported on first use: a cached ERF view is read without torch
-models_mod = lazy_module("vitsee.engine.models")
+models_mod = lazy_module("vitsee.models.load")
 
 ANALYSIS = "erf"
 IDENTITY = ("model", "layers", "n_images")  # any number of averaged images serves a view that asked for none

@@ -23,15 +23,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .cka import MinibatchCKA
-from ..errors import VitseeError
-from ..store import Store, read_rows
+from vitsee.analyses.cka import MinibatchCKA
+from vitsee.errors import VitseeError
+from vitsee.store import Store, read_rows
 
-from ..lazy import lazy_module
+from vitsee.lazy import lazy_module
 
 # the shared plumbing of the store-facing runners (batches by global index, device, caching with provenance)
-from .base import AnalyzeConfig, StepFn, batch_plan, check_ready, emit, resolve_device, save_result
-from .contract import Analysis, Request, Result, Shape, View
+from vitsee.analyses.base import AnalyzeConfig, StepFn, batch_plan, check_ready, emit, resolve_device, save_result
+from vitsee.analyses.contract import Analysis, Request, Result, Shape, View
 
 torch = lazy_module("torch")  # reading a cached result needs numpy only; torch is imported by the first computation
 

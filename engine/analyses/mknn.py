@@ -10,8 +10,8 @@ translations (rows are normalised without centring, as platonic-rep does).
 
 from __future__ import annotations
 
-from .contract import AnalysisOption
-from .similarity import GramMeasure
+from vitsee.analyses.contract import AnalysisOption
+from vitsee.analyses.similarity import GramMeasure
 
 KNN_K = AnalysisOption("knn-k", int, "mknn and CKNNA: the neighbours of each image (default 10, Huh et al.'s)")
 

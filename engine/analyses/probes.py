@@ -28,13 +28,32 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from .. import stats as stats_mod
-from ..errors import VitseeError
-from ..stats import clopper_pearson
-from ..store import Store, read_rows
-from ..lazy import lazy_module
-from .base import NO_CLS, AnalyzeConfig, StepFn, emit, has_cls_token, no_cls, resolve_device, save_result, with_interval
-from .contract import Analysis, AnalysisOption, DossierEntry, Request, Result, Shape, View, streaming_reason
+from vitsee import stats as stats_mod
+from vitsee.errors import VitseeError
+from vitsee.stats import clopper_pearson
+from vitsee.store import Store, read_rows
+from vitsee.lazy import lazy_module
+from vitsee.analyses.base import (
+    NO_CLS,
+    AnalyzeConfig,
+    StepFn,
+    emit,
+    has_cls_token,
+    no_cls,
+    resolve_device,
+    save_result,
+    with_interval,
+)
+from vitsee.analyses.contract import (
+    Analysis,
+    AnalysisOption,
+    DossierEntry,
+    Request,
+    Result,
+    Shape,
+    View,
+    streaming_reason,
+)
 
 torch = lazy_module("torch")  # reading a cached result needs numpy only; torch is imported by the first computation
 
@@ -826,7 +845,7 @@ def _eigh(matrices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     machine the thread hand-offs cost far more than the work (measured on 2 busy cores: 17 x 64x64 fp64
     took 1.33 s with 2 threads, 0.013 s with 1).
     """
-    from ..threads import torch_threads
+    from vitsee.threads import torch_threads
 
     if matrices.device.type != "cpu":
         return torch.linalg.eigh(matrices)
@@ -1213,7 +1232,7 @@ def _layer_workers(device, fit_bytes: list[float]) -> int:
     split over two threads op by op, each hand-off costs about what it saves, while two layers side by side on
     one thread each keep both cores busy (torch and numpy release the GIL in their kernels).
     """
-    from ..threads import task_workers
+    from vitsee.threads import task_workers
 
     workers = task_workers()
     if torch.device(device).type != "cpu" or workers < 2 or len(fit_bytes) < 2:
@@ -1267,7 +1286,7 @@ def _fit_layers(
                 return
             report(job, done)
 
-    from ..threads import torch_threads
+    from vitsee.threads import torch_threads
 
     results: list[ProbeResult | None] = [None] * n_jobs
     blas = _blas_controller()

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import math
 
-from .contract import AnalysisOption
-from .similarity import GramMeasure
+from vitsee.analyses.contract import AnalysisOption
+from vitsee.analyses.similarity import GramMeasure
 
 
 class Procrustes(GramMeasure):

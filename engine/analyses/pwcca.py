@@ -11,8 +11,8 @@ translations and isotropic scales.
 
 from __future__ import annotations
 
-from .similarity import GramMeasure
-from .svcca import CCA_KEEP
+from vitsee.analyses.similarity import GramMeasure
+from vitsee.analyses.svcca import CCA_KEEP
 
 
 class PWCCA(GramMeasure):

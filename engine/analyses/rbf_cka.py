@@ -5,14 +5,14 @@ layers' representations of the same images are when nearby images count more tha
     RBF CKA = <H K H, H L H> / (|H K H| |H L H|)   (biased HSIC, H the centring matrix)
 
 Invariant to rotations, translations and isotropic scales of either layer (the bandwidth follows the median
-distance); as the threshold grows it tends to linear CKA. engine/measures.py rbf_cka is the same number for two
+distance); as the threshold grows it tends to linear CKA. engine/measures/direct.py rbf_cka is the same number for two
 arrays.
 """
 
 from __future__ import annotations
 
-from .contract import AnalysisOption
-from .similarity import GramMeasure
+from vitsee.analyses.contract import AnalysisOption
+from vitsee.analyses.similarity import GramMeasure
 
 
 class RbfCKA(GramMeasure):

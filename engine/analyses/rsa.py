@@ -10,7 +10,7 @@ the feature space (the correlation distance centres each image over its features
 
 from __future__ import annotations
 
-from .similarity import GramMeasure
+from vitsee.analyses.similarity import GramMeasure
 
 
 class RSA(GramMeasure):

@@ -11,10 +11,10 @@ images: a measure module declares its name, title and parameters and gives `meas
 `prepare(x)`, e.g. a Gram matrix built once per layer). CKA (cka.py) is a LayerMatrix with its own minibatch
 estimator and statistics.
 
-`GramMeasure` is a LayerMatrix of one of the measures of engine/measures_grams.py (RBF CKA, Procrustes, SVCCA,
+`GramMeasure` is a LayerMatrix of one of the measures of engine/measures/grams.py (RBF CKA, Procrustes, SVCCA,
 PWCCA, mknn, CKNNA, RSA): each layer's LayerGrams is built once per driver run and shared by every measure of it
 (base.SHARED), every pair comes from the measure's all-pairs form, and intervals and p-values from
-engine/measures_stats.py over the same Grams. Its modules are declarations only.
+engine/measures/resampling.py over the same Grams. Its modules are declarations only.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from typing import ClassVar
 
 import numpy as np
 
-from .. import measures
-from ..errors import VitseeError
-from ..store import Store
-from .base import SHARED, AnalyzeConfig, StepFn, emit, nonfinite_image_mask, resolve_device
-from .contract import (
+from vitsee.measures import direct as measures
+from vitsee.errors import VitseeError
+from vitsee.store import Store
+from vitsee.analyses.base import SHARED, AnalyzeConfig, StepFn, emit, nonfinite_image_mask, resolve_device
+from vitsee.analyses.contract import (
     Analysis,
     AnalysisOption,
     Request,
@@ -126,7 +126,7 @@ class LayerMatrix(Analysis):
     ) -> tuple[np.ndarray, np.ndarray] | None:
         """Returns the per-batch terms a bootstrap over minibatches of images rebuilds `result`'s joint matrix from:
         (HSIC sums (K, L, L), each batch's HSIC terms (K, B, L, L)), K shuffles, the matrix being sums_ij /
-        sqrt(sums_ii sums_jj) averaged over shuffles (the zoo's intervals of a pair's summary, engine/zoo.py);
+        sqrt(sums_ii sums_jj) averaged over shuffles (the zoo's intervals of a pair's summary, engine/zoo/summaries.py);
         None when the measure has no such terms (the default)."""
         return None
 
@@ -135,8 +135,8 @@ class LayerMatrix(Analysis):
     ) -> tuple[Iterator[np.ndarray], str] | None:
         """Returns (the joint (L, L) matrix of `result` on each of its bootstrap resamples of the images, one at a
         time; how they were drawn, in words) for a measure whose result was computed with bootstrap resamples of
-        whole images (the zoo's interval of a pair's summary, engine/zoo.py zoo_from_replicates); None when it has
-        none (the default)."""
+        whole images (the zoo's interval of a pair's summary, engine/zoo/summaries.py zoo_from_replicates); None when
+        it has none (the default)."""
         return None
 
     def nonfinite_images(self, view: View, store: Store) -> np.ndarray:
@@ -199,14 +199,14 @@ class LayerPairMeasure(LayerMatrix):
 
     def images(self, params: dict) -> np.ndarray:
         """Returns the sorted indices of the images the measure runs on: all, or a subset seeded by params (the
-        subset engine/measures_grams.py draws for the same seed)."""
-        from ..measures_grams import choose_images
+        subset engine/measures/grams.py draws for the same seed)."""
+        from vitsee.measures.grams import choose_images
 
         return choose_images(params["n_images"], params["max_images"], params["seed"])[0]
 
     def all_pairs(self, prepared: list) -> np.ndarray:
         """Returns the (L, L) matrix of `measure` over every pair of the prepared layers; a measure with an
-        all-pairs form (engine/measures_grams.py pairwise_*, one product for every pair) returns it here."""
+        all-pairs form (engine/measures/grams.py pairwise_*, one product for every pair) returns it here."""
         n = len(prepared)
         matrix = np.full((n, n), np.nan)
         for i in range(n):
@@ -245,7 +245,7 @@ def layer_measures() -> list[Analysis]:
     return [a for a in analyses_of(FAMILY) if a.shape is Shape.LAYER_MATRIX]
 
 
-# --- the measures of engine/measures_grams.py ------------------------------------------------------------------
+# --- the measures of engine/measures/grams.py ------------------------------------------------------------------
 
 GRAM_OPTIONS = (
     AnalysisOption(
@@ -266,7 +266,7 @@ GRAM_OPTIONS = (
         "permutations behind each p-value of those measures (each recomputes the measure: default 0, none)",
     ),
 )
-# measure parameter -> its check (engine/measures.py), given the parameter, the measure and the image count
+# measure parameter -> its check (engine/measures/direct.py), given the parameter, the measure and the image count
 _CHECKS = {
     "threshold": lambda v, measure, n: measures.check_threshold(v),
     "alpha": lambda v, measure, n: measures.check_alpha(v),
@@ -276,7 +276,7 @@ _CHECKS = {
 
 
 class GramMeasure(LayerMatrix):
-    """A layer x layer measure of engine/measures_grams.py computed on one Gram per layer.
+    """A layer x layer measure of engine/measures/grams.py computed on one Gram per layer.
 
     Each stored layer's LayerGrams is built once on a seeded subset of at most `--max-images` images (default
     measures_grams.default_max_images: the Grams of every layer within GRAM_MEMORY) and kept for the rest of the
@@ -307,7 +307,7 @@ class GramMeasure(LayerMatrix):
 
     @property
     def key(self) -> str:
-        """Returns the measure's name in engine/measures_grams.py."""
+        """Returns the measure's name in engine/measures/grams.py."""
         return self.measure or self.name
 
     def not_applicable(self, store: Store, key: str) -> str | None:
@@ -323,12 +323,12 @@ class GramMeasure(LayerMatrix):
 
     def measure_values(self, params: dict) -> dict:
         """Returns the measure's own parameters (threshold, alpha, keep, k, ...) from a result's params."""
-        from ..measures_grams import MEASURES
+        from vitsee.measures.grams import MEASURES
 
         return {p: params[p] for p in MEASURES[self.key].defaults}
 
     def params(self, store: Store, request: Request, cfg: AnalyzeConfig) -> dict:
-        from ..measures_grams import MEASURES, choose_images, default_max_images
+        from vitsee.measures.grams import MEASURES, choose_images, default_max_images
 
         models = store.models
         layers = {m: store.layers(m) for m in models}
@@ -358,7 +358,7 @@ class GramMeasure(LayerMatrix):
     def stats_settings(cfg: AnalyzeConfig) -> dict | None:
         """Returns the statistics a result records: the --ci level with --measure-bootstrap resamples, and
         --measure-permutations; None when neither is asked for (the values alone)."""
-        from .. import stats as stats_mod
+        from vitsee import stats as stats_mod
 
         replicates = int(cfg.options.get("measure_bootstrap") or 0)
         permutations = int(cfg.options.get("measure_permutations") or 0)
@@ -377,7 +377,7 @@ class GramMeasure(LayerMatrix):
 
     def images(self, params: dict) -> np.ndarray:
         """Returns the sorted indices of the images the measure runs on (measures_grams.choose_images)."""
-        from ..measures_grams import choose_images
+        from vitsee.measures.grams import choose_images
 
         return choose_images(params["n_images"], params["max_images"], params["seed"] or 0)[0]
 
@@ -403,8 +403,8 @@ class GramMeasure(LayerMatrix):
     ) -> dict[str, np.ndarray]:
         """Returns the joint (L, L) matrix of the measure over every stored layer of every model, with its
         bootstrap interval and permutation p-values when params ask for them."""
-        from .. import measures_stats
-        from ..measures_grams import pairwise
+        from vitsee.measures import resampling as measures_stats
+        from vitsee.measures.grams import pairwise
 
         for reason in (self.not_applicable(store, key) for key in params["models"]):
             if reason:
@@ -457,7 +457,7 @@ class GramMeasure(LayerMatrix):
         """Returns the result's bootstrap replicates of the whole joint matrix (the resamples, seed and Grams of its
         per-cell interval, so the same draws), NaN rows and columns where a layer holds NaN/Inf; None for a result
         computed without --measure-bootstrap."""
-        from .. import measures_stats
+        from vitsee.measures import resampling as measures_stats
 
         params = result.params
         st = params.get("stats") or {}
@@ -499,7 +499,7 @@ class GramMeasure(LayerMatrix):
         )
 
     def caption_notes(self, view: View) -> str:
-        from ..measures_stats import SIGNIFICANCE
+        from vitsee.measures.resampling import SIGNIFICANCE
 
         used, n, seed = view.params.get("max_images"), view.params.get("n_images"), view.params.get("seed")
         notes = [
@@ -528,7 +528,7 @@ def shared_layer_grams(
 ) -> list:
     """Returns each (model, layer)'s LayerGrams over the images `rows` on `device` (None for a layer whose
     activations there hold NaN/Inf), each built once in the driver's run and shared by every measure of it."""
-    from ..measures_grams import LayerGrams
+    from vitsee.measures.grams import LayerGrams
 
     digest = hashlib.sha1(np.ascontiguousarray(rows, dtype=np.int64).tobytes()).hexdigest()
 

@@ -8,11 +8,21 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .. import stats as stats_mod
-from ..errors import VitseeError
-from ..store import Store
-from .base import NO_CLS, AnalyzeConfig, RunningMoments, StepFn, emit, has_cls_token, no_cls, save_result, with_interval
-from .contract import Analysis, DossierEntry, Request, Result, Shape, View
+from vitsee import stats as stats_mod
+from vitsee.errors import VitseeError
+from vitsee.store import Store
+from vitsee.analyses.base import (
+    NO_CLS,
+    AnalyzeConfig,
+    RunningMoments,
+    StepFn,
+    emit,
+    has_cls_token,
+    no_cls,
+    save_result,
+    with_interval,
+)
+from vitsee.analyses.contract import Analysis, DossierEntry, Request, Result, Shape, View
 
 
 def skip_params(store: Store, key: str, cfg: AnalyzeConfig) -> dict:

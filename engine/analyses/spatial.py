@@ -15,10 +15,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..errors import VitseeError
-from ..features import is_features_model
-from ..store import Store, read_rows
-from .base import (
+from vitsee.errors import VitseeError
+from vitsee.store.layout import is_features_model
+from vitsee.store import Store, read_rows
+from vitsee.analyses.base import (
     AnalyzeConfig,
     StepFn,
     batch_plan,
@@ -29,8 +29,8 @@ from .base import (
     save_result,
     with_stats,
 )
-from .cka import cka_accumulator, cka_slots, pooled_stats
-from .contract import (
+from vitsee.analyses.cka import cka_accumulator, cka_slots, pooled_stats
+from vitsee.analyses.contract import (
     Analysis,
     AnalysisOption,
     DossierEntry,

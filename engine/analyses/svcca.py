@@ -10,8 +10,8 @@ full-rank features). The SVD step comes free from the layer's Gram (its eigenvec
 
 from __future__ import annotations
 
-from .contract import AnalysisOption
-from .similarity import GramMeasure
+from vitsee.analyses.contract import AnalysisOption
+from vitsee.analyses.similarity import GramMeasure
 
 CCA_KEEP = AnalysisOption(
     "cca-keep",

@@ -1,7 +1,7 @@
 """The zoo as an analysis: which model of the store is like which, from a layer x layer measure's joint matrix.
 
 Every pair of models A, B of the store gets one number, a summary of the cross-model block M(A_i, B_j) of the chosen
-measure's cached result (engine/zoo.py holds the arithmetic):
+measure's cached result (engine/zoo/summaries.py holds the arithmetic):
 - `best_match` (the default): (mean over A's layers of their best match in B + mean over B's of theirs in A) / 2;
 - `layer`: M at one layer per model (each model's last stored layer unless `--zoo-layers` names others).
 With it come each model's layers matched to every other model's (the raw argmax and the monotone path, relative
@@ -12,16 +12,16 @@ The measure is linear CKA unless `--zoo-measure` names another analysis of the l
 more alike, e.g. a Procrustes distance) is summarised with minima instead of maxima: best match is then the mean
 distance of each layer to its nearest layer of the other model, S(A, A) = 0, and the layers are matched by the
 smallest distance; the clustering reads the distances as they are. The values are those of the cached measure
-result, as engine/zoo.py computes them from it.
+result, as engine/zoo/summaries.py computes them from it.
 
 Intervals: a percentile bootstrap over minibatches of images of the pair's *summary* (each replicate rebuilds the
-pair's whole layer x layer matrix from per-batch terms, engine/zoo.py `bootstrap_pair_interval`). Only a measure
-that can give per-batch HSIC terms (`LayerMatrix.batch_hsic`: linear CKA, from the activations in the batches of
+pair's whole layer x layer matrix from per-batch terms, engine/zoo/summaries.py `bootstrap_pair_interval`). Only a
+measure that can give per-batch HSIC terms (`LayerMatrix.batch_hsic`: linear CKA, from the activations in the batches of
 its cached result, or from a `--grams` store's Grams) has them; one pass over the activations or Grams makes them.
 A measure computed with bootstrap resamples of whole images (`--measure-bootstrap`: every Gram measure,
 `LayerMatrix.bootstrap_matrices`) gives instead its own resamples again, each one the whole joint matrix on one
-resample, and each replicate's summary is one draw (engine/zoo.py `zoo_from_replicates`): the same draws as its
-per-cell intervals, at the cost of the measure's bootstrap once more. Otherwise the intervals are NaN and `interval`
+resample, and each replicate's summary is one draw (engine/zoo/summaries.py `zoo_from_replicates`): the same draws as
+its per-cell intervals, at the cost of the measure's bootstrap once more. Otherwise the intervals are NaN and `interval`
 says why and how to get them (per-cell intervals give no honest interval of a max).
 
 The view names no model (`zoo`): its rows and columns are all of the store's models, in the store's order.
@@ -31,12 +31,22 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import zoo as numbers
-from ..errors import VitseeError
-from ..store import Store
-from .base import AnalyzeConfig, StepFn, with_stats
-from .contract import REGISTRY, Analysis, AnalysisOption, Request, Result, Shape, View, analyses_of, bootstrap_words
-from .similarity import FAMILY, LayerMatrix
+from vitsee.zoo import summaries as numbers
+from vitsee.errors import VitseeError
+from vitsee.store import Store
+from vitsee.analyses.base import AnalyzeConfig, StepFn, with_stats
+from vitsee.analyses.contract import (
+    REGISTRY,
+    Analysis,
+    AnalysisOption,
+    Request,
+    Result,
+    Shape,
+    View,
+    analyses_of,
+    bootstrap_words,
+)
+from vitsee.analyses.similarity import FAMILY, LayerMatrix
 
 DEFAULT_MEASURE = "cka"
 SUMMARY_WORDS = {"best_match": "best-match", "layer": "last-layer"}  # the value's name: 'best-match CKA'

@@ -6,8 +6,8 @@ import shutil
 import time
 from pathlib import Path
 
-from vitsee.engine.analyze import AnalyzeConfig, run_analyses
-from vitsee.engine.colormap import ColorMode
+from vitsee.analyses.driver import AnalyzeConfig, run_analyses
+from vitsee.output.colormap import ColorMode
 from vitsee.tui.app import VitseeApp
 from vitsee.tui.options import AppOptions
 from vitsee.tui.screens.explorer import ExplorerScreen

@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 
 from conftest import RESNET, VIT
-from vitsee.engine.analyze import AnalyzeConfig
-from vitsee.engine.views import load_view
+from vitsee.analyses.driver import AnalyzeConfig
+from vitsee.analyses.views import load_view
 
 VIEWS_CFG = AnalyzeConfig(shuffles=0, batch_size=16, device="cpu")
 VIEWS = {  # short name -> view string
@@ -57,9 +57,9 @@ def zoo_store(tiny_store: Path) -> Path:
     """Returns a copy of the tiny store with a second seed of both models appended (a zoo of four models of two
     families) and its CKA and zoo cached; made once per session (the zoo's and the app's zoo tests use it)."""
     from conftest import IMG
-    from vitsee.engine.analyze import run_analyses
-    from vitsee.engine.extract import ExtractConfig, run_extraction
-    from vitsee.engine.store import copy_store
+    from vitsee.analyses.driver import run_analyses
+    from vitsee.extraction.extract import ExtractConfig, run_extraction
+    from vitsee.store import copy_store
 
     path = tiny_store.parent / "zoo" / "zoo.h5"
     if path.exists():

@@ -17,14 +17,14 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
-from vitsee.engine.errors import VitseeError
+from vitsee.errors import VitseeError
 from vitsee.tui.logs import bug_text
 from vitsee.tui.results import LoadedView, StoreSummary
 from vitsee.tui.widgets.heatmap import short_label
 from vitsee.tui.widgets.line_plot import LinePlot, Series
 
 if TYPE_CHECKING:
-    from vitsee.engine.analyze import AnalyzeConfig
+    from vitsee.analyses.driver import AnalyzeConfig
     from vitsee.tui.dossier import Dossier, Section
 
 log = logging.getLogger(__name__)

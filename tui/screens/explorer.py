@@ -20,7 +20,7 @@ from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Footer, Input, Label, Tabs
 from textual.worker import get_current_worker
 
-from vitsee.engine.errors import VitseeError
+from vitsee.errors import VitseeError
 from vitsee.tui.logs import bug_text
 from vitsee.tui.messages import (
     AnalysisStep,
@@ -50,9 +50,9 @@ from vitsee.tui.widgets.view_pane import Place, ViewPane
 from vitsee.tui.widgets.view_tabs import ViewTabs
 
 if TYPE_CHECKING:
-    from vitsee.engine.analyses.base import Step
-    from vitsee.engine.analyze import AnalyzeConfig
-    from vitsee.engine.views import View
+    from vitsee.analyses.base import Step
+    from vitsee.analyses.driver import AnalyzeConfig
+    from vitsee.analyses.views import View
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def view_bindings() -> list[Binding]:
 
 def analysis_of(kind: str):
     """Returns the registered analysis a pane shows (the engine's registry, imported with the panes)."""
-    from vitsee.engine.analyses import REGISTRY
+    from vitsee.analyses import REGISTRY
 
     return REGISTRY[kind]
 
@@ -368,7 +368,7 @@ class ExplorerScreen(Screen):
     def _read_rows_done(self) -> None:
         """Reads only each model's done rows (cheap); a change brings the whole summary again."""
         try:
-            from vitsee.engine.store import Store
+            from vitsee.store import Store
 
             with Store.open(self.path) as store:
                 done = {key: store.rows_done(key) for key in store.models}
@@ -625,8 +625,8 @@ class ExplorerScreen(Screen):
     def _analyse_all(self) -> None:
         """Cache every result `vitsee analyze` would (the driver's plan, in its order), each through its view, so
         every view opens at once later (views fill in as results arrive)."""
-        from vitsee.engine.analyze import plan_views
-        from vitsee.engine.store import Store
+        from vitsee.analyses.driver import plan_views
+        from vitsee.store import Store
         from vitsee.tui.results import ACCESS
 
         worker = get_current_worker()
@@ -911,8 +911,8 @@ class ExplorerScreen(Screen):
 
     @work(thread=True, exclusive=True, group="measures", exit_on_error=False)
     def _find_measures(self, kind: str, specs: dict[str, str | None], places: tuple) -> None:
-        from vitsee.engine.store import Store
-        from vitsee.engine.views import cached_params
+        from vitsee.store import Store
+        from vitsee.analyses.views import cached_params
         from vitsee.tui.results import ACCESS
 
         try:
@@ -929,7 +929,7 @@ class ExplorerScreen(Screen):
 
     @work(thread=True, exclusive=True, group="measures", exit_on_error=False)
     def _find_summarised(self, kind: str) -> None:
-        from vitsee.engine.store import Store
+        from vitsee.store import Store
         from vitsee.tui.results import ACCESS
 
         try:
@@ -943,7 +943,7 @@ class ExplorerScreen(Screen):
     def _summarise_next(self, choices: list[str]) -> None:
         """Reads this view again with the next of the measures cached (its `measure_option`), or says how to cache
         others."""
-        from vitsee.engine.analyze import measures_command
+        from vitsee.analyses.driver import measures_command
 
         analysis, pane = analysis_of(self.kind), self.pane()
         current = analysis.measure_of_view(pane.view) if pane.view is not None else ""
@@ -965,7 +965,7 @@ class ExplorerScreen(Screen):
         self.notify(f"{analysis.label}: {VIEW_LABELS.get(nxt, nxt)}", timeout=3)
 
     def on_measures_found(self, message: MeasuresFound) -> None:
-        from vitsee.engine.analyze import measures_command
+        from vitsee.analyses.driver import measures_command
 
         if message.kind != self.kind:  # the user moved on meanwhile
             return
@@ -1001,7 +1001,7 @@ class ExplorerScreen(Screen):
     # --- the layer-pair dossier ------------------------------------------------------------------------------
 
     def action_dossier(self) -> None:
-        from vitsee.engine.analyses.contract import Shape
+        from vitsee.analyses.contract import Shape
         from vitsee.tui.screens.dossier import DossierScreen
 
         pane = self.pane()

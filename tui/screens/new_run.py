@@ -15,8 +15,8 @@ from textual.screen import Screen
 from textual.suggester import SuggestFromList
 from textual.widgets import Button, Footer, Input, Label, Select
 
-from vitsee.engine.data import BUILTIN_DATASETS, MIN_IMAGES
-from vitsee.engine.errors import VitseeError
+from vitsee.data import BUILTIN_DATASETS, MIN_IMAGES
+from vitsee.errors import VitseeError
 from vitsee.tui.logs import bug_text
 from vitsee.tui.options import AppOptions
 from vitsee.tui.results import estimate_size
@@ -24,14 +24,14 @@ from vitsee.tui.screens.run import RunPlan, RunScreen
 from vitsee.tui.widgets.model_picker import ModelPicker
 
 if TYPE_CHECKING:
-    from vitsee.engine.extract_plan import ExtractConfig
+    from vitsee.extraction.plan import ExtractConfig
 
 log = logging.getLogger(__name__)
 
 
 def extract_config(fields: dict) -> ExtractConfig:
     """Returns the engine's config for the form's fields (in a worker: the engine imports torch)."""
-    from vitsee.engine.extract_plan import ExtractConfig
+    from vitsee.extraction.plan import ExtractConfig
 
     return ExtractConfig(**fields)
 
@@ -212,7 +212,7 @@ class NewRunScreen(Screen):
             return
 
         def prepare() -> RunPlan:  # in the run's worker
-            from vitsee.engine.analyze import AnalyzeConfig
+            from vitsee.analyses.driver import AnalyzeConfig
 
             return RunPlan(extract_config(fields), AnalyzeConfig(device=fields["device"]))
 

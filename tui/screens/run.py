@@ -22,15 +22,15 @@ from textual.screen import Screen
 from textual.widgets import Footer, Label, ProgressBar, RichLog
 from textual.worker import get_current_worker
 
-from vitsee.engine.errors import VitseeError
+from vitsee.errors import VitseeError
 from vitsee.tui.logs import bug_text
 from vitsee.tui.messages import RunEnded, RunEvent
 from vitsee.tui.options import AppOptions
 from vitsee.tui.results import read_summary
 
 if TYPE_CHECKING:
-    from vitsee.engine.analyze import AnalyzeConfig
-    from vitsee.engine.extract_plan import ExtractConfig, Progress
+    from vitsee.analyses.driver import AnalyzeConfig
+    from vitsee.extraction.plan import ExtractConfig, Progress
 
 log = logging.getLogger(__name__)
 
@@ -166,8 +166,8 @@ class RunScreen(Screen):
     def _run(self) -> None:
         worker = get_current_worker()
         try:
-            from vitsee.engine.extract import run_extraction
-            from vitsee.engine.threads import set_compute_threads
+            from vitsee.extraction.extract import run_extraction
+            from vitsee.threads import set_compute_threads
 
             set_compute_threads()  # the free cores, as `vitsee extract` takes them
             first = self.plan is None
@@ -220,8 +220,8 @@ class RunScreen(Screen):
 
     def _resume(self, store: Path, progress):
         """Returns the result of resuming the store's recorded run (None when it was complete already)."""
-        from vitsee.engine.extract import resume_extraction
-        from vitsee.engine.run_config import plan_resume
+        from vitsee.extraction.extract import resume_extraction
+        from vitsee.extraction.run_config import plan_resume
 
         # images decode in this process, as for a new run (see below)
         resume = plan_resume(store, workers=0)

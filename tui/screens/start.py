@@ -15,8 +15,8 @@ from textual.screen import Screen
 from textual.widgets import Button, Footer, Input, Label, OptionList
 from textual.widgets.option_list import Option, OptionDoesNotExist
 
-from vitsee.engine.errors import VitseeError
-from vitsee.engine.store import human_bytes
+from vitsee.errors import VitseeError
+from vitsee.store import human_bytes
 from vitsee.tui.options import AppOptions
 
 
@@ -115,8 +115,8 @@ class StartScreen(Screen):
     @work(thread=True, exclusive=True, group="store-status", exit_on_error=False)
     def _mark_incomplete(self, stores: list[Path]) -> None:
         """Reads each store's done rows (h5py, off the event loop) and marks the unfinished ones."""
-        from vitsee.engine.store import Store
-        from vitsee.engine.store_lock import writer_of
+        from vitsee.store import Store
+        from vitsee.store.lock import writer_of
 
         for path in stores:
             try:

@@ -21,7 +21,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 from textual.worker import get_current_worker
 
-from vitsee.engine.colormap import ColorMode
+from vitsee.output.colormap import ColorMode
 from vitsee.tui.results import LoadedView, read_head_distances
 from vitsee.tui.widgets.heatmap import Heatmap, short_label
 from vitsee.tui.widgets.histogram import VALUE_LINE, Histogram

@@ -8,7 +8,7 @@ import numpy as np
 from textual.app import ComposeResult
 from textual.widget import Widget
 
-from vitsee.engine.analyses.contract import Shape
+from vitsee.analyses.contract import Shape
 from vitsee.tui.results import LoadedView
 from vitsee.tui.widgets.distance_plot import DOT, NONFINITE, UNIFORM, WHISKER, WHISKER_HIGH, WHISKER_LOW, DistancePlot
 from vitsee.tui.widgets.histogram import Histogram

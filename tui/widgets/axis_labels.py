@@ -21,7 +21,7 @@ import functools
 from dataclasses import dataclass
 from typing import Sequence
 
-from vitsee.engine.labels import abbreviate_label, fit_labels, short_label  # noqa: F401  (the one label layout)
+from vitsee.output.labels import abbreviate_label, fit_labels, short_label  # noqa: F401  (the one label layout)
 
 MIN_CHARS = 3  # shorter abbreviations ('b.', '…d') no longer name a layer
 

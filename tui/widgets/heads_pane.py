@@ -10,7 +10,7 @@ from textual.app import ComposeResult
 from textual.widget import Widget
 from textual.widgets import Label
 
-from vitsee.engine.analyses.contract import Shape
+from vitsee.analyses.contract import Shape
 from vitsee.tui.results import LoadedView
 from vitsee.tui.widgets.head_scatter import HeadScatter
 from vitsee.tui.widgets.view_pane import Place, ViewPane

@@ -29,14 +29,7 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from vitsee.engine.colormap import (
-    DEFAULT_LEVELS,
-    MISSING,
-    ColorMode,
-    ColorScale,
-    Palette,
-    detect_color_mode,
-)
+from vitsee.output.colormap import DEFAULT_LEVELS, MISSING, ColorMode, ColorScale, Palette, detect_color_mode
 from vitsee.tui.widgets.axis_labels import (
     AxisLabels,
     abbreviate_label,

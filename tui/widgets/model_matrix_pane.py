@@ -16,9 +16,9 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.widgets import Label
 
-from vitsee.engine.analyses.contract import Shape
-from vitsee.engine.colormap import ColorMode
-from vitsee.engine.labels import model_labels
+from vitsee.analyses.contract import Shape
+from vitsee.output.colormap import ColorMode
+from vitsee.output.labels import model_labels
 from vitsee.tui.messages import PairOpened, StatusChanged
 from vitsee.tui.results import LoadedView
 from vitsee.tui.widgets.heatmap import Heatmap

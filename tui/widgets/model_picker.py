@@ -11,7 +11,7 @@ from textual.containers import Vertical
 from textual.widgets import Input, Label, OptionList
 from textual.widgets.option_list import Option
 
-from vitsee.engine.errors import VitseeError
+from vitsee.errors import VitseeError
 from vitsee.tui.logs import bug_text
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ class ModelPicker(Vertical):
 
     @work(thread=True, group="models", exit_on_error=False)
     def _load_models(self) -> None:
-        from vitsee.engine.models import list_models
+        from vitsee.models.load import list_models
 
         try:
             rows = list_models("*")
@@ -145,7 +145,7 @@ class ModelPicker(Vertical):
         if not text:
             return
         try:
-            from vitsee.engine.models import parse_model_spec
+            from vitsee.models.load import parse_model_spec
 
             spec = parse_model_spec(text)
         except VitseeError as exc:

@@ -14,7 +14,7 @@ import importlib
 import logging
 import pkgutil
 
-from vitsee.engine.analyses import REGISTRY
+from vitsee.analyses import REGISTRY
 from vitsee.tui import widgets
 from vitsee.tui.widgets.view_pane import PANE_CLASSES, ViewPane
 

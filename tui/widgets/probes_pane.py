@@ -11,8 +11,8 @@ from textual.app import ComposeResult
 from textual.widget import Widget
 from textual.widgets import DataTable
 
-from vitsee.engine.analyses.contract import Shape
-from vitsee.engine.colormap import ColorMode
+from vitsee.analyses.contract import Shape
+from vitsee.output.colormap import ColorMode
 from vitsee.tui.results import LoadedView
 from vitsee.tui.widgets.heatmap import short_label
 from vitsee.tui.widgets.line_plot import BAND, LinePlot, Series

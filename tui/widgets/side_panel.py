@@ -72,7 +72,7 @@ class SidePanel(Vertical):
         """Offer the store's models and show the picked A and B (B on 'same as A' when it is None)."""
         labels = [model_label(m.key) for m in summary.models]
         if len(set(labels)) < len(labels):  # two read alike (a model and its twin from weights files): tell them apart
-            from vitsee.engine.labels import model_labels
+            from vitsee.output.labels import model_labels
 
             labels = model_labels(summary.keys, 22)
         options = self.model_options = list(zip(labels, summary.keys))

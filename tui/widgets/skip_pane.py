@@ -8,8 +8,8 @@ import numpy as np
 from textual.app import ComposeResult
 from textual.widgets import Label
 
-from vitsee.engine.analyses.contract import Shape
-from vitsee.engine.colormap import ColorMode
+from vitsee.analyses.contract import Shape
+from vitsee.output.colormap import ColorMode
 from vitsee.tui.messages import StatusChanged
 from vitsee.tui.results import LoadedView
 from vitsee.tui.widgets.heatmap import Heatmap, short_label

@@ -14,14 +14,14 @@ from textual.strip import Strip
 from textual.widget import Widget
 from textual.widgets import Label, Static
 
-from vitsee.engine.analyses.contract import Shape
-from vitsee.engine.colormap import ASCII_RAMP, ColorMode
+from vitsee.analyses.contract import Shape
+from vitsee.output.colormap import ASCII_RAMP, ColorMode
 from vitsee.tui.messages import StatusChanged
 from vitsee.tui.results import LoadedView
 from vitsee.tui.widgets.heatmap import MISSING_GLYPH, NONFINITE_ASCII, NONFINITE_GLYPH, UPPER_HALF, Heatmap
 
 if TYPE_CHECKING:
-    from vitsee.engine.views import View
+    from vitsee.analyses.views import View
 
 
 PANE_CLASSES: dict[Shape, type[ViewPane]] = {}  # view shape -> the pane that draws it; filled as each is defined
@@ -71,7 +71,7 @@ class ViewPane(Vertical):
     """
 
     def __init__(self, kind: str, color_mode: ColorMode, cmap: str = "viridis", *, id: str | None = None) -> None:
-        from vitsee.engine.analyses import REGISTRY
+        from vitsee.analyses import REGISTRY
 
         self.kind = kind  # the analysis it shows
         self.label = REGISTRY[kind].label

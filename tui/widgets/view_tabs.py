@@ -9,7 +9,7 @@ TAB_PADDING = 2
 
 def short_labels(labels: dict[str, str]) -> dict[str, str]:
     """Returns each view's short tab label, as its analysis declares it (default: the label's first 4 letters)."""
-    from vitsee.engine.analyses import REGISTRY
+    from vitsee.analyses import REGISTRY
 
     return {
         kind: (REGISTRY[kind].short_label if kind in REGISTRY else "") or label[:4] for kind, label in labels.items()

@@ -1,0 +1,560 @@
+"""The measures of measures/direct.py for every pair of many layers, from one n x n Gram per layer.
+
+A pass over a layer's features (fp64, in column chunks, centred before the product) builds its LayerGrams:
+
+    K0 = Xc Xc'                       (n, n)  Xc: the features centred over the n examples (their mean mu)
+    v = Xc mu, w = Xc mu_r, s = Xc 1  (n,)    mu_r = mu - mean(mu); and |mu|^2, |mu_r|^2 and d, the feature count
+
+Everything else is O(n^2) from these, with no second pass over the features:
+
+    centred Gram             K0 (H K0[idx, idx] H for a resample)        linear CKA
+    squared distances        K0_ii + K0_jj - 2 K0_ij                     RBF CKA
+    raw Gram X X'            K0 + v1' + 1v' + |mu|^2 -> cosine kernel     mknn, cknna (L2-normalised rows)
+    row-centred Gram         K0 - ss'/d + w1' + 1w' + |mu_r|^2           rsa (Pearson r between examples)
+    eigh(K0) = U diag(lam) U'  Xc = U diag(sqrt(lam)) V' (the thin SVD)   procrustes (any alpha), svcca, pwcca
+
+The eigendecomposition is the thin SVD of the centred features, exactly: Procrustes' nuclear norm ||Xw' Yw||_* is
+the sum of singular values of (Ux Gx)' (Uy Gy), G the whitened scales (measures.whitened_scales) -- the dual form,
+for any alpha, which equals sum(sqrt(eig(Kx Ky))) at alpha = 1 -- and SVCCA's SVD step is U's leading columns, so
+no randomised SVD is needed: the Gram, built once for the other measures, gives the reduction free. The cached
+derived parts (spectrum, kNN masks, RDM ranks) are built on first use by whichever measure needs them.
+
+`pairwise(grams_a, grams_b, measure)` fills a layer x layer matrix: linear and RBF CKA, mknn and rsa as one product
+of stacked, flattened per-layer matrices (the shape of engine/analyses/cka.py), Procrustes as one batched SVD per
+row layer, SVCCA, PWCCA and CKNNA pair by pair from per-layer parts built once. All in fp64, so TF32 never enters.
+
+A subset of at most max_images images (seeded, recorded) bounds the memory: about BYTES_PER_ENTRY bytes per image
+pair per layer when every measure's parts are cached (Gram 8, eigenvectors 8, RDM ranks 4, kNN mask 1), so
+default_max_images gives the largest n with n^2 x 21 B x layers <= GRAM_MEMORY (2 GiB), at most MAX_IMAGES (2048:
+on one busy CPU core one layer's eigendecomposition took ~5 s at n = 2000 and Procrustes ~0.4 s a pair at n = 1000,
+benchmarks/README.md "Measures beyond linear CKA").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from vitsee.measures import direct as ms
+from vitsee.errors import VitseeError
+from vitsee.lazy import lazy_module
+
+torch = lazy_module("torch")
+
+GRAM_MEMORY = 2 << 30  # bytes the cached per-layer parts may take, by default
+BYTES_PER_ENTRY = 21  # per image pair per layer: Gram (8) + eigenvectors (8) + RDM ranks (half of 8) + kNN mask (1)
+MAX_IMAGES = 2048
+MIN_IMAGES = 16
+CHUNK_BYTES = 256 << 20  # fp64 column chunk of the features while a Gram is built; stacked matrices per product
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The image subset
+
+
+def default_max_images(n_layers: int, memory: int = GRAM_MEMORY) -> int:
+    """Returns the most images whose per-layer parts for n_layers layers fit in `memory` bytes (at most MAX_IMAGES)."""
+    n = math.isqrt(int(memory) // (BYTES_PER_ENTRY * max(1, int(n_layers))))
+    return max(MIN_IMAGES, min(MAX_IMAGES, n))
+
+
+def choose_images(n_images: int, max_images: int, seed: int = 0) -> tuple[np.ndarray, dict]:
+    """Returns (indices, record): a seeded subset of at most max_images of n_images images, in store order, and the
+    {max_images, seed, n_images} a result records (all images, seed None, when they fit)."""
+    if max_images < ms.MIN_DEBIASED:
+        raise VitseeError(f"--max-images {max_images} is too few: the measures need at least {ms.MIN_DEBIASED} images")
+    if n_images <= max_images:
+        return np.arange(n_images), {"max_images": int(max_images), "seed": None, "n_images": int(n_images)}
+    rows = np.sort(np.random.default_rng(seed).choice(n_images, size=max_images, replace=False))
+    return rows, {"max_images": int(max_images), "seed": int(seed), "n_images": int(max_images)}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# One layer
+
+
+@dataclass(eq=False)
+class LayerGrams:
+    """One layer's Gram of n examples and the few vectors every measure derives its parts from (see the module).
+
+    ids: each row's source image (a bootstrap resample repeats some); rows of one id are the same example, never each
+    other's neighbours nor a pair of an RDM. centred: gram is already centred over these rows (a resample's is not).
+    """
+
+    gram: torch.Tensor  # (n, n) (X - mu)(X - mu)'
+    v: torch.Tensor  # (n,) (X - mu) mu
+    w: torch.Tensor  # (n,) (X - mu)(mu - mean(mu))
+    s: torch.Tensor  # (n,) (X - mu) 1
+    mu_sq: float
+    mur_sq: float
+    d: int
+    ids: torch.Tensor | None = None
+    centred_rows: bool = True
+    name: str = ""
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_features(cls, x: Any, name: str = "", device: Any = None) -> LayerGrams:
+        """Returns the LayerGrams of features x (n, ...), numpy or torch, built in fp64 on device (default: x's)."""
+        t = x.detach() if isinstance(x, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(np.asarray(x)))
+        if t.ndim < 2:
+            raise VitseeError(
+                f"{name or 'x'} must be (examples, features...), got shape {tuple(t.shape)}: add a feature axis"
+            )
+        t = t.reshape(t.shape[0], -1)
+        dev = torch.device(device) if device is not None else t.device
+        n, d = t.shape
+        step = max(1, CHUNK_BYTES // (8 * n))
+        mu = torch.cat([t[:, c : c + step].to(dev, torch.float64).mean(dim=0) for c in range(0, d, step)])
+        if not bool(torch.isfinite(mu).all()):  # a nan or inf anywhere in a column makes its mean non-finite
+            raise VitseeError(
+                f"{name or 'x'} holds nan/inf values (fp16 overflow?): re-extract the layer in fp32 "
+                "or leave those examples out"
+            )
+        mur = mu - mu.mean()
+        gram = torch.zeros(n, n, dtype=torch.float64, device=dev)
+        v, w, s = (torch.zeros(n, dtype=torch.float64, device=dev) for _ in range(3))
+        for c in range(0, d, step):
+            xc = t[:, c : c + step].to(dev, torch.float64) - mu[c : c + step]  # (n, chunk), centred before the product
+            gram.addmm_(xc, xc.T)
+            v += xc @ mu[c : c + step]
+            w += xc @ mur[c : c + step]
+            s += xc.sum(dim=1)
+        gram = (gram + gram.T) / 2  # exactly symmetric: a resample reads both (i, j) and (j, i), which must tie
+        return cls(gram, v, w, s, float(mu.square().sum()), float(mur.square().sum()), d, name=name)
+
+    @property
+    def n(self) -> int:
+        return int(self.gram.shape[0])
+
+    @property
+    def device(self):
+        return self.gram.device
+
+    def take(self, rows: Any) -> LayerGrams:
+        """Returns the LayerGrams of examples `rows` (an index array, repeats allowed: a bootstrap resample)."""
+        idx = torch.as_tensor(np.asarray(rows), dtype=torch.int64, device=self.device)
+        ids = idx if self.ids is None else self.ids[idx]
+        out = LayerGrams(
+            _rows_cols(self.gram, idx),
+            self.v[idx],
+            self.w[idx],
+            self.s[idx],
+            self.mu_sq,
+            self.mur_sq,
+            self.d,
+            ids=ids,
+            centred_rows=self.centred_rows,
+            name=self.name,
+        )
+        if len(idx) == self.n and bool((torch.bincount(idx, minlength=self.n) == 1).all()):
+            # a permutation (the p-value's null): the examples are the same, so the centring, the spectrum and
+            # the kNN masks move with the rows instead of being built again
+            out._cache = {key: _permuted(key, part, idx) for key, part in self._cache.items() if key != "rdm"}
+        else:
+            out.centred_rows = False  # a resample has another mean: its gram is centred again on use
+        return out
+
+    # -- derived parts ------------------------------------------------------------------------------------------
+
+    def centred(self) -> torch.Tensor:
+        """Returns the (n, n) Gram of the features centred over these examples."""
+        return self.gram if self.centred_rows else self._cached("centred", lambda: ms.centre_gram(self.gram))
+
+    @property
+    def constant(self) -> bool:
+        """True when these examples are all the same (zero variance): every measure of the layer is NaN."""
+        return self._cached(
+            "constant",
+            lambda: ms.is_constant(float(self.centred().diagonal().sum()), float(self.raw().diagonal().sum())),
+        )
+
+    def raw(self) -> torch.Tensor:
+        """Returns the (n, n) Gram X X' of the features as stored (uncentred)."""
+        return self.gram + (self.v[:, None] + self.v[None, :]) + self.mu_sq  # grouped so (i, j) and (j, i) tie
+
+    def cosine(self) -> torch.Tensor:
+        """Returns the (n, n) inner products of the L2-normalised rows (a zero row gives zeros, as F.normalize)."""
+        raw = self.raw()
+        norms = raw.diagonal().clamp_min(0).sqrt()
+        norms = torch.where(norms > 0, norms, torch.ones_like(norms))
+        return raw / torch.outer(norms, norms)  # outer keeps the symmetry exact (a product commutes)
+
+    def correlation(self) -> torch.Tensor | None:
+        """Returns the (n, n) Pearson correlations between examples over their features, None when an example's
+        features are all equal."""
+        k = self.gram - torch.outer(self.s, self.s) / self.d + (self.w[:, None] + self.w[None, :]) + self.mur_sq
+        var = k.diagonal().clone()
+        if bool((var <= (ms.CONSTANT_RTOL**2) * self.raw().diagonal()).any()):
+            return None
+        sd = var.sqrt()
+        return k / torch.outer(sd, sd)
+
+    def spectrum(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (U, lam): the centred Gram's eigenvectors (n, r) and variance fractions (r,), descending, r its
+        numerical rank -- Xc / ||Xc||_F = U diag(sqrt(lam)) V' (the thin SVD), cached."""
+
+        def build():
+            with small_lapack(self.n, self.device):
+                lam, u = torch.linalg.eigh(self.centred())
+            lam, u = lam.flip(0), u.flip(1)
+            r = ms.numerical_rank(lam, self.n, self.d)
+            return u[:, :r], lam[:r] / lam[:r].sum()
+
+        return self._cached("spectrum", build)
+
+    def knn(self, k: int) -> torch.Tensor:
+        """Returns the (n, n) bool mask of each example's k nearest others by cosine (copies of itself excluded)."""
+        return self._cached(("knn", k), lambda: ms.knn_mask(self.cosine(), k, self.ids))
+
+    def pair_mask(self) -> torch.Tensor | None:
+        """Returns which pairs i < j are pairs of different images (None: all of them, no repeats)."""
+        if self.ids is None:
+            return None
+        return self.ids[:, None] != self.ids[None, :]
+
+    def rdm_ranks(self) -> torch.Tensor | None:
+        """Returns the average ranks of the RDM entries 1 - r_ij over pairs i < j of different images (cached);
+        None when an example's correlation is undefined."""
+
+        def build():
+            corr = self.correlation()
+            return None if corr is None else ms.average_ranks(ms.upper(1 - corr, self.pair_mask()))
+
+        return self._cached("rdm", build)
+
+    def _cached(self, key, build: Callable[[], Any]):
+        if key not in self._cache:
+            self._cache[key] = build()
+        return self._cache[key]
+
+
+def _permuted(key, part, idx: torch.Tensor):
+    """Returns a cached part of a LayerGrams for its rows permuted by idx."""
+    if key == "constant" or part is None:
+        return part
+    if key == "spectrum":
+        return part[0][idx], part[1]
+    return _rows_cols(part, idx)  # the centred Gram, a kNN mask
+
+
+def _rows_cols(m: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """Returns m[idx][:, idx] (index_select: advanced indexing of both axes is ~100x slower on small CPU Grams)."""
+    return m.index_select(0, idx).index_select(1, idx)
+
+
+SMALL_LAPACK = 256  # decompositions of matrices smaller than this run on one CPU thread
+
+
+@contextlib.contextmanager
+def small_lapack(n: int, device) -> Iterator[None]:
+    """Run the body's decompositions of n x n matrices on one torch thread when n < SMALL_LAPACK on the CPU.
+
+    A small eigh or SVD is all thread hand-offs: with another process on one of two cores, eigh of a 60 x 60
+    Gram took 78 ms on two threads and 5 ms on one (300 x 300: 514 vs 25 ms); a bootstrap does hundreds.
+    """
+    if torch.device(device).type != "cpu" or n >= SMALL_LAPACK or torch.get_num_threads() == 1:
+        yield
+        return
+    from vitsee.threads import torch_threads
+
+    with torch_threads(1):
+        yield
+
+
+def layer_grams(layers: Sequence[Any], names: Sequence[str] | None = None, device: Any = None) -> list[LayerGrams]:
+    """Returns the LayerGrams of each (n, ...) array of `layers` (the same n examples in the same order)."""
+    names = list(names) if names is not None else [f"layer {i}" for i in range(len(layers))]
+    grams = [LayerGrams.from_features(x, name, device) for x, name in zip(layers, names)]
+    for g in grams[1:]:
+        if g.n != grams[0].n:
+            raise VitseeError(
+                f"{g.name} has {g.n} examples but {grams[0].name} has {grams[0].n}: "
+                "pass activations of the same images for every layer"
+            )
+    return grams
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# All pairs
+
+
+def _stack_products(
+    derive: Callable[[LayerGrams], torch.Tensor | None], a: list[LayerGrams], b: list[LayerGrams], scale: float = 1.0
+) -> np.ndarray:
+    """Returns (La, Lb) inner products of the flattened per-layer matrices derive(g) (None: a NaN row/column),
+    chunked so the stacked matrices stay near CHUNK_BYTES."""
+    n = a[0].n
+    per = max(1, CHUNK_BYTES // (8 * n * n))
+    out = np.full((len(a), len(b)), np.nan)
+
+    def stack(layers):
+        parts = [derive(g) for g in layers]
+        ok = [i for i, p in enumerate(parts) if p is not None]
+        flat = torch.stack([parts[i].reshape(-1) for i in ok]) if ok else None
+        return ok, flat
+
+    for i0 in range(0, len(a), per):
+        rows, fa = stack(a[i0 : i0 + per])
+        for j0 in range(0, len(b), per):
+            cols, fb = stack(b[j0 : j0 + per]) if b is not a or j0 != i0 else (rows, fa)
+            if fa is None or fb is None:
+                continue
+            prod = (fa @ fb.T * scale).cpu().numpy()
+            out[np.ix_(np.array(rows) + i0, np.array(cols) + j0)] = prod
+    return out
+
+
+def _unit(m: torch.Tensor) -> torch.Tensor:
+    return m / m.norm()
+
+
+def _cka_part(
+    debiased: bool, kernel: Callable[[LayerGrams], torch.Tensor]
+) -> Callable[[LayerGrams], torch.Tensor | None]:
+    centre = ms.u_centre_gram if debiased else ms.centre_gram
+
+    def part(g: LayerGrams) -> torch.Tensor | None:
+        return None if g.constant else _unit(centre(kernel(g)))
+
+    return part
+
+
+def pairwise_linear_cka(a, b, debiased: bool = False) -> np.ndarray:
+    _check_rows(a, ms.MIN_DEBIASED if debiased else 2, "linear_cka")
+    return _stack_products(_cka_part(debiased, LayerGrams.centred), a, b)
+
+
+def pairwise_rbf_cka(a, b, threshold: float = 0.5, debiased: bool = False) -> np.ndarray:
+    threshold = ms.check_threshold(threshold)
+    _check_rows(a, ms.MIN_DEBIASED if debiased else 2, "rbf_cka")
+    return _stack_products(
+        _cka_part(debiased, lambda g: ms.rbf_gram(ms.squared_distances(g.centred()), threshold)), a, b
+    )
+
+
+def pairwise_mknn(a, b, k: int = 10) -> np.ndarray:
+    k = ms.check_k(k, _neighbour_pool(a), "mknn")
+    part = lambda g: None if g.constant else g.knn(k).to(torch.float64)  # noqa: E731
+    return _stack_products(part, a, b, scale=1.0 / (a[0].n * k))
+
+
+def pairwise_rsa(a, b) -> np.ndarray:
+    _check_rows(a, 3, "rsa")
+
+    def part(g: LayerGrams) -> torch.Tensor | None:
+        ranks = None if g.constant else g.rdm_ranks()
+        if ranks is None:
+            return None
+        centred = ranks - ranks.mean()
+        return centred / centred.norm()
+
+    return _stack_products(part, a, b)
+
+
+def _scaled_basis(g: LayerGrams, alpha: float) -> torch.Tensor | None:
+    """Returns U diag(G) / ||G||: the layer's partially whitened, Frobenius-normalised features up to a rotation."""
+    if g.constant:
+        return None
+    u, lam = g.spectrum()
+    scales = ms.whitened_scales(lam, alpha)
+    return u * (scales / scales.norm())
+
+
+def pairwise_procrustes(a, b, alpha: float = 1.0) -> np.ndarray:
+    alpha = ms.check_alpha(alpha)
+    _check_rows(a, 2, "procrustes")
+    pa, pb = [_scaled_basis(g, alpha) for g in a], ([_scaled_basis(g, alpha) for g in b] if b is not a else None)
+    pb = pa if pb is None else pb
+    cols = [j for j, p in enumerate(pb) if p is not None]
+    out = np.full((len(a), len(b)), np.nan)
+    if not cols:
+        return out
+    width = max(pb[j].shape[1] for j in cols)
+    n = a[0].n
+    per = max(1, CHUNK_BYTES // (8 * max(n, width) * width))
+    within = b is a  # symmetric: the upper triangle is computed and mirrored, half the SVDs
+    for i, p in enumerate(pa):
+        if p is None:
+            continue
+        mine = [j for j in cols if j >= i] if within else cols
+        for c0 in range(0, len(mine), per):
+            chunk = mine[c0 : c0 + per]
+            stacked = torch.stack([torch.nn.functional.pad(pb[j], (0, width - pb[j].shape[1])) for j in chunk])  # zero
+            with small_lapack(width, p.device):
+                sims = torch.linalg.svdvals(p.T @ stacked).sum(dim=-1)  # (chunk,) padded columns: zero singular values
+            out[i, chunk] = [ms.angle(float(s)) for s in sims.cpu()]
+    if within:
+        lower = np.tril_indices(len(a), -1)
+        out[lower] = out.T[lower]
+    return out
+
+
+def _reduction(g: LayerGrams, keep: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+    if g.constant:
+        return None
+    u, lam = g.spectrum()
+    r = ms.keep_rank(lam, keep)
+    return u[:, :r], lam[:r].sqrt()
+
+
+def _pairwise_cca(a, b, keep: float, weighted: bool, name: str) -> np.ndarray:
+    keep = ms.check_keep(keep, name)
+    _check_rows(a, 2, name)
+    ra = [_reduction(g, keep) for g in a]
+    rb = ra if b is a else [_reduction(g, keep) for g in b]
+    out = np.full((len(a), len(b)), np.nan)
+    mirror = b is a and not weighted  # SVCCA is symmetric: the upper triangle, mirrored (PWCCA is not)
+    for i, x in enumerate(ra):
+        for j, y in enumerate(rb):
+            if x is None or y is None or (mirror and j < i):
+                continue
+            with small_lapack(max(x[0].shape[1], y[0].shape[1]), x[0].device):
+                rho, w = ms.canonical_correlations(x[0], y[0])
+            out[i, j] = ms.pwcca_from_basis(rho, w, x[1]) if weighted else float(rho.mean())
+    if mirror:
+        lower = np.tril_indices(len(a), -1)
+        out[lower] = out.T[lower]
+    return out
+
+
+def pairwise_svcca(a, b, keep: float = 0.99) -> np.ndarray:
+    return _pairwise_cca(a, b, keep, False, "svcca")
+
+
+def pairwise_pwcca(a, b, keep: float = 0.99) -> np.ndarray:
+    return _pairwise_cca(a, b, keep, True, "pwcca")
+
+
+def pairwise_cknna(a, b, k: int = 10) -> np.ndarray:
+    _check_rows(a, ms.MIN_DEBIASED, "cknna")
+    k = ms.check_k(k, _neighbour_pool(a), "cknna", least=2)
+
+    def parts(g: LayerGrams):
+        if g.constant:
+            return None
+        cos, mask = g.cosine(), g.knn(k)
+        own = ms.masked_hsic(mask * cos, mask * cos)
+        return cos, mask, float(own)
+
+    pa = [parts(g) for g in a]
+    pb = pa if b is a else [parts(g) for g in b]
+    out = np.full((len(a), len(b)), np.nan)
+    for i, x in enumerate(pa):
+        for j, y in enumerate(pb):
+            if x is None or y is None or not x[2] * y[2] > 0:
+                continue
+            mutual = (x[1] & y[1]).to(torch.float64)
+            out[i, j] = float(ms.masked_hsic(mutual * x[0], mutual * y[0])) / math.sqrt(x[2] * y[2])
+    return out
+
+
+def _check_rows(a: list[LayerGrams], least: int, measure: str) -> None:
+    if not a or a[0].n < least:
+        raise VitseeError(f"{measure} needs at least {least} examples, got {a[0].n if a else 0}: pass more images")
+
+
+def _neighbour_pool(a: list[LayerGrams]) -> int:
+    """Returns how many candidates every example has for neighbours: n, less the largest number of copies of one
+    image beyond the first (a bootstrap resample), so k < the result leaves each row k others."""
+    g = a[0]
+    if g.ids is None:
+        return g.n
+    return g.n - int(torch.bincount(g.ids).max()) + 1
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The table of measures
+
+
+@dataclass(frozen=True)
+class Measure:
+    """A measure's name, its direct form (measures/direct.py), its Gram-level all-pairs form and how to read it."""
+
+    name: str
+    direct: Callable[..., float]
+    pairwise: Callable[..., np.ndarray]
+    defaults: dict
+    higher_is_similar: bool = True  # False for a distance: small means alike, and its null is compared from above
+    symmetric: bool = True
+    alike: str = "more alike"  # what a small p-value says of two layers
+    label: str = ""  # the measure as the words about its p-value name it (default: its name)
+
+    @property
+    def significance(self) -> str:
+        """Returns what a small permutation p-value of the measure means, in words (measures_stats.SIGNIFICANCE)."""
+        if not self.higher_is_similar:
+            return f"{self.alike} than images paired at random: p over permutations with a distance <= the observed one"
+        return (
+            f"{self.alike} than images paired at random: p over permutations with {self.label or self.name} >= "
+            "the observed one"
+        )
+
+
+MEASURES = {
+    m.name: m
+    for m in (
+        Measure("linear_cka", ms.linear_cka, pairwise_linear_cka, {"debiased": False}, label="CKA"),
+        Measure("rbf_cka", ms.rbf_cka, pairwise_rbf_cka, {"threshold": 0.5, "debiased": False}, label="RBF CKA"),
+        Measure(
+            "procrustes", ms.procrustes, pairwise_procrustes, {"alpha": 1.0}, higher_is_similar=False, alike="closer"
+        ),
+        Measure("svcca", ms.svcca, pairwise_svcca, {"keep": 0.99}, alike="more correlated", label="SVCCA"),
+        Measure(
+            "pwcca", ms.pwcca, pairwise_pwcca, {"keep": 0.99}, symmetric=False, alike="more correlated", label="PWCCA"
+        ),
+        Measure("mknn", ms.mknn, pairwise_mknn, {"k": 10}, alike="more shared neighbours"),
+        Measure("cknna", ms.cknna, pairwise_cknna, {"k": 10}, symmetric=False, label="CKNNA"),
+        Measure("rsa", ms.rsa, pairwise_rsa, {}, alike="more alike RDMs"),
+    )
+}
+
+
+def measure(name: str) -> Measure:
+    """Returns the Measure called name; raises naming the known ones."""
+    if name not in MEASURES:
+        raise VitseeError(f"unknown measure '{name}': use one of {', '.join(MEASURES)}")
+    return MEASURES[name]
+
+
+def pairwise(grams_a: Sequence[LayerGrams], grams_b: Sequence[LayerGrams] | None, name: str, **params) -> np.ndarray:
+    """Returns the (La, Lb) matrix of measure `name` between every layer of grams_a (rows) and of grams_b (columns;
+    None: grams_a against itself), with the measure's parameters (defaults in MEASURES). A constant layer gives a
+    NaN row or column, with a warning."""
+    m = measure(name)
+    unknown = set(params) - set(m.defaults)
+    if unknown:
+        raise VitseeError(
+            f"{name} has no parameter {', '.join(sorted(unknown))}: its parameters are "
+            f"{', '.join(m.defaults) or 'none'}"
+        )
+    a = list(grams_a)
+    b = a if grams_b is None else list(grams_b)
+    if not a or not b:
+        raise VitseeError(f"{name} needs at least one layer on each side: pass LayerGrams built by layer_grams()")
+    for g in b:
+        if g.n != a[0].n:
+            raise VitseeError(
+                f"{g.name} has {g.n} examples but {a[0].name} has {a[0].n}: build every layer's Grams "
+                "on the same image subset"
+            )
+    for g in {id(g): g for g in [*a, *b]}.values():
+        if g.constant:
+            warnings.warn(
+                f"{g.name or 'a layer'} does not vary across examples (zero variance): its {name} is nan", stacklevel=2
+            )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # said once per layer above
+        return m.pairwise(a, b, **{**m.defaults, **params})
+
+
+def pair(grams_x: LayerGrams, grams_y: LayerGrams, name: str, **params) -> float:
+    """Returns measure `name` of one pair of layers from their Grams (what measures.<name>(x, y) gives from
+    features)."""
+    return float(pairwise([grams_x], [grams_y], name, **params)[0, 0])
