@@ -18,11 +18,25 @@ already held; "parts held" is the bytes of every LayerGrams with its caches afte
 
 Procrustes costs one SVD of an r x r matrix per pair (r <= n): above --procrustes-full images it is timed on the
 first two row layers against all columns and scaled to L rows, marked "~".
+
+    python benchmarks/measures.py --compare                        # every direct function against its peers
+
+--compare times each measure's direct function (`vitsee.measures.<name>(x, y)`, what a notebook calls) against the
+peers' own code on the same fp64 arrays (benchmarks/peers.py says which code and how it is called), in interleaved
+rounds -- per round vitsee and each peer once, the order reversed every other round, so a neighbour's job on the
+shared machine falls on all of them -- at n = 500 and 2,000 examples, d = 768 and 9,408 features, one thread and
+two. Per round it prints each time and the ratio vitsee / peer (below 1: vitsee is faster), then the ratio's minimum
+and median over the rounds against each peer and against the fastest peer (the one of least median time), and the
+largest difference between vitsee's value and the peer's. Then linear CKA over all layer pairs, minibatch (the
+`cka` view), against pytorch-cka's batched call on benchmarks/cka.py's features. The features: a shared latent
+signal of 48 directions with decaying scales seen by both layers, full-rank noise with a decaying spectrum, and a
+per-feature offset (what the centring must remove).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import subprocess
 import sys
@@ -31,13 +45,14 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import psutil
 import torch
 
 from vitsee.measures import grams as mg
 from vitsee.analyses.cka import minibatch_cka
 from vitsee.store import Store
-from vitsee.threads import set_compute_threads
+from vitsee.threads import set_compute_threads, torch_threads
 
 BENCH = Path("/work/fpstores/bench.h5")
 BIG = Path("/tmp/measures_2000.h5")
@@ -201,6 +216,187 @@ def run(store_path: Path, n: int, procrustes_full: int, per_pair: bool) -> list[
     return rows
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# --compare: the direct functions against the peers' own code
+
+
+def synthetic_pair(n: int, d: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Returns two fp64 layers (n, d) of the same n examples: a shared latent signal with decaying scales, full-rank
+    noise whose feature scales decay (a spectrum like a network's), and a per-feature offset."""
+    rng = np.random.default_rng(seed)
+    latent = 48
+    z = rng.normal(size=(n, latent))
+    scales = 1.0 / np.sqrt(1.0 + np.arange(latent))
+
+    def layer(signal: np.ndarray) -> np.ndarray:
+        x = signal @ (rng.normal(size=(latent, d)) * scales[:, None])
+        x += rng.normal(size=(n, d)) * (0.5 / np.sqrt(1.0 + np.arange(d)))  # noise, decaying over features
+        x += rng.uniform(0.0, 2.0, size=d)
+        return x
+
+    return layer(z), layer(0.8 * z + 0.6 * rng.normal(size=(n, latent)))
+
+
+COMPARE_PARAMS = {"mknn": {"k": 10}, "cknna": {"k": 10}}
+
+
+def _threads(n: int):
+    """Returns a context that runs torch and the BLAS libraries numpy and scipy load (threadpoolctl) on n threads."""
+    from threadpoolctl import threadpool_limits
+
+    class Both:
+        def __enter__(self):
+            self._blas = threadpool_limits(limits=n)
+            self._torch = torch_threads(n)
+            self._torch.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            self._torch.__exit__(*exc)
+            self._blas.unregister() if hasattr(self._blas, "unregister") else self._blas.restore_original_limits()
+
+    return Both()
+
+
+def _median(values: list[float]) -> float:
+    return float(np.median(values)) if values else math.nan
+
+
+def compare_measure(name: str, fn, contenders: list[tuple[str, object]], x, y, rounds: int, params: dict) -> dict:
+    """Times vitsee's fn and each peer on (x, y) in `rounds` interleaved rounds; prints each round; returns the
+    summary {peer: (min ratio, median ratio, median peer s, max |value diff|)} and vitsee's median seconds."""
+    names = ["vitsee"] + [p for p, _ in contenders]
+    fns = dict([("vitsee", fn), *contenders])
+    times = {p: [] for p in names}
+    values: dict[str, float] = {}
+    for r in range(rounds):
+        order = names if r % 2 == 0 else names[::-1]
+        for p in order:
+            t0 = time.perf_counter()
+            try:
+                v = fns[p](x, y, **params)
+            except Exception as e:  # a peer that fails is said and left out
+                print(f"    {p}: failed ({type(e).__name__}: {str(e)[:120]})", flush=True)
+                fns = {q: f for q, f in fns.items() if q != p}
+                names = [q for q in names if q != p]
+                continue
+            times[p].append(time.perf_counter() - t0)
+            values.setdefault(p, float(v))
+        cells = "  ".join(
+            f"{p} {times[p][-1]:.3f}s ({times['vitsee'][-1] / times[p][-1]:.2f}x)" for p in names[1:] if times[p]
+        )
+        print(f"    round {r + 1}: vitsee {times['vitsee'][-1]:.3f}s  {cells}", flush=True)
+    summary = {}
+    for p in names[1:]:
+        ratios = [a / b for a, b in zip(times["vitsee"], times[p])]
+        summary[p] = (min(ratios), _median(ratios), _median(times[p]), abs(values["vitsee"] - values[p]), ratios)
+    if summary:
+        fastest = min(summary, key=lambda p: summary[p][2])
+        for p, (lo, med, sec, diff, _) in summary.items():
+            mark = "  <- fastest peer" if p == fastest and len(summary) > 1 else ""
+            print(
+                f"  {name} vs {p}: ratio min {lo:.2f} median {med:.2f} (vitsee {_median(times['vitsee']):.3f}s, "
+                f"{p} {sec:.3f}s), |value diff| {diff:.1e} (vitsee {values['vitsee']:.12g}){mark}",
+                flush=True,
+            )
+    return {"vitsee_s": _median(times["vitsee"]), "peers": summary}
+
+
+def compare_all_pairs_cka(n: int, rounds: int) -> dict | None:
+    """Times vitsee's minibatch_cka against pytorch-cka's one joint call on benchmarks/cka.py's 12 + 14 layers of n
+    images (fp32 features, batches of 256), interleaved; prints the rounds and returns the summary."""
+    import importlib.util
+
+    saved = list(sys.path)
+    try:
+        spec = importlib.util.spec_from_file_location("vitsee_bench_cka", Path(__file__).with_name("cka.py"))
+        bench = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(bench)  # it takes its own folder off sys.path, so `import cka` is pytorch-cka
+        feats = bench.synthetic_features(n, bench.layer_shapes(12, 14), 0.0, 12, seed=0)
+        peer = bench.pytorch_cka_joint(feats, 256, torch.device("cpu"))
+    except Exception as e:
+        print(f"  pytorch-cka: unavailable ({type(e).__name__}: {e}); pip install -e '.[bench]'")
+        return None
+    finally:
+        sys.path[:] = saved
+    ours = lambda: bench.vcka.minibatch_cka(feats, batch_size=256, device="cpu")  # noqa: E731
+    return _compare_matrices(ours, peer, rounds)
+
+
+def _compare_matrices(ours, peer, rounds: int) -> dict:
+    times = {"vitsee": [], "pytorch-cka": []}
+    outs = {}
+    for r in range(rounds):
+        order = [("vitsee", ours), ("pytorch-cka", peer)]
+        for p, fn in order if r % 2 == 0 else order[::-1]:
+            t0 = time.perf_counter()
+            outs[p] = np.asarray(fn(), dtype=np.float64)
+            times[p].append(time.perf_counter() - t0)
+        print(
+            f"    round {r + 1}: vitsee {times['vitsee'][-1]:.3f}s  pytorch-cka {times['pytorch-cka'][-1]:.3f}s "
+            f"({times['vitsee'][-1] / times['pytorch-cka'][-1]:.2f}x)",
+            flush=True,
+        )
+    ratios = [a / b for a, b in zip(times["vitsee"], times["pytorch-cka"])]
+    diff = float(np.abs(outs["vitsee"] - outs["pytorch-cka"]).max())
+    print(
+        f"  linear CKA all pairs vs pytorch-cka (1 joint call): ratio min {min(ratios):.2f} median "
+        f"{_median(ratios):.2f}, max |matrix diff| {diff:.1e} (pytorch-cka computes in fp32)",
+        flush=True,
+    )
+    return {"ratios": ratios, "diff": diff}
+
+
+def compare(args) -> int:
+    """--compare: prints every direct function against its peers at each size and thread count (see the module)."""
+    import peers as peer_code  # benchmarks/peers.py, beside this file
+
+    from vitsee import measures as vm
+
+    table, missing = peer_code.peers(args.peers)
+    for who, why in missing.items():
+        print(f"{who}: unavailable ({why})")
+    chosen = args.measures or list(vm.__all__)
+    print(f"torch {torch.__version__}, numpy {np.__version__}, cores {os.cpu_count()}, load {os.getloadavg()}")
+    worst: dict[tuple, float] = {}
+    for threads in args.compare_threads:
+        with _threads(threads):
+            for n in args.compare_sizes:
+                for d in args.compare_dims:
+                    x, y = synthetic_pair(n, d)
+                    print(f"\n### {threads} thread(s), n = {n}, d = {d} (load average {os.getloadavg()[0]:.1f})")
+                    for name in chosen:
+                        contenders = [
+                            (p, f)
+                            for p, f in table.get(name, [])
+                            if not (p == "netrep" and d > args.netrep_max_d)  # a (d, d) SVD: minutes to hours
+                        ]
+                        if not contenders:
+                            print(f"  {name}: no peer available")
+                            continue
+                        out = compare_measure(
+                            name, getattr(vm, name), contenders, x, y, args.rounds, COMPARE_PARAMS.get(name, {})
+                        )
+                        peers_s = {p: v[2] for p, v in out["peers"].items()}
+                        fastest = min(peers_s, key=peers_s.get)
+                        worst[(threads, n, d, name)] = out["peers"][fastest][1]
+                        if any(p == "netrep" for p, _ in table.get(name, [])) and d > args.netrep_max_d:
+                            print(
+                                f"  (netrep on the raw features not timed at d = {d} > --netrep-max-d: a {d} x {d} SVD)"
+                            )
+                if args.all_pairs_cka:
+                    for n in args.compare_sizes:
+                        print(f"\n### {threads} thread(s): linear CKA, all pairs, n = {n}")
+                        out = compare_all_pairs_cka(n, args.rounds)
+                        if out:
+                            worst[(threads, n, "12+14 layers", "linear CKA all pairs")] = _median(out["ratios"])
+    print("\n### median ratio against the fastest peer (vitsee / peer; at or below 1.00: vitsee as fast or faster)\n")
+    print("| threads | n | d | measure | median ratio |\n|---:|---:|---:|---|---:|")
+    for (threads, n, d, name), ratio in worst.items():
+        print(f"| {threads} | {n} | {d} | {name} | {ratio:.2f} |")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--store", type=Path, action="append", help="store(s) to time (default: bench.h5 and the 2,000)")
@@ -208,7 +404,18 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: the free cores)")
     ap.add_argument("--procrustes-full", type=int, default=1000, help="above this n, Procrustes on 2 row layers")
     ap.add_argument("--build", action="store_true", help=f"build {BIG} first: {' '.join(BUILD)}")
+    ap.add_argument("--compare", action="store_true", help="direct functions against the peers' own code")
+    ap.add_argument("--compare-sizes", type=int, nargs="+", default=[500, 2000], help="n for --compare")
+    ap.add_argument("--compare-dims", type=int, nargs="+", default=[768, 9408], help="d for --compare")
+    ap.add_argument("--compare-threads", type=int, nargs="+", default=[1, 2], help="thread counts for --compare")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per measure and size (--compare)")
+    ap.add_argument("--measures", nargs="+", help="only these measures (--compare)")
+    ap.add_argument("--peers", type=Path, default=Path("/work/.mirror"), help="where the fetched peer repositories are")
+    ap.add_argument("--netrep-max-d", type=int, default=4096, help="largest d netrep's (d, d) SVD is timed at")
+    ap.add_argument("--no-all-pairs-cka", dest="all_pairs_cka", action="store_false", help="skip pytorch-cka")
     args = ap.parse_args()
+    if args.compare:
+        return compare(args)
     if args.build and not BIG.exists():
         subprocess.run(BUILD, check=True)
     threads = set_compute_threads(args.threads)
