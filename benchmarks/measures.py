@@ -262,7 +262,9 @@ def _median(values: list[float]) -> float:
     return float(np.median(values)) if values else math.nan
 
 
-def compare_measure(name: str, fn, contenders: list[tuple[str, object]], x, y, rounds: int, params: dict) -> dict:
+def compare_measure(
+    name: str, fn, contenders: list[tuple[str, object]], x, y, rounds: int, params: dict, max_call_s: float = math.inf
+) -> dict:
     """Times vitsee's fn and each peer on (x, y) in `rounds` interleaved rounds; prints each round; returns the
     summary {peer: (min ratio, median ratio, median peer s, max |value diff|)} and vitsee's median seconds."""
     names = ["vitsee"] + [p for p, _ in contenders]
@@ -270,6 +272,9 @@ def compare_measure(name: str, fn, contenders: list[tuple[str, object]], x, y, r
     times = {p: [] for p in names}
     values: dict[str, float] = {}
     for r in range(rounds):
+        if r and sum(times[p][-1] for p in names if times[p]) > max_call_s:
+            print(f"    (no more rounds: one took over {max_call_s:.0f} s)", flush=True)
+            break
         order = names if r % 2 == 0 else names[::-1]
         for p in order:
             t0 = time.perf_counter()
@@ -302,9 +307,10 @@ def compare_measure(name: str, fn, contenders: list[tuple[str, object]], x, y, r
     return {"vitsee_s": _median(times["vitsee"]), "peers": summary}
 
 
-def compare_all_pairs_cka(n: int, rounds: int) -> dict | None:
-    """Times vitsee's minibatch_cka against pytorch-cka's one joint call on benchmarks/cka.py's 12 + 14 layers of n
-    images (fp32 features, batches of 256), interleaved; prints the rounds and returns the summary."""
+def compare_all_pairs_cka(n: int, vit: int, cnn: int, rounds: int) -> dict | None:
+    """Times vitsee's minibatch_cka against pytorch-cka's one joint call on benchmarks/cka.py's vit + cnn layers of n
+    images (fp32 features, 3.4 MB an image at 12 + 14: mind the memory; batches of 256), interleaved; prints the
+    rounds and returns the summary."""
     import importlib.util
 
     saved = list(sys.path)
@@ -312,7 +318,7 @@ def compare_all_pairs_cka(n: int, rounds: int) -> dict | None:
         spec = importlib.util.spec_from_file_location("vitsee_bench_cka", Path(__file__).with_name("cka.py"))
         bench = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(bench)  # it takes its own folder off sys.path, so `import cka` is pytorch-cka
-        feats = bench.synthetic_features(n, bench.layer_shapes(12, 14), 0.0, 12, seed=0)
+        feats = bench.synthetic_features(n, bench.layer_shapes(vit, cnn), 0.0, vit, seed=0)
         peer = bench.pytorch_cka_joint(feats, 256, torch.device("cpu"))
     except Exception as e:
         print(f"  pytorch-cka: unavailable ({type(e).__name__}: {e}); pip install -e '.[bench]'")
@@ -375,7 +381,14 @@ def compare(args) -> int:
                             print(f"  {name}: no peer available")
                             continue
                         out = compare_measure(
-                            name, getattr(vm, name), contenders, x, y, args.rounds, COMPARE_PARAMS.get(name, {})
+                            name,
+                            getattr(vm, name),
+                            contenders,
+                            x,
+                            y,
+                            args.rounds,
+                            COMPARE_PARAMS.get(name, {}),
+                            args.max_call_s,
                         )
                         peers_s = {p: v[2] for p, v in out["peers"].items()}
                         fastest = min(peers_s, key=peers_s.get)
@@ -384,12 +397,12 @@ def compare(args) -> int:
                             print(
                                 f"  (netrep on the raw features not timed at d = {d} > --netrep-max-d: a {d} x {d} SVD)"
                             )
-                if args.all_pairs_cka:
-                    for n in args.compare_sizes:
-                        print(f"\n### {threads} thread(s): linear CKA, all pairs, n = {n}")
-                        out = compare_all_pairs_cka(n, args.rounds)
-                        if out:
-                            worst[(threads, n, "12+14 layers", "linear CKA all pairs")] = _median(out["ratios"])
+            if args.all_pairs_cka:
+                vit, cnn = (int(v) for v in args.cka_layers.split(","))
+                print(f"\n### {threads} thread(s): linear CKA, all pairs of {vit}+{cnn} layers, n = {args.cka_n}")
+                out = compare_all_pairs_cka(args.cka_n, vit, cnn, args.rounds)
+                if out:
+                    worst[(threads, args.cka_n, f"{vit}+{cnn} layers", "linear CKA all pairs")] = _median(out["ratios"])
     print("\n### median ratio against the fastest peer (vitsee / peer; at or below 1.00: vitsee as fast or faster)\n")
     print("| threads | n | d | measure | median ratio |\n|---:|---:|---:|---|---:|")
     for (threads, n, d, name), ratio in worst.items():
@@ -412,6 +425,9 @@ def main() -> int:
     ap.add_argument("--measures", nargs="+", help="only these measures (--compare)")
     ap.add_argument("--peers", type=Path, default=Path("/work/.mirror"), help="where the fetched peer repositories are")
     ap.add_argument("--netrep-max-d", type=int, default=4096, help="largest d netrep's (d, d) SVD is timed at")
+    ap.add_argument("--cka-n", type=int, default=512, help="images of the all-pairs CKA comparison (--compare)")
+    ap.add_argument("--cka-layers", default="12,14", help="ViT-like,ResNet-like layers of it (benchmarks/cka.py)")
+    ap.add_argument("--max-call-s", type=float, default=120.0, help="one round only where a round took longer")
     ap.add_argument("--no-all-pairs-cka", dest="all_pairs_cka", action="store_false", help="skip pytorch-cka")
     args = ap.parse_args()
     if args.compare:
