@@ -217,6 +217,138 @@ def run(store_path: Path, n: int, procrustes_full: int, per_pair: bool) -> list[
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# --floor: each all-pairs step as it runs today against its least-work form (engine/measures/floor.py)
+
+
+def floor_steps(store_path: Path, n: int, max_layers: int) -> None:
+    """Prints, for up to max_layers stored layers (spread over the models) of n images of the store, each step's
+    time today and at its floor, the speed-up and the largest difference of the values (bench: both on one thread)."""
+    from vitsee.measures import direct as ms
+    from vitsee.measures import floor
+
+    with Store.open(store_path) as store:
+        idx, _ = mg.choose_images(store.n_images, n, seed=0)
+        columns = [(m, layer) for m in store.models for layer in store.layers(m)]
+        if len(columns) > max_layers:
+            columns = [columns[i] for i in np.linspace(0, len(columns) - 1, max_layers).round().astype(int)]
+        feats = [store.activations(m, layer, idx) for m, layer in columns]
+    L, n = len(columns), len(idx)
+    print(f"\n### {store_path.name}: {L} layers, n = {n} (load average {os.getloadavg()[0]:.1f})\n")
+    print("| step | today s | floor s | speed-up | max abs diff | note |\n|---|---:|---:|---:|---:|---|", flush=True)
+
+    def row(step, t_old, t_new, diff, note=""):
+        print(f"| {step} | {t_old:.2f} | {t_new:.2f} | {t_old / t_new:.1f}x | {diff:.1e} | {note} |", flush=True)
+
+    # Grams: torch's fp64 product (LayerGrams.from_features) against numpy's syrk of the same centred features
+    t0 = time.perf_counter()
+    grams = mg.layer_grams(feats, [f"{m}:{layer}" for m, layer in columns])
+    t1 = time.perf_counter()
+    syrk = []
+    for f in feats:
+        x = np.asarray(f, dtype=np.float64).reshape(n, -1)
+        x -= x.mean(axis=0)
+        syrk.append(floor.symmetric_product(x))
+    t2 = time.perf_counter()
+    diff = max(float(np.abs(g.gram.numpy() - k).max() / np.abs(k).max()) for g, k in zip(grams, syrk))
+    row("Grams (relative diff)", t1 - t0, t2 - t1, diff, "centring and fp64 conversion in both")
+
+    # spectra: torch eigh (today) against numpy's, compared through the eigenvalues
+    t0 = time.perf_counter()
+    spectra = [torch.linalg.eigh(g.centred()) for g in grams]
+    t1 = time.perf_counter()
+    np_spectra = [floor.eigh(g.centred()) for g in grams]
+    t2 = time.perf_counter()
+    diff = max(float((a[0] - b[0]).abs().max() / a[0].abs().max()) for a, b in zip(spectra, np_spectra))
+    row("eigendecompositions (relative diff of eigenvalues)", t1 - t0, t2 - t1, diff)
+    ranks = [g.spectrum()[0].shape[1] for g in grams]  # today's spectra, for the pairs below
+
+    # Procrustes: today's padded, batched svdvals against the guarded eigvalsh of the smaller side, same bases
+    t0 = time.perf_counter()
+    old = mg.pairwise(grams, None, "procrustes")
+    t1 = time.perf_counter()
+    bases = [mg._scaled_basis(g, 1.0) for g in grams]
+    new = np.zeros((L, L))
+    guarded = [0]
+
+    def procrustes_pair(ij):
+        i, j = ij
+        m = bases[i].T @ bases[j]
+        return ms.angle(floor.nuclear_norm(m))
+
+    pairs = [(i, j) for i in range(L) for j in range(i, L)]
+    for (i, j), v in zip(pairs, floor.run_tasks(procrustes_pair, pairs)):
+        new[i, j] = new[j, i] = v
+    t2 = time.perf_counter()
+    off = ~np.eye(L, dtype=bool)
+    diff = float(np.abs(old - new)[off].max())
+    row(
+        "procrustes, all pairs (rad)",
+        t1 - t0,
+        t2 - t1,
+        diff,
+        f"ranks {min(ranks)}-{max(ranks)}; diagonal: today up to {np.abs(np.diag(old)).max():.1e}, "
+        f"floor up to {np.abs(np.diag(new)).max():.1e} (arccos of 1 - rounding){'' if guarded[0] == 0 else ''}",
+    )
+
+    # SVCCA: today's svdvals per pair against nuclear_norm(Ux' Uy) / min(rx, ry)
+    t0 = time.perf_counter()
+    old = mg.pairwise(grams, None, "svcca")
+    t1 = time.perf_counter()
+    reduced = [mg._reduction(g, 0.99)[0] for g in grams]
+
+    def svcca_pair(ij):
+        i, j = ij
+        return floor.nuclear_norm(reduced[i].T @ reduced[j]) / min(reduced[i].shape[1], reduced[j].shape[1])
+
+    new = np.zeros((L, L))
+    for (i, j), v in zip(pairs, floor.run_tasks(svcca_pair, pairs)):
+        new[i, j] = new[j, i] = v
+    t2 = time.perf_counter()
+    row(
+        "svcca, all pairs",
+        t1 - t0,
+        t2 - t1,
+        float(np.abs(old - new).max()),
+        "kept ranks " + str(sorted({r.shape[1] for r in reduced})[:1] + sorted({r.shape[1] for r in reduced})[-1:]),
+    )
+
+    # kNN masks: a full sort against topk with the sort's tie rule
+    t0 = time.perf_counter()
+    masks = [ms.knn_mask(g.cosine(), 10) for g in grams]
+    t1 = time.perf_counter()
+    indices = [floor.knn_indices(g.cosine(), 10) for g in grams]
+    t2 = time.perf_counter()
+    same = all(torch.equal(m, floor.mask_from_indices(i, n)) for m, i in zip(masks, indices))
+    row("kNN masks, k = 10", t1 - t0, t2 - t1, 0.0 if same else math.inf, f"masks identical: {same}")
+
+    # mknn and CKNNA: dense masks against the k neighbours of each row
+    for g in grams:  # today's caches hold the masks already: time the pairs alone
+        g.knn(10)
+    t0 = time.perf_counter()
+    old = mg.pairwise(grams, None, "mknn", k=10)
+    t1 = time.perf_counter()
+    new = np.array([[floor.mutual_neighbours(indices[i], masks[j]) for j in range(L)] for i in range(L)])
+    t2 = time.perf_counter()
+    row("mknn, all pairs", t1 - t0, t2 - t1, float(np.abs(old - new).max()))
+    t0 = time.perf_counter()
+    old = mg.pairwise(grams, None, "cknna", k=10)
+    t1 = time.perf_counter()
+    cos = [g.cosine() for g in grams]
+    own = [floor.cknna_terms(cos[i], cos[i], indices[i], masks[i], masks[i]) for i in range(L)]
+    new = np.array(
+        [
+            [
+                floor.cknna_terms(cos[i], cos[j], indices[i], masks[i], masks[j]) / math.sqrt(own[i] * own[j])
+                for j in range(L)
+            ]
+            for i in range(L)
+        ]
+    )
+    t2 = time.perf_counter()
+    row("cknna, all pairs", t1 - t0, t2 - t1, float(np.nanmax(np.abs(old - new))), "cosine kernels built in both")
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # --compare: the direct functions against the peers' own code
 
 
@@ -429,7 +561,15 @@ def main() -> int:
     ap.add_argument("--cka-layers", default="12,14", help="ViT-like,ResNet-like layers of it (benchmarks/cka.py)")
     ap.add_argument("--max-call-s", type=float, default=120.0, help="one round only where a round took longer")
     ap.add_argument("--no-all-pairs-cka", dest="all_pairs_cka", action="store_false", help="skip pytorch-cka")
+    ap.add_argument("--floor", action="store_true", help="each all-pairs step today against its floor (--store)")
+    ap.add_argument("--max-layers", type=int, default=12, help="layers of the store --floor takes (spread)")
     args = ap.parse_args()
+    if args.floor:
+        set_compute_threads(args.threads or 1)
+        for path in args.store or [BIG]:
+            for n in args.sizes:
+                floor_steps(path, n, args.max_layers)
+        return 0
     if args.compare:
         return compare(args)
     if args.build and not BIG.exists():
