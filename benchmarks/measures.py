@@ -270,7 +270,7 @@ def floor_steps(store_path: Path, n: int, max_layers: int) -> None:
 
     def procrustes_pair(ij):
         i, j = ij
-        value, route = floor.nuclear_norm_route(bases[i].T @ bases[j])
+        value, route = floor.nuclear_norm_route(bases[i].T @ bases[j], graded=True)
         return value, route
 
     pairs = [(i, j) for i in range(L) for j in range(i, L)]
@@ -290,7 +290,7 @@ def floor_steps(store_path: Path, n: int, max_layers: int) -> None:
         t2 - t1,
         float(np.abs(old - new)[apart].max()) if apart.any() else 0.0,
         f"pairs at angle > 1e-6; cosines within {cos_diff:.1e}; {routes['svdvals']} of {len(pairs)} pairs took "
-        f"svdvals (an eigenvalue at rounding level); ranks {min(ranks)}-{max(ranks)}; identical layers: today "
+        f"svdvals; ranks {min(ranks)}-{max(ranks)}; identical layers: today "
         f"{np.abs(old[~apart]).max():.1e}, floor {np.abs(new[~apart]).max():.1e}",
     )
 

@@ -55,6 +55,20 @@ def test_nuclear_norm_of_a_product_with_singular_values_near_zero_takes_the_exac
     assert naive_error > 1e-11  # the cheap route really is off here: the guard matters
 
 
+def test_nuclear_norm_of_a_graded_product_keeps_its_small_singular_values_on_the_cheap_route():
+    # Procrustes' Px' Py: rows and columns scaled by descending factors down to 1e-9 (bases in order of variance).
+    # Its tiny eigenvalues are at rounding level, yet the tridiagonal reduction keeps them to relative accuracy; the
+    # same singular values in an ungraded matrix would be off by ~1e-8 (the test above).
+    rng = np.random.default_rng(4)
+    sx, sy = np.geomspace(1.0, 1e-9, 60), np.geomspace(1.0, 1e-9, 80)
+    qx, qy = (np.linalg.qr(rng.normal(size=(150, r)))[0] for r in (60, 80))  # two bases in 150 dimensions
+    m = (sx[:, None] * (qx.T @ qy)) * sy[None, :]
+    value, route = floor.nuclear_norm_route(m, graded=True)
+    assert route == "eigvalsh"
+    assert value == pytest.approx(np.linalg.svd(m, compute_uv=False).sum(), abs=1e-14)
+    assert floor.nuclear_norm_route(m)[1] == "svdvals"  # not said to be graded: the guard takes the exact route
+
+
 def _similarity_with_ties(n: int, seed: int) -> torch.Tensor:
     """Cosine-like similarities with many exact ties: integer values, and two examples that are copies."""
     rng = np.random.default_rng(seed)
