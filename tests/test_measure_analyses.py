@@ -23,7 +23,7 @@ from vitsee.store import Store
 from vitsee.analyses.views import load_view
 
 CFG = AnalyzeConfig(batch_size=16, shuffles=0, device="cpu", permutations=9)
-MEASURES = [a.name for a in layer_measures() if a.name != "cka"]  # the seven of engine/measures/grams.py
+MEASURES = [a.name for a in layer_measures() if a.name != "cka"]  # the measures of engine/measures/catalog/
 # a ViT block against a ResNet stage, and two ResNet stages
 PAIRS = [((VIT, "blocks.1"), (RESNET, "layer3.0")), ((RESNET, "layer2.0"), (RESNET, "layer4.0"))]
 # the direct functions of RBF CKA, SVCCA and PWCCA take seconds a pair on the ViT's 4,160 features (the analyses
