@@ -192,11 +192,12 @@ class VitseeApp(App):
 
         choice = demo.choose(device=self.options.device, plan=demo.DemoPlan(**self.demo_overrides))
         note = f"demo store {choice.config.store}: {choice.weights_note}"
+        clock = demo.BuildClock.for_choice(choice)  # one bar for the training and the extraction
         before = None
         if choice.training:
 
             def before(progress, cancel):
-                demo.prepare_trained(choice, progress, cancel)
+                demo.prepare_trained(choice, progress, cancel, clock=clock)
 
         return RunPlan(
             choice.config,
@@ -205,6 +206,8 @@ class VitseeApp(App):
             reuse_complete=True,
             before=before,
             opened=lambda store: demo.remember(store, note),
+            after=lambda store: demo.name_models(store, choice),
+            clock=clock,
         )
 
     def on_first_view_shown(self, message: FirstViewShown) -> None:
@@ -222,6 +225,7 @@ class VitseeApp(App):
             plan = self._demo_plan()
             cfg = plan.config
             if Path(cfg.store).resolve() == Path(shown).resolve() and what_is_missing(cfg) is None:
+                plan.after(Path(shown))  # a store built before the demo named its models gets its names now
                 return  # the same store, complete: what the run screen would have opened
         except VitseeError as exc:
             self.call_from_thread(self.notify, str(exc), severity="error", timeout=10)

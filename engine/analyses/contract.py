@@ -431,6 +431,9 @@ class View:
     ci_low: np.ndarray | None = None
     ci_high: np.ndarray | None = None
     p_value: np.ndarray | None = None
+    # the store's models' display names (key -> name, engine/store/names.py): what titles, axes and legends call
+    # them; the keys stay in `models`, `rows` (the zoo's) and the JSON
+    names: dict[str, str] = field(default_factory=dict)
 
     @property
     def analysis(self) -> Analysis:
@@ -444,6 +447,10 @@ class View:
 
     def value(self, row: int, col: int) -> float:
         return float(self.matrix[row, col])
+
+    def name(self, key: str) -> str:
+        """Returns the display name of a model of the view (its key when it has none)."""
+        return self.names.get(key, key)
 
     def is_nonfinite(self, row: int, col: int) -> bool:
         """Returns whether a cell was computed and came out non-finite (NaN/Inf)."""
@@ -556,6 +563,8 @@ class View:
             else []
         )
         out["n_images"] = self.n_images
+        if self.names:  # what the figures call the models; the keys above stay what identifies them
+            out["names"] = {key: self.names[key] for key in (self.models or self.rows) if key in self.names}
         out["params"] = self.params
         return out
 

@@ -99,7 +99,7 @@ class LayerMatrix(Analysis):
             name: matrix_block(result, a, b, key=name)[0] for name in ("ci_low", "ci_high", "p_value") if name in result
         }
         extra = {"n_batches": int(result["n_batches"])} if "n_batches" in result else {}
-        title = f"{self.label} {a}" if a == b else f"{self.label} {a} (rows) x {b} (cols)"
+        title = f"{self.label}: {a}" if a == b else f"{self.label}: {a} x {b}"  # rows x columns, as the axes say
         vmin, vmax = self.value_range
         return View(
             self.name,
