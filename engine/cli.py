@@ -186,6 +186,7 @@ def extract(
 ) -> None:
     """Run models over images and store layer activations and per-image statistics (resumable: with no
     --model, `vitsee extract STORE` finishes the run STORE records)."""
+    _precheck_extract(store, model, dataset, models_from)  # a typo costs seconds, not the minute torch takes
     from vitsee.extraction import distributed
     from vitsee.extraction.distributed import is_secondary
     from vitsee.extraction.extract import resume_extraction, run_extraction
@@ -252,6 +253,24 @@ def extract(
             f"{result.seconds:.1f} s ({rate:.1f} img/s)",
             highlight=False,
         )
+
+
+def _precheck_extract(store: Path, specs: list[str], dataset: str, files: list[Path]) -> None:
+    """Raises the VitseeError of a mistake in what `extract` was given that shows without torch or timm: a model
+    spec's weights or (with timm's names kept here) its name, the dataset, a missing file, the store's folder."""
+    from vitsee.data import check_dataset_spec
+    from vitsee.models.specs import precheck_spec
+
+    for spec in specs:
+        precheck_spec(spec)
+    for path in files:
+        if not path.is_file():
+            raise VitseeError(f"--models-from {path} is not a file: check the path (one model spec per line)")
+    if specs or files:  # without models a run resumes the store's recorded dataset
+        check_dataset_spec(dataset)
+    if not store.expanduser().parent.is_dir():
+        parent = store.expanduser().parent
+        raise VitseeError(f"folder {parent} does not exist: create it first (mkdir -p {parent}) or choose another path")
 
 
 def _listed_models(

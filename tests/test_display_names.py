@@ -163,7 +163,7 @@ def test_a_figure_takes_a_title_and_labels_of_its_own(demo_home):
     store = vitsee.open(next((demo_home / ".cache" / "vitsee").glob("demo-*.h5")))
     vit, resnet = store.models[:2]
     result = store.cka(vit, resnet, **FAST, progress=False)
-    fig = result.plot(title="Fig. 2", labels={vit: "ViT", "ResNet-18 (trained here)": "ResNet"})
+    fig = result.plot(title="Fig. 2", labels={vit: "ViT", "ResNet (trained here)": "ResNet"})
     shown = texts(fig)
     heatmap = next(ax for ax in fig.axes if ax.get_label() == "heatmap")
     assert "Fig. 2" in shown and heatmap.get_ylabel() == "ViT layer" and heatmap.get_xlabel() == "ResNet layer"
@@ -216,3 +216,27 @@ async def test_the_apps_export_marks_the_cursor_only_when_the_config_asks(store,
         exported[marks] = json.loads(path.read_text())
     assert drawn == [None, (1, 1)]
     assert exported[False]["selection"]["row"] == exported[True]["selection"]["row"] == 1  # the JSON says where
+
+
+@pytest.mark.parametrize("pretrained", [False, True])
+def test_the_demo_names_its_models_for_what_they_are(tmp_path, monkeypatch, pretrained):
+    from vitsee.tui import demo
+
+    cached = (lambda name: tmp_path / f"{name}.safetensors") if pretrained else (lambda name: None)
+    monkeypatch.setattr("vitsee.models.load.cached_pretrained_file", cached)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    names = list(demo.model_names(demo.choose(folder=tmp_path, device="cpu")).values())
+    if pretrained:
+        assert names == [
+            "ViT-Ti/16 (pretrained)",
+            "ResNet-18 (pretrained)",
+            "ViT-Ti/16 (random init)",
+            "ResNet-18 (random init)",
+        ]
+    else:  # a 4-px-patch, 6-block ViT: not timm's vit_tiny_patch16_224, whose name would mislead
+        assert names == [
+            "ViT (trained here)",
+            "ResNet-18 (trained here)",
+            "ViT (random init)",
+            "ResNet-18 (random init)",
+        ]

@@ -221,21 +221,20 @@ def prepare_trained(choice: DemoChoice, progress, cancel=None, clock: BuildClock
 # what the demo's models are called in every title, axis and legend (engine/store/names.py): the timm names say
 # vit_tiny_patch16_224, but the ViT trained here has 4-px patches and 6 blocks, so its name would mislead anyone
 # who knows timm; a pretrained demo's models are those timm names' own
-TRAINED_NAMES = {"vit": "ViT", "resnet": "ResNet-18"}
+TRAINED_NAMES = {TRAINED_VIT[0]: "ViT", TRAINED_RESNET[0]: "ResNet-18"}
+FAMILY_NAMES = {"vit": "ViT", "resnet": "ResNet", "mixer": "Mixer", "swin": "Swin"}  # another model trained here
 PRETRAINED_NAMES = {DEMO_VIT: "ViT-Ti/16", DEMO_RESNET: "ResNet-18"}
 
 
 def model_names(choice: DemoChoice) -> dict[str, str]:
     """Returns {model spec: display name} of the demo's models: 'ViT (trained here)', 'ViT (random init)' (its
     twin), ...; for a pretrained demo 'ViT-Ti/16 (pretrained)' and its twin 'ViT-Ti/16 (random init)'."""
-    from vitsee.models.load import family_of_name
-
     specs = list(choice.config.models)
     names: dict[str, str] = {}
     if choice.training:
         for runs, word in ((choice.training, "trained here"), (choice.twins, "random init")):
             for cfg in runs:
-                base = TRAINED_NAMES.get(family_of_name(cfg.model), cfg.model)
+                base = trained_name(cfg.model)
                 names[f"{cfg.model}@{cfg.out}"] = f"{base} ({word})"
         return {spec: names[spec] for spec in specs if spec in names}
     bases = dict(zip(specs, [PRETRAINED_NAMES.get(s, s.partition(".")[0]) for s in choice.pretrained]))
@@ -274,11 +273,16 @@ IMAGE_SECONDS = 0.01  # per image and model
 TEST_DIGITS = 359  # the digits the demo holds out of 1,797 (test fraction 0.2, seed 0): what it extracts
 
 
-def training_part(cfg: TrainConfig) -> str:
-    """Returns the words of a training run's part of the build ('training the ViT')."""
+def trained_name(model: str) -> str:
+    """Returns what the demo calls a model it trains ('ViT', 'ResNet-18'; another by its family)."""
     from vitsee.models.load import family_of_name
 
-    return f"training the {TRAINED_NAMES.get(family_of_name(cfg.model), cfg.model)}"
+    return TRAINED_NAMES.get(model) or FAMILY_NAMES.get(family_of_name(model), model)
+
+
+def training_part(cfg: TrainConfig) -> str:
+    """Returns the words of a training run's part of the build ('training the ViT')."""
+    return f"training the {trained_name(cfg.model)}"
 
 
 class BuildClock:

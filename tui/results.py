@@ -53,6 +53,7 @@ class ModelSummary:
     layer_choices: dict[str, list[str]] = field(default_factory=dict)
     heads: int = 0
     name: str = ""  # its display name (engine/store/names.py): what titles, lists and file names call it
+    described: str = ""  # its name and weights in words: 'test_vit (random init), seed 0'
 
     @property
     def shown(self) -> str:
@@ -126,6 +127,7 @@ def read_summary(path: str | Path) -> StoreSummary:
     """Returns the summary of the store at path: its models, and for each whether every registered analysis applies
     to it (the analysis's own reason where not); a missing, corrupt or foreign file is a VitseeError."""
     from vitsee.analyses import REGISTRY
+    from vitsee.analyses.views import named_weights
     from vitsee.store import Store
     from vitsee.store.lock import writer_of
 
@@ -152,6 +154,7 @@ def read_summary(path: str | Path) -> StoreSummary:
                         },
                         heads=int(info.get("num_heads") or 0),
                         name=names[key],
+                        described=named_weights(names[key], info),
                     )
                 )
             cached = sorted({r["analysis"] for r in store.results()})

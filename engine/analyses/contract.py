@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -85,10 +85,18 @@ class AnalysisOption:
     type: type
     help: str
     field: str = ""  # default: the name with '_' for '-'
+    # where a result's params keep the value it sets ('stats.bootstrap': a key inside a key); default: `attr`. A
+    # cached result serves a view asked for with this option only when its params hold the value asked for there
+    param: str = ""
 
     @property
     def attr(self) -> str:
         return self.field or self.name.replace("-", "_")
+
+    @property
+    def path(self) -> str:
+        """Returns where a result's params keep this option's value (dotted)."""
+        return self.param or self.attr
 
 
 @dataclass(frozen=True)
@@ -314,10 +322,17 @@ class Analysis(ABC):
         """Returns the parameters a result of `request` is cached under (its cache key): what it is about and how
         it is estimated. Raises the VitseeError that says why when it cannot be computed."""
 
-    def cached_params(self, store: Store, params: dict) -> dict | None:
+    def cached_params(self, store: Store, params: dict, given: Iterable[str] = ()) -> dict | None:
         """Returns the params of the cached result about the same thing as `params` (its `identity`) that the
-        analysis prefers (`preference`, the newest among equals), whatever settings made it; None when none is."""
-        same = [r for r in store.results(self.name) if all(r["params"].get(k) == params.get(k) for k in self.identity)]
+        analysis prefers (`preference`, the newest among equals), whatever settings made it, except the options
+        `given` (attributes: `max_images`, ...): on those it holds the values `params` hold. None when none is."""
+        paths = [path for attr in given for path in self.option_paths(attr)]
+        same = [
+            r
+            for r in store.results(self.name)
+            if all(r["params"].get(k) == params.get(k) for k in self.identity)
+            and all(param_at(r["params"], p) == param_at(params, p) for p in paths)
+        ]
 
         def preference(r: dict) -> tuple:
             made = r["provenance"]
@@ -325,6 +340,10 @@ class Analysis(ABC):
 
         best = max(same, key=preference, default=None)
         return best["params"] if best else None
+
+    def option_paths(self, attr: str) -> list[str]:
+        """Returns where its results' params keep the value of its option `attr` (none: not its option)."""
+        return [option.path for option in self.options if option.attr == attr]
 
     def run(self, store: Store, request: Request, cfg: AnalyzeConfig, progress: StepFn | None = None) -> Result:
         """Returns the result of `request`: cached, or computed (`compute`) and cached."""
@@ -579,6 +598,16 @@ class View:
         for label, row in zip(self.rows, self.matrix):
             writer.writerow([label, *[("" if not np.isfinite(v) else repr(float(v))) for v in row]])
         return buf.getvalue()
+
+
+def param_at(params: Mapping, path: str):
+    """Returns the value at a dotted path of a result's params ('stats.bootstrap'), None where there is none."""
+    value = params
+    for part in path.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            return None
+        value = value[part]
+    return value
 
 
 def to_jsonable(value):

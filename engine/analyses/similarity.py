@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 from abc import abstractmethod
+from dataclasses import replace
 from collections.abc import Iterator
 from typing import ClassVar
 
@@ -259,11 +260,13 @@ GRAM_OPTIONS = (
         int,
         "bootstrap resamples behind each interval of those measures, at the "
         "--ci level (each recomputes the measure: default 0, none)",
+        param="stats.bootstrap",
     ),
     AnalysisOption(
         "measure-permutations",
         int,
         "permutations behind each p-value of those measures (each recomputes the measure: default 0, none)",
+        param="stats.permutations",
     ),
 )
 # measure parameter -> its check (engine/measures/direct.py), given the parameter, the measure and the image count
@@ -301,8 +304,8 @@ class GramMeasure(LayerMatrix):
     cost = 1
 
     def __init_subclass__(cls, **kwargs) -> None:
-        if cls.__dict__.get("name"):
-            cls.options = (*GRAM_OPTIONS, *cls.parameters.values())
+        if cls.__dict__.get("name"):  # each parameter's option kept under the parameter's name in the params
+            cls.options = (*GRAM_OPTIONS, *(replace(o, param=name) for name, o in cls.parameters.items()))
         super().__init_subclass__(**kwargs)
 
     @property

@@ -35,6 +35,7 @@ __all__ = [
     "view_help",
     "dataset_label",
     "with_names",
+    "named_weights",
 ]
 
 
@@ -76,10 +77,10 @@ def _subtitle(store: Store, models: list[str], names: dict[str, str]) -> str:
     images = f"{store.n_images} images of {dataset_label(store.dataset_spec)}"
     if not models:  # a view of the whole store: its models are the view's rows
         return f"{len(store.models)} models; {images}"
-    return "; ".join(_weights_text(names.get(m, m), store.model_info(m)) for m in models) + f"; {images}"
+    return "; ".join(named_weights(names.get(m, m), store.model_info(m)) for m in models) + f"; {images}"
 
 
-def _weights_text(name: str, info: dict) -> str:
+def named_weights(name: str, info: dict) -> str:
     """Returns a model's name and how its weights came about ('ViT (trained here) on digits (1438 images, 15
     epochs, ...)', 'resnet18 (random init), seed 0'), the name's own word not said twice."""
     w = info["weights"]
@@ -146,15 +147,29 @@ def cached_params(
 
     With cfg given only an exact match serves; with cfg None the cached result about the same thing (the
     analysis's identity: models, layers, images) that the analysis prefers does, whatever settings (batch size,
-    shuffles, seed) made it, the newest first among equals. `options`: values of the analyses' own options
-    (attribute -> value, e.g. {"zoo_measure": "cka"}), which say what the view is of.
+    shuffles, seed) made it, the newest first among equals, if it was made with the `options` given: values of the
+    analyses' own options (attribute -> value, e.g. {"max_images": 64}). An option the view's analysis does not
+    take is a VitseeError: never silently another result than the one asked for.
     """
     request = request_of(store, text)
     analysis = request.analysis
+    check_options(analysis, options or {})
     params = analysis.params(store, request, (cfg or AnalyzeConfig()).with_options(options))
     if cfg is not None:
         return params if store.get_result(request.name, params) is not None else None
-    return analysis.cached_params(store, params)
+    return analysis.cached_params(store, params, given=list(options or {}))
+
+
+def check_options(analysis, options: dict) -> None:
+    """Raises the one-line VitseeError for an option given that the analysis (its views) does not take."""
+    for attr in options:
+        if not analysis.option_paths(attr):
+            takes = [a.name for a in REGISTRY.values() if a.option_paths(attr)]
+            flag = "--" + next((o.name for a in REGISTRY.values() for o in a.options if o.attr == attr), attr)
+            raise VitseeError(
+                f"{flag} is no option of {analysis.name} views (it is one of {', '.join(takes) or 'none'}): "
+                "leave it out, or ask for one of those views"
+            )
 
 
 def compute_view(store: Store, text: str, cfg: AnalyzeConfig, progress=None) -> None:

@@ -310,7 +310,7 @@ class ExplorerScreen(Screen):
             return
         head = f" {self.path.name} \u00b7 {summary.n_images} images of {dataset_label(summary.dataset)} \u00b7 "
         titles = [  # the models by their display names (engine/store/names.py)
-            head + "; ".join(f"{m.shown}: {m.weights}" for m in summary.models),
+            head + "; ".join(m.described or f"{m.shown}: {m.weights}" for m in summary.models),
             head + ", ".join(m.shown for m in summary.models),  # 'test_vit (random init)'
             f" {self.path.name} \u00b7 {summary.n_images} {dataset_label(summary.dataset)} \u00b7 "
             + ", ".join(m.shown for m in summary.models),
