@@ -424,7 +424,7 @@ async def test_the_command_palette_offers_views_models_export_and_zoom(store, tm
             "Export view to PNG + JSON",
             "Toggle zoom",
             "Model A: test_resnet (random init)",
-            "Model B: test_resnet (random)",
+            "Model B: test_resnet (random init)",
             "Open store list",
         ):
             assert wanted in names

@@ -107,3 +107,14 @@ def test_an_option_a_view_does_not_take_is_refused_in_one_line(store, capsys):
     assert "--max-images is no option of cka views (it is one of rbf_cka," in err and err.count("\n") <= 2
     with pytest.raises(vitsee.VitseeError, match="--knn-k is no option of skip views"):
         store.skip(VIT, knn_k=5)
+
+
+def test_a_measure_without_an_interval_says_so_and_how_to_get_one(store, capsys):
+    spec = f"rsa:{VIT}:{RESNET}"  # issue 29, point 8: `RBF CKA 0.7304` with no interval and no word on it
+    bare = store.view(spec, progress=False, measure_bootstrap=0)
+    assert bare.ci_low is None and "no interval: --measure-bootstrap 200 gives one" in bare.summary()
+    code, out, err = run_cli(["show", store.path, spec, "--measure-bootstrap", "0", "--color", "none"], capsys)
+    assert code == 0 and "no interval: --measure-bootstrap 200 gives one" in out, err
+    with_ci = store.view(spec, progress=False, measure_bootstrap=4)
+    assert with_ci.ci_low is not None and "no interval" not in with_ci.summary() and " [" in with_ci.summary()
+    assert "no interval" not in store.cka(VIT, progress=False).summary()  # CKA has its interval

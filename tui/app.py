@@ -84,6 +84,24 @@ class VitseeApp(App):
         if keymap:
             self.set_keymap(keymap)
 
+    def get_line_filters(self):
+        """Textual's filters; with no colour asked for (NO_COLOR, --color none) every colour dropped, not greyed:
+        tui/no_color.py."""
+        filters = list(super().get_line_filters())
+        if self.options.color_mode is ColorMode.NONE:
+            from textual.filter import Monochrome
+
+            filters = [f for f in filters if not isinstance(f, Monochrome)] + [self._colourless]
+        return filters
+
+    @property
+    def _colourless(self):
+        from vitsee.tui.no_color import Colourless
+
+        if not hasattr(self, "_colourless_filter"):
+            self._colourless_filter = Colourless()
+        return self._colourless_filter
+
     def on_mount(self) -> None:
         if self.demo:
             self.open_demo()

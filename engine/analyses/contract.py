@@ -395,6 +395,11 @@ class Analysis(ABC):
         """Returns what `vitsee show` adds to the view's caption ('; ...' per note), '' for nothing."""
         return ""
 
+    def no_interval(self, view: View) -> str:
+        """Returns what to say beside a value of a view that has no interval though the analysis could give one,
+        naming how to get it ('no interval: --measure-bootstrap 200 gives one'); '' where nothing is missing."""
+        return ""
+
     def present(self, view: View) -> np.ndarray | None:
         """Returns the (rows, cols) mask of the cells that hold a value at all (None: every cell); a NaN outside it
         is no non-finite value (a Swin stage's missing heads)."""
@@ -525,6 +530,15 @@ class View:
             text += f"  {label}" if label else ""
         return text
 
+    def interval_or_hint(self, row: int, col: int) -> str:
+        """Returns interval_text, or where the result has no interval that its analysis could give, the words
+        saying so and how to get one ('  no interval: --measure-bootstrap 200 gives one')."""
+        text = self.interval_text(row, col)
+        if text or self.ci_low is not None:
+            return text
+        hint = self.analysis.no_interval(self)
+        return f"  {hint}" if hint else ""
+
     def interval_caption(self) -> str:
         """Returns what the intervals and p-values are, in words ('' without them), for captions and legends."""
         if self.ci_low is None and self.p_value is None:
@@ -640,6 +654,15 @@ def streaming_reason(store: Store, what: str) -> str:
     return (
         f"{store.path} was extracted with --streaming, which keeps no activations, so {what}: "
         "re-extract without --streaming into another store"
+    )
+
+
+def features_reason(key: str, what: str) -> str:
+    """Returns why a model made from another tool's activations (vitsee.from_features) has no `what`: the store
+    holds no model of vitsee's run, whatever its family, and the way out."""
+    return (
+        f"{key} holds another tool's activations (vitsee.from_features), not a model vitsee ran: {what} are "
+        "recorded while vitsee runs the model: extract it with `vitsee extract STORE --model NAME`"
     )
 
 

@@ -198,6 +198,9 @@ class LayerPairMeasure(LayerMatrix):
             **self.measure_params,
         }
 
+    def no_interval(self, view: View) -> str:
+        return "no interval: --measure-bootstrap 200 gives one" if view.ci_low is None else ""
+
     def images(self, params: dict) -> np.ndarray:
         """Returns the sorted indices of the images the measure runs on: all, or a subset seeded by params (the
         subset engine/measures/grams.py draws for the same seed)."""
@@ -377,6 +380,9 @@ class GramMeasure(LayerMatrix):
             "permutations": permutations,
             "seed": int(cfg.seed),
         }
+
+    def no_interval(self, view: View) -> str:
+        return "no interval: --measure-bootstrap 200 gives one" if view.ci_low is None else ""
 
     def images(self, params: dict) -> np.ndarray:
         """Returns the sorted indices of the images the measure runs on (measures_grams.choose_images)."""

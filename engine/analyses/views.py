@@ -49,14 +49,28 @@ def parse_view(text: str) -> tuple[str, list[str]]:
     """Returns (kind, arguments) of a view string."""
     kind, _, rest = text.partition(":")
     if kind not in REGISTRY:
-        raise VitseeError(f"unknown view '{text}': use {view_help()}")
+        raise VitseeError(unknown_view(text))
     args = _split_models(rest) if rest else []
     if not args and REGISTRY[kind].models[0] > 0:  # a view of the whole store (models (0, 0)) names none
-        raise VitseeError(f"view '{text}' names no model: use {view_help()}")
+        raise VitseeError(f"view '{text}' names no model: use {REGISTRY[kind].usage}")
     limit = 2
     if len(args) > limit:
-        raise VitseeError(f"view '{text}' has too many parts: use {view_help()}")
+        raise VitseeError(f"view '{text}' has too many parts: use {REGISTRY[kind].usage}")
     return kind, args
+
+
+def unknown_view(text: str) -> str:
+    """Returns the error for a view string of no registered analysis: the kinds closest to it and all of them, in
+    a line that fits a terminal's width or two (every view's form in full: `vitsee show --help`)."""
+    import difflib
+
+    kind = text.partition(":")[0]
+    close = difflib.get_close_matches(kind, list(REGISTRY), n=2, cutoff=0.5)
+    hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+    return (
+        f"unknown view '{text}'{hint}: a view is KIND:MODEL[:MODEL], KIND one of {', '.join(REGISTRY)}; "
+        "`vitsee show --help` gives each form"
+    )
 
 
 def _split_models(rest: str) -> list[str]:
@@ -123,7 +137,7 @@ def request_of(store: Store, text: str) -> Request:
     analysis = REGISTRY[kind]
     least, most = analysis.models
     if len(args) > 1 and most == 1 and not analysis.takes_layer:
-        raise VitseeError(f"view '{text}' takes one model: use {view_help()}")
+        raise VitseeError(f"view '{text}' takes one model: use {analysis.usage}")
     if len(args) < least:
         raise VitseeError(f"view '{text}' names one model; {kind} names {least}: use {analysis.usage}")
     if args and most == 0 and not analysis.takes_layer:
@@ -197,6 +211,10 @@ def load_view(
     path = Path(path)
     with Store.open(path) as store:
         request = request_of(store, text)
+        # the analysis's own reason first, before its parameters (a model from another tool: there is no model)
+        reason = request.analysis.not_applicable(store, request.keys[0]) if request.keys else None
+        if reason:
+            raise VitseeError(reason)
         names = store.display_names()
         subtitle = _subtitle(store, list(dict.fromkeys(request.keys)), names)
         info = store.model_info(request.keys[0]) if request.keys else {}

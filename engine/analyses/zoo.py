@@ -291,6 +291,13 @@ class ModelZoo(Analysis):
         value_name = f"{SUMMARY_WORDS[params['summary']]} {label}"
         low, high = np.asarray(result["ci_low"], dtype=float), np.asarray(result["ci_high"], dtype=float)
         has_ci = bool(np.isfinite(low).any())
+        interval = str(result["interval"][0])
+        if has_ci and int(result["n_batches"]) == 1:  # every replicate redraws the one batch: no interval at all
+            has_ci, low, high = False, np.full_like(low, np.nan), np.full_like(high, np.nan)
+            interval = (
+                "none: the CKA it summarises has one minibatch of images, nothing to resample "
+                "(a --batch-size under the store's images gives intervals)"
+            )
         correspondences = []
         for i, a in enumerate(models):
             for j, b in enumerate(models):
@@ -307,7 +314,7 @@ class ModelZoo(Analysis):
             "summary": params["summary"],
             "measure": params["measure"],
             "summary_layers": params["summary_layers"],
-            "interval": str(result["interval"][0]),
+            "interval": interval,
             "correspondences": correspondences,
         }
         if has_ci:

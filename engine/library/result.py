@@ -299,7 +299,7 @@ class Result:
             r, c = best
             which = "highest" if view.analysis.higher_is_better else "lowest"  # a distance: the most alike is lowest
             rows, cols = view.name(view.rows[r]), view.name(view.cols[c])  # the zoo's rows are models: their names
-            line += f"; {which} {rows} x {cols} {view.cell_text(r, c)}{view.interval_text(r, c)}"
+            line += f"; {which} {rows} x {cols} {view.cell_text(r, c)}{view.interval_or_hint(r, c)}"
         return line + f"; {view.n_images} images"
 
     def __repr__(self) -> str:

@@ -735,6 +735,8 @@ def _pixel_map(view: View, selection, cmap: Colormap) -> Figure:
     return fig
 
 
+CURVE_MARKERS = ("o", "s", "^", "D", "v", "P")
+CURVE_DASHES = ("-", "--", "-.", ":")
 FAMILY_COLORS = ("#0072b2", "#d55e00", "#009e73", "#cc79a7", "#e69f00", "#56b4e9", "#000000", "#999999")  # Okabe-Ito
 
 
@@ -808,17 +810,26 @@ def _model_matrix(view: View, selection, cmap: Colormap) -> Figure:
     ref = view.rows[reference]
     pairs = {(c["a"], c["b"]): c for c in view.extra.get("correspondences", [])}
     curves.plot([0, 1], [0, 1], ls=":", color="0.6", lw=1, label="same relative depth")
+    drawn: list[tuple[list, list, str]] = []
     for k, i in enumerate(i for i in order if i != reference):
         c = pairs.get((view.rows[i], ref))
         if c is not None:
+            xs, ys = list(c["depth_a"]), list(c["depth_b_path"])
+            # curves that coincide hide one another: each its own dash and marker, the later ones drawn wider
+            # underneath, and the legend says which lies on which
+            under = next((name for x, y, name in drawn if _same_curve(x, y, xs, ys)), None)
+            drawn.append((xs, ys, names[i]))
             curves.plot(
-                c["depth_a"],
-                c["depth_b_path"],
-                marker="o",
-                ms=3,
-                lw=1.4,
-                label=names[i],
+                xs,
+                ys,
+                marker=CURVE_MARKERS[k % len(CURVE_MARKERS)],
+                ms=3 + k,
+                ls=CURVE_DASHES[k % len(CURVE_DASHES)],
+                lw=1.4 + 0.9 * k,
+                zorder=2 - 0.01 * k,
+                label=names[i] + (f" (the same as {under})" if under else ""),
                 color=LINE_COLORS[k % len(LINE_COLORS)] if len(order) <= len(LINE_COLORS) + 1 else None,
+                gid="correspondence",
             )
     curves.set_xlim(-0.02, 1.02)
     curves.set_ylim(-0.02, 1.02)
@@ -833,6 +844,11 @@ def _model_matrix(view: View, selection, cmap: Colormap) -> Figure:
         note += f"; intervals {view.extra.get('interval', 'none')}"
     _caption(fig, view, note)
     return fig
+
+
+def _same_curve(x0, y0, x1, y1) -> bool:
+    """Returns whether two curves are drawn over one another (the same points)."""
+    return len(x0) == len(x1) and np.allclose(x0, x1) and np.allclose(y0, y1)
 
 
 def _measures_agree(view: View, selection, cmap: Colormap) -> Figure:

@@ -75,7 +75,8 @@ def prints_numbers(view: View) -> bool:
 
 def _best_interval(view: View, mode: ColorMode, selection: tuple[int, int] | None) -> list:
     """Returns the line naming the selected (else the best) cell with its interval and p-value, [] without them."""
-    if view.shape not in BEST_CELL or (view.ci_low is None and view.p_value is None):
+    hint = view.analysis.no_interval(view)  # a measure without an interval says so, and how to get one
+    if view.shape not in BEST_CELL or (view.ci_low is None and view.p_value is None and not hint):
         return []  # a table per head and the ratio curves have no "best" cell to speak of
     cell = selection if selection is not None else best_cell(view)
     if cell is None:
@@ -84,9 +85,10 @@ def _best_interval(view: View, mode: ColorMode, selection: tuple[int, int] | Non
     which = "selected" if selection is not None else "best"
     line = (
         f"{which}: {view.name(view.rows[r])} x {view.name(view.cols[c])}  {view.value_name} {_fmt(view.value(r, c))}"
-        f"{view.interval_text(r, c)}"
+        f"{view.interval_or_hint(r, c)}"
     )
-    return [Text(line), Text(view.interval_caption(), style=_style(mode, "dim"))]
+    caption = view.interval_caption()
+    return [Text(line), *([Text(caption, style=_style(mode, "dim"))] if caption else [])]
 
 
 def _heads_by_layer(view: View, mode: ColorMode, cmap: str, width: int, selection=None) -> list:

@@ -854,7 +854,6 @@ class ExplorerScreen(Screen):
 
     def jump_targets(self) -> list:
         """Returns every pane with what it shows for the current models (its view string, or why nothing)."""
-        from vitsee.analyses.views import with_names
         from vitsee.tui.screens.jump import JumpTarget
 
         targets = []
@@ -862,9 +861,20 @@ class ExplorerScreen(Screen):
         for kind, label in VIEW_LABELS.items():
             spec, reason = self.spec_for(kind)
             key = numbers[kind] if kind in numbers else f"{numbers.get(tab_of(kind), '')}m"  # its tab, then m
-            what = with_names(spec, self.summary.names) if spec and self.summary is not None else None
-            targets.append(JumpTarget(kind, key, label, what or reason.splitlines()[0]))
+            targets.append(JumpTarget(kind, key, label, self._shown_spec(spec) if spec else reason.splitlines()[0]))
         return targets
+
+    def _shown_spec(self, spec: str) -> str:
+        """Returns what a view string shows, its models by their display names: 'ViT (trained here) x ResNet-18
+        (trained here)', 'ViT (trained here) blocks.5' (a layer), 'every model' (the zoo)."""
+        from vitsee.analyses.views import parse_view
+
+        names = self.summary.names if self.summary is not None else {}
+        _, args = parse_view(spec)
+        shown = [names.get(a, a) for a in args]
+        models = [s for a, s in zip(args, shown) if a in names]
+        rest = [s for a, s in zip(args, shown) if a not in names]  # a layer
+        return " x ".join(models or ["every model"]) + "".join(f" {r}" for r in rest)
 
     def action_jump(self) -> None:
         from vitsee.tui.screens.jump import JumpScreen
