@@ -625,6 +625,10 @@ async def test_the_demo_trains_its_models_once_in_the_cache_folder_says_trained_
             extracted = [e for e in events if e.stage == "extract"]
             # progress shown while training and building, none on reuse
             assert bool(trained) == bool(extracted) == (attempt == "build")
+            if trained:  # one bar for the whole build: its total fixed, never going back, saying what comes next
+                assert len({e.total for e in trained}) == 1
+                assert [e.done for e in trained] == sorted(e.done for e in trained)
+                assert "then training the ResNet, extracting 4 models" in trained[0].text
             # a later launch opens the store the first one opened without a run screen (its checks come after the
             # first view: they import timm and may wait on the Hub), and the checks find it is still the one
             assert bool(events) == (attempt == "build")
