@@ -120,7 +120,10 @@ class TestViews:
         assert drawn.shape == exported.shape and np.array_equal(drawn, exported)
         heatmap = [ax for ax in fig.axes if ax.get_label() == "heatmap"]
         if spec == CKA_AB:
-            assert heatmap[0].get_ylabel() == f"{VIT} layer" and heatmap[0].get_xlabel() == f"{RESNET} layer"
+            names = store.names  # the models' display names, not their store keys
+            assert (
+                heatmap[0].get_ylabel() == f"{names[VIT]} layer" and heatmap[0].get_xlabel() == f"{names[RESNET]} layer"
+            )
 
     def test_a_selection_by_labels_marks_that_cell(self, store):
         result = store.cka(VIT, RESNET, **FAST)
@@ -147,7 +150,7 @@ class TestViews:
         r, c = np.unravel_index(np.nanargmax(result.values), result.values.shape)
         summary = result.summary()
         assert summary.startswith(
-            f"{CKA_AB}: CKA, 8 x 5; highest {result.rows[r]} x {result.cols[c]} {result.values[r, c]:.4f} ["
+            f"{result.title}: CKA, 8 x 5; highest {result.rows[r]} x {result.cols[c]} {result.values[r, c]:.4f} ["
         ) and summary.endswith("; 48 images")
         assert repr(result) == f"<vitsee.Result {summary}>"
 

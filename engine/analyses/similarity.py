@@ -103,7 +103,7 @@ class LayerMatrix(Analysis):
             name: matrix_block(result, a, b, key=name)[0] for name in ("ci_low", "ci_high", "p_value") if name in result
         }
         extra = {"n_batches": int(result["n_batches"])} if "n_batches" in result else {}
-        title = f"{self.label} {a}" if a == b else f"{self.label} {a} (rows) x {b} (cols)"
+        title = f"{self.label}: {a}" if a == b else f"{self.label}: {a} x {b}"  # rows x columns, as the axes say
         vmin, vmax = self.value_range
         return View(
             self.name,
@@ -202,6 +202,9 @@ class LayerPairMeasure(LayerMatrix):
             **self.measure_params,
         }
 
+    def no_interval(self, view: View) -> str:
+        return "no interval: --measure-bootstrap 200 gives one" if view.ci_low is None else ""
+
     def images(self, params: dict) -> np.ndarray:
         """Returns the sorted indices of the images the measure runs on: all, or a subset seeded by params (the
         subset engine/measures/grams.py draws for the same seed)."""
@@ -264,18 +267,21 @@ GRAM_OPTIONS = (
         int,
         "bootstrap resamples behind each interval of those measures, at the "
         "--ci level (each recomputes the measure: default 0, none)",
+        param="stats.bootstrap",
     ),
     AnalysisOption(
         "measure-permutations",
         int,
         "permutations behind each p-value of those measures (each recomputes the measure: default 0, none)",
+        param="stats.permutations",
     ),
 )
 
 
 def parameter_option(parameter: Parameter) -> AnalysisOption:
     """Returns the `vitsee analyze` option that sets a measure's parameter: --OPTION, its help with its default."""
-    return AnalysisOption(parameter.option, parameter.type, parameter.option_help)
+    # kept under the parameter's name in the params, so a cached result serves only a view asked with its value
+    return AnalysisOption(parameter.option, parameter.type, parameter.option_help, param=parameter.name)
 
 
 class GramMeasure(LayerMatrix):
@@ -379,6 +385,9 @@ class GramMeasure(LayerMatrix):
             "permutations": permutations,
             "seed": int(cfg.seed),
         }
+
+    def no_interval(self, view: View) -> str:
+        return "no interval: --measure-bootstrap 200 gives one" if view.ci_low is None else ""
 
     def images(self, params: dict) -> np.ndarray:
         """Returns the sorted indices of the images the measure runs on (measures_grams.choose_images)."""
