@@ -218,6 +218,49 @@ def run(store_path: Path, n: int, procrustes_full: int, per_pair: bool) -> list[
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# --all-pairs: every measure's matrix as `vitsee analyze --measures all` computes it, timed, saved, compared
+
+
+def all_pairs(store_path: Path, n: int, max_layers: int, save: Path | None, against: Path | None) -> None:
+    """Prints each step's wall time for every measure's (L, L) matrix over up to max_layers layers (spread over the
+    models) of n images; saves the matrices to `save` (.npz) and prints the largest difference from `against`'s."""
+    from vitsee.measures.registry import REGISTRY
+
+    with Store.open(store_path) as store:
+        idx, _ = mg.choose_images(store.n_images, n, seed=0)
+        columns = [(m, layer) for m in store.models for layer in store.layers(m)]
+        if len(columns) > max_layers:
+            columns = [columns[i] for i in np.linspace(0, len(columns) - 1, max_layers).round().astype(int)]
+        feats = [store.activations(m, layer, idx) for m, layer in columns]
+    ref = dict(np.load(against)) if against else {}
+    print(
+        f"\n### {store_path.name}: {len(columns)} layers, n = {len(idx)}, {torch.get_num_threads()} thread(s), "
+        f"load average {os.getloadavg()[0]:.1f}\n"
+    )
+    print("| step | wall s | max abs diff from --against |\n|---|---:|---:|", flush=True)
+    total = 0.0
+    out = {}
+    t0 = time.perf_counter()
+    grams = mg.layer_grams(feats, [f"{m}:{layer}" for m, layer in columns])
+    wall = time.perf_counter() - t0
+    total += wall
+    print(f"| Grams | {wall:.2f} | |", flush=True)
+    for name in REGISTRY:
+        t0 = time.perf_counter()
+        out[name] = mg.pairwise(grams, None, name)
+        wall = time.perf_counter() - t0
+        total += wall
+        diff = f"{np.nanmax(np.abs(out[name] - ref[name])):.1e}" if name in ref else ""
+        if name == "procrustes" and name in ref:  # arccos(1 - rounding) on the diagonal: see --floor
+            off = ~np.eye(len(columns), dtype=bool) & (np.abs(ref[name]) > 1e-6)
+            diff = f"{np.nanmax(np.abs(out[name] - ref[name])[off]):.1e} (angles > 1e-6)"
+        print(f"| {name} | {wall:.2f} | {diff} |", flush=True)
+    print(f"| all | {total:.2f} | |", flush=True)
+    if save:
+        np.savez(save, **out)
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # --floor: each all-pairs step as it runs today against its least-work form (engine/measures/floor.py)
 
 
@@ -568,7 +611,16 @@ def main() -> int:
     ap.add_argument("--no-all-pairs-cka", dest="all_pairs_cka", action="store_false", help="skip pytorch-cka")
     ap.add_argument("--floor", action="store_true", help="each all-pairs step today against its floor (--store)")
     ap.add_argument("--max-layers", type=int, default=12, help="layers of the store --floor takes (spread)")
+    ap.add_argument("--all-pairs", action="store_true", help="every measure's matrix on --store, timed")
+    ap.add_argument("--save", type=Path, help="--all-pairs: save the matrices here (.npz)")
+    ap.add_argument("--against", type=Path, help="--all-pairs: the largest difference from these matrices")
     args = ap.parse_args()
+    if args.all_pairs:
+        set_compute_threads(args.threads)
+        for path in args.store or [BIG]:
+            for n in args.sizes:
+                all_pairs(path, n, args.max_layers, args.save, args.against)
+        return 0
     if args.floor:
         from vitsee.measures.floor import one_thread
 
