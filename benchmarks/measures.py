@@ -267,8 +267,11 @@ def all_pairs(store_path: Path, n: int, max_layers: int, save: Path | None, agai
 def floor_steps(store_path: Path, n: int, max_layers: int) -> None:
     """Prints, for up to max_layers stored layers (spread over the models) of n images of the store, each step's
     time today and at its floor, the speed-up and the largest difference of the values (both on one thread)."""
-    from vitsee.measures import direct as ms
     from vitsee.measures import floor
+    from vitsee.measures import kernels as ms
+    from vitsee.measures.catalog.procrustes import _scaled_basis as scaled_basis
+    from vitsee.measures.catalog.procrustes import angle
+    from vitsee.measures.catalog.svcca import reduction
 
     with Store.open(store_path) as store:
         idx, _ = mg.choose_images(store.n_images, n, seed=0)
@@ -310,7 +313,7 @@ def floor_steps(store_path: Path, n: int, max_layers: int) -> None:
     t0 = time.perf_counter()
     old = mg.pairwise(grams, None, "procrustes")
     t1 = time.perf_counter()
-    bases = [mg._scaled_basis(g, 1.0) for g in grams]
+    bases = [scaled_basis(g, 1.0) for g in grams]
 
     def procrustes_pair(ij):
         i, j = ij
@@ -323,7 +326,7 @@ def floor_steps(store_path: Path, n: int, max_layers: int) -> None:
         sims[i, j] = sims[j, i] = v
         routes[route] += 1
     t2 = time.perf_counter()
-    new = np.vectorize(ms.angle)(sims)
+    new = np.vectorize(angle)(sims)
     # arccos has infinite slope at 1: for a layer and itself, or two identical layers, the angle is arccos(1 - a
     # rounding) ~ 1e-8 either way; the cosines, and the angles of distinct layers, say how close the routes are
     cos_diff = float(np.abs(np.cos(old) - sims).max())
@@ -342,7 +345,7 @@ def floor_steps(store_path: Path, n: int, max_layers: int) -> None:
     t0 = time.perf_counter()
     old = mg.pairwise(grams, None, "svcca")
     t1 = time.perf_counter()
-    reduced = [mg._reduction(g, 0.99)[0] for g in grams]
+    reduced = [reduction(g, 0.99)[0] for g in grams]
 
     def svcca_pair(ij):
         i, j = ij

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -58,13 +59,28 @@ def _blas_controller():
     return _CONTROLLER[0]
 
 
+_DEPTH = [0]  # one_thread() bodies open: inside one (a task worker), the settings are already made
+_DEPTH_LOCK = threading.Lock()
+
+
 @contextlib.contextmanager
 def one_thread() -> Iterator[None]:
-    """Runs the body with torch and the BLAS libraries numpy loaded (OpenBLAS) on one thread each (process-wide)."""
+    """Runs the body with torch and the BLAS libraries numpy loaded (OpenBLAS) on one thread each (process-wide;
+    nested, e.g. in a task of run_tasks, it changes nothing: the settings are made once, by the outermost)."""
     from vitsee.threads import torch_threads
 
-    with _blas_controller().limit(limits=1, user_api="blas"), torch_threads(1):
-        yield
+    with _DEPTH_LOCK:
+        outer = _DEPTH[0] == 0
+        _DEPTH[0] += 1
+    try:
+        if not outer:
+            yield
+            return
+        with _blas_controller().limit(limits=1, user_api="blas"), torch_threads(1):
+            yield
+    finally:
+        with _DEPTH_LOCK:
+            _DEPTH[0] -= 1
 
 
 def on_cpu(t: Any) -> bool:
@@ -86,6 +102,12 @@ def run_tasks(fn: Callable[[Any], Any], items: Sequence[Any], cpu: bool = True) 
             return [fn(item) for item in items]
         with ThreadPoolExecutor(workers, thread_name_prefix="vitsee-measures") as pool:
             return list(pool.map(fn, items))
+
+
+def both(fn: Callable[[Any, str], Any], x: Any, y: Any) -> tuple[Any, Any]:
+    """Returns (fn(x, "x"), fn(y, "y")): a direct function's two sides as two tasks of one thread (run_tasks)."""
+    fx, fy = run_tasks(lambda side: fn(*side), [(x, "x"), (y, "y")], cpu=on_cpu(x))
+    return fx, fy
 
 
 # ----------------------------------------------------------------------------------------------------------------
