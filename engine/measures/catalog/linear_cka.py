@@ -9,11 +9,13 @@ al. 2021), which has intervals of its own; here it is a measure like the others 
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any
 
 import numpy as np
 
+from vitsee.measures import floor
 from vitsee.measures.grams import LayerGrams, check_rows, cka_part, stack_products
 from vitsee.measures.kernels import MIN_DEBIASED, centred, cka_from_grams, feature_pair
 from vitsee.measures.registry import Measure, Parameter
@@ -36,13 +38,15 @@ def linear_cka(x: Any, y: Any, debiased: bool = DEBIASED.default) -> float:
     1.0
     """
     x, y = feature_pair(x, y, "linear_cka", MIN_DEBIASED if debiased else 2)
-    xc, yc = centred(x, "x", "linear_cka"), centred(y, "y", "linear_cka")
+    xc, yc = floor.both(lambda f, name: centred(f, name, "linear_cka"), x, y)
     if xc is None or yc is None:
         return math.nan
     n, dx, dy = xc.shape[0], xc.shape[1], yc.shape[1]
     if debiased or n * n <= dx * dy:  # the (n, n) Grams are the smaller route (and the one the U-statistic needs)
-        return cka_from_grams(xc @ xc.T, yc @ yc.T, debiased)
-    return float((yc.T @ xc).square().sum() / ((xc.T @ xc).norm() * (yc.T @ yc).norm()))
+        kx, ky = floor.both(lambda f, _: floor.symmetric_product(f), xc, yc)  # syrk, one task a side
+        return cka_from_grams(kx, ky, debiased)
+    with floor.one_thread() if floor.on_cpu(xc) else contextlib.nullcontext():
+        return float((yc.T @ xc).square().sum() / ((xc.T @ xc).norm() * (yc.T @ yc).norm()))
 
 
 def pairwise_linear_cka(a: list[LayerGrams], b: list[LayerGrams], debiased: bool) -> np.ndarray:
