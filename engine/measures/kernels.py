@@ -63,7 +63,11 @@ def as_features(a: Any, name: str = "x") -> torch.Tensor:
             f"{name} must be (examples, features...), got shape {tuple(t.shape)}: add a feature axis ({name}[:, None])"
         )
     t = t.to(torch.float64).reshape(t.shape[0], -1)
-    bad = 0 if bool(torch.isfinite(t).all()) else int((~torch.isfinite(t)).sum())
+    # a finite sum has no nan or inf among its terms: one pass of a sum (~1 ms for 500 x 9,408 here), where
+    # isfinite() over every value took 0.4 s on this CPU's torch; only an overflowing sum looks value by value
+    total = t.numpy().sum() if t.device.type == "cpu" else t.sum()  # numpy's: no parallel region to wait in
+    finite = bool(np.isfinite(float(total))) or bool(torch.isfinite(t).all())
+    bad = 0 if finite else int((~torch.isfinite(t)).sum())
     if bad:
         raise VitseeError(
             f"{name} holds {bad} nan/inf values (fp16 overflow?): re-extract the layer in fp32 "
@@ -110,7 +114,9 @@ def warn_constant(name: str, measure: str) -> float:
 
 def centred(x: torch.Tensor, name: str, measure: str) -> torch.Tensor | None:
     """Returns x minus its mean over examples, or None (after a warning) when the examples are all the same."""
-    xc = x - x.mean(dim=0)
+    mu = x.mean(dim=0)
+    # the same IEEE subtraction through numpy on the CPU: 0.24 s in torch against ~0.03 s for 500 x 9,408 here
+    xc = torch.from_numpy(x.numpy() - mu.numpy()) if x.device.type == "cpu" else x - mu
     if is_constant(float(torch.linalg.vector_norm(xc)) ** 2, float(torch.linalg.vector_norm(x)) ** 2):
         warn_constant(name, measure)
         return None
@@ -199,7 +205,10 @@ def squared_distances(gram: torch.Tensor) -> torch.Tensor:
 def normalised_rows(x: torch.Tensor) -> torch.Tensor:
     """Returns x's rows divided by their L2 norms; an all-zero row stays zero (as torch's F.normalize leaves it)."""
     norms = x.norm(dim=-1, keepdim=True)
-    return x / torch.where(norms > 0, norms, torch.ones_like(norms))
+    norms = torch.where(norms > 0, norms, torch.ones_like(norms))
+    if x.device.type == "cpu":  # the same IEEE division through numpy: ~5x torch's on this CPU
+        return torch.from_numpy(x.numpy() / norms.numpy())
+    return x / norms
 
 
 def knn_mask(similarity: torch.Tensor, k: int, ids: torch.Tensor | None = None) -> torch.Tensor:

@@ -74,10 +74,11 @@ def cknna(x: Any, y: Any, k: int = KNN_K.default) -> float:
     kx, ky = floor.both(lambda f, name: cosine_gram(f, name, "cknna"), x, y)
     if kx is None or ky is None:
         return math.nan
-    ix, iy = floor.knn_indices(kx, k), floor.knn_indices(ky, k)
-    mx, my = floor.mask_from_indices(ix, len(kx)), floor.mask_from_indices(iy, len(ky))
-    own = floor.cknna_terms(kx, kx, ix, mx, mx) * floor.cknna_terms(ky, ky, iy, my, my)
-    return floor.cknna_terms(kx, ky, ix, mx, my) / math.sqrt(own) if own > 0 else math.nan
+    with floor.one_thread_on(kx):
+        ix, iy = floor.knn_indices(kx, k), floor.knn_indices(ky, k)
+        mx, my = floor.mask_from_indices(ix, len(kx)), floor.mask_from_indices(iy, len(ky))
+        own = floor.cknna_terms(kx, kx, ix, mx, mx) * floor.cknna_terms(ky, ky, iy, my, my)
+        return floor.cknna_terms(kx, ky, ix, mx, my) / math.sqrt(own) if own > 0 else math.nan
 
 
 def pairwise_cknna(a: list[LayerGrams], b: list[LayerGrams], k: int) -> np.ndarray:

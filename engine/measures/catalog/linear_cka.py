@@ -9,7 +9,6 @@ al. 2021), which has intervals of its own; here it is a measure like the others 
 
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import Any
 
@@ -44,8 +43,9 @@ def linear_cka(x: Any, y: Any, debiased: bool = DEBIASED.default) -> float:
     n, dx, dy = xc.shape[0], xc.shape[1], yc.shape[1]
     if debiased or n * n <= dx * dy:  # the (n, n) Grams are the smaller route (and the one the U-statistic needs)
         kx, ky = floor.both(lambda f, _: floor.symmetric_product(f), xc, yc)  # syrk, one task a side
-        return cka_from_grams(kx, ky, debiased)
-    with floor.one_thread() if floor.on_cpu(xc) else contextlib.nullcontext():
+        with floor.one_thread_on(kx):
+            return cka_from_grams(kx, ky, debiased)
+    with floor.one_thread_on(xc):
         return float((yc.T @ xc).square().sum() / ((xc.T @ xc).norm() * (yc.T @ yc).norm()))
 
 

@@ -50,7 +50,9 @@ def mknn(x: Any, y: Any, k: int = KNN_K.default) -> float:
     kx, ky = floor.both(lambda f, name: cosine_gram(f, name, "mknn"), x, y)
     if kx is None or ky is None:
         return math.nan
-    return floor.mutual_neighbours(floor.knn_indices(kx, k), floor.mask_from_indices(floor.knn_indices(ky, k), len(ky)))
+    with floor.one_thread_on(kx):
+        iy = floor.knn_indices(ky, k)
+        return floor.mutual_neighbours(floor.knn_indices(kx, k), floor.mask_from_indices(iy, len(ky)))
 
 
 def pairwise_mknn(a: list[LayerGrams], b: list[LayerGrams], k: int) -> np.ndarray:

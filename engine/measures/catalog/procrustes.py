@@ -12,7 +12,6 @@ A distance: low means alike, and its permutation p-value asks whether the layers
 
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import Any
 
@@ -95,7 +94,7 @@ def procrustes(x: Any, y: Any, alpha: float = ALPHA.default) -> float:
         return math.nan
     ax = px[0] * whitened_scales(px[1], alpha)  # (n, rx): U diag(scale), the whitened X up to a rotation
     ay = py[0] * whitened_scales(py[1], alpha)
-    with floor.one_thread() if floor.on_cpu(ax) else contextlib.nullcontext():
+    with floor.one_thread_on(ax):
         m = ax.T @ ay  # graded at alpha = 1 (floor.nuclear_norm): U's columns come by descending variance
         return angle(floor.nuclear_norm(m, graded=alpha == 1.0) / float(ax.norm() * ay.norm()))
 
@@ -109,7 +108,7 @@ def _procrustes_narrow(x: torch.Tensor, y: torch.Tensor) -> float:
     xc, yc = centred(x, "x", "procrustes"), centred(y, "y", "procrustes")
     if xc is None or yc is None:
         return math.nan
-    with floor.one_thread() if floor.on_cpu(xc) else contextlib.nullcontext():
+    with floor.one_thread_on(xc):
         if floor.on_cpu(xc):
             xc, yc = xc.numpy(), yc.numpy()
             return angle(floor.nuclear_norm(xc.T @ yc) / float(np.linalg.norm(xc) * np.linalg.norm(yc)))

@@ -11,7 +11,6 @@ translations and isotropic scales. The SVD step, CCA and the loop over pairs are
 
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import Any
 
@@ -55,7 +54,7 @@ def pwcca(x: Any, y: Any, keep: float = KEEP.default) -> float:
     rx, ry = floor.both(lambda f, name: reduced(f, name, "pwcca", keep), x, y)
     if rx is None or ry is None:
         return math.nan
-    with floor.one_thread() if floor.on_cpu(rx[0]) else contextlib.nullcontext():
+    with floor.one_thread_on(rx[0]):
         rho, a = canonical_correlations(rx[0], ry[0])
     return pwcca_from_basis(rho, a, rx[1])
 

@@ -92,7 +92,8 @@ def rbf_cka(x: Any, y: Any, threshold: float = THRESHOLD.default, debiased: bool
     kx, ky = floor.both(kernel, x, y)
     if kx is None or ky is None:
         return math.nan
-    return cka_from_grams(kx, ky, debiased)
+    with floor.one_thread_on(kx):
+        return cka_from_grams(kx, ky, debiased)
 
 
 def pairwise_rbf_cka(a: list[LayerGrams], b: list[LayerGrams], threshold: float, debiased: bool) -> np.ndarray:

@@ -10,7 +10,6 @@ the feature space (the correlation distance centres each image over its features
 
 from __future__ import annotations
 
-import contextlib
 import math
 import warnings
 from typing import Any
@@ -58,7 +57,7 @@ def rsa(x: Any, y: Any) -> float:
     1.0
     """
     x, y = feature_pair(x, y, "rsa", 3)
-    with floor.one_thread() if floor.on_cpu(x) else contextlib.nullcontext():
+    with floor.one_thread_on(x):
         return _rsa(x, y)
 
 

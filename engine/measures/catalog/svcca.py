@@ -11,7 +11,6 @@ step, CCA and the loop over pairs here serve PWCCA (pwcca.py) too.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Callable
 from typing import Any
@@ -152,7 +151,7 @@ def svcca(x: Any, y: Any, keep: float = KEEP.default) -> float:
     rx, ry = floor.both(lambda f, name: reduced(f, name, "svcca", keep), x, y)
     if rx is None or ry is None:
         return math.nan
-    with floor.one_thread() if floor.on_cpu(rx[0]) else contextlib.nullcontext():
+    with floor.one_thread_on(rx[0]):
         return floor.nuclear_norm(rx[0].T @ ry[0]) / min(rx[0].shape[1], ry[0].shape[1])  # the mean of rho
 
 
