@@ -130,3 +130,25 @@ def test_tasks_give_the_same_bits_on_one_worker_and_two(monkeypatch):
         runs.append(floor.run_tasks(task, mats))
     for (ev1, nn1), (ev2, nn2) in zip(*runs):
         assert np.array_equal(ev1, ev2) and nn1 == nn2
+
+
+def _every_measure_at(workers: int, layers: list[np.ndarray], monkeypatch) -> dict[str, np.ndarray]:
+    import vitsee.threads as threads
+    from vitsee.measures import grams as mg
+    from vitsee.measures.registry import REGISTRY
+
+    monkeypatch.setattr(threads, "_TASK_WORKERS", [workers])
+    with threads.torch_threads(workers):
+        grams = mg.layer_grams(layers)
+        return {name: mg.pairwise(grams, None, name) for name in REGISTRY}
+
+
+def test_every_measure_gives_the_same_bits_on_one_thread_and_two(monkeypatch):
+    # big enough that torch splits a reduction over two threads (its grain is 32,768 values): the Grams, spectra,
+    # pairs and the steps between them each run on one thread, shared out as tasks
+    rng = np.random.default_rng(3)
+    base = rng.normal(size=(260, 40))
+    layers = [np.tanh(base @ rng.normal(size=(40, d)) + 0.3 * rng.normal(size=(260, d))) for d in (30, 120, 300, 50)]
+    one, two = (_every_measure_at(w, layers, monkeypatch) for w in (1, 2))
+    for name in one:
+        assert np.array_equal(one[name], two[name], equal_nan=True), name

@@ -3,12 +3,18 @@ thread count.
 
 | step                        | before                                | here                                       |
 |-----------------------------|---------------------------------------|--------------------------------------------|
-| symmetric product X X'      | torch mm (MKL dgemm), 2 n^2 D flops   | numpy (OpenBLAS dsyrk): half of them        |
-| eigenvalues, eigenvectors   | torch (MKL dsyevd)                    | numpy (OpenBLAS dsyevd)                     |
+| symmetric product X X'      | torch mm (MKL dgemm), 2 n^2 D flops   | numpy (OpenBLAS dsyrk): half of them (*)   |
+| eigenvalues, eigenvectors   | torch (MKL dsyevd)                    | numpy (OpenBLAS dsyevd) (*)                |
 | nuclear norm of M (a x b)   | svdvals, padded to the widest rank    | sqrt(eigvalsh(M M')), smaller side          |
 | each row's k neighbours     | a full sort of every row, n^2 log n   | topk, n^2, ties to the lower index          |
 | CKNNA's HSIC of a pair      | dense n x n masks, several passes     | the k neighbours of each row, O(n k)        |
 | mutual kNN of a pair        | a product of flattened n x n masks    | the k neighbours of each row, O(n k)        |
+
+(*) In the direct functions only. A layer's Gram and spectrum in grams.LayerGrams stay torch's product and eigh (on
+one thread): numpy's other rounding moved stored values past issue 32's bar of 1e-12 where a measure is not
+determined to that precision by its inputs -- RSA by 5.6e-7 on collapsed layers (RDM entries 1 - r, r ~ 1, reorder)
+and PWCCA by 9.3e-4 where two layers share directions (canonical correlations of 1, repeated: its weights depend on
+which basis of that eigenspace LAPACK returns).
 
 Why the backend: on this project's CPU (2 shared cores, AVX-512), numpy's OpenBLAS ran X X' 2.0-2.9x faster than
 torch's MKL (numpy calls syrk for x @ x.T), eigvalsh 1.0-1.9x and eigh 1.3x (benchmarks/README.md "The measures
@@ -107,8 +113,14 @@ def run_tasks(fn: Callable[[Any], Any], items: Sequence[Any], cpu: bool = True) 
     with one_thread():
         if workers <= 1:
             return [fn(item) for item in items]
-        with ThreadPoolExecutor(workers, thread_name_prefix="vitsee-measures") as pool:
+        # torch.set_num_threads reaches OpenMP per thread: a new worker would run torch's reductions on every core
+        with ThreadPoolExecutor(workers, thread_name_prefix="vitsee-measures", initializer=_one_torch_thread) as pool:
             return list(pool.map(fn, items))
+
+
+def _one_torch_thread() -> None:
+    """Sets a task worker's own OpenMP thread count (torch's reductions, MKL) to one."""
+    torch.set_num_threads(1)
 
 
 def both(fn: Callable[[Any, str], Any], x: Any, y: Any) -> tuple[Any, Any]:

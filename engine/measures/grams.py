@@ -397,7 +397,9 @@ def pairwise(grams_a: Sequence[LayerGrams], grams_b: Sequence[LayerGrams] | None
             warnings.warn(
                 f"{g.name or 'a layer'} does not vary across examples (zero variance): its {name} is nan", stacklevel=2
             )
-    with warnings.catch_warnings():
+    # one thread on the CPU, the work shared out as tasks (floor.run_tasks): the same bits at any --threads (torch's
+    # 2-thread reductions moved linear and RBF CKA by 1e-16 and PWCCA by 2.2e-14 between --threads 1 and 2)
+    with warnings.catch_warnings(), floor.one_thread_on(a[0].gram):
         warnings.simplefilter("ignore")  # said once per layer above
         return m.pairwise(a, b, **{**m.defaults, **params})
 
