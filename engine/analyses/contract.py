@@ -432,6 +432,33 @@ class View:
     ci_high: np.ndarray | None = None
     p_value: np.ndarray | None = None
 
+    @classmethod
+    def of(
+        cls,
+        request: Request,
+        *,
+        title: str,
+        matrix: np.ndarray,
+        rows: list[str],
+        cols: list[str],
+        value_name: str,
+        **fields,
+    ) -> View:
+        """Returns the view of `request` (its analysis and view string), its other fields by keyword: what an
+        analysis's `view` builds. The store's subtitle (weights, images) and its number of images are the store's to
+        add (views.load_view)."""
+        return cls(
+            kind=request.name,
+            spec=request.spec,
+            title=title,
+            subtitle="",
+            matrix=matrix,
+            rows=rows,
+            cols=cols,
+            value_name=value_name,
+            **fields,
+        )
+
     @property
     def analysis(self) -> Analysis:
         """Returns the registered analysis the view is of."""
