@@ -3,10 +3,11 @@ to show, the body, and the selection (the cell an export marks and the status li
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+import numpy as np
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.geometry import Region
@@ -206,6 +207,46 @@ class HeatmapPane(ViewPane):
     def heatmap(self) -> Heatmap | None:
         found = self.query(Heatmap)
         return found.first() if found else None
+
+    def show_matrix(
+        self,
+        matrix: np.ndarray,
+        rows: Sequence[str],
+        cols: Sequence[str],
+        *,
+        vmin: float | None,
+        vmax: float | None,
+        value_name: str,
+        nonfinite: np.ndarray | None = None,
+        nonfinite_text: Callable[[int, int], str] | None = None,
+        first: bool = False,
+        **looks,
+    ) -> Heatmap:
+        """Returns the pane's heatmap drawing `matrix`: mounted into the body the first time (`first`: above what the
+        body holds already), then given the new numbers, scale and colours (its cursor stays). `looks`: the
+        Heatmap's other keywords (label_chars)."""
+        heatmap = self.heatmap
+        if heatmap is None:
+            heatmap = Heatmap(
+                matrix,
+                rows,
+                cols,
+                vmin=vmin,
+                vmax=vmax,
+                cmap=self.cmap,
+                color_mode=self.color_mode,
+                value_name=value_name,
+                id=f"{self.kind}-heatmap",
+                nonfinite=nonfinite,
+                nonfinite_text=nonfinite_text,
+                **looks,
+            )
+            self.query_one(".pane--body").mount(heatmap, before=0 if first else None)
+            return heatmap
+        heatmap.set_cmap(self.cmap)
+        heatmap.set_scale(vmin, vmax, value_name)  # a pane's view may change what it measures (the zoo's `m`)
+        heatmap.set_data(matrix, rows, cols, nonfinite=nonfinite, nonfinite_text=nonfinite_text)
+        return heatmap
 
     def main_widget(self) -> Widget | None:
         return self.heatmap
