@@ -372,3 +372,29 @@ def test_a_layer_outside_every_block_has_no_head_distances_or_skip_ratios(store)
         ]
         section = section_of(REGISTRY["skip"], VIT, layer, skip)
         assert not section.available and section.lines == [f"{layer} has no residual sublayer"]
+
+
+async def test_the_search_lists_what_it_counts_model_b_columns_and_models_included(store, tmp_path):
+    """Issue 29 (6): `/layer3` said `2 matches (Enter)` over an empty list (the matches were model B's column layers,
+    the list showed model A's rows only), and `/resnet` said `no match in this view` beside the model it listed."""
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, view_shown("cka"))
+        screen = app.screen
+        view = screen.pane("cka").view
+        await pilot.press("slash", *"layer3")
+        columns = [c for c in view.cols if "layer3" in c]
+        assert columns and side_list(app) == [f"{c} (B)" for c in columns]
+        many = "es" if len(columns) > 1 else ""
+        assert str(screen.query_one("#search-count").render()) == f"{len(columns)} match{many} (Enter)"
+        # picking a listed column moves the cursor along its row to that column
+        option_list = screen.query_one("#layers")
+        option_list.focus()
+        option_list.highlighted = len(columns) - 1
+        await pilot.press("enter")
+        await pilot.pause()
+        assert screen.query_one("#cka-heatmap", Heatmap).cursor[1] == view.cols.index(columns[-1])
+        await pilot.press("slash", *"resnet")
+        assert side_list(app) == ["model test_resnet (random)"]
+        count = str(screen.query_one("#search-count").render())
+        assert count == "1 model, no layer" and "no match" not in count

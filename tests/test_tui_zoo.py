@@ -222,3 +222,23 @@ async def test_m_keeps_the_cursor_on_the_same_pair_of_models_when_the_next_measu
         await settle(pilot, lambda a: pane.view is not None and pane.view.params["measure"] == "procrustes")
         assert pane.selection == pair and status(app).split("  ")[0] == before
         assert pane.heatmap.cursor == (procrustes_order.index(pair[0]), procrustes_order.index(pair[1]))
+
+
+async def test_a_view_refused_while_another_writer_holds_the_store_is_read_once_it_lets_go(store, tmp_path):
+    """Issue 29 (7): the Zoo tab kept "store is being written by process ... (vitsee analyze)" 5, 15 and 30 s after
+    the writer ended, until one left the tab and came back. The explorer watches the lock and reads the view again."""
+    from vitsee.store import Store, WriteLock, copy_store
+
+    path = copy_store(store, tmp_path / "tiny.h5")  # CKA cached, no zoo: the tab computes it, under the store's lock
+    writer = WriteLock(path, "vitsee analyze")  # as another process's analysis holds it
+    app = make_app(path, tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, view_shown("cka"))
+        await pilot.press(ZOO_KEY)
+        await settle(pilot, lambda a: "is being written by" in status(a) and a.screen.kind == "zoo")
+        assert app.screen.pane("zoo").loaded is None
+        writer.release()
+        await settle(pilot, view_shown("zoo"), timeout=30, idle=False)
+        assert app.screen.pane("zoo").loaded.computed and "being written" not in status(app)
+    with Store.open(path) as s:
+        assert s.results("zoo")
