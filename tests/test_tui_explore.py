@@ -398,3 +398,22 @@ async def test_the_search_lists_what_it_counts_model_b_columns_and_models_includ
         assert side_list(app) == ["model test_resnet (random)"]
         count = str(screen.query_one("#search-count").render())
         assert count == "1 model, no layer" and "no match" not in count
+
+
+async def test_every_dossier_line_wraps_inside_its_box_at_80_columns(store, tmp_path):
+    """Issue 29 (10): a dossier line ("95% bootstrap interval over 2 minibatches of images (rough: under 10 ...") ran
+    past the box's edge, cut, instead of wrapping."""
+    from vitsee.tui.screens.dossier import DossierScreen
+
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, view_shown("cka"))
+        await pilot.press("d")
+        await settle(pilot, lambda a: isinstance(a.screen, DossierScreen) and a.screen.dossier is not None)
+        labels = [label for section in app.screen.query("DossierSection") for label in section.query("Label")]
+        long = [label for label in labels if len(str(label.render())) > labels[0].parent.content_size.width]
+        assert long  # the cell's caption at least is longer than the box is wide
+        for label in labels:
+            assert label.outer_size.width <= label.parent.content_size.width, str(label.render())
+        for label in long:
+            assert label.outer_size.height > 1  # wrapped onto more lines, nothing cut

@@ -107,6 +107,7 @@ class DossierScreen(ModalScreen[OpenView | None]):
         & #dossier-body { height: 1fr; }
         & DossierSection { height: auto; padding: 0 1; margin-bottom: 1; border-left: blank; }
         & DossierSection:focus { border-left: thick $accent; background: $boost; }
+        & DossierSection > Label { width: 1fr; }  /* a long line wraps inside the box instead of running past it */
         & DossierSection > .section--title { text-style: bold; }
         & DossierSection.-missing > .section--lines { color: $text-muted; }
         & DossierSection LinePlot { height: 6; }

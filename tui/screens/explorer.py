@@ -75,6 +75,7 @@ class ExplorerScreen(Screen):
         & #explorer-body { height: 1fr; }
         & #main { width: 1fr; height: 1fr; }
         &.-narrow SidePanel { width: 22; }
+        & ToastRack { margin-bottom: 2; }  /* above the status line and the footer, not over the line's end */
     }
     """
 
