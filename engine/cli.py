@@ -264,8 +264,10 @@ def _precheck_extract(store: Path, specs: list[str], dataset: str, files: list[P
     for spec in specs:
         precheck_spec(spec)
     for path in files:
+        if not path.exists():
+            raise VitseeError(f"--models-from {path} does not exist: give a file with one model spec per line")
         if not path.is_file():
-            raise VitseeError(f"--models-from {path} is not a file: check the path (one model spec per line)")
+            raise VitseeError(f"--models-from {path} is not a file: give a file with one model spec per line")
     if specs or files:  # without models a run resumes the store's recorded dataset
         check_dataset_spec(dataset)
     if not store.expanduser().parent.is_dir():

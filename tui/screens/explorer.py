@@ -312,8 +312,7 @@ class ExplorerScreen(Screen):
         titles = [  # the models by their display names (engine/store/names.py)
             head + "; ".join(m.described or f"{m.shown}: {m.weights}" for m in summary.models),
             head + ", ".join(m.shown for m in summary.models),  # 'test_vit (random init)'
-            f" {self.path.name} \u00b7 {summary.n_images} {dataset_label(summary.dataset)} \u00b7 "
-            + ", ".join(m.shown for m in summary.models),
+            f" {self.path.name} \u00b7 {summary.n_images} images \u00b7 " + ", ".join(m.shown for m in summary.models),
         ]
         room = self.size.width - 2  # the bar's padding
         # none fits (a long dataset path): the full title, cut at the end, as before
