@@ -36,9 +36,10 @@ from vitsee.tui.screens.start import STORE_BINDINGS
 from vitsee.tui.widgets.caching_bar import CachingBar
 from vitsee.tui.widgets.exporter import EXPORT_BINDING, Exporter
 from vitsee.tui.widgets.measure_switcher import MEASURE_BINDING, MeasureSwitcher
+from vitsee.tui.widgets.namer import ModelNamer
 from vitsee.tui.widgets.panes import KINDS, TAB_LABELS, VIEW_LABELS, analysis_of, tab_of, view_bindings
 from vitsee.tui.widgets.search_box import SEARCH_BINDINGS, SearchBox
-from vitsee.tui.widgets.side_panel import MODEL_BINDINGS, PANEL_BINDING, SidePanel
+from vitsee.tui.widgets.side_panel import MODEL_BINDINGS, PANEL_BINDING, SidePanel, next_models
 from vitsee.tui.widgets.status_line import StatusLine
 from vitsee.tui.widgets.store_watch import StoreWatch
 from vitsee.tui.widgets.title_bar import TitleBar
@@ -135,6 +136,7 @@ class ExplorerScreen(Screen):
         yield Footer()
         yield MeasureSwitcher(self.path)
         yield Exporter(self.options)
+        yield ModelNamer(self.path)
         yield StoreWatch(self.path, self.POLL_SECONDS)
 
     def on_mount(self) -> None:
@@ -358,7 +360,8 @@ class ExplorerScreen(Screen):
         self.query_one(SearchBox).step(step)
 
     def action_jump(self) -> None:
-        self.app.push_screen(JumpScreen(jump_targets(self.spec_for), self.kind), lambda to: to and self.show_view(to))
+        targets = jump_targets(self.spec_for, self.summary.names if self.summary else {})
+        self.app.push_screen(JumpScreen(targets, self.kind), lambda to: to and self.show_view(to))
 
     def action_cycle_measure(self) -> None:
         self.query_one(MeasureSwitcher).cycle(self.pane(), lambda kind: self.spec_for(kind)[0], self.panes.views)
@@ -373,9 +376,33 @@ class ExplorerScreen(Screen):
     def action_export(self) -> None:
         self.query_one(Exporter).export(self.pane())
 
+    def action_name_model(self) -> None:
+        """Asks for a display name for model A (the command palette's "Name model A"), kept in the store."""
+        if self.summary is not None and self.model_a is not None:
+            self.query_one(ModelNamer).ask(self.model_a, self.summary.names.get(self.model_a, self.model_a))
+
+    def on_model_namer_renamed(self, message: ModelNamer.Renamed) -> None:
+        """Gives the views already read the model's new name, shows the current one again, rereads the summary."""
+        from vitsee.analyses.views import with_names
+
+        key, old, shown = message.key, message.old, message.shown
+        loaded = [*self.panes.views.values(), *(self.pane(kind).loaded for kind in KINDS)]
+        for view in {id(item.view): item.view for item in loaded if item is not None}.values():
+            if key in view.names:
+                view.names = {**view.names, key: shown}
+                view.title, view.subtitle = (
+                    with_names(view.title, {old: shown}),
+                    with_names(view.subtitle, {old: shown}),
+                )
+        self.notify(f"{key} is now called {shown!r}", title="name", timeout=6)
+        self.query_one(StoreWatch).read()
+        pane = self.pane()
+        if pane.loaded is not None:
+            pane.show(pane.loaded)
+
     def action_cycle_model(self, which: str) -> None:
         if self.summary is not None and self.summary.models:
-            self.query_one(SidePanel).next_model(which, self.summary.keys)
+            self.models = next_models(which, self.summary.keys, *self.models)
             if which == "b" and analysis_of(self.kind).models[1] < 2:  # a view of A alone: the first of two models
                 self.show_view(next(k for k in KINDS if analysis_of(k).models[1] > 1))
 

@@ -34,9 +34,9 @@ class JumpTarget:
     what: str  # 'cka:vit:resnet' or the sentence the pane would show instead
 
 
-def jump_targets(spec_for: Callable[[str], tuple[str | None, str]]) -> list[JumpTarget]:
+def jump_targets(spec_for: Callable[[str], tuple[str | None, str]], names: dict[str, str]) -> list[JumpTarget]:
     """Returns every pane with what it shows for the current models: `spec_for(kind)` is (its view string, '') or
-    (None, why nothing), as the explorer has them."""
+    (None, why nothing), as the explorer has them; `names` the models' display names by store key."""
     from vitsee.tui.widgets.panes import TAB_LABELS, VIEW_LABELS, tab_of
 
     targets = []
@@ -44,8 +44,20 @@ def jump_targets(spec_for: Callable[[str], tuple[str | None, str]]) -> list[Jump
     for kind, label in VIEW_LABELS.items():
         spec, reason = spec_for(kind)
         key = numbers[kind] if kind in numbers else f"{numbers.get(tab_of(kind), '')}m"  # its tab, then m
-        targets.append(JumpTarget(kind, key, label, spec or reason.splitlines()[0]))
+        targets.append(JumpTarget(kind, key, label, shown_spec(spec, names) if spec else reason.splitlines()[0]))
     return targets
+
+
+def shown_spec(spec: str, names: dict[str, str]) -> str:
+    """Returns what a view string shows, its models by their display names: 'ViT (trained here) x ResNet-18
+    (trained here)', 'ViT (trained here) blocks.5' (a layer), 'every model' (the zoo)."""
+    from vitsee.analyses.views import parse_view
+
+    _, args = parse_view(spec)
+    shown = [names.get(a, a) for a in args]
+    models = [s for a, s in zip(args, shown) if a in names]
+    rest = [s for a, s in zip(args, shown) if a not in names]  # a layer
+    return " x ".join(models or ["every model"]) + "".join(f" {r}" for r in rest)
 
 
 class JumpScreen(ModalScreen[str | None]):

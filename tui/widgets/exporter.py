@@ -27,7 +27,8 @@ EXPORT_BINDING = Binding(
     "export",
     "Export",
     id="explorer.export",
-    tooltip="Export the view to PNG and JSON in the export folder, the selection marked",
+    tooltip="Export the view to PNG and JSON in the export folder (the cursor's cell marked with "
+    "export_marks = true in the config file)",
 )
 
 
@@ -51,7 +52,10 @@ class Exporter(Widget):
     @work(thread=True, group="export", exit_on_error=False)
     def _export(self, view: View, selection: tuple[int, int] | None, cmap: str) -> None:
         try:
-            json_path, png_path, note = export_view(view, self.options.export_dir, selection, cmap)
+            # a paper's figure has no cursor: the PNG marks the cell only when the config asks (export_marks)
+            json_path, png_path, note = export_view(
+                view, self.options.export_dir, selection, cmap, marks=self.options.export_marks
+            )
         except VitseeError as exc:
             self.app.call_from_thread(self.notify, str(exc), severity="error", timeout=8)
             return

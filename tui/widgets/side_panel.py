@@ -56,6 +56,19 @@ def model_label(key: str, width: int = 22) -> str:
     return base
 
 
+def next_models(which: str, keys: list[str], a: str | None, b: str | None) -> tuple[str | None, str | None]:
+    """Returns (A, B) with the next of the store's models as model A (which 'a'), or as model B: 'same as A' (None),
+    then the models other than A (A itself by name would show the same matrix again). The explorer sets them as its
+    models, which puts them in the panel: picking through the Selects would post a change that a view key pressed at
+    once (a, then 1) overtook with the models before."""
+    if which == "a":
+        current = keys.index(a) if a in keys else -1
+        return keys[(current + 1) % len(keys)], b
+    choices: list[str | None] = [None, *(k for k in keys if k != a)]
+    current = choices.index(b) if b in choices else 0
+    return a, choices[(current + 1) % len(choices)]
+
+
 class SidePanel(Vertical):
     """Model A, model B (CKA columns) and the layers of the current view."""
 
@@ -92,7 +105,7 @@ class SidePanel(Vertical):
 
     def set_models(self, summary: StoreSummary, model_a: str | None = None, model_b: str | None = None) -> None:
         """Offer the store's models and show the picked A and B (B on 'same as A' when it is None)."""
-        labels = [model_label(m.key) for m in summary.models]
+        labels = [m.name or model_label(m.key) for m in summary.models]  # the display names
         if len(set(labels)) < len(labels):  # two read alike (a model and its twin from weights files): tell them apart
             from vitsee.output.labels import model_labels
 
@@ -125,18 +138,6 @@ class SidePanel(Vertical):
             self.query_one("#model-a", Select).value = model_a
         if model_b is not None or same:
             self.query_one("#model-b", Select).value = SAME_AS_A if same else model_b
-
-    def next_model(self, which: str, keys: list[str]) -> None:
-        """Picks the next of the store's models as model A (which 'a'), or as model B: 'same as A', then the models
-        other than A (A itself by name would show the same matrix again)."""
-        if which == "a":
-            current = keys.index(self.model_a) if self.model_a in keys else -1
-            self.pick(model_a=keys[(current + 1) % len(keys)])
-            return
-        choices: list[str | None] = [None, *(k for k in keys if k != self.model_a)]
-        current = choices.index(self.model_b) if self.model_b in choices else 0
-        nxt = choices[(current + 1) % len(choices)]
-        self.pick(model_b=nxt, same=nxt is None)
 
     def on_select_changed(self, event: Select.Changed) -> None:
         event.stop()

@@ -7,18 +7,18 @@ from pathlib import Path
 from textual.widgets import Label
 
 from vitsee.tui.results import StoreSummary
-from vitsee.tui.widgets.side_panel import model_label
 
 
 def title_forms(path: Path, summary: StoreSummary) -> list[str]:
     """Returns the title from the longest form to the shortest: every model's weights in full, else in a word, else
-    the model names alone."""
-    head = f" {path.name} \u00b7 {summary.n_images} images of {summary.dataset} \u00b7 "
+    the model names alone (the models by their display names, engine/store/names.py)."""
+    from vitsee.analyses.views import dataset_label
+
+    head = f" {path.name} \u00b7 {summary.n_images} images of {dataset_label(summary.dataset)} \u00b7 "
     return [
-        head + "; ".join(f"{model_label(m.key, width=0)}: {m.weights}" for m in summary.models),
-        head + ", ".join(model_label(m.key, width=200) for m in summary.models),  # 'test_vit (random)'
-        f" {path.name} \u00b7 {summary.n_images} {summary.dataset} \u00b7 "
-        + ", ".join(model_label(m.key, width=0) for m in summary.models),
+        head + "; ".join(m.described or f"{m.shown}: {m.weights}" for m in summary.models),
+        head + ", ".join(m.shown for m in summary.models),  # 'test_vit (random init)'
+        f" {path.name} \u00b7 {summary.n_images} images \u00b7 " + ", ".join(m.shown for m in summary.models),
     ]
 
 
