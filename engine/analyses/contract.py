@@ -459,6 +459,33 @@ class View:
     # them; the keys stay in `models`, `rows` (the zoo's) and the JSON
     names: dict[str, str] = field(default_factory=dict)
 
+    @classmethod
+    def of(
+        cls,
+        request: Request,
+        *,
+        title: str,
+        matrix: np.ndarray,
+        rows: list[str],
+        cols: list[str],
+        value_name: str,
+        **fields,
+    ) -> View:
+        """Returns the view of `request` (its analysis and view string), its other fields by keyword: what an
+        analysis's `view` builds. The store's subtitle (weights, images) and its number of images are the store's to
+        add (views.load_view)."""
+        return cls(
+            kind=request.name,
+            spec=request.spec,
+            title=title,
+            subtitle="",
+            matrix=matrix,
+            rows=rows,
+            cols=cols,
+            value_name=value_name,
+            **fields,
+        )
+
     @property
     def analysis(self) -> Analysis:
         """Returns the registered analysis the view is of."""

@@ -105,17 +105,15 @@ class LayerMatrix(Analysis):
         extra = {"n_batches": int(result["n_batches"])} if "n_batches" in result else {}
         title = f"{self.label}: {a}" if a == b else f"{self.label}: {a} x {b}"  # rows x columns, as the axes say
         vmin, vmax = self.value_range
-        return View(
-            self.name,
-            "",
-            title,
-            "",
-            matrix,
-            rows,
-            cols,
-            self.value_name or self.label,
-            vmin,
-            vmax,
+        return View.of(
+            request,
+            title=title,
+            matrix=matrix,
+            rows=rows,
+            cols=cols,
+            value_name=self.value_name or self.label,
+            vmin=vmin,
+            vmax=vmax,
             params=params,
             extra=extra,
             models=[a, b],

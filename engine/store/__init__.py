@@ -110,7 +110,7 @@ from vitsee.store.layout import (
     versions,
     write_images,
 )
-from vitsee.store.lock import WriteLock, pid_alive, sidecar_dir
+from vitsee.store.lock import StoreBusy, WriteLock, pid_alive, sidecar_dir
 from vitsee.store.names import StoreNames
 from vitsee.store.read import StoreReading, read_rows
 from vitsee.store.results import StoreResults
@@ -118,6 +118,7 @@ from vitsee.store.write import StoreWriting, creating
 
 __all__ = [
     "Store",
+    "StoreBusy",
     "WriteLock",
     "LayerSpec",
     "ArraySpec",
