@@ -9,7 +9,7 @@ from textual.app import ComposeResult
 from textual.widgets import Static
 
 from vitsee.analyses.contract import Shape
-from vitsee.tui.messages import StatusChanged, ViewWanted
+from vitsee.tui.messages import ViewWanted
 from vitsee.tui.results import LoadedView
 from vitsee.tui.widgets.heatmap import Heatmap
 from vitsee.tui.widgets.view_pane import HeatmapPane
@@ -39,7 +39,7 @@ class MeasuresAgreePane(HeatmapPane):
 
     def on_heatmap_cursor_moved(self, message: Heatmap.CursorMoved) -> None:
         message.stop()
-        self.post_message(StatusChanged(self.kind, self.status_text() or message.summary))
+        self.tell_status(self.status_text() or message.summary)
 
     def on_heatmap_cell_selected(self, message: Heatmap.CellSelected) -> None:
         message.stop()

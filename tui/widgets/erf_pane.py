@@ -11,7 +11,6 @@ from textual.binding import Binding, BindingType
 from textual.widgets import Label
 
 from vitsee.analyses.contract import Shape
-from vitsee.tui.messages import StatusChanged
 from vitsee.tui.results import LoadedView
 from vitsee.tui.widgets.heatmap import Heatmap
 from vitsee.tui.widgets.view_pane import HeatmapPane
@@ -101,7 +100,7 @@ class ErfPane(HeatmapPane):
 
     def on_heatmap_cursor_moved(self, message: Heatmap.CursorMoved) -> None:
         message.stop()
-        self.post_message(StatusChanged(self.kind, self.status_text()))
+        self.tell_status(self.status_text())
 
     def status_text(self) -> str:
         view, heatmap = self.view, self.heatmap

@@ -9,7 +9,6 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 
 from vitsee.analyses.contract import Shape
-from vitsee.tui.messages import StatusChanged
 from vitsee.tui.results import LoadedView
 from vitsee.tui.widgets.heatmap import MARK_CHAR, Heatmap
 from vitsee.tui.widgets.view_pane import HeatmapPane, Place
@@ -75,7 +74,7 @@ class LayerMatrixPane(HeatmapPane):
 
     def on_heatmap_cursor_moved(self, message: Heatmap.CursorMoved) -> None:
         message.stop()
-        self.post_message(StatusChanged(self.kind, self.status_text() or message.summary))  # with its interval
+        self.tell_status(self.status_text() or message.summary)  # with its interval
 
     def on_heatmap_cell_selected(self, message: Heatmap.CellSelected) -> None:
         message.stop()

@@ -19,7 +19,7 @@ from textual.widgets import Label
 from vitsee.analyses.contract import Shape
 from vitsee.output.colormap import ColorMode
 from vitsee.output.labels import display_labels
-from vitsee.tui.messages import PairOpened, StatusChanged
+from vitsee.tui.messages import PairOpened
 from vitsee.tui.results import LoadedView
 from vitsee.tui.widgets.heatmap import Heatmap
 from vitsee.tui.widgets.line_plot import LinePlot, Series
@@ -187,7 +187,7 @@ class ModelMatrixPane(HeatmapPane):
 
     def on_heatmap_cursor_moved(self, message: Heatmap.CursorMoved) -> None:
         message.stop()
-        self.post_message(StatusChanged(self.kind, self.status_text() or message.summary))
+        self.tell_status(self.status_text() or message.summary)
 
     def on_heatmap_cell_selected(self, message: Heatmap.CellSelected) -> None:
         message.stop()

@@ -10,7 +10,6 @@ from textual.widgets import Label
 
 from vitsee.analyses.contract import Shape
 from vitsee.output.colormap import ColorMode
-from vitsee.tui.messages import StatusChanged
 from vitsee.tui.results import LoadedView
 from vitsee.tui.widgets.heatmap import Heatmap, short_label
 from vitsee.tui.widgets.line_plot import BAND, LinePlot, Series
@@ -105,7 +104,7 @@ class SkipPane(HeatmapPane):
     def on_heatmap_cursor_moved(self, message: Heatmap.CursorMoved) -> None:
         message.stop()
         self.query_one(LinePlot).set_mark(message.row)
-        self.post_message(StatusChanged(self.kind, self.status_text() or message.summary))
+        self.tell_status(self.status_text() or message.summary)
 
     def status_text(self) -> str:
         heatmap = self.heatmap

@@ -10,7 +10,6 @@ from textual.app import ComposeResult
 from textual.widgets import Label
 
 from vitsee.analyses.contract import Shape
-from vitsee.tui.messages import StatusChanged
 from vitsee.tui.results import LoadedView
 from vitsee.tui.widgets.heatmap import Heatmap
 from vitsee.tui.widgets.view_pane import HeatmapPane
@@ -96,7 +95,7 @@ class SpatialPane(HeatmapPane):
         if token != self.token:
             self.token = token
             message.heatmap.set_data(self.token_map(token), **self.token_marks(token))
-        self.post_message(StatusChanged(self.kind, self.status_text()))
+        self.tell_status(self.status_text())
 
     def legend(self) -> list[tuple[str, str]]:
         marks = super().legend()
