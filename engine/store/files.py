@@ -182,6 +182,16 @@ def open_h5(path: Path, mode: str) -> h5py.File:
     return h5py.File(path, mode, locking=False)
 
 
+def check_not_a_folder(path: Path) -> None:
+    """Raises a VitseeError naming the way out when path, where a store is to be written, is a folder (or a link
+    to one): a store is a file, and a folder is the user's, never replaced or deleted, with --overwrite or not."""
+    if path.is_dir():
+        raise VitseeError(
+            f"{path} is a folder, not a store file: name the store to write, such as {path / 'run.h5'} "
+            "(a folder is never replaced, even with --overwrite)"
+        )
+
+
 def check_store_path(path: Path) -> None:
     """Raises a VitseeError naming the way out unless path is a non-empty file (what a store is)."""
     if not path.exists():
