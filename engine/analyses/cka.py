@@ -828,8 +828,17 @@ def finish_cka(states: torch.Tensor, columns: list[tuple[str, str]], params: dic
         "layer": np.array([layer for _, layer in columns]),
         "shuffle_std": np.std(matrices, axis=0) if len(matrices) > 1 else np.zeros_like(matrix),
         "dropped_per_shuffle": np.array(dropped),
+        "undefined": undefined_layers(states, len(columns)),
     }
     return arrays | pooled_stats(per_shuffle)
+
+
+def undefined_layers(states: torch.Tensor, n_layers: int) -> np.ndarray:
+    """Returns per layer why its CKA is undefined, as the codes the views put in words (similarity.UNDEFINED):
+    'nonfinite' (NaN/Inf activations), 'constant' (zero HSIC with itself: no variance), '' (defined)."""
+    L = n_layers
+    own = states[:, : L * L].reshape(len(states), L, L).diagonal(dim1=1, dim2=2).cpu().numpy().sum(axis=0)
+    return np.array(["nonfinite" if not np.isfinite(h) else "constant" if h <= 0 else "" for h in own])
 
 
 def pooled_stats(per_shuffle: list[dict]) -> dict:
