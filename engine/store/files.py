@@ -195,6 +195,10 @@ def check_not_a_folder(path: Path) -> None:
 def check_store_path(path: Path) -> None:
     """Raises a VitseeError naming the way out unless path is a non-empty file (what a store is)."""
     if not path.exists():
+        if is_real_folder(sidecar_dir(path)):  # the store was deleted by hand (or moved) without its folder
+            from vitsee.store.remove import leftover_words
+
+            raise VitseeError(f"store {path} does not exist; {leftover_words(path)}")
         raise VitseeError(
             f"store {path} does not exist: create it with `vitsee extract {path} --model NAME --dataset DATASET`"
         )
