@@ -134,8 +134,13 @@ def _file_bytes(write) -> bytes:
 def _safetensors(document) -> bytes:
     """Returns the bytes of a checkpoint-shaped safetensors file whose state is `document` (JSON, or raw text)."""
     text = document if isinstance(document, str) else json.dumps(document)
-    metadata = {"format": checkpoint.FORMAT, checkpoint.STATE_KEY: text}
-    return _file_bytes(lambda p: save_file({"t": torch.zeros(2)}, str(p), metadata=metadata))
+    tensors = {"t": torch.zeros(2)}
+    metadata = {
+        "format": checkpoint.FORMAT,
+        checkpoint.STATE_KEY: text,
+        checkpoint.DIGEST_KEY: checkpoint.tensors_digest(tensors),  # whole: the document is what is crafted
+    }
+    return _file_bytes(lambda p: save_file(tensors, str(p), metadata=metadata))
 
 
 def _torch_save(obj) -> bytes:
@@ -166,6 +171,7 @@ def _crafted(name: str, marker: Path, real: bytes) -> bytes:
         "nested 100000 deep": lambda: _safetensors("[" * 100_000 + "]" * 100_000),
         "JSON cut short": lambda: _safetensors('{"dict": {"run": '),
         "a list at the top": lambda: _safetensors([1, 2, 3]),
+        "one byte of a weight flipped": lambda: _flipped(real),
         "the state of another run": lambda: _rewritten(real, lambda s: s["run"].update(seed=99)),
         "model tensors of the wrong shape": lambda: _rewritten(
             real, lambda s: s["model"].update({k: torch.zeros(3) for k in list(s["model"])[:1]})
@@ -183,6 +189,13 @@ def _crafted(name: str, marker: Path, real: bytes) -> bytes:
             real, lambda s: s["optimiser"]["param_groups"][0].update(params=[999])
         ),
     }[name]()
+
+
+def _flipped(real: bytes) -> bytes:
+    """Returns a real checkpoint with one byte of its tensor data changed (a disk's damage, or a hand's)."""
+    data = bytearray(real)
+    data[8 + int.from_bytes(real[:8], "little") + 100] ^= 0xFF
+    return bytes(data)
 
 
 def _zip_with_pickle(marker: Path) -> bytes:
@@ -224,6 +237,7 @@ CRAFTED = [
     "nested 100000 deep",
     "JSON cut short",
     "a list at the top",
+    "one byte of a weight flipped",
     "the state of another run",
     "model tensors of the wrong shape",
     "epoch past the run's",

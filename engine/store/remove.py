@@ -127,7 +127,7 @@ def remove_leftover(path: str | Path) -> dict:
     ids = {file_store_id(p) for p in data_files(path)} - {None}
     owner = _claimed_by(path, ids)
     if owner is not None:
-        raise VitseeError(f"{leftover_words(path)}; nothing was removed")
+        raise VitseeError(f"store {path} does not exist; {leftover_words(path)}; nothing was removed")
     lock = WriteLock(path, command="vitsee rm --leftover")
     try:
         removed, freed = _remove_files_of(path, ids)

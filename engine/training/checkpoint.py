@@ -7,7 +7,9 @@ history: nested dicts, lists and tuples of numbers, strings, tensors and numpy a
 - the rest as one JSON document in the file's metadata under STATE_KEY, each tensor replaced by {"tensor": NAME},
   and what JSON has no word for tagged: {"tuple": [...]} (Python's RNG state is one), {"items": [[key, value],
   ...]} for a dict whose keys are not all strings (the optimiser's state is keyed by parameter number),
-  {"dict": {...}} for the others, {"ndarray": {"dtype", "shape", "data"}} for numpy's (NumPy's RNG state).
+  {"dict": {...}} for the others, {"ndarray": {"dtype", "shape", "data"}} for numpy's (NumPy's RNG state);
+- the sha256 of the tensors under DIGEST_KEY, checked on reading: a checkpoint damaged on disk is refused, never
+  resumed from with a changed weight.
 `read` rebuilds exactly that state and nothing else: a JSON value becomes a number, a string, a list, a tuple, a
 dict or a tensor named in the file; any other tag, a missing tensor or a file that is not this format is a
 VitseeError saying to delete the checkpoint (training then starts over). A checkpoint of the old pickle format is
@@ -27,6 +29,7 @@ from vitsee.errors import VitseeError, brief
 
 FORMAT = "vitsee-checkpoint-1"
 STATE_KEY = "vitsee_checkpoint"
+DIGEST_KEY = "sha256"  # of the tensors (tensors_digest)
 MAX_DEPTH = 64  # the run's state nests 6 deep; a crafted document nested deeper is refused, not recursed into
 # first bytes of what torch.save writes (a zip archive) and of a bare pickle (protocol 2-5 opcode): the old format
 PICKLE_MAGIC = (b"PK\x03\x04", b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
@@ -36,8 +39,25 @@ def write(state: dict, path: str | Path) -> None:
     """Writes state (see the module) to path as a safetensors file with the rest of it as JSON metadata."""
     tensors: dict[str, torch.Tensor] = {}
     document = _encode(state, "", tensors)
-    metadata = {"format": FORMAT, STATE_KEY: json.dumps(document, allow_nan=True, separators=(",", ":"))}
+    metadata = {
+        "format": FORMAT,
+        STATE_KEY: json.dumps(document, allow_nan=True, separators=(",", ":")),
+        DIGEST_KEY: tensors_digest(tensors),
+    }
     save_tensors(tensors, path, metadata)
+
+
+def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
+    """Returns the sha256 of the tensors' names, dtypes, shapes and bytes in name order: a checkpoint keeps it, so a
+    flipped byte of a weight is found on resume (safetensors checks only that the file covers its header)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().to("cpu").contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
 
 
 def save_tensors(tensors: dict[str, torch.Tensor], path: str | Path, metadata: dict[str, str]) -> None:
@@ -73,19 +93,21 @@ def read(path: str | Path) -> dict:
             metadata = f.metadata() or {}
             if metadata.get("format") != FORMAT or STATE_KEY not in metadata:
                 raise ValueError(f"no {FORMAT} record in its metadata")
-            names = set(f.keys())
+            tensors = {name: f.get_tensor(name) for name in f.keys()}
+            if metadata.get(DIGEST_KEY) != tensors_digest(tensors):
+                raise ValueError("its tensors are not those it was written with (their sha256 differs)")
             document = json.loads(metadata[STATE_KEY])
-            return _decode(document, lambda name: _tensor(f, names, name), 0)
+            return _decode(document, lambda name: _tensor(tensors, name), 0)
     except VitseeError:
         raise
     except Exception as exc:  # whatever a damaged or crafted file makes a parser raise
         raise VitseeError(f"checkpoint {path} is damaged or not vitsee's ({brief(exc)}): {way_out}") from None
 
 
-def _tensor(f, names: set[str], name: Any) -> torch.Tensor:
-    if not isinstance(name, str) or name not in names:
+def _tensor(tensors: dict[str, torch.Tensor], name: Any) -> torch.Tensor:
+    if not isinstance(name, str) or name not in tensors:
         raise ValueError(f"it names a tensor {str(name)[:40]!r} it does not hold")
-    return f.get_tensor(name)
+    return tensors[name]
 
 
 def _encode(value: Any, where: str, tensors: dict[str, torch.Tensor]) -> Any:
