@@ -74,6 +74,16 @@ def test_ordinary_layers_give_the_same_cka_bit_for_bit_beside_a_scaled_one():
     assert np.array_equal(mixed.statistics()["p_value"], ordinary.statistics()["p_value"])
 
 
+def test_a_layer_near_the_largest_float32_has_its_cka(tmp_path):
+    """Values near 3.4e38 overflowed in the shift to the batch mean, before any Gram: CKA said NaN/Inf."""
+    x, y = _pair()
+    big = (3e38 / np.abs(y).max()) * y  # within float32, as stored
+    store = vitsee.from_features(tmp_path / "b.h5", {"m": {"x": x, "y": y, "big": big}})
+    matrix = store.cka("m")._view.matrix
+    np.testing.assert_allclose(matrix[0, 2], matrix[0, 1], rtol=1e-6)
+    np.testing.assert_allclose(matrix[2, 2], 1.0, rtol=1e-6)
+
+
 @pytest.mark.parametrize("scale", [1e-30, 1e30, 1e-150, 1e150])
 @pytest.mark.parametrize("name", ["linear_cka", "rbf_cka", "procrustes", "svcca", "pwcca", "mknn", "cknna", "rsa"])
 def test_each_measure_function_of_scaled_features_equals_its_value_on_the_features(name, scale):

@@ -20,8 +20,9 @@ from vitsee.analyses.driver import AnalyzeConfig, run_analyses
 from vitsee.analyses.views import load_view
 from vitsee.store import copy_store
 
-LAYERS = ["normal", "const", "one", "tiny", "nans"]
 CONSTANT = "const does not vary across the images (no variance)"
+CKA_CONSTANT = "const does not vary across the images, or in too few of them for minibatch CKA"
+MOSTLY_SAME = "same has the same features in most pairs of images: RBF CKA's bandwidth, their median distance, is 0"
 ONE_FEATURE = "one has images whose features are all equal (one feature?): RSA correlates each image's features"
 
 
@@ -33,10 +34,11 @@ def store(tmp_path_factory):
     nans = rng.normal(size=(64, 8))
     nans[[3, 40], 0] = np.nan
     features = {"normal": x, "const": np.ones((64, 10)), "one": rng.normal(size=(64, 1)), "tiny": 1e-30 * x}
+    same = np.r_[np.ones((60, 5)), rng.normal(size=(4, 5))]  # 4 images differ: the median distance is 0
     path = tmp_path_factory.mktemp("undefined") / "f.h5"
-    vitsee.from_features(path, {"m": {**features, "nans": nans}})
+    vitsee.from_features(path, {"m": {**features, "nans": nans, "same": same}})
     with pytest.warns(UserWarning, match="const does not vary"):  # said once per layer by the measure
-        run_analyses(path, ["cka", "rsa"], AnalyzeConfig(device="cpu", batch_size=32, shuffles=0))
+        run_analyses(path, ["cka", "rsa", "rbf_cka"], AnalyzeConfig(device="cpu", batch_size=32, shuffles=0))
     return path
 
 
@@ -48,9 +50,9 @@ def _why(view, row: str, col: str) -> str:
 
 
 def test_each_cell_says_what_made_it_undefined_and_nan_inf_only_where_there_are_some(store):
-    cka, rsa = load_view(store, "cka:m", CFG), load_view(store, "rsa:m", CFG)
-    assert _why(cka, "normal", "const") == f"undefined: {CONSTANT}"
-    assert _why(cka, "const", "one") == f"undefined: {CONSTANT}"
+    cka, rsa, rbf = (load_view(store, f"{m}:m", CFG) for m in ("cka", "rsa", "rbf_cka"))
+    assert _why(cka, "normal", "const").startswith(f"undefined: {CKA_CONSTANT}")
+    assert _why(cka, "const", "one").startswith(f"undefined: {CKA_CONSTANT}")
     assert _why(cka, "normal", "nans") == "non-finite (2 of 64 images)"
     assert _why(cka, "const", "nans") == "non-finite (2 of 64 images)"  # the NaN/Inf behind it come first
     assert _why(cka, "normal", "tiny") == "1.0000"  # a tiny layer has a value (tests/test_tiny_layers.py)
@@ -59,10 +61,12 @@ def test_each_cell_says_what_made_it_undefined_and_nan_inf_only_where_there_are_
         "undefined: "
     )
     assert _why(rsa, "normal", "const") == f"undefined: {CONSTANT}"
+    assert _why(rbf, "normal", "same") == f"undefined: {MOSTLY_SAME}"
+    assert _why(rbf, "normal", "const") == f"undefined: {CONSTANT}"
     note = cka.nonfinite_note()
-    assert note.startswith("9 non-finite cell(s), from NaN/Inf in the stored activations, in nans")
-    assert note.endswith(f"7 undefined cell(s): {CONSTANT}")
-    assert "tiny" not in note and "one" not in note  # CKA of a 1-feature layer is defined
+    assert note.startswith("11 non-finite cell(s), from NaN/Inf in the stored activations, in nans")
+    assert f"9 undefined cell(s): {CKA_CONSTANT}" in note
+    assert "tiny" not in note and "one" not in note and "same" not in note  # defined for CKA
 
 
 def test_show_and_the_json_name_the_reason(store, tmp_path, capsys):
@@ -83,7 +87,7 @@ def test_the_figure_caption_names_the_reason(store):
 
     fig = figure_for(load_view(store, "cka:m", CFG))
     notes = [t.get_text() for t in fig.texts if t.get_gid() == "nonfinite-note"]
-    assert notes and CONSTANT in notes[0].replace("\n", " ")
+    assert notes and CKA_CONSTANT in notes[0].replace("\n", " ")
 
 
 def test_a_result_cached_before_reasons_were_kept_blames_nan_inf_only_where_there_are_some(store, tmp_path):
@@ -99,7 +103,7 @@ def test_a_result_cached_before_reasons_were_kept_blames_nan_inf_only_where_ther
     assert _why(view, "normal", "const") == "undefined: not from NaN/Inf (the stored activations hold none)"
     assert _why(view, "normal", "nans") == "non-finite (2 of 64 images)"
     assert "from NaN/Inf in the stored activations, in nans" in view.nonfinite_note()
-    assert "7 undefined cell(s): not from NaN/Inf" in view.nonfinite_note()
+    assert "9 undefined cell(s): not from NaN/Inf" in view.nonfinite_note()
 
 
 def test_analyze_says_a_constant_layer_once_in_one_line_of_its_own(store, tmp_path, capsys):
@@ -125,7 +129,7 @@ async def test_the_apps_status_line_names_the_reason(store, tmp_path):
         await settle(pilot, view_shown("cka"), timeout=120)
         await pilot.press("down")  # const x normal
         await settle(pilot)
-        assert f"const x normal  CKA undefined: {CONSTANT}" in status(app), status(app)
+        assert f"const x normal  CKA undefined: {CKA_CONSTANT}" in status(app), status(app)
         await pilot.press("down", "down", "down")  # nans x normal
         await settle(pilot)
         assert "nans x normal  CKA non-finite (2 of 64 images)" in status(app), status(app)

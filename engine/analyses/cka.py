@@ -334,7 +334,7 @@ class MinibatchCKA:
                 self._layer_grams(feats, m, workers)
             else:
                 for i, f in enumerate(feats):
-                    self._layer_gram_into(i, self._centred(f, m), self._gram)  # (m, D_i) -> (m, m)
+                    self._layer_gram_into(i, *self._centred(f, m), self._gram)  # (m, D_i) -> (m, m)
             self._add_grams(m, slot)
 
     def layer_gram(self, f: Any) -> torch.Tensor:
@@ -343,7 +343,10 @@ class MinibatchCKA:
         m = int(f.shape[0])
         with torch.no_grad(), full_fp32_matmul(), self._one_thread():
             self._reserve(m, int(np.prod(f.shape)))
-            return gram(self._centred(f, m))
+            x, scale = self._centred(f, m)
+            k = gram(x)
+            # ordinary values: / 1, the Gram as it was; a tiny or huge layer's fp32 Gram may under- or overflow here
+            return (k.double() / scale.square()).to(k.dtype)
 
     def update_grams(self, grams: Sequence[Any], slot: int | None = None) -> None:
         """Add one batch from its L layer Grams (m, m) as layer_gram() returns them, in layer order: the sums update()
@@ -372,16 +375,13 @@ class MinibatchCKA:
             self._unscale.fill_(1.0)
             self._add_grams(m, slot)
 
-    def _layer_gram_into(self, i: int, x: torch.Tensor, out: torch.Tensor) -> None:
-        """Builds layer i's Gram of its centred batch x (m, D) into its fp64 slot, x scaled first by a power of two
-        when its values are tiny or huge (x is scratch: scaled in place); the factor that undoes the scale in the
-        layer's HSIC terms goes to self._unscale[i] (1 for every ordinary layer: its Gram and sums bit for bit as
-        without the scaling).
+    def _layer_gram_into(self, i: int, x: torch.Tensor, scale: torch.Tensor, out: torch.Tensor) -> None:
+        """Builds layer i's Gram of its centred batch x (m, D), scaled by `scale` (a power of two, _centred), into
+        its fp64 slot; the factor that undoes the scale in the layer's HSIC terms goes to self._unscale[i] (1 for
+        every ordinary layer: its Gram and sums bit for bit as without the scaling).
 
         The Gram is fp32: a layer of values ~1e-30 squares to ~1e-60 there, which is 0, and its CKA came out NaN,
         though CKA does not change when a layer is multiplied by a number. A power of two rescales exactly."""
-        scale = power_of_two_scale(x, 40)
-        x.mul_(scale)
         self._grams[i].copy_(gram(x, out=out))  # (m, m) fp32 -> its fp64 slot
         self._unscale[i] = scale.to(torch.float64).square().reciprocal()  # no host sync: stays on the device
 
@@ -539,7 +539,7 @@ class MinibatchCKA:
                             if isinstance(feats[i], torch.Tensor)
                             else torch.from_numpy(np.ascontiguousarray(np.asarray(feats[i])))
                         )
-                    self._layer_gram_into(i, self._centred(f, m, scratch), out)  # (m, D_i) -> (m, m)
+                    self._layer_gram_into(i, *self._centred(f, m, scratch), out)  # (m, D_i) -> (m, m)
 
         from vitsee.threads import torch_threads
 
@@ -550,9 +550,10 @@ class MinibatchCKA:
             for future in [pool.submit(work, w) for w in range(workers)]:
                 future.result()
 
-    def _centred(self, f: Any, m: int, scratch: torch.Tensor | None = None) -> torch.Tensor:
+    def _centred(self, f: Any, m: int, scratch: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Return one layer's batch (m, ...) as (m, D) GRAM_DTYPE on the device, shifted to about its batch mean
-        (written into scratch, default self._scratch)."""
+        (written into scratch, default self._scratch), and the power of two it was scaled by (a 0-dim fp64 tensor,
+        1 for ordinary values)."""
         if not isinstance(f, torch.Tensor):  # numpy, or an array-like read only now (a store batch read lazily)
             f = torch.from_numpy(np.ascontiguousarray(np.asarray(f)))
         x = f.to(self.device).reshape(m, -1)  # (m, D), any float dtype (fp16 from the store)
@@ -562,10 +563,19 @@ class MinibatchCKA:
         # rank-one term. The shift only has to be close to the mean: the mean of the first SHIFT_ROWS examples is
         # within ~1/4 of the spread of it, costs 1/16 of a pass to compute, and the subtraction is the one pass
         # over the batch that also writes the fp32 copy the Gram reads.
-        if x.dtype != _dtype(GRAM_DTYPE):  # e.g. fp16 from the store: convert once, then shift in place
+        # A batch of tiny or huge values is first scaled by a power of two (see _layer_gram_into), before the shift:
+        # values near fp32's largest overflowed in the subtraction. fp16 values lie within [2^-24, 65504]: never.
+        if x.dtype == torch.float16:  # from the store: convert once, then shift in place
             x = out.copy_(x)
-            return x.sub_(x[:SHIFT_ROWS].mean(dim=0, keepdim=True))
-        return torch.sub(x, x[:SHIFT_ROWS].mean(dim=0, keepdim=True), out=out)
+            return x.sub_(x[:SHIFT_ROWS].mean(dim=0, keepdim=True)), torch.ones(
+                (), dtype=torch.float64, device=x.device
+            )
+        scale = power_of_two_scale(x, 40)  # 1 for every ordinary batch: what follows is then the plain shift
+        if x.dtype != _dtype(GRAM_DTYPE):  # fp64 (or bf16) given: scaled in its own precision, then converted
+            x = out.copy_(x * scale)
+            return x.sub_(x[:SHIFT_ROWS].mean(dim=0, keepdim=True)), scale
+        shift = (x[:SHIFT_ROWS] * scale).mean(dim=0, keepdim=True)  # of the scaled rows: 16 x 3e38 overflows fp32
+        return torch.addcmul(-shift, x, scale, out=out), scale  # x * scale - shift, one pass
 
     def merge(self, other: MinibatchCKA | torch.Tensor) -> None:
         """Add another accumulator (or its `state`) for the same layers into this one, e.g. from another process."""
@@ -835,10 +845,11 @@ def finish_cka(states: torch.Tensor, columns: list[tuple[str, str]], params: dic
 
 def undefined_layers(states: torch.Tensor, n_layers: int) -> np.ndarray:
     """Returns per layer why its CKA is undefined, as the codes the views put in words (similarity.UNDEFINED):
-    'nonfinite' (NaN/Inf activations), 'constant' (zero HSIC with itself: no variance), '' (defined)."""
+    'nonfinite' (NaN/Inf activations), 'self_hsic' (its unbiased HSIC with itself is not above 0: a constant layer,
+    or one that differs in too few images), '' (defined)."""
     L = n_layers
     own = states[:, : L * L].reshape(len(states), L, L).diagonal(dim1=1, dim2=2).cpu().numpy().sum(axis=0)
-    return np.array(["nonfinite" if not np.isfinite(h) else "constant" if h <= 0 else "" for h in own])
+    return np.array(["nonfinite" if not np.isfinite(h) else "self_hsic" if h <= 0 else "" for h in own])
 
 
 def pooled_stats(per_shuffle: list[dict]) -> dict:

@@ -49,6 +49,9 @@ UNDEFINED = {
     "flat": "{layer} has images whose features are all equal (one feature?): {label} correlates each image's "
     "features, which takes two that differ",
     "nonfinite": "{layer} holds NaN/Inf in its stored activations",
+    "median": "{layer} has the same features in most pairs of images: {label}'s bandwidth, their median distance, is 0",
+    "self_hsic": "{layer} does not vary across the images, or in too few of them for minibatch CKA (its unbiased "
+    "HSIC with itself is not above 0)",
 }
 
 
@@ -453,7 +456,12 @@ class GramMeasure(LayerMatrix):
         cells = np.ix_(ok, ok)
         if good:
             arrays["matrix"][cells] = pairwise(good, None, self.key, **values)
-        arrays["undefined"] = np.array([why_undefined(g, self.key) for g in grams])  # the views say it in words
+        diagonal = np.diagonal(
+            arrays["matrix"]
+        )  # a layer without a value even with itself: say why (views put it in words)
+        arrays["undefined"] = np.array(
+            [why_undefined(g, self.key) if not np.isfinite(d) else "" for g, d in zip(grams, diagonal)]
+        )
         emit(progress, f"{self.name} pairs", 1, 1)
         st = params.get("stats")
         if st and st["bootstrap"]:

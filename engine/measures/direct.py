@@ -121,13 +121,13 @@ def power_of_two_scale(x: torch.Tensor, within: int) -> torch.Tensor:
     features (Grams, HSIC) keeps layers of tiny or huge values (1e-30, 1e30) from under- or overflowing, and every
     other layer's numbers as they were. `within`: 40 for fp32 products, 60 for fp64 fourth powers."""
     low, high = torch.aminmax(x)
-    largest = torch.maximum(-low, high)
+    largest = torch.maximum(-low, high).to(torch.float64)
     bound = 2.0**within
     ordinary = ((largest >= 1 / bound) & (largest <= bound)) | ~torch.isfinite(largest) | (largest == 0)
-    limit = int(math.log2(torch.finfo(x.dtype).max)) - 1  # the scale itself stays finite: 126 in fp32
+    limit = int(math.log2(torch.finfo(x.dtype).max)) - 1  # the scaled values stay finite: 126 in fp32
     power = (-torch.frexp(largest).exponent).clamp(-limit, limit)
     one = torch.ones_like(largest)
-    return torch.where(ordinary, one, torch.ldexp(one, power))
+    return torch.where(ordinary, one, torch.ldexp(one, power)).to(x.dtype)
 
 
 def _centred(x: torch.Tensor, name: str, measure: str) -> torch.Tensor | None:

@@ -559,13 +559,16 @@ def pairwise(grams_a: Sequence[LayerGrams], grams_b: Sequence[LayerGrams] | None
 def why_undefined(g: LayerGrams | None, name: str) -> str:
     """Returns why measure `name` gives a layer no value (a code the views put in words: similarity.UNDEFINED), ''
     when it does: 'nonfinite' (no Grams: NaN/Inf in its activations), 'constant' (the images do not differ), 'flat'
-    (RSA: an image whose features are all equal has no correlation with another, e.g. a layer of one feature)."""
+    (RSA: an image whose features are all equal has no correlation with another, e.g. a layer of one feature),
+    'median' (RBF CKA: most pairs of images are the same, so the bandwidth, their median distance, is 0)."""
     if g is None:
         return "nonfinite"
     if g.constant:
         return "constant"
     if name == "rsa" and g.rdm_ranks() is None:
         return "flat"
+    if name == "rbf_cka" and float(ms.median_all(ms.squared_distances(g.centred()))) == 0:
+        return "median"
     return ""
 
 
