@@ -47,7 +47,7 @@ from vitsee.analyses.base import (
 from vitsee.analyses.contract import Request, Result
 from vitsee.analyses.similarity import LayerMatrix, matrix_block
 from vitsee.lazy import lazy_module
-from vitsee.measures.direct import power_of_two_scale
+from vitsee.measures.kernels import power_of_two_scale
 
 torch = lazy_module("torch")  # reading a cached result needs numpy only; torch is imported by the first computation
 

@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 
 from vitsee.errors import VitseeError, brief
-from vitsee.store.files import data_files, file_store_id, is_real_file, is_real_folder
+from vitsee.store.files import claimed_by, data_files, file_store_id, is_real_file, is_real_folder, leftover_words
 from vitsee.store.layout import human_bytes
 from vitsee.store.lock import WriteLock, lock_file, sidecar_dir
 
@@ -95,25 +95,6 @@ def remove_store(path: str | Path) -> dict:
     return {"removed": removed, "left": _what_is_left(path), "bytes": freed}
 
 
-def leftover_words(path: Path) -> str:
-    """Returns what to do with the folder of a store that is gone, in words: move it beside the store that claims
-    its files (one beside it, when there is), or remove it with --leftover."""
-    folder = sidecar_dir(path)
-    ids = {file_store_id(p) for p in data_files(path)} - {None}
-    owner = _claimed_by(path, ids)
-    if owner is not None:
-        return (
-            f"its folder {folder.name} holds the files of {owner.name} (the store was moved from {path.name} to "
-            f"{owner.name} without it): move the folder beside it (`mv {folder} {sidecar_dir(owner)}`)"
-        )
-    files = data_files(path)
-    return (
-        f"its folder {folder} is left ({len(files)} cached result or model file(s), "
-        f"{human_bytes(sum(p.stat().st_size for p in files))}): if you moved the store, move the folder beside it "
-        f"(`mv {folder} NEW.h5.d`); to remove it, `vitsee rm {path} --leftover`"
-    )
-
-
 def remove_leftover(path: str | Path) -> dict:
     """Removes the folder of a store that is gone (see the module); returns what remove_store returns."""
     path = Path(path)
@@ -125,7 +106,7 @@ def remove_leftover(path: str | Path) -> dict:
     if not is_real_folder(folder):
         raise VitseeError(f"{folder} does not exist: nothing is left of store {path}")
     ids = {file_store_id(p) for p in data_files(path)} - {None}
-    owner = _claimed_by(path, ids)
+    owner = claimed_by(path, ids)
     if owner is not None:
         raise VitseeError(f"store {path} does not exist; {leftover_words(path)}; nothing was removed")
     lock = WriteLock(path, command="vitsee rm --leftover")
@@ -136,16 +117,6 @@ def remove_leftover(path: str | Path) -> dict:
     finally:
         lock.release()
     return {"removed": removed, "left": _what_is_left(path), "bytes": freed}
-
-
-def _claimed_by(path: Path, ids: set[str]) -> Path | None:
-    """Returns a store file beside path whose id is among ids (the store the folder's files belong to), or None."""
-    if not ids:
-        return None
-    for other in sorted(path.parent.iterdir()):
-        if other != path and is_real_file(other) and other.suffix in (".h5", ".hdf5") and file_store_id(other) in ids:
-            return other
-    return None
 
 
 def _shard_files(path: Path, run_id: str | None) -> list[Path]:

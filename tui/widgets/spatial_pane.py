@@ -72,26 +72,15 @@ class SpatialPane(HeatmapPane):
         gh, gw = self.grid
         self.token = min(self.token, gh * gw - 1)
         rows, cols = [f"r{i}" for i in range(gh)], [f"c{j}" for j in range(gw)]
-        heatmap = self.heatmap
-        if heatmap is None:
-            heatmap = Heatmap(
-                self.token_map(self.token),
-                rows,
-                cols,
-                vmin=view.vmin,
-                vmax=view.vmax,
-                cmap=self.cmap,
-                color_mode=self.color_mode,
-                value_name="CKA",
-                id=f"{self.kind}-heatmap",
-                **self.token_marks(self.token),
-            )
-            self.query_one(".pane--body").mount(heatmap)
-        else:
-            heatmap.set_cmap(self.cmap)
-            heatmap.set_data(
-                self.token_map(self.token), rows, cols, vmin=view.vmin, vmax=view.vmax, **self.token_marks(self.token)
-            )
+        heatmap = self.show_matrix(
+            self.token_map(self.token),
+            rows,
+            cols,
+            vmin=view.vmin,
+            vmax=view.vmax,
+            value_name="CKA",
+            **self.token_marks(self.token),
+        )
         heatmap.cursor = (self.token // gw, self.token % gw)
         self.query_one(".spatial--note", Label).update(
             f"CKA of the cursor's token ({view.params.get('layer')}, {gh}x{gw}) with the stored, normalised "
