@@ -461,6 +461,8 @@ def train(
 @app.command()
 def info(store: Annotated[Path, typer.Argument(help="a store made by `vitsee extract`")]) -> None:
     """Print what a store holds: images, models, layers with shapes and sizes, statistics, results."""
+    from rich.markup import escape
+
     from vitsee.store import Store
 
     with Store.open(store) as s:
@@ -473,6 +475,33 @@ def info(store: Annotated[Path, typer.Argument(help="a store made by `vitsee ext
             out.print("[bold]cached results[/]")
             for r in results:
                 out.print(f"  {r['analysis']} {r['id']}  {r['params']}", highlight=False)
+        out.print()
+        out.print(
+            f"remove it with `vitsee rm {escape(str(store))}`: the file and everything of it beside it, together "
+            f"(deleting {escape(store.name)} alone leaves {escape(s.sidecar.name)}/ behind)",
+            highlight=False,
+        )
+
+
+@app.command()
+def rm(
+    store: Annotated[Path, typer.Argument(help="a store made by `vitsee extract` (or the path of one that is gone)")],
+    leftover: Annotated[
+        bool, typer.Option("--leftover", help="remove the folder STORE.d of a store that is gone (deleted by hand)")
+    ] = False,
+) -> None:
+    """Remove a store: its file, and its folder beside it (appended models, cached results) and torchrun shards."""
+    from vitsee.store.remove import remove_leftover, remove_store, summary
+
+    done = remove_leftover(store) if leftover else remove_store(store)
+    if leftover:
+        out.print(
+            f"removed the folder of {store}: {len(done['removed'])} file(s)"
+            + (f"; left {len(done['left'])} that are not vitsee's" if done["left"] else ""),
+            highlight=False,
+        )
+    else:
+        out.print(summary(store, done), highlight=False)
 
 
 def _print_store(s, store: Path) -> None:
@@ -1027,15 +1056,21 @@ def main() -> None:
     """Entry point: runs the Typer app, turning user errors into one line and a non-zero exit."""
     with warnings.catch_warnings():  # restores the warning machinery when the command returns
         warnings.simplefilter("always", VitseeNote)
-        default, said = warnings.showwarning, set()
+        said: set[str] = set()
 
         def show(message, category, filename, lineno, file=None, line=None):
-            if issubclass(category, VitseeNote):
-                if str(message) not in said:  # a result looked up twice is ignored twice: said once
-                    said.add(str(message))
-                    err.print(f"note: {message}", highlight=False, soft_wrap=True)
-            else:
-                default(message, category, filename, lineno, file, line)
+            # one line each, once: a warning raised again per resample or per shuffle (and Python's own output, its
+            # source path and line of code) said `analyze --measure-bootstrap 5` of a constant layer in 12 lines
+            from rich.markup import escape
+
+            text = (str(message).strip().splitlines() or [category.__name__])[0]
+            if text not in said:
+                said.add(text)
+                err.print(
+                    f"{'note' if issubclass(category, VitseeNote) else 'warning'}: {escape(text)}",
+                    highlight=False,
+                    soft_wrap=True,
+                )
 
         warnings.showwarning = show
         _main()

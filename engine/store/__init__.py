@@ -73,6 +73,7 @@ import h5py
 from vitsee.errors import VitseeError
 from vitsee.store.check import check_own_file
 from vitsee.store.files import (
+    check_not_a_folder,
     check_shard_file,
     check_store_path,
     check_writable_layout,
@@ -142,6 +143,7 @@ __all__ = [
     "versions",
     "write_images",
     # the files and layout helpers the other store modules share, public for them
+    "check_not_a_folder",
     "check_shard_file",
     "check_store_path",
     "check_writable_layout",

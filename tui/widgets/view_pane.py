@@ -263,7 +263,7 @@ class HeatmapPane(ViewPane):
             ("[ ]  +", "the cell under the cursor: corner marks (+ on a narrow cell), its own colour left visible"),
             (
                 NONFINITE_ASCII if plain else NONFINITE_GLYPH,
-                "computed, but from NaN/Inf inputs (the status line says how many images)",
+                "no value: NaN/Inf inputs or undefined (the status line says which, and why)",
             ),
             (MISSING_GLYPH, "not computed yet"),
         ]
