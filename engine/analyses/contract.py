@@ -428,6 +428,11 @@ class DossierEntry:
 # --- views -----------------------------------------------------------------------------------------------------
 
 
+def _names(labels: list[str], rows: np.ndarray) -> str:
+    """Returns 'a, b, c, d and 3 more' for the labels of rows."""
+    return ", ".join(labels[r] for r in rows[:4]) + (f" and {len(rows) - 4} more" if len(rows) > 4 else "")
+
+
 @dataclass
 class View:
     """A result ready to draw: `matrix` (rows x cols) with labels, a colour range, and what its shape needs in
@@ -450,6 +455,9 @@ class View:
     # values so that "non-finite" and "not computed" (NaN without a mark) stay two things
     nonfinite: np.ndarray | None = None  # (rows, cols) bool
     nonfinite_images: np.ndarray | None = None  # (rows, cols) images with non-finite inputs per cell, -1 unknown
+    # (rows, cols) why a cell without a value has none, in words ('' where the result does not say): a constant layer,
+    # one RSA cannot use, ... (a layer x layer measure's per-layer "undefined" codes, similarity.UNDEFINED)
+    reasons: np.ndarray | None = None
     n_images: int = 0
     # statistics, each shaped like matrix when present (None: the result has none): see engine/stats.py
     ci_low: np.ndarray | None = None
@@ -458,6 +466,33 @@ class View:
     # the store's models' display names (key -> name, engine/store/names.py): what titles, axes and legends call
     # them; the keys stay in `models`, `rows` (the zoo's) and the JSON
     names: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(
+        cls,
+        request: Request,
+        *,
+        title: str,
+        matrix: np.ndarray,
+        rows: list[str],
+        cols: list[str],
+        value_name: str,
+        **fields,
+    ) -> View:
+        """Returns the view of `request` (its analysis and view string), its other fields by keyword: what an
+        analysis's `view` builds. The store's subtitle (weights, images) and its number of images are the store's to
+        add (views.load_view)."""
+        return cls(
+            kind=request.name,
+            spec=request.spec,
+            title=title,
+            subtitle="",
+            matrix=matrix,
+            rows=rows,
+            cols=cols,
+            value_name=value_name,
+            **fields,
+        )
 
     @property
     def analysis(self) -> Analysis:
@@ -481,9 +516,18 @@ class View:
         return self.nonfinite is not None and bool(self.nonfinite[row, col])
 
     def nonfinite_text(self, row: int, col: int) -> str:
-        """Returns 'non-finite (3 of 48 images)' for a non-finite cell ('non-finite' when the images are unknown)."""
+        """Returns what made a cell non-finite: 'non-finite (3 of 48 images)' when images with NaN/Inf inputs are
+        behind it, 'undefined: <why>' when the result says why (a constant layer, ...), 'undefined: not from NaN/Inf
+        (...)' when the store has none behind it, else 'non-finite' (the images are unknown)."""
         count = int(self.nonfinite_images[row, col]) if self.nonfinite_images is not None else -1
-        return f"non-finite ({count} of {self.n_images} images)" if count > 0 else "non-finite"
+        if count > 0:
+            return f"non-finite ({count} of {self.n_images} images)"
+        reason = str(self.reasons[row, col] or "") if self.reasons is not None else ""
+        if reason:
+            return f"undefined: {reason}"
+        if count == 0:
+            return f"undefined: not from NaN/Inf (the stored {self.analysis.nonfinite_source} hold none)"
+        return "non-finite"
 
     def cell_text(self, row: int, col: int, digits: int = 4, missing: str = "not computed") -> str:
         """Returns a cell as text: its value, 'non-finite (k of N images)', or `missing` (not computed)."""
@@ -493,16 +537,29 @@ class View:
         return self.nonfinite_text(row, col) if self.is_nonfinite(row, col) else missing
 
     def nonfinite_note(self) -> str:
-        """Returns one line on the non-finite cells ('' when there are none): how many and which rows."""
+        """Returns one line on the cells without a value ('' when there are none): how many, which rows, and what
+        made them so: NaN/Inf in the stored inputs only for the cells with such images behind them."""
         if self.nonfinite is None or not self.nonfinite.any():
             return ""
-        whole = np.flatnonzero(self.nonfinite.all(axis=1))  # a layer with non-finite activations fills its row
-        rows = whole if whole.size else np.flatnonzero(self.nonfinite.any(axis=1))
-        names = ", ".join(self.rows[r] for r in rows[:4]) + (f" and {len(rows) - 4} more" if len(rows) > 4 else "")
-        where = self.analysis.nonfinite_source
-        return f"{int(self.nonfinite.sum())} non-finite cell(s), from NaN/Inf in the stored {where}, in {names}" + (
-            ": see `vitsee info`" if where == "activations" else ""
-        )
+        counts = self.nonfinite_images if self.nonfinite_images is not None else np.full(self.matrix.shape, -1)
+        inputs = self.nonfinite & (counts != 0)  # NaN/Inf behind them, or unknown: what the note always said
+        if self.reasons is not None:
+            inputs &= ~(self.reasons.astype(bool)) | (counts > 0)
+        parts = []
+        if inputs.any():
+            whole = np.flatnonzero(inputs.all(axis=1))  # a layer with non-finite activations fills its row
+            rows = whole if whole.size else np.flatnonzero(inputs.any(axis=1))
+            where, names = self.analysis.nonfinite_source, _names(self.rows, rows)
+            parts.append(
+                f"{int(inputs.sum())} non-finite cell(s), from NaN/Inf in the stored {where}, in {names}"
+                + (": see `vitsee info`" if where == "activations" else "")
+            )
+        rest = self.nonfinite & ~inputs
+        if rest.any():  # each reason once, however many cells it leaves without a value
+            texts = [self.nonfinite_text(r, c).removeprefix("undefined: ") for r, c in zip(*np.nonzero(rest))]
+            reasons = dict.fromkeys(part for text in texts for part in text.split("; "))
+            parts.append(f"{int(rest.sum())} undefined cell(s): {'; '.join(reasons)}")
+        return "; ".join(parts)
 
     @property
     def ci_level(self) -> float:
@@ -589,6 +646,7 @@ class View:
                         if self.nonfinite_images is not None and self.nonfinite_images[r, c] >= 0
                         else None
                     ),
+                    "why": self.nonfinite_text(r, c),
                 }
                 for r, c in zip(*np.nonzero(self.nonfinite))
             ]

@@ -47,6 +47,16 @@ from vitsee.analyses.contract import (
 )
 
 FAMILY = "layer similarity"
+# why a layer has no value under a measure: the codes a result keeps per layer ("undefined"), in words
+UNDEFINED = {
+    "constant": "{layer} does not vary across the images (no variance)",
+    "flat": "{layer} has images whose features are all equal (one feature?): {label} correlates each image's "
+    "features, which takes two that differ",
+    "nonfinite": "{layer} holds NaN/Inf in its stored activations",
+    "median": "{layer} has the same features in most pairs of images: {label}'s bandwidth, their median distance, is 0",
+    "self_hsic": "{layer} does not vary across the images, or in too few of them for minibatch CKA (its unbiased "
+    "HSIC with itself is not above 0)",
+}
 
 
 def matrix_block(
@@ -105,22 +115,41 @@ class LayerMatrix(Analysis):
         extra = {"n_batches": int(result["n_batches"])} if "n_batches" in result else {}
         title = f"{self.label}: {a}" if a == b else f"{self.label}: {a} x {b}"  # rows x columns, as the axes say
         vmin, vmax = self.value_range
-        return View(
-            self.name,
-            "",
-            title,
-            "",
-            matrix,
-            rows,
-            cols,
-            self.value_name or self.label,
-            vmin,
-            vmax,
+        view = View.of(
+            request,
+            title=title,
+            matrix=matrix,
+            rows=rows,
+            cols=cols,
+            value_name=self.value_name or self.label,
+            vmin=vmin,
+            vmax=vmax,
             params=params,
             extra=extra,
             models=[a, b],
             **block,
         )
+        view.reasons = self.reasons(result, a, b, rows, cols)
+        return view
+
+    def reasons(self, result: Result, a: str, b: str, rows: list[str], cols: list[str]) -> np.ndarray | None:
+        """Returns per cell of the A x B block why it has no value, in words ('' where the result does not say);
+        None for a result computed before results kept it (the per-layer codes "undefined", UNDEFINED)."""
+        if "undefined" not in result:
+            return None
+        codes = [str(c) for c in np.asarray(result["undefined"]).tolist()]
+        layers, owner, models = [str(x) for x in result["layer"]], np.asarray(result["model"]), result.params["models"]
+
+        def words(model: str, names: list[str]) -> list[str]:
+            at = {layers[i]: i for i in np.flatnonzero(owner == models.index(model))}
+            return [UNDEFINED.get(codes[at[n]], "").format(layer=n, label=self.label) for n in names]
+
+        row_words, col_words = words(a, rows), words(b, cols)
+        out = np.empty((len(rows), len(cols)), dtype=object)
+        for i, rw in enumerate(row_words):
+            for j, cw in enumerate(col_words):
+                out[i, j] = "; ".join(dict.fromkeys(w for w in (rw, cw) if w))  # both layers' when both have one
+        return out
 
     def interval_words(self, view: View, level: str) -> str:
         return bootstrap_words(view, level)
@@ -157,7 +186,7 @@ class LayerMatrix(Analysis):
         }
         for i, j in zip(*np.nonzero(bad)):
             r, c = rows[view.rows[i]], cols[view.cols[j]]
-            if r is not None and c is not None and (r.any() or c.any()):
+            if r is not None and c is not None:  # 0: the store says neither layer holds NaN/Inf
                 counts[i, j] = int((r | c).sum())
         return counts
 
@@ -418,7 +447,7 @@ class GramMeasure(LayerMatrix):
         """Returns the joint (L, L) matrix of the measure over every stored layer of every model, with its
         bootstrap interval and permutation p-values when params ask for them."""
         from vitsee.measures import resampling as measures_stats
-        from vitsee.measures.grams import pairwise
+        from vitsee.measures.grams import pairwise, why_undefined
 
         for reason in (self.not_applicable(store, key) for key in params["models"]):
             if reason:
@@ -439,6 +468,12 @@ class GramMeasure(LayerMatrix):
         cells = np.ix_(ok, ok)
         if good:
             arrays["matrix"][cells] = pairwise(good, None, self.key, **values)
+        diagonal = np.diagonal(
+            arrays["matrix"]
+        )  # a layer without a value even with itself: say why (views put it in words)
+        arrays["undefined"] = np.array(
+            [why_undefined(g, self.key) if not np.isfinite(d) else "" for g, d in zip(grams, diagonal)]
+        )
         emit(progress, f"{self.name} pairs", 1, 1)
         st = params.get("stats")
         if st and st["bootstrap"]:

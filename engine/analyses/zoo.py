@@ -330,17 +330,15 @@ class ModelZoo(Analysis):
         view_params = {k: v for k, v in params.items() if k != "layers"}
         view_params["of"] = {k: v for k, v in params["of"].items() if k != "layers"}
         title = f"Zoo: {value_name} of every pair of the store's {len(models)} models"
-        return View(
-            self.name,
-            "",
-            title,
-            "",
-            np.asarray(result["values"], dtype=float),
-            models,
-            list(models),
-            value_name,
-            vmin,
-            vmax,
+        return View.of(
+            request,
+            title=title,
+            matrix=np.asarray(result["values"], dtype=float),
+            rows=models,
+            cols=list(models),
+            value_name=value_name,
+            vmin=vmin,
+            vmax=vmax,
             params=view_params,
             extra=extra,
             models=[],

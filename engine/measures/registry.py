@@ -96,6 +96,12 @@ class Measure:
         the inputs and fills in the defaults)."""
         raise NotImplementedError
 
+    def undefined(self, grams: Any) -> str:
+        """Returns why the measure gives a layer (its LayerGrams, neither constant nor non-finite) no value, as a code
+        the views put in words (analyses/similarity.py UNDEFINED), '' when it gives one: a measure with a condition
+        of its own says so here (RSA: 'flat', RBF CKA: 'median')."""
+        return ""
+
     @property
     def defaults(self) -> dict:
         """Returns {parameter: default}, in declared order."""

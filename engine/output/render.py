@@ -522,7 +522,9 @@ class Heatmap:
         if (self.levels == MISSING).any():
             notes.append(f"{self.palette.missing_char} = {self.missing}" if self.ascii else f"grey = {self.missing}")
         if (self.levels == NONFINITE).any():
-            notes.append(f"{NONFINITE_CHAR if self.ascii else 'red'} = non-finite (NaN/Inf inputs)")
+            notes.append(
+                f"{NONFINITE_CHAR if self.ascii else 'red'} = no value: NaN/Inf inputs, or undefined (see below)"
+            )
         return "; ".join(notes)
 
     def column_key(self, names: bool = True) -> list[Text]:

@@ -19,7 +19,7 @@ from textual.widgets import Label
 from vitsee.analyses.contract import Shape
 from vitsee.output.colormap import ColorMode
 from vitsee.output.labels import display_labels
-from vitsee.tui.messages import PairOpened, StatusChanged
+from vitsee.tui.messages import PairOpened
 from vitsee.tui.results import LoadedView
 from vitsee.tui.widgets.heatmap import Heatmap
 from vitsee.tui.widgets.line_plot import LinePlot, Series
@@ -69,6 +69,7 @@ class ModelMatrixPane(HeatmapPane):
     """
 
     reference = 0  # the store index of the model the curves match the others onto
+    _drawn: tuple[list[str], list[int]] | None = None  # the models and the order the heatmap draws them in
 
     def compose_body(self) -> ComposeResult:
         yield Label("", classes="zoo--curves")
@@ -91,6 +92,8 @@ class ModelMatrixPane(HeatmapPane):
     def populate(self, loaded: LoadedView) -> None:
         view = loaded.view
         order = self.order
+        # the pair under the cursor, by store index: the next view's clustering may order the models otherwise
+        kept = self._drawn_pair(view.rows)
         shown = view.matrix[np.ix_(order, order)]
         rows = [self.names()[i] for i in order]
         families = [view.extra["families"][i] for i in order]
@@ -99,27 +102,21 @@ class ModelMatrixPane(HeatmapPane):
         def describe(r: int, c: int) -> str:
             return view.nonfinite_text(order[r], order[c])
 
-        heatmap = self.heatmap
-        if heatmap is None:
-            heatmap = Heatmap(
-                shown,
-                rows,
-                families,
-                vmin=view.vmin,
-                vmax=view.vmax,
-                cmap=self.cmap,
-                color_mode=self.color_mode,
-                value_name=view.value_name,
-                id=f"{self.kind}-heatmap",
-                nonfinite=nonfinite,
-                nonfinite_text=describe,
-                label_chars=LABEL_CHARS,
-            )
-            self.query_one(".pane--body").mount(heatmap, before=0)
-        else:
-            heatmap.set_cmap(self.cmap)
-            heatmap.set_scale(view.vmin, view.vmax, view.value_name)  # `m` may have changed the measure
-            heatmap.set_data(shown, rows, families, nonfinite=nonfinite, nonfinite_text=describe)
+        self.show_matrix(
+            shown,
+            rows,
+            families,
+            vmin=view.vmin,
+            vmax=view.vmax,
+            value_name=view.value_name,
+            nonfinite=nonfinite,
+            nonfinite_text=describe,
+            first=True,
+            label_chars=LABEL_CHARS,
+        )
+        if kept is not None:
+            self.heatmap.cursor = (order.index(kept[0]), order.index(kept[1]))
+        self._drawn = (list(view.rows), order)
         if not 0 <= self.reference < len(view.rows):
             self.reference = 0
         self.plot_curves()
@@ -154,6 +151,15 @@ class ModelMatrixPane(HeatmapPane):
 
     # --- the cursor -------------------------------------------------------------------------------------------
 
+    def _drawn_pair(self, models: list[str]) -> tuple[int, int] | None:
+        """Returns the store indices of the cell under the cursor as the heatmap draws it now, None when it draws
+        nothing yet or other models."""
+        heatmap, drawn = self.heatmap, self._drawn
+        if heatmap is None or drawn is None or drawn[0] != models:
+            return None
+        row, col = heatmap.cursor
+        return drawn[1][row], drawn[1][col]
+
     def pair(self) -> tuple[int, int] | None:
         """Returns the store indices (row model, column model) of the cell under the cursor."""
         heatmap, order = self.heatmap, self.order
@@ -181,7 +187,7 @@ class ModelMatrixPane(HeatmapPane):
 
     def on_heatmap_cursor_moved(self, message: Heatmap.CursorMoved) -> None:
         message.stop()
-        self.post_message(StatusChanged(self.kind, self.status_text() or message.summary))
+        self.tell_status(self.status_text() or message.summary)
 
     def on_heatmap_cell_selected(self, message: Heatmap.CellSelected) -> None:
         message.stop()

@@ -16,7 +16,7 @@ import numpy as np
 
 from vitsee.measures import floor
 from vitsee.measures.grams import LayerGrams, check_rows, cka_part, stack_products
-from vitsee.measures.kernels import MIN_DEBIASED, centred, cka_from_grams, feature_pair
+from vitsee.measures.kernels import MIN_DEBIASED, centred, cka_from_grams, feature_pair, power_of_two_scale
 from vitsee.measures.registry import Measure, Parameter
 
 DEBIASED = Parameter("debiased", False, "the unbiased HSIC (Song et al. 2012) in place of the biased one")
@@ -40,6 +40,7 @@ def linear_cka(x: Any, y: Any, debiased: bool = DEBIASED.default) -> float:
     xc, yc = floor.both(lambda f, name: centred(f, name, "linear_cka"), x, y)
     if xc is None or yc is None:
         return math.nan
+    xc, yc = xc * power_of_two_scale(xc, 60), yc * power_of_two_scale(yc, 60)  # fourth powers below: see there
     n, dx, dy = xc.shape[0], xc.shape[1], yc.shape[1]
     if debiased or n * n <= dx * dy:  # the (n, n) Grams are the smaller route (and the one the U-statistic needs)
         kx, ky = floor.both(lambda f, _: floor.symmetric_product(f), xc, yc)  # syrk, one task a side

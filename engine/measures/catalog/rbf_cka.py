@@ -114,3 +114,7 @@ class RbfCKA(Measure):
     seconds_at_1000 = 1.9
     direct = staticmethod(rbf_cka)
     pairwise = staticmethod(pairwise_rbf_cka)
+
+    def undefined(self, grams: LayerGrams) -> str:
+        """'median': most pairs of images are the same, so the bandwidth, their median distance, is 0."""
+        return "median" if float(median_all(squared_distances(grams.centred()))) == 0 else ""

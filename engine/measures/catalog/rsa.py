@@ -105,3 +105,7 @@ class RSA(Measure):
     seconds_at_1000 = 0.21
     direct = staticmethod(rsa)
     pairwise = staticmethod(pairwise_rsa)
+
+    def undefined(self, grams: LayerGrams) -> str:
+        """'flat': an image whose features are all equal correlates with no other (a layer of one feature)."""
+        return "flat" if grams.rdm_ranks() is None else ""
