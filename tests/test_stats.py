@@ -181,7 +181,7 @@ def test_cka_result_has_intervals_and_p_values_and_keeps_its_values(tiny_store, 
         with_stats = run_cka(store, _cfg(ci=0.9, permutations=19))
         assert with_stats.params["stats"] == {
             "ci": 0.9,
-            "bootstrap": stats.BOOTSTRAP_REPLICATES,
+            "interval": stats.JACKKNIFE,  # new cache parameters: results with the old bootstrap keep their own
             "permutations": 19,
             "seed": 0,
         }
@@ -313,7 +313,7 @@ async def test_heatmap_marks_read_as_x_without_colour_and_grey_with_it():
         after = [app.heatmap.render_line(y) for y in range(2)]
         assert before != after  # row 1 shares the first line with row 0: its cell turned grey
         lines = ["".join(seg.text for seg in app.heatmap.render_line(y)) for y in range(app.heatmap.size.height)]
-        assert any("not significant (p > 0.05)" in line for line in lines)  # the legend
+        assert any("not significant (BH q > 0.05)" in line for line in lines)  # the legend
 
 
 def test_a_view_marks_the_cells_above_alpha_and_words_its_interval():

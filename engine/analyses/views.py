@@ -119,7 +119,10 @@ def cached_params(
     params = analysis.params(store, request, (cfg or AnalyzeConfig()).with_options(options))
     if cfg is not None:
         return params if store.get_result(request.name, params) is not None else None
-    return analysis.cached_params(store, params)
+    found = analysis.cached_params(store, params)
+    if found is not None and not analysis.serves(found, params, options or {}):
+        return None  # an option that asks for statistics (--zoo-permutations 999) the cached one lacks
+    return found
 
 
 def compute_view(store: Store, text: str, cfg: AnalyzeConfig, progress=None) -> None:
