@@ -185,3 +185,38 @@ def test_a_measure_zoo_has_a_null_when_asked_and_says_how_to_get_one_when_not(tm
     payload = json.loads(out.read_text())
     a, b, c = (payload["rows"].index(m) for m in ("a", "b", "c"))
     assert payload["p_value"][a][b] == pytest.approx(1 / 40) and payload["p_value"][a][c] > 0.05
+
+
+def test_the_zoo_null_gives_groger_et_als_p_values_on_the_same_arrays():
+    """calibrated-similarity (Gröger et al.'s package) permutes the rows of every Y layer alike and recomputes an
+    aggregate of the layer x layer matrix; with vitsee's best match as the aggregate and the same estimator (CKA from
+    the unbiased HSIC, one batch) its p-values equal the zoo's within Monte Carlo error."""
+    cs = pytest.importorskip("calibrated_similarity")
+    import torch
+
+    from vitsee.analyses.cka import u_centre
+
+    K = 299
+    for seed, noise in ((0, 7.0), (2, 1e6)):  # weak, none: p well inside (0, 1)
+        rng = np.random.default_rng(seed)
+        z = rng.normal(size=(64, 4))
+        xs = [z @ rng.normal(size=(4, 8)) + rng.normal(size=(64, 8)) for _ in range(2)]
+        ys = [z @ rng.normal(size=(4, 6)) + noise * rng.normal(size=(64, 6)) for _ in range(2)]
+        models = {"a": xs, "b": ys}
+        _, ours = _zoo(models, 64, K, seed)
+
+        def sim(x, y):  # CKA from the unbiased HSIC of the one batch, as the zoo's accumulator computes it
+            k, l = u_centre(x.double() @ x.double().T), u_centre(y.double() @ y.double().T)
+            return (k * l).sum() / (k.norm() * l.norm())
+
+        _, p, _ = cs.calibrate_layers(
+            [torch.as_tensor(x) for x in xs],
+            [torch.as_tensor(y) for y in ys],
+            sim,
+            agg=lambda s: torch.as_tensor(summarise(s.double().numpy())),
+            K=K,
+            generator=torch.Generator().manual_seed(seed),
+        )
+        mine = float(ours["p_value"][0, 1])
+        sd = np.sqrt(mine * (1 - mine) / K) + 1 / K
+        assert abs(float(p) - mine) < 4 * sd * np.sqrt(2), (seed, float(p), mine)
