@@ -795,7 +795,7 @@ def analyze(
     ci: Annotated[
         Optional[float],
         typer.Option(
-            help="confidence level of the intervals (bootstrap over CKA minibatches, exact binomial for probes, "
+            help="confidence level of the intervals (jackknife over images for CKA, exact binomial for probes, "
             "Student-t for means over images); 0: none [default: 0.95]"
         ),
     ] = None,

@@ -988,7 +988,7 @@ def stream_batch(acc: MinibatchCKA, feats: list) -> torch.Tensor:
 
 class LinearCKA(LayerMatrix):
     """Linear CKA between every pair of layers of the store's models (paper Fig. 1, 2): one joint matrix,
-    estimated over minibatches, with bootstrap intervals and permutation p-values when asked for."""
+    estimated over minibatches, with jackknife intervals and permutation p-values when asked for."""
 
     name = "cka"
     label = "CKA"

@@ -121,7 +121,7 @@ class ModelZoo(Analysis):
     tooltip = "Show the zoo: every pair of models, clustered, and each model's layers matched to a reference's"
     option_help = (
         "the zoo: a summary of every pair of models' layer x layer matrix (best match by default), "
-        "clustered, with bootstrap intervals and each model's layers matched to every other's"
+        "clustered, with jackknife intervals, a permutation null and each model's layers matched to every other's"
     )
     options = (
         AnalysisOption("zoo-measure", str, "the layer x layer measure the zoo summarises (default: cka)"),
