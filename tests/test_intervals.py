@@ -176,3 +176,34 @@ def test_bad_jackknife_settings_are_one_line_errors():
     g = layer_grams([np.random.default_rng(0).normal(size=(30, 3))])
     with pytest.raises(VitseeError, match="at least 2"):
         list(jackknife.iter_jackknife_replicates(g, None, "rsa", 1))
+
+
+def test_a_cached_one_batch_bootstrap_is_read_without_its_point_interval_and_says_how_to_get_one(tmp_path):
+    """A CKA result cached before the jackknife, over one minibatch: its bootstrap 'interval' is the value itself
+    (ci_low == ci_high == value). It still reads, but the view drops the point and names the way to an interval."""
+    import vitsee
+    from vitsee.analyses.cka import cka_params
+    from vitsee.analyses.config import AnalyzeConfig
+    from vitsee.analyses.contract import save_result
+    from vitsee.analyses.views import load_view
+    from vitsee.store import Store
+
+    a, b, _ = _design(0)
+    x, y = _draw(a, b, 64, np.random.default_rng(6))
+    path = vitsee.from_features(tmp_path / "old.h5", {"m": {"x": x, "y": y}}).path
+    with Store.writer(path) as store:
+        params = cka_params(store, AnalyzeConfig(permutations=0))  # batch 64 = one minibatch
+        params["stats"] = {"ci": 0.95, "bootstrap": 1000, "permutations": 0, "seed": 0}  # the old settings
+        matrix = np.array([[1.0, 0.7], [0.7, 1.0]])
+        save_result(
+            store,
+            "cka",
+            params,
+            {"matrix": matrix, "model": np.zeros(2, dtype=int), "layer": np.array(["x", "y"]), "ci_low": matrix,
+             "ci_high": matrix, "n_batches": np.array(1), "shuffle_std": np.zeros((2, 2)),
+             "dropped_per_shuffle": np.array(0)},
+        )  # fmt: skip
+    view = load_view(path, "cka:m")
+    assert view.matrix[0, 1] == 0.7 and view.ci_low is None
+    assert "one minibatch gives a point" in view.interval_caption() and "--recompute" in view.interval_caption()
+    assert view.interval_text(0, 1) == ""
