@@ -160,6 +160,14 @@ def _normalised(text: str) -> str:
     return json.dumps(scrub(data), sort_keys=True)
 
 
+def _placeless(text: str, copy: Path) -> str:
+    """An error's text without the places of this run: the store's copy, the checkout and the interpreter (a
+    traceback names the files of whichever checkout ran, and two checkouts are what a comparison compares)."""
+    for place, name in ((copy, "STORE"), (Path(__file__).resolve().parents[1], "ROOT"), (Path(sys.prefix), "ENV")):
+        text = text.replace(str(place), name)
+    return text
+
+
 def run(stores: list[Path], threads: int | None) -> dict:
     out = {}
     for store in stores:
@@ -194,7 +202,7 @@ def run(stores: list[Path], threads: int | None) -> dict:
                 if done.returncode == 0:
                     views[view] = _sha(_normalised(done.stdout).encode())
                 else:
-                    views[view] = f"exit {done.returncode}: " + done.stderr.strip().replace(str(copy), "STORE")
+                    views[view] = f"exit {done.returncode}: " + _placeless(done.stderr.strip(), copy)
             out[store.name] = {"results": _results(copy), "views": views}
         print(f"{store}: {len(out[store.name]['results'])} results, {len(out[store.name]['views'])} views", flush=True)
     return out

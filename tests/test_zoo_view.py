@@ -195,6 +195,21 @@ class TestCommandLine:
         assert code == 2 and "the zoo compares the models of a store and one.h5 holds one" in err
 
 
+@pytest.mark.parametrize("command", ["show", "analyze"])
+def test_a_streaming_store_is_told_a_gram_measures_zoo_needs_activations(tmp_path, capsys, command):
+    """A store streamed without activations has no Gram measure to summarise: one line naming why and the way out
+    (it was an IndexError traceback)."""
+    from vitsee.extraction.extract import ExtractConfig, run_extraction
+
+    path = tmp_path / "stream.h5"
+    common = dict(dataset="synthetic", n_images=8, batch_size=8, img_size=32, device="cpu", workers=0)
+    run_extraction(ExtractConfig(store=path, models=[VIT, RESNET], streaming=True, **common))
+    args = ["show", path, "zoo"] if command == "show" else ["analyze", path, "--zoo", "-q"]
+    code, _, err = run_cli([*args, "--zoo-measure", "svcca"], capsys)
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "--streaming" in err and "SVCCA cannot be computed" in err and "re-extract without --streaming" in err
+
+
 def test_a_grams_store_gives_the_zoo_and_intervals_of_its_activations(zoo_store, tmp_path, capsys):
     """A zoo streamed as Grams (`extract --grams`, no activations) has the values and intervals the same models over
     the same images and batches give from their activations."""

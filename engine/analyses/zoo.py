@@ -194,8 +194,11 @@ class ModelZoo(Analysis):
         """Returns the cache key of the measure result the zoo summarises: that of cfg's settings, unless no settings
         were asked for (cfg.any_cka_estimate) and another estimate about the same layers is cached: then that one,
         as a view takes any cached estimate."""
-        job = measure.jobs(store)[0]
-        wanted = measure.params(store, job, cfg)
+        jobs = measure.jobs(store)
+        if not jobs:  # the measure does not apply to this store (a streaming store keeps no activations for a Gram)
+            reason = next(filter(None, (measure.not_applicable(store, m) for m in store.models)), None)
+            raise VitseeError(reason or f"{measure.label} has nothing to compute in {store.path}")
+        wanted = measure.params(store, jobs[0], cfg)
         if cfg.recompute or not cfg.any_cka_estimate or Result.load(store, measure.name, wanted) is not None:
             return wanted
         return measure.cached_params(store, wanted) or wanted
