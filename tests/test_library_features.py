@@ -100,11 +100,11 @@ def test_the_analyses_that_need_more_than_activations_say_so_in_one_line(store, 
     measures = [f"{a.name}:vit" for a in layer_measures()]  # CKA and the other measures need activations only
     assert store.views() == [*measures, "agree:vit", "probes:vit"]
     for spec, says in [
-        ("attention:vit", "no attention distances"),
-        ("skip:vit", "no skip-connection statistics"),
+        ("attention:vit", "vit holds another tool's activations (vitsee.from_features), not a model vitsee ran"),
+        ("skip:vit", "skip-connection ratios are recorded while vitsee runs the model"),
         ("spatial:vit", "spatial maps need `vitsee extract`"),
         ("erf:vit", "effective receptive fields need the model"),
-        ("heads:vit:vit", "no stored head outputs"),
+        ("heads:vit:vit", "per-head attention outputs are recorded while vitsee runs the model"),
     ]:
         with pytest.raises(vitsee.VitseeError, match=re.escape(says)) as caught:
             store.view(spec, progress=False)
@@ -183,3 +183,14 @@ def test_an_existing_store_is_kept_without_overwrite(store, tmp_path):
         vitsee.from_features(path, {"other": features["m"]})
     assert vitsee.open(path).models == ["m"]
     assert vitsee.from_features(path, {"other": features["m"]}, overwrite=True).models == ["other"]
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_folder_at_the_path_is_refused_and_kept_with_or_without_overwrite(overwrite, tmp_path):
+    folder = tmp_path / "x.h5"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "sub" / "notes.txt").write_text("mine\n")
+    with pytest.raises(vitsee.VitseeError, match=re.escape(f"{folder} is a folder, not a store file")):
+        vitsee.from_features(folder, {"m": {"x": np.zeros((8, 4))}}, overwrite=overwrite)
+    assert (folder / "sub" / "notes.txt").read_text() == "mine\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.h5"]  # no x.h5.d beside it

@@ -269,7 +269,7 @@ def test_export_json_puts_intervals_beside_the_values_and_show_prints_the_best_c
         capsys,
     )
     assert code == 0, err
-    assert "90% bootstrap interval" in text and "best: " in text and "p<" in text
+    assert "90% jackknife interval" in text and "best: " in text and "p<" in text
     code, _, err = run_cli(["analyze", path, "--cka", "--ci", "2", "--device", "cpu"], capsys)
     assert code == 2 and "--ci 2" in err
 
@@ -355,7 +355,7 @@ def test_figures_hatch_weak_cka_cells_band_probes_and_whisker_heads(tiny_store, 
     fig = figure_for(view)
     hatched = [p for p in fig.axes[0].patches if p.get_gid() == "not-significant"]
     assert len(hatched) == int(view.not_significant().sum())
-    assert "90% bootstrap interval" in fig._supxlabel.get_text()
+    assert "90% jackknife interval" in fig._supxlabel.get_text()
     probes = figure_for(load_view(path, f"probes:{VIT}", cfg))
     assert any(str(c.get_gid()).startswith("band:") for c in probes.axes[0].collections)
     attention = figure_for(load_view(path, f"attention:{VIT}", cfg))

@@ -108,7 +108,7 @@ async def test_search_finds_models_in_the_side_panel_and_enter_picks_one_as_mode
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot, view_shown("cka"))
         await pilot.press("slash", *"resnet")
-        assert side_list(app) == ["model test_resnet (random)"]
+        assert side_list(app) == ["model test_resnet (random init)"]  # its display name
         await pilot.press("enter")  # no layer matches: says where the match is
         assert any("model test_resnet@random:0 does" in n.message for n in app._notifications)
         option_list = app.screen.query_one("#layers")
@@ -164,10 +164,12 @@ async def test_colon_lists_every_view_with_the_current_models_and_goes_to_the_on
         assert isinstance(jump, JumpScreen)
         options = [str(o.prompt) for o in jump.query_one("#jump-list").options]
         assert len(options) == len(REGISTRY)
-        assert options[0].startswith("1  CKA") and options[0].endswith(f"cka:{VIT}:{RESNET}")
-        assert options[1].startswith("1m RBF CKA") and options[1].endswith(f"rbf_cka:{VIT}:{RESNET}")  # CKA's tab, m
+        pair = "test_vit (random init) x test_resnet (random init)"  # the models by their display names
+        assert options[0].startswith("1  CKA") and options[0].endswith(pair)
+        assert options[1].startswith("1m RBF CKA") and options[1].endswith(pair)  # CKA's tab, m
+        assert all(len(option) <= 78 for option in options)  # one line each at 80 columns, no key wrapped mid-word
         skip = list(REGISTRY).index("skip")
-        assert options[skip].startswith("4  Skip") and options[skip].endswith(f"skip:{VIT}")
+        assert options[skip].startswith("4  Skip") and options[skip].endswith("test_vit (random init)")
         await pilot.press(*["down"] * skip, "enter")  # from CKA to skip ratios
         await settle(pilot, view_shown("skip"))
         assert isinstance(app.screen, ExplorerScreen) and app.screen.kind == "skip"
@@ -372,3 +374,48 @@ def test_a_layer_outside_every_block_has_no_head_distances_or_skip_ratios(store)
         ]
         section = section_of(REGISTRY["skip"], VIT, layer, skip)
         assert not section.available and section.lines == [f"{layer} has no residual sublayer"]
+
+
+async def test_the_search_lists_what_it_counts_model_b_columns_and_models_included(store, tmp_path):
+    """Issue 29 (6): `/layer3` said `2 matches (Enter)` over an empty list (the matches were model B's column layers,
+    the list showed model A's rows only), and `/resnet` said `no match in this view` beside the model it listed."""
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, view_shown("cka"))
+        screen = app.screen
+        view = screen.pane("cka").view
+        await pilot.press("slash", *"layer3")
+        columns = [c for c in view.cols if "layer3" in c]
+        assert columns and side_list(app) == [f"{c} (B)" for c in columns]
+        many = "es" if len(columns) > 1 else ""
+        assert str(screen.query_one("#search-count").render()) == f"{len(columns)} match{many} (Enter)"
+        # picking a listed column moves the cursor along its row to that column
+        option_list = screen.query_one("#layers")
+        option_list.focus()
+        option_list.highlighted = len(columns) - 1
+        await pilot.press("enter")
+        await pilot.pause()
+        assert screen.query_one("#cka-heatmap", Heatmap).cursor[1] == view.cols.index(columns[-1])
+        await pilot.press("slash", *"resnet")
+        assert side_list(app) == ["model test_resnet (random init)"]
+        count = str(screen.query_one("#search-count").render())
+        assert count == "1 model, no layer" and "no match" not in count
+
+
+async def test_every_dossier_line_wraps_inside_its_box_at_80_columns(store, tmp_path):
+    """Issue 29 (10): a dossier line ("95% bootstrap interval over 2 minibatches of images (rough: under 10 ...") ran
+    past the box's edge, cut, instead of wrapping."""
+    from vitsee.tui.screens.dossier import DossierScreen
+
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, view_shown("cka"))
+        await pilot.press("d")
+        await settle(pilot, lambda a: isinstance(a.screen, DossierScreen) and a.screen.dossier is not None)
+        labels = [label for section in app.screen.query("DossierSection") for label in section.query("Label")]
+        long = [label for label in labels if len(str(label.render())) > labels[0].parent.content_size.width]
+        assert long  # the cell's caption at least is longer than the box is wide
+        for label in labels:
+            assert label.outer_size.width <= label.parent.content_size.width, str(label.render())
+        for label in long:
+            assert label.outer_size.height > 1  # wrapped onto more lines, nothing cut

@@ -207,3 +207,58 @@ def test_zoo_at_120x36_snapshot(zoo_store, tmp_path, snap_compare):
     assert snap_compare(
         make_app(zoo_store, tmp_path), terminal_size=(120, 36), run_before=opened_zoo("down", "down", "right", "r")
     )
+
+
+async def test_m_keeps_the_cursor_on_the_same_pair_of_models_when_the_next_measure_orders_them_otherwise(
+    zoo_store, tmp_path
+):
+    """Issue 29 (10): `m` in the Zoo moved the cursor to another pair: the heatmap kept the cursor's row and column
+    while the next measure's clustering put other models there."""
+    from vitsee.analyses.driver import run_analyses
+    from vitsee.store import copy_store
+    from helpers.stores import ZOO_CFG
+
+    path = copy_store(zoo_store, tmp_path / "zoo.h5")
+    run_analyses(path, ["procrustes"], ZOO_CFG)
+    cka_order = load_view(path, "zoo").extra["order"]
+    procrustes_order = load_view(path, "zoo", options={"zoo_measure": "procrustes"}).extra["order"]
+    # a cell whose row and column hold another pair of models in the other measure's order
+    row, col = next(
+        (r, c)
+        for r in range(4)
+        for c in range(4)
+        if (cka_order[r], cka_order[c]) != (procrustes_order[r], procrustes_order[c])
+    )
+    app = make_app(path, tmp_path)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await open_zoo(app, pilot)
+        pane = app.screen.pane("zoo")
+        await pilot.press(*["down"] * row, *["right"] * col)
+        await settle(pilot)
+        pair = (cka_order[row], cka_order[col])
+        assert pane.selection == pair
+        before = status(app).split("  ")[0]  # 'vit_a x resnet_b'
+        await pilot.press("m")
+        await settle(pilot, lambda a: pane.view is not None and pane.view.params["measure"] == "procrustes")
+        assert pane.selection == pair and status(app).split("  ")[0] == before
+        assert pane.heatmap.cursor == (procrustes_order.index(pair[0]), procrustes_order.index(pair[1]))
+
+
+async def test_a_view_refused_while_another_writer_holds_the_store_is_read_once_it_lets_go(store, tmp_path):
+    """Issue 29 (7): the Zoo tab kept "store is being written by process ... (vitsee analyze)" 5, 15 and 30 s after
+    the writer ended, until one left the tab and came back. The explorer watches the lock and reads the view again."""
+    from vitsee.store import Store, WriteLock, copy_store
+
+    path = copy_store(store, tmp_path / "tiny.h5")  # CKA cached, no zoo: the tab computes it, under the store's lock
+    writer = WriteLock(path, "vitsee analyze")  # as another process's analysis holds it
+    app = make_app(path, tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, view_shown("cka"))
+        await pilot.press(ZOO_KEY)
+        await settle(pilot, lambda a: "is being written by" in status(a) and a.screen.kind == "zoo")
+        assert app.screen.pane("zoo").loaded is None
+        writer.release()
+        await settle(pilot, view_shown("zoo"), timeout=30, idle=False)
+        assert app.screen.pane("zoo").loaded.computed and "being written" not in status(app)
+    with Store.open(path) as s:
+        assert s.results("zoo")

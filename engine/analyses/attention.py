@@ -16,7 +16,8 @@ from vitsee.errors import VitseeError
 from vitsee.store import Store
 from vitsee.lazy import lazy_module
 from vitsee.analyses.base import AnalyzeConfig, RunningMoments, StepFn, emit, save_result, with_interval
-from vitsee.analyses.contract import Analysis, DossierEntry, Request, Result, Shape, View
+from vitsee.analyses.contract import Analysis, DossierEntry, Request, Result, Shape, View, features_reason
+from vitsee.store.layout import is_features_model
 
 torch = lazy_module("torch")  # reading a cached result needs numpy only; torch is imported by the first computation
 
@@ -247,6 +248,8 @@ class AttentionDistances(Analysis):
     layer_list_title = "Blocks (Enter: go)"
 
     def not_applicable(self, store: Store, key: str) -> str | None:
+        if is_features_model(store.model_info(key)):  # no model at all: its family says nothing here
+            return features_reason(key, "attention distances")
         if "attention_distance" not in store.stats(key):
             return no_attention_reason(key, store.model_info(key))
         return None
@@ -276,17 +279,15 @@ class AttentionDistances(Analysis):
         title = f"Mean attention distance {key}"
         if info.get("family") == "swin":
             title += " (inside shifted windows; uniform reference per stage)"
-        return View(
-            self.name,
-            "",
-            title,
-            "",
-            r["mean_px"],
-            [str(b) for b in r["blocks"]],
-            [f"head {h + 1}" for h in range(heads)],
-            "distance (px)",
-            0.0,
-            float(r["hist_edges"][-1]),
+        return View.of(
+            request,
+            title=title,
+            matrix=r["mean_px"],
+            rows=[str(b) for b in r["blocks"]],
+            cols=[f"head {h + 1}" for h in range(heads)],
+            value_name="distance (px)",
+            vmin=0.0,
+            vmax=float(r["hist_edges"][-1]),
             params=dict(r.params),
             extra=extra,
             models=[key],

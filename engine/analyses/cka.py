@@ -47,6 +47,7 @@ from vitsee.analyses.base import (
 from vitsee.analyses.contract import Request, Result
 from vitsee.analyses.similarity import LayerMatrix, matrix_block
 from vitsee.lazy import lazy_module
+from vitsee.measures.kernels import power_of_two_scale
 
 torch = lazy_module("torch")  # reading a cached result needs numpy only; torch is imported by the first computation
 
@@ -104,6 +105,18 @@ def gram(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     k[h:, h:] = x[h:] @ x[h:].T  # (m - h, m - h)
     k[h:, :h] = k[:h, h:].T
     return k
+
+
+def cka_ratio(sums: np.ndarray, self_hsic: np.ndarray) -> np.ndarray:
+    """Returns sums_ij / sqrt(self_i self_j), the CKA of HSIC sums; where the product of two self-HSICs under- or
+    overflows fp64 (layers of values below ~1e-40 or above ~1e38), as sums_ij / (sqrt(self_i) sqrt(self_j))."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore", under="ignore"):
+        denominator = np.sqrt(np.outer(self_hsic, self_hsic))
+        lost = ((denominator == 0) | np.isinf(denominator)) & np.isfinite(self_hsic)[:, None]
+        if lost.any():
+            root = np.sqrt(self_hsic)
+            denominator = np.where(lost, np.outer(root, root), denominator)
+        return sums / denominator
 
 
 def u_centre(k: torch.Tensor) -> torch.Tensor:
@@ -263,6 +276,7 @@ class MinibatchCKA:
         )
         # Buffers kept between batches, sized by _reserve (and the upper-triangle indices, by _upper).
         self._scratch = self._gram = self._grams = torch.empty(0, device=self.device)
+        self._unscale = torch.empty(0, dtype=torch.float64, device=self.device)
         self._spare: list[tuple[torch.Tensor, torch.Tensor]] = []  # (scratch, Gram) of the workers beyond the first
         self._upper_m, self._upper_ab = 0, (self._scratch, self._scratch)
 
@@ -334,8 +348,7 @@ class MinibatchCKA:
                 self._layer_grams(feats, m, workers)
             else:
                 for i, f in enumerate(feats):
-                    x = self._centred(f, m)  # (m, D_i)
-                    self._grams[i].copy_(gram(x, out=self._gram))  # (m, m) fp32 -> its fp64 slot
+                    self._layer_gram_into(i, *self._centred(f, m), self._gram)  # (m, D_i) -> (m, m)
             self._add_grams(m, slot)
 
     def layer_gram(self, f: Any) -> torch.Tensor:
@@ -344,7 +357,10 @@ class MinibatchCKA:
         m = int(f.shape[0])
         with torch.no_grad(), full_fp32_matmul(), self._one_thread():
             self._reserve(m, int(np.prod(f.shape)))
-            return gram(self._centred(f, m))
+            x, scale = self._centred(f, m)
+            k = gram(x)
+            # ordinary values: / 1, the Gram as it was; a tiny or huge layer's fp32 Gram may under- or overflow here
+            return (k.double() / scale.square()).to(k.dtype)
 
     def update_grams(self, grams: Sequence[Any], slot: int | None = None) -> None:
         """Add one batch from its L layer Grams (m, m) as layer_gram() returns them, in layer order: the sums update()
@@ -370,7 +386,18 @@ class MinibatchCKA:
             self._reserve(m, 1)
             for i, g in enumerate(grams):
                 self._grams[i].copy_(torch.as_tensor(g))  # fp32 -> its fp64 slot, as update() does
+            self._unscale.fill_(1.0)
             self._add_grams(m, slot)
+
+    def _layer_gram_into(self, i: int, x: torch.Tensor, scale: torch.Tensor, out: torch.Tensor) -> None:
+        """Builds layer i's Gram of its centred batch x (m, D), scaled by `scale` (a power of two, _centred), into
+        its fp64 slot; the factor that undoes the scale in the layer's HSIC terms goes to self._unscale[i] (1 for
+        every ordinary layer: its Gram and sums bit for bit as without the scaling).
+
+        The Gram is fp32: a layer of values ~1e-30 squares to ~1e-60 there, which is 0, and its CKA came out NaN,
+        though CKA does not change when a layer is multiplied by a number. A power of two rescales exactly."""
+        self._grams[i].copy_(gram(x, out=out))  # (m, m) fp32 -> its fp64 slot
+        self._unscale[i] = scale.to(torch.float64).square().reciprocal()  # no host sync: stays on the device
 
     def _add_grams(self, m: int, slot: int | None) -> None:
         """Add the batch whose layer Grams fill self._grams (L, m, m, fp64, not yet U-centred)."""
@@ -387,17 +414,20 @@ class MinibatchCKA:
                     "make it with batch_slots = the number of batches"
                 )
             own = self.batch_hsic[slot] if self.batch_slots else None
+            unscale = self._unscale  # (L,) 1 for every layer of ordinary values (see _layer_gram_into)
             if self.cross_at is None:
                 pairs = self._pair_product(grams, grams).to(torch.float64) * scale  # (L, L)
+                pairs *= torch.outer(unscale, unscale)
                 sums += pairs
                 if own is not None:
                     own += pairs
             else:
                 k = self.cross_at
                 pairs = self._pair_product(grams[:k], grams[k:]).to(torch.float64) * scale  # (k, L - k)
+                pairs *= torch.outer(unscale[:k], unscale[k:])
                 sums[:k, k:] += pairs
                 diag = torch.bmm(grams.unsqueeze(1), grams.unsqueeze(2)).view(L)  # (L,) row dot products, no temp
-                diag = diag.to(torch.float64) * scale
+                diag = diag.to(torch.float64) * scale * unscale.square()
                 sums.diagonal().add_(diag)
                 if own is not None:
                     own[:k, k:] += pairs
@@ -452,6 +482,7 @@ class MinibatchCKA:
         from vitsee.stats import batch_permutations
 
         k = self.cross_at or 0
+        unscale = torch.outer(self._unscale if self.cross_at is None else self._unscale[:k], self._unscale[k:])
         a, b = self._upper(m)  # (T,) row and column of each upper-triangle entry, T = m (m - 1) / 2
         perms = torch.as_tensor(batch_permutations(self.seed, slot, m, self.permutations), device=self.device)
         cols = grams[k:].to(_dtype(NULL_DTYPE))  # (Lc, m*m): the layers whose images are permuted
@@ -465,7 +496,7 @@ class MinibatchCKA:
             index = (p[:, a] * m + p[:, b]).reshape(-1)  # (g*T,) where entry (a, b) of each P U P' sits in U
             permuted = cols.index_select(1, index).view(len(cols) * len(p), len(a))  # (Lc*g, T), layer-major
             pairs = (rows @ permuted.T).view(len(rows), len(cols), len(p))  # (Lr, Lc, g): one plain GEMM
-            null[s : s + group] += pairs.permute(2, 0, 1).to(torch.float64) * (2.0 * scale)  # (g, Lr, Lc)
+            null[s : s + group] += pairs.permute(2, 0, 1).to(torch.float64) * (2.0 * scale) * unscale  # (g, Lr, Lc)
 
     def _upper(self, m: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Return the (row, column) indices of the strict upper triangle of an m x m matrix, kept between batches."""
@@ -480,6 +511,7 @@ class MinibatchCKA:
         L = self.num_layers
         if self._grams.shape != (L, m, m) or self._grams.dtype != _dtype(PAIR_DTYPE):
             self._grams = torch.empty(L, m, m, dtype=_dtype(PAIR_DTYPE), device=self.device)  # U-centred Grams
+            self._unscale = torch.ones(L, dtype=torch.float64, device=self.device)  # see _layer_gram_into
             self._gram = torch.empty(m, m, dtype=_dtype(GRAM_DTYPE), device=self.device)  # one layer's Gram
             self._spare = []
         if self._scratch.numel() < largest_layer or self._scratch.dtype != _dtype(GRAM_DTYPE):
@@ -525,8 +557,7 @@ class MinibatchCKA:
                             if isinstance(feats[i], torch.Tensor)
                             else torch.from_numpy(np.ascontiguousarray(np.asarray(feats[i])))
                         )
-                    x = self._centred(f, m, scratch)  # (m, D_i)
-                    self._grams[i].copy_(gram(x, out=out))  # (m, m) fp32 -> its fp64 slot
+                    self._layer_gram_into(i, *self._centred(f, m, scratch), out)  # (m, D_i) -> (m, m)
 
         from vitsee.threads import torch_threads
 
@@ -537,9 +568,10 @@ class MinibatchCKA:
             for future in [pool.submit(work, w) for w in range(workers)]:
                 future.result()
 
-    def _centred(self, f: Any, m: int, scratch: torch.Tensor | None = None) -> torch.Tensor:
+    def _centred(self, f: Any, m: int, scratch: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Return one layer's batch (m, ...) as (m, D) GRAM_DTYPE on the device, shifted to about its batch mean
-        (written into scratch, default self._scratch)."""
+        (written into scratch, default self._scratch), and the power of two it was scaled by (a 0-dim fp64 tensor,
+        1 for ordinary values)."""
         if not isinstance(f, torch.Tensor):  # numpy, or an array-like read only now (a store batch read lazily)
             f = torch.from_numpy(np.ascontiguousarray(np.asarray(f)))
         x = f.to(self.device).reshape(m, -1)  # (m, D), any float dtype (fp16 from the store)
@@ -549,10 +581,19 @@ class MinibatchCKA:
         # rank-one term. The shift only has to be close to the mean: the mean of the first SHIFT_ROWS examples is
         # within ~1/4 of the spread of it, costs 1/16 of a pass to compute, and the subtraction is the one pass
         # over the batch that also writes the fp32 copy the Gram reads.
-        if x.dtype != _dtype(GRAM_DTYPE):  # e.g. fp16 from the store: convert once, then shift in place
+        # A batch of tiny or huge values is first scaled by a power of two (see _layer_gram_into), before the shift:
+        # values near fp32's largest overflowed in the subtraction. fp16 values lie within [2^-24, 65504]: never.
+        if x.dtype == torch.float16:  # from the store: convert once, then shift in place
             x = out.copy_(x)
-            return x.sub_(x[:SHIFT_ROWS].mean(dim=0, keepdim=True))
-        return torch.sub(x, x[:SHIFT_ROWS].mean(dim=0, keepdim=True), out=out)
+            return x.sub_(x[:SHIFT_ROWS].mean(dim=0, keepdim=True)), torch.ones(
+                (), dtype=torch.float64, device=x.device
+            )
+        scale = power_of_two_scale(x, 40)  # 1 for every ordinary batch: what follows is then the plain shift
+        if x.dtype != _dtype(GRAM_DTYPE):  # fp64 (or bf16) given: scaled in its own precision, then converted
+            x = out.copy_(x * scale)
+            return x.sub_(x[:SHIFT_ROWS].mean(dim=0, keepdim=True)), scale
+        shift = (x[:SHIFT_ROWS] * scale).mean(dim=0, keepdim=True)  # of the scaled rows: 16 x 3e38 overflows fp32
+        return torch.addcmul(-shift, x, scale, out=out), scale  # x * scale - shift, one pass
 
     def merge(self, other: MinibatchCKA | torch.Tensor) -> None:
         """Add another accumulator (or its `state`) for the same layers into this one, e.g. from another process."""
@@ -595,8 +636,7 @@ class MinibatchCKA:
             kept[:k, k:] = kept[k:, :k] = True
             sums[k:, :k] = sums[:k, k:].T
             sums[~kept] = np.nan
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return sums / np.sqrt(np.outer(self_hsic, self_hsic))
+        return cka_ratio(sums, self_hsic)
 
     def statistics(self, level: float = 0.95, replicates: int | None = None, seed: Sequence[int] | int = 0) -> dict:
         """Return {ci_low, ci_high, p_value} (each (L, L) like result(), nan where there is none) and n_batches.
@@ -834,8 +874,18 @@ def finish_cka(states: torch.Tensor, columns: list[tuple[str, str]], params: dic
         "layer": np.array([layer for _, layer in columns]),
         "shuffle_std": np.std(matrices, axis=0) if len(matrices) > 1 else np.zeros_like(matrix),
         "dropped_per_shuffle": np.array(dropped),
+        "undefined": undefined_layers(states, len(columns)),
     }
     return arrays | pooled_stats(per_shuffle)
+
+
+def undefined_layers(states: torch.Tensor, n_layers: int) -> np.ndarray:
+    """Returns per layer why its CKA is undefined, as the codes the views put in words (similarity.UNDEFINED):
+    'nonfinite' (NaN/Inf activations), 'self_hsic' (its unbiased HSIC with itself is not above 0: a constant layer,
+    or one that differs in too few images), '' (defined)."""
+    L = n_layers
+    own = states[:, : L * L].reshape(len(states), L, L).diagonal(dim1=1, dim2=2).cpu().numpy().sum(axis=0)
+    return np.array(["nonfinite" if not np.isfinite(h) else "self_hsic" if h <= 0 else "" for h in own])
 
 
 def pooled_stats(per_shuffle: list[dict]) -> dict:

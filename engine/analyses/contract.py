@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -85,10 +85,18 @@ class AnalysisOption:
     type: type
     help: str
     field: str = ""  # default: the name with '_' for '-'
+    # where a result's params keep the value it sets ('stats.bootstrap': a key inside a key); default: `attr`. A
+    # cached result serves a view asked for with this option only when its params hold the value asked for there
+    param: str = ""
 
     @property
     def attr(self) -> str:
         return self.field or self.name.replace("-", "_")
+
+    @property
+    def path(self) -> str:
+        """Returns where a result's params keep this option's value (dotted)."""
+        return self.param or self.attr
 
 
 @dataclass(frozen=True)
@@ -314,10 +322,17 @@ class Analysis(ABC):
         """Returns the parameters a result of `request` is cached under (its cache key): what it is about and how
         it is estimated. Raises the VitseeError that says why when it cannot be computed."""
 
-    def cached_params(self, store: Store, params: dict) -> dict | None:
+    def cached_params(self, store: Store, params: dict, given: Iterable[str] = ()) -> dict | None:
         """Returns the params of the cached result about the same thing as `params` (its `identity`) that the
-        analysis prefers (`preference`, the newest among equals), whatever settings made it; None when none is."""
-        same = [r for r in store.results(self.name) if all(r["params"].get(k) == params.get(k) for k in self.identity)]
+        analysis prefers (`preference`, the newest among equals), whatever settings made it, except the options
+        `given` (attributes: `max_images`, ...): on those it holds the values `params` hold. None when none is."""
+        paths = [path for attr in given for path in self.option_paths(attr)]
+        same = [
+            r
+            for r in store.results(self.name)
+            if all(r["params"].get(k) == params.get(k) for k in self.identity)
+            and all(param_at(r["params"], p) == param_at(params, p) for p in paths)
+        ]
 
         def preference(r: dict) -> tuple:
             made = r["provenance"]
@@ -325,6 +340,10 @@ class Analysis(ABC):
 
         best = max(same, key=preference, default=None)
         return best["params"] if best else None
+
+    def option_paths(self, attr: str) -> list[str]:
+        """Returns where its results' params keep the value of its option `attr` (none: not its option)."""
+        return [option.path for option in self.options if option.attr == attr]
 
     def run(self, store: Store, request: Request, cfg: AnalyzeConfig, progress: StepFn | None = None) -> Result:
         """Returns the result of `request`: cached, or computed (`compute`) and cached."""
@@ -344,12 +363,6 @@ class Analysis(ABC):
         """Returns how much a cached result with these params is preferred among those about the same thing (the
         largest serves a view that asked for no particular estimate, ties going to the newest)."""
         return 0.0
-
-    def serves(self, cached: dict, params: dict, options: dict) -> bool:
-        """Returns whether the cached result with params `cached` (about the same thing as `params`) serves a view
-        whose own options were `options` (attribute -> value): by default always; an analysis whose options ask for
-        statistics says no when the cached result was made with others."""
-        return True
 
     def warning(self, store: Store, request: Request, cfg: AnalyzeConfig) -> str | None:
         """Returns a line to show before computing `request` when it is expected to take long, else None."""
@@ -382,6 +395,11 @@ class Analysis(ABC):
         """Returns what `vitsee show` adds to the view's caption ('; ...' per note), '' for nothing."""
         return ""
 
+    def no_interval(self, view: View) -> str:
+        """Returns what to say beside a value of a view that has no interval though the analysis could give one,
+        naming how to get it ('no interval: --measure-bootstrap 200 gives one'); '' where nothing is missing."""
+        return ""
+
     def present(self, view: View) -> np.ndarray | None:
         """Returns the (rows, cols) mask of the cells that hold a value at all (None: every cell); a NaN outside it
         is no non-finite value (a Swin stage's missing heads)."""
@@ -410,6 +428,11 @@ class DossierEntry:
 # --- views -----------------------------------------------------------------------------------------------------
 
 
+def _names(labels: list[str], rows: np.ndarray) -> str:
+    """Returns 'a, b, c, d and 3 more' for the labels of rows."""
+    return ", ".join(labels[r] for r in rows[:4]) + (f" and {len(rows) - 4} more" if len(rows) > 4 else "")
+
+
 @dataclass
 class View:
     """A result ready to draw: `matrix` (rows x cols) with labels, a colour range, and what its shape needs in
@@ -432,11 +455,44 @@ class View:
     # values so that "non-finite" and "not computed" (NaN without a mark) stay two things
     nonfinite: np.ndarray | None = None  # (rows, cols) bool
     nonfinite_images: np.ndarray | None = None  # (rows, cols) images with non-finite inputs per cell, -1 unknown
+    # (rows, cols) why a cell without a value has none, in words ('' where the result does not say): a constant layer,
+    # one RSA cannot use, ... (a layer x layer measure's per-layer "undefined" codes, similarity.UNDEFINED)
+    reasons: np.ndarray | None = None
     n_images: int = 0
     # statistics, each shaped like matrix when present (None: the result has none): see engine/stats.py
     ci_low: np.ndarray | None = None
     ci_high: np.ndarray | None = None
     p_value: np.ndarray | None = None
+    # the store's models' display names (key -> name, engine/store/names.py): what titles, axes and legends call
+    # them; the keys stay in `models`, `rows` (the zoo's) and the JSON
+    names: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(
+        cls,
+        request: Request,
+        *,
+        title: str,
+        matrix: np.ndarray,
+        rows: list[str],
+        cols: list[str],
+        value_name: str,
+        **fields,
+    ) -> View:
+        """Returns the view of `request` (its analysis and view string), its other fields by keyword: what an
+        analysis's `view` builds. The store's subtitle (weights, images) and its number of images are the store's to
+        add (views.load_view)."""
+        return cls(
+            kind=request.name,
+            spec=request.spec,
+            title=title,
+            subtitle="",
+            matrix=matrix,
+            rows=rows,
+            cols=cols,
+            value_name=value_name,
+            **fields,
+        )
 
     @property
     def analysis(self) -> Analysis:
@@ -451,14 +507,27 @@ class View:
     def value(self, row: int, col: int) -> float:
         return float(self.matrix[row, col])
 
+    def name(self, key: str) -> str:
+        """Returns the display name of a model of the view (its key when it has none)."""
+        return self.names.get(key, key)
+
     def is_nonfinite(self, row: int, col: int) -> bool:
         """Returns whether a cell was computed and came out non-finite (NaN/Inf)."""
         return self.nonfinite is not None and bool(self.nonfinite[row, col])
 
     def nonfinite_text(self, row: int, col: int) -> str:
-        """Returns 'non-finite (3 of 48 images)' for a non-finite cell ('non-finite' when the images are unknown)."""
+        """Returns what made a cell non-finite: 'non-finite (3 of 48 images)' when images with NaN/Inf inputs are
+        behind it, 'undefined: <why>' when the result says why (a constant layer, ...), 'undefined: not from NaN/Inf
+        (...)' when the store has none behind it, else 'non-finite' (the images are unknown)."""
         count = int(self.nonfinite_images[row, col]) if self.nonfinite_images is not None else -1
-        return f"non-finite ({count} of {self.n_images} images)" if count > 0 else "non-finite"
+        if count > 0:
+            return f"non-finite ({count} of {self.n_images} images)"
+        reason = str(self.reasons[row, col] or "") if self.reasons is not None else ""
+        if reason:
+            return f"undefined: {reason}"
+        if count == 0:
+            return f"undefined: not from NaN/Inf (the stored {self.analysis.nonfinite_source} hold none)"
+        return "non-finite"
 
     def cell_text(self, row: int, col: int, digits: int = 4, missing: str = "not computed") -> str:
         """Returns a cell as text: its value, 'non-finite (k of N images)', or `missing` (not computed)."""
@@ -468,16 +537,29 @@ class View:
         return self.nonfinite_text(row, col) if self.is_nonfinite(row, col) else missing
 
     def nonfinite_note(self) -> str:
-        """Returns one line on the non-finite cells ('' when there are none): how many and which rows."""
+        """Returns one line on the cells without a value ('' when there are none): how many, which rows, and what
+        made them so: NaN/Inf in the stored inputs only for the cells with such images behind them."""
         if self.nonfinite is None or not self.nonfinite.any():
             return ""
-        whole = np.flatnonzero(self.nonfinite.all(axis=1))  # a layer with non-finite activations fills its row
-        rows = whole if whole.size else np.flatnonzero(self.nonfinite.any(axis=1))
-        names = ", ".join(self.rows[r] for r in rows[:4]) + (f" and {len(rows) - 4} more" if len(rows) > 4 else "")
-        where = self.analysis.nonfinite_source
-        return f"{int(self.nonfinite.sum())} non-finite cell(s), from NaN/Inf in the stored {where}, in {names}" + (
-            ": see `vitsee info`" if where == "activations" else ""
-        )
+        counts = self.nonfinite_images if self.nonfinite_images is not None else np.full(self.matrix.shape, -1)
+        inputs = self.nonfinite & (counts != 0)  # NaN/Inf behind them, or unknown: what the note always said
+        if self.reasons is not None:
+            inputs &= ~(self.reasons.astype(bool)) | (counts > 0)
+        parts = []
+        if inputs.any():
+            whole = np.flatnonzero(inputs.all(axis=1))  # a layer with non-finite activations fills its row
+            rows = whole if whole.size else np.flatnonzero(inputs.any(axis=1))
+            where, names = self.analysis.nonfinite_source, _names(self.rows, rows)
+            parts.append(
+                f"{int(inputs.sum())} non-finite cell(s), from NaN/Inf in the stored {where}, in {names}"
+                + (": see `vitsee info`" if where == "activations" else "")
+            )
+        rest = self.nonfinite & ~inputs
+        if rest.any():  # each reason once, however many cells it leaves without a value
+            texts = [self.nonfinite_text(r, c).removeprefix("undefined: ") for r, c in zip(*np.nonzero(rest))]
+            reasons = dict.fromkeys(part for text in texts for part in text.split("; "))
+            parts.append(f"{int(rest.sum())} undefined cell(s): {'; '.join(reasons)}")
+        return "; ".join(parts)
 
     @property
     def ci_level(self) -> float:
@@ -510,6 +592,15 @@ class View:
             label = significance_label(float(self.p_value[row, col]), self.permutations)
             text += f"  {label}" if label else ""
         return text
+
+    def interval_or_hint(self, row: int, col: int) -> str:
+        """Returns interval_text, or where the result has no interval that its analysis could give, the words
+        saying so and how to get one ('  no interval: --measure-bootstrap 200 gives one')."""
+        text = self.interval_text(row, col)
+        if text or self.ci_low is not None:
+            return text
+        hint = self.analysis.no_interval(self)
+        return f"  {hint}" if hint else ""
 
     def interval_caption(self) -> str:
         """Returns what the intervals and p-values are, in words ('' without them), for captions and legends."""
@@ -597,6 +688,7 @@ class View:
                         if self.nonfinite_images is not None and self.nonfinite_images[r, c] >= 0
                         else None
                     ),
+                    "why": self.nonfinite_text(r, c),
                 }
                 for r, c in zip(*np.nonzero(self.nonfinite))
             ]
@@ -604,6 +696,8 @@ class View:
             else []
         )
         out["n_images"] = self.n_images
+        if self.names:  # what the figures call the models; the keys above stay what identifies them
+            out["names"] = {key: self.names[key] for key in (self.models or self.rows) if key in self.names}
         out["params"] = self.params
         return out
 
@@ -618,6 +712,16 @@ class View:
         for label, row in zip(self.rows, self.matrix):
             writer.writerow([label, *[("" if not np.isfinite(v) else repr(float(v))) for v in row]])
         return buf.getvalue()
+
+
+def param_at(params: Mapping, path: str):
+    """Returns the value at a dotted path of a result's params ('stats.bootstrap'), None where there is none."""
+    value = params
+    for part in path.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            return None
+        value = value[part]
+    return value
 
 
 def to_jsonable(value):
@@ -657,6 +761,15 @@ def streaming_reason(store: Store, what: str) -> str:
     return (
         f"{store.path} was extracted with --streaming, which keeps no activations, so {what}: "
         "re-extract without --streaming into another store"
+    )
+
+
+def features_reason(key: str, what: str) -> str:
+    """Returns why a model made from another tool's activations (vitsee.from_features) has no `what`: the store
+    holds no model of vitsee's run, whatever its family, and the way out."""
+    return (
+        f"{key} holds another tool's activations (vitsee.from_features), not a model vitsee ran: {what} are "
+        "recorded while vitsee runs the model: extract it with `vitsee extract STORE --model NAME`"
     )
 
 

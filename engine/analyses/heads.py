@@ -31,7 +31,8 @@ from vitsee.lazy import lazy_module
 
 # the shared plumbing of the store-facing runners (batches by global index, device, caching with provenance)
 from vitsee.analyses.base import AnalyzeConfig, StepFn, batch_plan, check_ready, emit, resolve_device, save_result
-from vitsee.analyses.contract import Analysis, Request, Result, Shape, View
+from vitsee.analyses.contract import Analysis, Request, Result, Shape, View, features_reason
+from vitsee.store.layout import is_features_model
 
 torch = lazy_module("torch")  # reading a cached result needs numpy only; torch is imported by the first computation
 
@@ -361,6 +362,8 @@ class HeadCKAAnalysis(Analysis):
         streaming = _streaming_reason(store)
         if streaming:
             return streaming
+        if is_features_model(store.model_info(key)):  # no model at all: its family says nothing here
+            return features_reason(key, "per-head attention outputs")
         if not store.head_blocks(key):
             return no_head_outputs_reason(key)
         if len(store.models) < 2:
@@ -391,17 +394,15 @@ class HeadCKAAnalysis(Analysis):
             "scatter_col": most_similar_layer(matrix),
         }
         params = {k: v for k, v in result.params.items() if k != "layers"}
-        return View(
-            self.name,
-            "",
-            f"Head-level CKA {vit} heads (rows) x {other} (cols)",
-            "",
-            matrix,
-            [str(r) for r in result["rows"]],
-            [str(c) for c in result["cols"]],
-            "CKA",
-            0.0,
-            1.0,
+        return View.of(
+            request,
+            title=f"Head-level CKA {vit} heads (rows) x {other} (cols)",
+            matrix=matrix,
+            rows=[str(r) for r in result["rows"]],
+            cols=[str(c) for c in result["cols"]],
+            value_name="CKA",
+            vmin=0.0,
+            vmax=1.0,
             params=params,
             extra=extra,
             models=[vit, other],

@@ -22,7 +22,8 @@ from vitsee.analyses.base import (
     save_result,
     with_interval,
 )
-from vitsee.analyses.contract import Analysis, DossierEntry, Request, Result, Shape, View
+from vitsee.analyses.contract import Analysis, DossierEntry, Request, Result, Shape, View, features_reason
+from vitsee.store.layout import is_features_model
 
 
 def skip_params(store: Store, key: str, cfg: AnalyzeConfig) -> dict:
@@ -193,6 +194,8 @@ class SkipRatios(Analysis):
     layer_list_title = "Blocks (Enter: go)"
 
     def not_applicable(self, store: Store, key: str) -> str | None:
+        if is_features_model(store.model_info(key)):  # no model at all: its family says nothing here
+            return features_reason(key, "skip-connection ratios")
         if not any(s.startswith("skip_ratio") for s in store.stats(key)):
             return no_skip_reason(key)
         return None
@@ -215,17 +218,15 @@ class SkipRatios(Analysis):
         title = f"Skip-connection norm ratio ||z||/||f(z)|| {key}" + (
             f" ({NO_CLS}: spatial tokens only)" if no_cls(info) else ""
         )
-        return View(
-            self.name,
-            "",
-            title,
-            "",
-            ratio,
-            [str(x) for x in r["rows"]],
-            [str(x) for x in r["cols"]],
-            "ratio",
-            float(finite.min()) if finite.size else 0.0,
-            float(finite.max()) if finite.size else 1.0,
+        return View.of(
+            request,
+            title=title,
+            matrix=ratio,
+            rows=[str(x) for x in r["rows"]],
+            cols=[str(x) for x in r["cols"]],
+            value_name="ratio",
+            vmin=float(finite.min()) if finite.size else 0.0,
+            vmax=float(finite.max()) if finite.size else 1.0,
             params=dict(r.params),
             extra=extra,
             models=[key],

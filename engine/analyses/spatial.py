@@ -211,7 +211,7 @@ class SpatialMaps(Analysis):
     shape = Shape.TOKEN_MAPS
     tooltip = "Show the spatial localisation maps"
     option_help = "spatial localisation maps"
-    options = (AnalysisOption("spatial-layer", str, "layer of the spatial maps (default: last block)"),)
+    options = (AnalysisOption("spatial-layer", str, "layer of the spatial maps (default: last block)", param="layer"),)
     cost = 1
     takes_layer = True
     needs = frozenset({"activations", "input"})
@@ -256,17 +256,15 @@ class SpatialMaps(Analysis):
             "pixels": INPUT_NOTE,
             **({"n_batches": int(r["n_batches"])} if "n_batches" in r else {}),
         }
-        return View(
-            self.name,
-            "",
-            f"Spatial localisation {key} {params['layer']}",
-            "",
-            r["maps"],
-            [f"token {c}" for c in cells],
-            [f"patch {c}" for c in cells],
-            "CKA",
-            0.0,
-            1.0,
+        return View.of(
+            request,
+            title=f"Spatial localisation {key} {params['layer']}",
+            matrix=r["maps"],
+            rows=[f"token {c}" for c in cells],
+            cols=[f"patch {c}" for c in cells],
+            value_name="CKA",
+            vmin=0.0,
+            vmax=1.0,
             params=params,
             extra=extra,
             models=[key],

@@ -124,20 +124,29 @@ class ModelZoo(Analysis):
         "clustered, with jackknife intervals, a permutation null and each model's layers matched to every other's"
     )
     options = (
-        AnalysisOption("zoo-measure", str, "the layer x layer measure the zoo summarises (default: cka)"),
+        AnalysisOption(
+            "zoo-measure", str, "the layer x layer measure the zoo summarises (default: cka)", param="measure"
+        ),
         AnalysisOption(
             "zoo-summary",
             str,
             "best_match (default: each layer's best match, both ways) or layer "
             "(one layer per model: the last unless --zoo-layers names it)",
+            param="summary",
         ),
-        AnalysisOption("zoo-layers", str, "with --zoo-summary layer: MODEL=LAYER,... (others: their last layer)"),
+        AnalysisOption(
+            "zoo-layers",
+            str,
+            "with --zoo-summary layer: MODEL=LAYER,... (others: their last layer)",
+            param="summary_layers",
+        ),
         AnalysisOption(
             "zoo-permutations",
             int,
             "permutations behind each pair's null, p-value and calibrated score (each model's images permuted; "
             f"default {calibration.NULL_PERMUTATIONS} for CKA, from its Grams; 0 for other measures, where each "
             "recomputes the measure; 0: none)",
+            param="stats.null",
         ),
     )
     by_default = False  # asked for: `vitsee analyze --zoo` (the app computes it when its tab opens)
@@ -162,12 +171,6 @@ class ModelZoo(Analysis):
         st = params.get("stats") or {}  # one with intervals and a null first, then intervals, then the raw values
         return (1.0 if st.get("ci") else 0.0) + (1.0 if st.get("null") else 0.0)
 
-    def serves(self, cached: dict, params: dict, options: dict) -> bool:
-        """A view that names --zoo-permutations takes a zoo with that null only."""
-        if options.get("zoo_permutations") is None:
-            return True
-        return (cached.get("stats") or {}).get("null", 0) == (params.get("stats") or {}).get("null", 0)
-
     def command(self, store_path, layer: str | None = None) -> str:
         return f"vitsee analyze {store_path} --zoo"
 
@@ -188,6 +191,12 @@ class ModelZoo(Analysis):
     def measure_of_view(self, view: View) -> str:
         return str(view.params.get("measure") or DEFAULT_MEASURE)
 
+    def option_paths(self, attr: str) -> list[str]:
+        """Its own options, and those of the measures it summarises, kept in the measure's params (`of`)."""
+        return super().option_paths(attr) or list(
+            dict.fromkeys(f"of.{path}" for measure in measures() for path in measure.option_paths(attr))
+        )
+
     # --- parameters and running -------------------------------------------------------------------------------
 
     def measure_params(self, store: Store, measure: LayerMatrix, cfg: AnalyzeConfig) -> dict:
@@ -201,7 +210,8 @@ class ModelZoo(Analysis):
         wanted = measure.params(store, jobs[0], cfg)
         if cfg.recompute or not cfg.any_cka_estimate or Result.load(store, measure.name, wanted) is not None:
             return wanted
-        return measure.cached_params(store, wanted) or wanted
+        given = [attr for attr in cfg.options if measure.option_paths(attr)]  # `--max-images 64`: made with 64
+        return measure.cached_params(store, wanted, given) or wanted
 
     def params(self, store: Store, request: Request, cfg: AnalyzeConfig) -> dict:
         measure, summary = measure_of(cfg), summary_of(cfg)
@@ -269,6 +279,13 @@ class ModelZoo(Analysis):
         value_name = f"{SUMMARY_WORDS[params['summary']]} {label}"
         low, high = np.asarray(result["ci_low"], dtype=float), np.asarray(result["ci_high"], dtype=float)
         has_ci = bool(np.isfinite(low).any())
+        interval = str(result["interval"][0])
+        if has_ci and int(result["n_batches"]) == 1:  # every replicate redraws the one batch: no interval at all
+            has_ci, low, high = False, np.full_like(low, np.nan), np.full_like(high, np.nan)
+            interval = (
+                "none: the CKA it summarises has one minibatch of images, nothing to resample "
+                "(a --batch-size under the store's images gives intervals)"
+            )
         correspondences = []
         for i, a in enumerate(models):
             for j, b in enumerate(models):
@@ -289,7 +306,7 @@ class ModelZoo(Analysis):
             "summary": params["summary"],
             "measure": params["measure"],
             "summary_layers": params["summary_layers"],
-            "interval": str(result["interval"][0]),
+            "interval": interval,
             "correspondences": correspondences,
         }
         if has_ci:
@@ -308,17 +325,15 @@ class ModelZoo(Analysis):
         view_params = {k: v for k, v in params.items() if k != "layers"}
         view_params["of"] = {k: v for k, v in params["of"].items() if k != "layers"}
         title = f"Zoo: {value_name} of every pair of the store's {len(models)} models"
-        return View(
-            self.name,
-            "",
-            title,
-            "",
-            np.asarray(result["values"], dtype=float),
-            models,
-            list(models),
-            value_name,
-            vmin,
-            vmax,
+        return View.of(
+            request,
+            title=title,
+            matrix=np.asarray(result["values"], dtype=float),
+            rows=models,
+            cols=list(models),
+            value_name=value_name,
+            vmin=vmin,
+            vmax=vmax,
             params=view_params,
             extra=extra,
             models=[],

@@ -41,17 +41,6 @@ from vitsee.errors import VitseeError
 from vitsee.measures.grams import LayerGrams, pairwise
 
 DEFAULT_GROUPS = 20  # t_19: the interval is 1.07x as wide as a normal one with a known sd; each group one recompute
-_AT_N = "the value at this n, the mean over draws of as many images"
-COVERS = {  # what each measure's interval holds, in the words of a caption (see the module docstring)
-    "rbf_cka": "holds the large-n RBF CKA with the unbiased HSIC (the default); with --rbf-hsic biased, " + _AT_N,
-    "rsa": "holds the large-n value",
-    "procrustes": f"holds {_AT_N} (biased by O(1/sqrt(n)) where layers share few directions)",
-    "svcca": f"holds {_AT_N} (biased by O(1/sqrt(n)) where layers share few directions; wider than needed)",
-    "pwcca": f"holds {_AT_N} (biased by O(1/sqrt(n)) where layers share few directions; wider than needed)",
-    "mknn": f"holds {_AT_N} (k neighbours among n images: another n, another number; wider than needed)",
-    "cknna": f"holds {_AT_N} (k neighbours among n images: another n, another number; wider than needed)",
-    "linear_cka": "holds the large-n value",
-}
 
 
 def iter_jackknife_replicates(

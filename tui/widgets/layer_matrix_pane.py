@@ -9,7 +9,6 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 
 from vitsee.analyses.contract import Shape
-from vitsee.tui.messages import StatusChanged
 from vitsee.tui.results import LoadedView
 from vitsee.tui.widgets.heatmap import MARK_CHAR, Heatmap
 from vitsee.tui.widgets.view_pane import HeatmapPane, Place
@@ -41,33 +40,16 @@ class LayerMatrixPane(HeatmapPane):
 
     def populate(self, loaded: LoadedView) -> None:
         view = loaded.view
-        heatmap = self.heatmap
-        if heatmap is None:
-            heatmap = Heatmap(
-                view.matrix,
-                view.rows,
-                view.cols,
-                vmin=view.vmin,
-                vmax=view.vmax,
-                cmap=self.cmap,
-                color_mode=self.color_mode,
-                value_name=view.value_name,
-                id=f"{self.kind}-heatmap",
-                nonfinite=view.nonfinite,
-                nonfinite_text=view.nonfinite_text,
-            )
-            self.query_one(".pane--body").mount(heatmap)
-        else:
-            heatmap.set_cmap(self.cmap)
-            heatmap.set_data(
-                view.matrix,
-                view.rows,
-                view.cols,
-                vmin=view.vmin,
-                vmax=view.vmax,
-                nonfinite=view.nonfinite,
-                nonfinite_text=view.nonfinite_text,
-            )
+        heatmap = self.show_matrix(
+            view.matrix,
+            view.rows,
+            view.cols,
+            vmin=view.vmin,
+            vmax=view.vmax,
+            value_name=view.value_name,
+            nonfinite=view.nonfinite,
+            nonfinite_text=view.nonfinite_text,
+        )
         heatmap.set_marks(view.not_significant() if self.marks_on else None)
 
     def action_toggle_marks(self) -> None:
@@ -96,7 +78,7 @@ class LayerMatrixPane(HeatmapPane):
 
     def on_heatmap_cursor_moved(self, message: Heatmap.CursorMoved) -> None:
         message.stop()
-        self.post_message(StatusChanged(self.kind, self.status_text() or message.summary))  # with its interval
+        self.tell_status(self.status_text() or message.summary)  # with its interval
 
     def on_heatmap_cell_selected(self, message: Heatmap.CellSelected) -> None:
         message.stop()
@@ -112,7 +94,7 @@ class LayerMatrixPane(HeatmapPane):
         row, col = heatmap.cursor
         view = self.loaded.view
         value = heatmap.value_at(row, col)
-        interval = view.interval_text(row, col) if value == value else ""
+        interval = view.interval_or_hint(row, col) if value == value else ""  # or how to get one
         return (
             f"{heatmap.row_labels[row]} x {heatmap.col_labels[col]}  "
             f"{view.value_name} {heatmap.describe(row, col)}{interval}"

@@ -20,8 +20,8 @@ from textual.widgets import Label
 
 from vitsee.analyses.contract import Shape
 from vitsee.output.colormap import ColorMode
-from vitsee.output.labels import model_labels
-from vitsee.tui.messages import PairOpened, StatusChanged
+from vitsee.output.labels import display_labels
+from vitsee.tui.messages import PairOpened
 from vitsee.tui.results import LoadedView
 from vitsee.tui.widgets.heatmap import Heatmap
 from vitsee.tui.widgets.line_plot import LinePlot, Series
@@ -80,6 +80,7 @@ class ModelMatrixPane(HeatmapPane):
 
     reference = 0  # the store index of the model the curves match the others onto
     calibrated = False  # the heatmap shows the calibrated summaries (v), not the raw ones
+    _drawn: tuple[list[str], list[int]] | None = None  # the models and the order the heatmap draws them in
 
     def compose_body(self) -> ComposeResult:
         yield Label("", classes="zoo--curves")
@@ -97,7 +98,7 @@ class ModelMatrixPane(HeatmapPane):
         """Returns the models' names shortened alike, in the store's order (one form everywhere in the pane: the
         heatmap's rows, the curves, the side panel and the status line)."""
         view = self.view
-        return model_labels(view.rows, width) if view is not None else []
+        return display_labels(view.rows, view.names, width) if view is not None else []
 
     def calibrated_matrix(self) -> np.ndarray | None:
         """Returns the view's calibrated summaries (store order), None when its zoo has no null."""
@@ -120,6 +121,8 @@ class ModelMatrixPane(HeatmapPane):
             if calibrated is None
             else (None, 1.0, f"calibrated {view.value_name}")
         )
+        # the pair under the cursor, by store index: the next view's clustering may order the models otherwise
+        kept = self._drawn_pair(view.rows)
         rows = [self.names()[i] for i in order]
         families = [view.extra["families"][i] for i in order]
         nonfinite = view.nonfinite[np.ix_(order, order)] if view.nonfinite is not None else None
@@ -127,27 +130,21 @@ class ModelMatrixPane(HeatmapPane):
         def describe(r: int, c: int) -> str:
             return view.nonfinite_text(order[r], order[c])
 
-        heatmap = self.heatmap
-        if heatmap is None:
-            heatmap = Heatmap(
-                shown,
-                rows,
-                families,
-                vmin=vmin,
-                vmax=vmax,
-                cmap=self.cmap,
-                color_mode=self.color_mode,
-                value_name=value_name,
-                id=f"{self.kind}-heatmap",
-                nonfinite=nonfinite,
-                nonfinite_text=describe,
-                label_chars=LABEL_CHARS,
-            )
-            self.query_one(".pane--body").mount(heatmap, before=0)
-        else:
-            heatmap.set_cmap(self.cmap)
-            heatmap.set_scale(vmin, vmax, value_name)  # `m` may have changed the measure, `v` raw or calibrated
-            heatmap.set_data(shown, rows, families, nonfinite=nonfinite, nonfinite_text=describe)
+        self.show_matrix(
+            shown,
+            rows,
+            families,
+            vmin=vmin,
+            vmax=vmax,
+            value_name=value_name,
+            nonfinite=nonfinite,
+            nonfinite_text=describe,
+            first=True,
+            label_chars=LABEL_CHARS,
+        )
+        if kept is not None:
+            self.heatmap.cursor = (order.index(kept[0]), order.index(kept[1]))
+        self._drawn = (list(view.rows), order)
         if not 0 <= self.reference < len(view.rows):
             self.reference = 0
         self.plot_curves()
@@ -196,6 +193,15 @@ class ModelMatrixPane(HeatmapPane):
 
     # --- the cursor -------------------------------------------------------------------------------------------
 
+    def _drawn_pair(self, models: list[str]) -> tuple[int, int] | None:
+        """Returns the store indices of the cell under the cursor as the heatmap draws it now, None when it draws
+        nothing yet or other models."""
+        heatmap, drawn = self.heatmap, self._drawn
+        if heatmap is None or drawn is None or drawn[0] != models:
+            return None
+        row, col = heatmap.cursor
+        return drawn[1][row], drawn[1][col]
+
     def pair(self) -> tuple[int, int] | None:
         """Returns the store indices (row model, column model) of the cell under the cursor."""
         heatmap, order = self.heatmap, self.order
@@ -234,7 +240,7 @@ class ModelMatrixPane(HeatmapPane):
 
     def on_heatmap_cursor_moved(self, message: Heatmap.CursorMoved) -> None:
         message.stop()
-        self.post_message(StatusChanged(self.kind, self.status_text() or message.summary))
+        self.tell_status(self.status_text() or message.summary)
 
     def on_heatmap_cell_selected(self, message: Heatmap.CellSelected) -> None:
         message.stop()
