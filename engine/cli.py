@@ -382,7 +382,20 @@ def train(
             help="light augmentation (timm's training transform: random resized crops) [default: ResNet yes, ViT no]",
         ),
     ] = None,
-    seed: Annotated[int, typer.Option(help="seed of the split, the init and the data order")] = 0,
+    seed: Annotated[
+        int, typer.Option(help="seed of the init and the data order (and of the split, unless --split-seed)")
+    ] = 0,
+    split_seed: Annotated[
+        Optional[int],
+        typer.Option(help="seed of the train/test split and the data fraction's part [default: --seed]"),
+    ] = None,
+    seeds: Annotated[
+        Optional[str],
+        typer.Option(
+            help="train one run per init seed, e.g. 0,1,2, into OUT-s0.safetensors, ... on one split "
+            "(--split-seed, default --seed)"
+        ),
+    ] = None,
     device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")] = "auto",
     workers: Annotated[int, typer.Option(help="image loading processes")] = 0,
     threads: Annotated[
@@ -408,9 +421,14 @@ def train(
 ) -> None:
     """Train a timm classifier with the paper's interventions; resumable, OUT written at the end."""
     from vitsee.models.interventions import parse_no_skip
+    from dataclasses import replace
+
     from vitsee.training.train import TrainConfig, check_held_out, checkpoint_path, parse_model_args, write_held_out
+    from vitsee.training.train import parse_seeds, seed_path
     from vitsee.training.train import train as run_training
 
+    if split_seed is not None and split_seed < 0:
+        raise VitseeError(f"--split-seed {split_seed} is negative: use a seed of 0 or more")
     cfg = TrainConfig(
         out=out_file,
         model=model,
@@ -421,6 +439,7 @@ def train(
         data_fraction=data_fraction,
         test_fraction=test_fraction,
         seed=seed,
+        split_seed=split_seed,
         no_skip=parse_no_skip(no_skip),
         pool=pool,
         epochs=epochs,
@@ -437,25 +456,35 @@ def train(
     )
     if held_out is not None:
         check_held_out(held_out, out_file)
-    on_event, stop = _train_bar(quiet)
-    try:
-        result = run_training(cfg, progress=on_event)
-    except KeyboardInterrupt:
-        err.print(
-            f"interrupted: finished epochs are kept in {checkpoint_path(out_file)}; rerun the same command to resume",
-            highlight=False,
-        )
-        raise typer.Exit(130) from None
-    finally:
-        stop()
+    runs = [cfg]
+    if seeds is not None:  # several init seeds on one split: the split seed stays what one run would have used
+        fixed = seed if split_seed is None else split_seed
+        runs = [replace(cfg, out=seed_path(out_file, s), seed=s, split_seed=fixed) for s in parse_seeds(seeds)]
+    for run in runs:
+        if seeds is not None and run.out.exists() and not overwrite:
+            if not quiet:
+                err.print(f"{run.out} exists: kept (--overwrite trains it again)", highlight=False)
+            continue
+        on_event, stop = _train_bar(quiet)
+        try:
+            result = run_training(run, progress=on_event)
+        except KeyboardInterrupt:
+            err.print(
+                f"interrupted: finished epochs are kept in {checkpoint_path(run.out)}; "
+                "rerun the same command to resume",
+                highlight=False,
+            )
+            raise typer.Exit(130) from None
+        finally:
+            stop()
+        if not quiet:
+            err.print(
+                f"{result.seconds:.1f} s; extract it with -m {model}@{result.out}"
+                + (f" --dataset npz:{held_out}" if held_out else ""),
+                highlight=False,
+            )
     if held_out is not None:
-        write_held_out(cfg, held_out)
-    if not quiet:
-        err.print(
-            f"{result.seconds:.1f} s; extract it with -m {model}@{result.out}"
-            + (f" --dataset npz:{held_out}" if held_out else ""),
-            highlight=False,
-        )
+        write_held_out(runs[0], held_out)  # every seed's split is the same: one file of images none trained on
 
 
 @app.command()
@@ -845,7 +874,7 @@ def analyze(
     ci: Annotated[
         Optional[float],
         typer.Option(
-            help="confidence level of the intervals (bootstrap over CKA minibatches, exact binomial for probes, "
+            help="confidence level of the intervals (jackknife over images for CKA, exact binomial for probes, "
             "Student-t for means over images); 0: none [default: 0.95]"
         ),
     ] = None,

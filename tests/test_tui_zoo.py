@@ -8,6 +8,8 @@ Regenerate the snapshots after an intended change of the look with
 
 from __future__ import annotations
 
+import numpy as np
+
 from helpers.app import make_app, settle, status, view_shown
 from helpers.stores import ZOO_MODELS
 from vitsee.output.labels import model_labels
@@ -54,12 +56,30 @@ class TestZooView:
             await settle(pilot)
             i, j = order[1], order[2]
             families = view.extra["families"]
+            p = view.extra["p_value"][i, j]
             assert status(app) == (
                 f"{names[i]} x {names[j]}  best-match CKA {view.matrix[i, j]:.4f} "
-                f"[{view.ci_low[i, j]:.3f}, {view.ci_high[i, j]:.3f}] rough  "
+                f"[{view.ci_low[i, j]:.3f}, {view.ci_high[i, j]:.3f}]  "
+                f"calibrated {view.extra['calibrated'][i, j]:.3f} {'p<0.01' if p < 0.01 else f'p={p:.2f}'}  "
                 f"{families[i]} x {families[j]}"
             )
             assert app.screen.pane("zoo").selection == (i, j)  # an export marks the cell in the store's order
+
+    async def test_v_switches_the_heatmap_to_the_calibrated_values_and_back(self, zoo_store, tmp_path):
+        view = load_view(zoo_store, "zoo")
+        order = view.extra["order"]
+        app = make_app(zoo_store, tmp_path)
+        async with app.run_test(size=(120, 36)) as pilot:
+            await open_zoo(app, pilot)
+            heatmap = app.screen.pane("zoo").heatmap
+            await pilot.press("v")
+            await settle(pilot)
+            calibrated = np.asarray(view.extra["calibrated"])[np.ix_(order, order)]
+            np.testing.assert_array_equal(heatmap.matrix, calibrated)
+            assert heatmap.value_name == "calibrated best-match CKA"
+            await pilot.press("v")
+            await settle(pilot)
+            assert heatmap.matrix.tolist() == view.matrix[order][:, order].tolist()
 
     async def test_enter_opens_the_pairs_cka_view_with_models_a_and_b_set(self, zoo_store, tmp_path):
         order = load_view(zoo_store, "zoo").extra["order"]

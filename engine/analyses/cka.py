@@ -240,7 +240,10 @@ class MinibatchCKA:
     For the statistics (engine/stats.py) the state grows, still one fp64 tensor that sums across processes:
     batch_slots > 0 keeps each batch's (L, L) HSIC terms in slot `update(..., slot=s)` (a batch's index in its
     batching, so slots filled on different processes add up to the full list); permutations=K adds K null HSIC sums,
-    the column layers' images permuted inside each batch by stats.batch_permutations(seed, slot, m, K).
+    the column layers' images permuted inside each batch by stats.batch_permutations(seed, slot, m, K); jackknife=True
+    adds the delete-one-image jackknife moments of stats.add_leave_one_out (the intervals of new results).
+    `observers`: callables given each batch's U-centred Grams (L, m, m) fp64 and its slot after they are added (the
+    zoo's null and intervals, engine/zoo/calibration.py, read them there instead of building them again).
     """
 
     def __init__(
@@ -251,6 +254,7 @@ class MinibatchCKA:
         batch_slots: int = 0,
         permutations: int = 0,
         seed: Sequence[int] | int = 0,
+        jackknife: bool = False,
     ):
         if num_layers < 1:
             raise VitseeError(f"MinibatchCKA needs at least one layer, got num_layers={num_layers}")
@@ -262,10 +266,13 @@ class MinibatchCKA:
         self.cross_at = cross_at
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.batch_slots, self.permutations, self.seed = int(batch_slots), int(permutations), seed
+        self.jackknife = bool(jackknife)
+        self.observers: list[Callable[[torch.Tensor, int], None]] = []
         LL = num_layers * num_layers
-        # [HSIC sums (L*L), batch count, per-batch HSIC (slots * L*L), null HSIC sums (K * L*L)]
+        # [HSIC sums (L*L), batch count, per-batch HSIC (slots * L*L), null HSIC sums (K * L*L), jackknife moments]
+        loo = stats_mod.loo_size(num_layers) if self.jackknife else 0
         self.state = torch.zeros(
-            LL + 1 + (self.batch_slots + self.permutations) * LL, dtype=torch.float64, device=self.device
+            LL + 1 + (self.batch_slots + self.permutations) * LL + loo, dtype=torch.float64, device=self.device
         )
         # Buffers kept between batches, sized by _reserve (and the upper-triangle indices, by _upper).
         self._scratch = self._gram = self._grams = torch.empty(0, device=self.device)
@@ -291,7 +298,14 @@ class MinibatchCKA:
         """Return a (K, L, L) view of the HSIC sums with permuted column-layer images (empty without permutations)."""
         L = self.num_layers
         start = L * L + 1 + self.batch_slots * L * L
-        return self.state[start:].view(self.permutations, L, L)
+        return self.state[start : start + self.permutations * L * L].view(self.permutations, L, L)
+
+    @property
+    def loo_block(self) -> torch.Tensor:
+        """Return the jackknife moments' block of the state (stats.loo_size values; empty without jackknife)."""
+        L = self.num_layers
+        start = L * L + 1 + (self.batch_slots + self.permutations) * L * L
+        return self.state[start:]
 
     @property
     def batches(self) -> int:
@@ -420,6 +434,10 @@ class MinibatchCKA:
                     own.diagonal().add_(diag)
             if self.permutations:
                 self._add_permuted(grams, m, slot, scale)
+            if self.jackknife:
+                stats_mod.add_leave_one_out(self.loo_block, self._grams, self.cross_at)
+            for observe in self.observers:
+                observe(self._grams, slot)
             self.state[L * L] += 1
 
     def _one_thread(self) -> contextlib.AbstractContextManager:
@@ -623,9 +641,11 @@ class MinibatchCKA:
     def statistics(self, level: float = 0.95, replicates: int | None = None, seed: Sequence[int] | int = 0) -> dict:
         """Return {ci_low, ci_high, p_value} (each (L, L) like result(), nan where there is none) and n_batches.
 
-        The interval (level 0: none) is the percentile bootstrap over the filled batch slots (needs batch_slots);
-        the p-value the permutation test over `permutations` (see engine/stats.py). Symmetric like result(): a cell
-        below the diagonal repeats the one above it, whose column layer is the permuted one.
+        The interval (level 0: none) is the delete-one-image jackknife (needs jackknife=True; with fewer than
+        stats.MIN_INTERVAL_IMAGES images it is NaN and "ci_note" says why), else the percentile bootstrap over the
+        filled batch slots (needs batch_slots: how results cached before were made); the p-value the permutation test
+        over `permutations` (see engine/stats.py). Symmetric like result(): a cell below the diagonal repeats the one
+        above it, whose column layer is the permuted one.
         """
         from vitsee import stats
 
@@ -638,7 +658,17 @@ class MinibatchCKA:
         batch_hsic = self.batch_hsic.cpu().numpy()
         filled = batch_hsic[np.abs(np.diagonal(batch_hsic, axis1=1, axis2=2)).sum(axis=1) > 0]  # skipped slots stay 0
         out["n_batches"] = len(filled) if self.batch_slots else self.batches
-        if level and self.batch_slots:
+        if level and self.jackknife:
+            L2 = self.num_layers
+            block = self.loo_block.cpu().numpy()
+            n_images, unseen = int(block[-2]), int(block[-1])
+            low, high = stats.jackknife_cka_interval(
+                self.hsic_sums.cpu().numpy(), block[:-2].reshape(stats.LOO_TERMS, L2, L2), n_images, level, unseen
+            )
+            out["ci_low"], out["ci_high"] = np.where(cells, low, np.nan), np.where(cells, high, np.nan)
+            out["ci_low"], out["ci_high"] = stats.symmetric_upper(out["ci_low"]), stats.symmetric_upper(out["ci_high"])
+            out["n_images"], out["unseen_images"] = n_images, unseen
+        elif level and self.batch_slots:
             low, high = stats.bootstrap_cka_interval(
                 filled, level, replicates or stats.BOOTSTRAP_REPLICATES, seed, cells
             )
@@ -763,12 +793,14 @@ def cka_accumulator(n_layers: int, device, params: dict, shuffle: int) -> Miniba
     st = params.get("stats")
     if st is None:
         return MinibatchCKA(n_layers, device)
+    method = stats_mod.interval_method(st)
     return MinibatchCKA(
         n_layers,
         device,
-        batch_slots=cka_slots(params) if st["ci"] else 0,
+        batch_slots=cka_slots(params) if method == "percentile" else 0,  # a result cached before: its bootstrap
         permutations=st["permutations"],
         seed=[st["seed"], shuffle],
+        jackknife=method == stats_mod.JACKKNIFE,
     )
 
 
@@ -778,12 +810,14 @@ def compute_cka(
     device: torch.device,
     progress: StepFn | None = None,
     share: tuple[int, int] | None = None,
+    observers: Callable[[int], list] | None = None,
 ) -> dict:
     """Returns the joint (L, L) CKA over every stored layer of every model, averaged over the shuffles.
 
     One pass over the store per batch: every layer of every model is read once, its Gram built once, and
     all pairs come from one product inside MinibatchCKA. `share` (rank, world) gives this process every
     world-th batch from its rank on; the per-shuffle accumulator states are returned for an all-reduce.
+    observers(k): the MinibatchCKA observers of shuffle k's accumulator (the zoo's null and intervals).
     """
     models = params["models"]
     columns = [(m, layer) for m in models for layer in params["layers"][m]]
@@ -795,6 +829,8 @@ def compute_cka(
         plan = plan[share[0] :: share[1]]
     n_shuffles = max(1, params["shuffles"])
     accumulators = [cka_accumulator(len(columns), device, params, k) for k in range(n_shuffles)]
+    for k, acc in enumerate(accumulators if observers is not None else []):
+        acc.observers = list(observers(k))
     pinned = device.type == "cuda"
     jobs = ((rows, lambda r, ds=ds: read_batch(ds, r, pinned)) for _, rows, _ in plan for ds in datasets)
     prefetch = Prefetch(jobs)
@@ -828,7 +864,7 @@ def finish_cka(states: torch.Tensor, columns: list[tuple[str, str]], params: dic
             warnings.simplefilter("ignore")
             matrices.append(acc.result(nonfinite="nan"))  # a layer with NaN/Inf activations: NaN cells
             if st is not None:
-                per_shuffle.append(acc.statistics(st["ci"], st["bootstrap"], [st["seed"], k]))
+                per_shuffle.append(acc.statistics(st["ci"], st.get("bootstrap"), [st["seed"], k]))
     matrix = np.mean(matrices, axis=0)
     last = params["n_images"] % params["batch_size"]
     dropped = last if 0 < last < MIN_BATCH else 0
@@ -862,6 +898,12 @@ def pooled_stats(per_shuffle: list[dict]) -> dict:
         [s["p_value"] for s in per_shuffle if "p_value" in s],
     )
     out["n_batches"] = np.array(min(s["n_batches"] for s in per_shuffle))  # bootstrap units per shuffle
+    images = [s["n_images"] for s in per_shuffle if "n_images" in s]
+    if images:  # the jackknife's units: images
+        out["n_interval_images"] = np.array(min(images))
+        note = stats_mod.no_interval_reason(min(images), max(s["unseen_images"] for s in per_shuffle))
+        if note:
+            out["ci_note"] = np.array([note])
     return out
 
 
@@ -926,15 +968,18 @@ def cka_from_grams(
     device=None,
     cross_at: int | None = None,
     batch_slots: bool = False,
+    observers: Sequence[Callable] = (),
 ) -> MinibatchCKA:
     """Returns the accumulator of the CKA of the columns [(model, layer)] over a Gram-keeping store's batches (`extract
     --grams`, zoo/streamed.py), each batch added from its stored Grams: the sums `update` of the activations gives.
 
     cross_at: only the block of columns [:k] against [k:] (a model appended to a zoo against the others: its new
-    pairs only); batch_slots: keep each batch's terms, for the bootstrap (engine/stats.py).
+    pairs only); batch_slots: keep each batch's terms, for the bootstrap (engine/stats.py); observers: see
+    MinibatchCKA.
     """
     n_batches = -(-store.n_images // gram_batch_size(store))
     acc = MinibatchCKA(len(columns), device, cross_at=cross_at, batch_slots=n_batches if batch_slots else 0)
+    acc.observers = list(observers)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a last batch under 4 images is skipped, as analyze does
         for b, grams in batch_grams(store, columns):
@@ -993,7 +1038,7 @@ def stream_batch(acc: MinibatchCKA, feats: list) -> torch.Tensor:
 
 class LinearCKA(LayerMatrix):
     """Linear CKA between every pair of layers of the store's models (paper Fig. 1, 2): one joint matrix,
-    estimated over minibatches, with bootstrap intervals and permutation p-values when asked for."""
+    estimated over minibatches, with jackknife intervals and permutation p-values when asked for."""
 
     name = "cka"
     label = "CKA"
@@ -1035,3 +1080,27 @@ class LinearCKA(LayerMatrix):
             sums.append(acc.hsic_sums.numpy().copy())
             batches.append(acc.batch_hsic.numpy().copy())
         return np.stack(sums), np.stack(batches)
+
+    def observe_batches(
+        self,
+        store: Store,
+        result: Result,
+        observers: Callable[[int], list],
+        device: str = "auto",
+        progress: StepFn | None = None,
+    ) -> np.ndarray | None:
+        """Returns the HSIC sums (K, L, L) of the CKA result's own batches (its batch size, shuffles and seed; a
+        `--grams` store's stored Grams) after one more pass over them that hands each batch's U-centred Grams
+        (L, m, m) and its slot to observers(k), shuffle k's callables (the zoo's null and intervals,
+        engine/zoo/calibration.py); None for a streaming store without Grams (nothing left to pass over)."""
+        params = result.params
+        columns = [(m, layer) for m in params["models"] for layer in params["layers"][m]]
+        if keeps_grams(store):  # its CKA is the Grams' own estimate: store order, the Grams' batches
+            acc = cka_from_grams(store, columns, resolve_device(device), observers=observers(0))
+            return acc.hsic_sums.cpu().numpy()[None].copy()
+        if store.streaming:
+            return None
+        bare = {k: v for k, v in params.items() if k != "stats"}
+        states = compute_cka(store, bare, resolve_device(device), progress, observers=observers)["states"]
+        L = len(columns)
+        return np.stack([state.cpu().numpy()[: L * L].reshape(L, L) for state in states])

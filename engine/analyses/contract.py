@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from vitsee.errors import VitseeError
-from vitsee.stats import ALPHA, ROUGH_BATCHES, significance_label
+from vitsee.stats import ALPHA, ROUGH_BATCHES, benjamini_hochberg, interval_method, significance_label
 
 from vitsee.analyses.config import AnalyzeConfig, StepFn
 
@@ -573,9 +573,15 @@ class View:
 
     @property
     def rough(self) -> bool:
-        """Returns True when a bootstrap interval rests on fewer than stats.ROUGH_BATCHES batches."""
+        """Returns True when a bootstrap interval over minibatches (a result cached before the jackknife) rests on
+        fewer than stats.ROUGH_BATCHES batches."""
         n = self.extra.get("n_batches")
-        return n is not None and self.ci_low is not None and n < ROUGH_BATCHES
+        return (
+            n is not None
+            and self.ci_low is not None
+            and n < ROUGH_BATCHES
+            and interval_method(self.params.get("stats")) == "percentile"
+        )
 
     def interval_text(self, row: int, col: int) -> str:
         """Returns ' [0.795, 0.828]  p<0.01' for a cell (with ' rough' for few batches), '' without statistics."""
@@ -599,20 +605,53 @@ class View:
     def interval_caption(self) -> str:
         """Returns what the intervals and p-values are, in words ('' without them), for captions and legends."""
         if self.ci_low is None and self.p_value is None:
-            return ""
-        parts = []
+            return self.interval_note()
+        parts = [self.interval_note()] if self.interval_note() else []
         if self.ci_low is not None:
             parts.append(self.analysis.interval_words(self, f"{self.ci_level:.0%}"))
         if self.p_value is not None:
             parts.append(f"p: {self.permutations}-permutation test (images of the column layer shuffled)")
         return "; ".join(parts) + "; the images vary, the model is fixed"
 
-    def not_significant(self, alpha: float = ALPHA) -> np.ndarray | None:
-        """Returns a bool mask of the cells whose p-value exceeds alpha (None without p-values)."""
+    def interval_note(self) -> str:
+        """Returns why the view has no interval where its analysis gives them ('' when that is not so)."""
+        return str(self.extra.get("ci_note") or "")
+
+    def _tested(self) -> np.ndarray:
+        """Returns the cells that are tests of their own: all of them, but a view of a model with itself, whose
+        lower triangle repeats its upper one and whose diagonal is each layer with itself (no test)."""
+        p = np.asarray(self.p_value, dtype=np.float64)
+        if p.ndim != 2 or self.models[:1] != self.models[-1:] or p.shape[0] != p.shape[1] or not self.models:
+            return np.ones(p.shape, dtype=bool)
+        return np.triu(np.ones(p.shape, dtype=bool), 1)
+
+    def adjusted_p(self) -> np.ndarray | None:
+        """Returns the Benjamini-Hochberg adjusted p-values of the view's cells over the cells that are tests of their
+        own (a within-model view: its upper triangle, mirrored; the diagonal keeps its p); None without p-values."""
         if self.p_value is None:
             return None
+        p = np.asarray(self.p_value, dtype=np.float64)
+        tested = self._tested()
+        q = p.copy()
+        q[tested] = benjamini_hochberg(p[tested])
+        if not tested.all():
+            lower = np.tril_indices(p.shape[0], -1)
+            q[lower] = q.T[lower]
+        return q
+
+    def not_significant(self, alpha: float = ALPHA) -> np.ndarray | None:
+        """Returns a bool mask of the cells not significant at false discovery rate alpha: Benjamini-Hochberg over the
+        view's cells (adjusted_p; the uncorrected p stays in `p_value` and the JSON); None without p-values."""
+        q = self.adjusted_p()
+        if q is None:
+            return None
         with np.errstate(invalid="ignore"):
-            return np.asarray(self.p_value) > alpha
+            return q > alpha
+
+    def significance_words(self, alpha: float = ALPHA) -> str:
+        """Returns what a mark of not_significant means, correction included, for legends and captions."""
+        n = int(self._tested().sum()) if self.p_value is not None else 0
+        return f"not significant: Benjamini-Hochberg q > {alpha:g} over the {n} cells' permutation p"
 
     def to_json(self) -> dict:
         """Returns the numbers with their labels and parameters (JSON-able; NaN becomes null)."""
@@ -630,6 +669,9 @@ class View:
         for name in ("ci_low", "ci_high", "p_value"):  # same shape as values
             if getattr(self, name) is not None:
                 out[name] = to_jsonable(np.asarray(getattr(self, name), dtype=float))
+        if self.p_value is not None and self.shape is Shape.LAYER_MATRIX:  # an addition: p_value stays uncorrected
+            out["p_adjusted"] = to_jsonable(self.adjusted_p())
+            out["p_adjusted_method"] = "Benjamini-Hochberg over the view's cells (a model with itself: upper triangle)"
         if self.ci_low is not None:
             out["ci_level"] = self.ci_level
         for key, value in self.extra.items():
@@ -700,7 +742,14 @@ def to_jsonable(value):
 
 
 def bootstrap_words(view: View, level: str) -> str:
-    """Returns the words of a bootstrap interval over CKA minibatches (CKA-like analyses' intervals)."""
+    """Returns the words of a CKA-like analysis's intervals: the delete-one-image jackknife of new results, the
+    bootstrap over minibatches of results cached before."""
+    if interval_method(view.params.get("stats")) == "jackknife":
+        n = view.extra.get("n_interval_images") or view.params.get("n_images")
+        return (
+            f"{level} jackknife interval, each of the {n} images left out once: CKA -/+ t x sd "
+            "(held the population CKA in 93-96% of simulated draws: README, Statistics)"
+        )
     n = view.extra.get("n_batches")
     return f"{level} bootstrap interval over {n} minibatches of images" + (
         f" (rough: under {ROUGH_BATCHES} batches)" if view.rough else ""

@@ -149,7 +149,7 @@ def run_spatial(
         per_shuffle = (
             []
             if st is None
-            else [acc.statistics(st["ci"], st["bootstrap"], [st["seed"], k]) for k, acc in enumerate(accumulators)]
+            else [acc.statistics(st["ci"], st.get("bootstrap"), [st["seed"], k]) for k, acc in enumerate(accumulators)]
         )
     arrays = {"maps": maps, "grid": np.array([gh, gw]), "patch_px": np.array(patch)}
     for name, value in pooled_stats(per_shuffle).items():

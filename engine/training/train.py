@@ -78,7 +78,10 @@ class TrainConfig:
     n_images: int | None = None
     data_fraction: float = 1.0
     test_fraction: float = 0.2
-    seed: int = 0
+    seed: int = 0  # the init and the data order (and the split, unless split_seed says otherwise)
+    # the train/test split and the data fraction's part: None takes `seed`, as every run before split seeds did; a
+    # fixed split_seed keeps the held-out images the same while `seed` changes the init (several training seeds)
+    split_seed: int | None = None
     no_skip: list[str] = field(default_factory=list)
     pool: str | None = None
     epochs: int | None = None
@@ -121,6 +124,35 @@ class TrainResult:
 
 
 TrainFn = Callable[[TrainEvent], None]
+
+
+def split_seed(cfg: TrainConfig) -> int:
+    """Returns the seed of the run's train/test split: split_seed, or the run's seed when none was given."""
+    return cfg.seed if cfg.split_seed is None else int(cfg.split_seed)
+
+
+def parse_seeds(text: str) -> list[int]:
+    """Returns the seeds of `--seeds 0,1,2` (distinct, 0 or more, in the order given); a bad list is a VitseeError."""
+    seeds = []
+    for part in filter(None, (p.strip() for p in str(text).split(","))):
+        try:
+            seed = int(part)
+        except ValueError:
+            raise VitseeError(f"--seeds {text}: '{part}' is not a seed: write e.g. --seeds 0,1,2") from None
+        if seed < 0:
+            raise VitseeError(f"--seeds {text}: seed {seed} is negative: use seeds of 0 or more")
+        if seed in seeds:
+            raise VitseeError(f"--seeds {text}: seed {seed} is given twice: name each seed once")
+        seeds.append(seed)
+    if not seeds:
+        raise VitseeError(f"--seeds '{text}' names no seed: write e.g. --seeds 0,1,2")
+    return seeds
+
+
+def seed_path(out: Path, seed: int) -> Path:
+    """Returns the weights file of one seed of a `--seeds` run: OUT with -sSEED before its suffix (vit-s1...)."""
+    out = Path(out)
+    return out.with_name(f"{out.stem}-s{seed}{out.suffix}")
 
 
 def checkpoint_path(out: Path) -> Path:
@@ -233,7 +265,9 @@ def _plan(cfg: TrainConfig) -> _Plan:
             "training needs a label for "
             "every image: use an image folder with one sub-folder per class, or an .npz with 'labels'"
         )
-    train_idx, test_idx = train_test_split(len(images), cfg.test_fraction, cfg.seed, cfg.n_images, cfg.data_fraction)
+    train_idx, test_idx = train_test_split(
+        len(images), cfg.test_fraction, split_seed(cfg), cfg.n_images, cfg.data_fraction
+    )
     num_classes = int(max(labels.max() + 1, len(images.class_names or [])))
 
     kwargs = {**cfg.model_args, **pool_kwargs(cfg.pool, family, cfg.model), "num_classes": num_classes}
@@ -251,6 +285,7 @@ def _plan(cfg: TrainConfig) -> _Plan:
         "pool": cfg.pool,
         "dataset": images.spec,
         "seed": cfg.seed,
+        **({"split_seed": cfg.split_seed} if split_seed(cfg) != cfg.seed else {}),  # a run before split seeds: its key
         "n_images": cfg.n_images,
         "test_fraction": cfg.test_fraction,
         "data_fraction": cfg.data_fraction,
@@ -657,8 +692,9 @@ def _record(plan: _Plan, history: list[dict], untrained_accuracy: float | None =
         "class_names": plan.images.class_names,
         "interventions": {"no_skip": plan.no_skip, "pool": cfg.pool},
         "dataset": plan.images.spec,
+        "init_seed": cfg.seed,  # the init and the data order
         "split": {
-            "seed": cfg.seed,
+            "seed": split_seed(cfg),
             "test_fraction": cfg.test_fraction,
             "n_images": cfg.n_images,
             "data_fraction": cfg.data_fraction,
@@ -704,7 +740,7 @@ def check_held_out(path: Path, out: Path) -> None:
 def write_held_out(cfg: TrainConfig, path: Path) -> None:
     """Writes the images a run never trains on (its test split) as an .npz that `--dataset npz:PATH` reads."""
     images = open_dataset(cfg.dataset)
-    _, test = train_test_split(len(images), cfg.test_fraction, cfg.seed, cfg.n_images, cfg.data_fraction)
+    _, test = train_test_split(len(images), cfg.test_fraction, split_seed(cfg), cfg.n_images, cfg.data_fraction)
     arrays = np.stack([np.asarray(images.image(int(i))) for i in test])  # (n_test, H, W, 3) uint8
     names = np.asarray(images.class_names or [str(c) for c in range(int(images.labels().max()) + 1)])
 

@@ -53,7 +53,8 @@ class LayerMatrixPane(HeatmapPane):
         heatmap.set_marks(view.not_significant() if self.marks_on else None)
 
     def action_toggle_marks(self) -> None:
-        """Toggle the mark on cells that are not significant at 0.05; says so when the result has no p-values."""
+        """Toggle the mark on cells not significant at 0.05 after Benjamini-Hochberg; says so when the result has no
+        p-values."""
         view, heatmap = self.view, self.heatmap
         if view is None or heatmap is None:
             return
@@ -69,7 +70,10 @@ class LayerMatrixPane(HeatmapPane):
 
     def legend(self) -> list[tuple[str, str]]:
         return super().legend() + [
-            (MARK_CHAR, "p > 0.05: not significant under the permutation null (n shows or hides)")
+            (
+                MARK_CHAR,
+                "not significant: Benjamini-Hochberg q > 0.05 over the view's cells' permutation p (n shows or hides)",
+            )
         ]
 
     def on_heatmap_cursor_moved(self, message: Heatmap.CursorMoved) -> None:

@@ -4,7 +4,9 @@ Above, the heatmap of every pair's summary in the clustering order: rows name th
 columns are the same models in the same order, marked by their family (ViT, ResNet, ...). Enter on a cell opens
 that pair's layer x layer view (the measure the zoo summarises), models A and B set to the pair. Below, every
 model's layers matched onto one reference model's, relative depth against relative depth (the monotone path of
-the pair's matrix), one curve per model; r makes the next model the reference.
+the pair's matrix), one curve per model; r makes the next model the reference. v switches the heatmap between the raw
+summaries and the calibrated ones (against the zoo's permutation null: 0 at chance, 1 for a model with itself); the
+status line always says both, with the pair's p-value.
 """
 
 from __future__ import annotations
@@ -52,10 +54,18 @@ class ModelMatrixPane(HeatmapPane):
             id="zoo.reference",
             tooltip="Match every model's layers onto the next model's (the reference of the curves below)",
         ),
+        Binding(
+            "v",
+            "toggle_calibrated",
+            "Raw/calibrated",
+            id="zoo.calibrated",
+            tooltip="Show the raw summaries or the calibrated ones (against the permutation null)",
+        ),
     ]
     key_help: ClassVar[dict[str, str]] = {
         "heatmap.select": "Open the layer x layer view of the pair under the cursor (models A and B set to the pair)",
         "zoo.reference": "Make the next model (in the heatmap's order) the reference the curves match layers onto",
+        "zoo.calibrated": "Switch the heatmap between the raw summaries and the calibrated ones (against chance)",
     }
     lists_model_layers = False
 
@@ -69,6 +79,7 @@ class ModelMatrixPane(HeatmapPane):
     """
 
     reference = 0  # the store index of the model the curves match the others onto
+    calibrated = False  # the heatmap shows the calibrated summaries (v), not the raw ones
     _drawn: tuple[list[str], list[int]] | None = None  # the models and the order the heatmap draws them in
 
     def compose_body(self) -> ComposeResult:
@@ -89,12 +100,29 @@ class ModelMatrixPane(HeatmapPane):
         view = self.view
         return display_labels(view.rows, view.names, width) if view is not None else []
 
+    def calibrated_matrix(self) -> np.ndarray | None:
+        """Returns the view's calibrated summaries (store order), None when its zoo has no null."""
+        view = self.view
+        values = None if view is None else view.extra.get("calibrated")
+        if values is None:
+            return None
+        values = np.asarray(values, dtype=float)
+        return values if np.isfinite(values).any() else None
+
     def populate(self, loaded: LoadedView) -> None:
         view = loaded.view
         order = self.order
+        calibrated = self.calibrated_matrix() if self.calibrated else None
+        self.calibrated = calibrated is not None  # a zoo without a null shows its raw values
+        source = view.matrix if calibrated is None else calibrated
+        shown = source[np.ix_(order, order)]
+        vmin, vmax, value_name = (
+            (view.vmin, view.vmax, view.value_name)
+            if calibrated is None
+            else (None, 1.0, f"calibrated {view.value_name}")
+        )
         # the pair under the cursor, by store index: the next view's clustering may order the models otherwise
         kept = self._drawn_pair(view.rows)
-        shown = view.matrix[np.ix_(order, order)]
         rows = [self.names()[i] for i in order]
         families = [view.extra["families"][i] for i in order]
         nonfinite = view.nonfinite[np.ix_(order, order)] if view.nonfinite is not None else None
@@ -106,9 +134,9 @@ class ModelMatrixPane(HeatmapPane):
             shown,
             rows,
             families,
-            vmin=view.vmin,
-            vmax=view.vmax,
-            value_name=view.value_name,
+            vmin=vmin,
+            vmax=vmax,
+            value_name=value_name,
             nonfinite=nonfinite,
             nonfinite_text=describe,
             first=True,
@@ -139,6 +167,20 @@ class ModelMatrixPane(HeatmapPane):
         self.query_one(".zoo--curves", Label).update(
             f"each model's layers (x: relative depth) matched onto {names[self.reference]}'s (y), r: next reference"
         )
+
+    def action_toggle_calibrated(self) -> None:
+        """Switches the heatmap between the raw and the calibrated summaries; says how to get a null without one."""
+        if self.loaded is None:
+            return
+        if self.calibrated_matrix() is None:
+            self.notify(
+                "this zoo has no permutation null: vitsee analyze STORE --zoo --zoo-permutations 999",
+                severity="warning",
+            )
+            return
+        self.calibrated = not self.calibrated
+        self.populate(self.loaded)
+        self.post_status()
 
     def action_next_reference(self) -> None:
         """Makes the next model in the heatmap's order the reference of the curves."""
@@ -181,9 +223,20 @@ class ModelMatrixPane(HeatmapPane):
         interval = view.interval_text(i, j) if np.isfinite(view.matrix[i, j]) else ""
         # parts the status line drops from the end where it is narrow: the families go first
         return (
-            f"{names[i]} x {names[j]}  {view.value_name} {view.cell_text(i, j)}{interval}  "
+            f"{names[i]} x {names[j]}  {view.value_name} {view.cell_text(i, j)}{interval}{self.chance_text(i, j)}  "
             f"{families[i]} x {families[j]}"
         )
+
+    def chance_text(self, i: int, j: int) -> str:
+        """Returns '  calibrated 0.412 p<0.01' for a pair of a zoo with a null ('' without one, or on the diagonal)."""
+        from vitsee.stats import significance_label
+
+        calibrated, view = self.calibrated_matrix(), self.view
+        if calibrated is None or view is None or not np.isfinite(calibrated[i, j]):
+            return ""
+        p = float(np.asarray(view.extra["p_value"], dtype=float)[i, j])
+        label = significance_label(p, int(view.extra.get("null_permutations") or 0))
+        return f"  calibrated {calibrated[i, j]:.3f} {label}"
 
     def on_heatmap_cursor_moved(self, message: Heatmap.CursorMoved) -> None:
         message.stop()
@@ -223,5 +276,10 @@ class ModelMatrixPane(HeatmapPane):
             (
                 "\u2812\u2812",
                 "below: each model's layers matched onto the reference's, by relative depth (0 first, 1 last)",
+            ),
+            (
+                "v",
+                "the heatmap: raw summaries, or calibrated = (raw - null mean) / (best - null mean) against the "
+                "permutation null (0: chance, 1: a model with itself); the status line says both and p",
             ),
         ]

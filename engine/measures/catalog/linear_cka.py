@@ -58,6 +58,7 @@ def pairwise_linear_cka(a: list[LayerGrams], b: list[LayerGrams], debiased: bool
 
 class LinearCKA(Measure):
     name = "linear_cka"
+    interval_holds = "holds the large-n value"
     label = "CKA"
     order = 10  # the place of its view, cka.py's
     own_view = False

@@ -19,7 +19,7 @@ from vitsee.lazy import lazy_module
 from vitsee.measures import floor
 from vitsee.measures.grams import LayerGrams, build_parts, neighbour_pool
 from vitsee.measures.kernels import check_k, cosine_gram, feature_pair
-from vitsee.measures.registry import Measure, Parameter
+from vitsee.measures.registry import AT_N, Measure, Parameter
 
 torch = lazy_module("torch")
 
@@ -74,6 +74,7 @@ class MutualKNN(Measure):
     """mknn: the share of each image's k nearest images that both layers agree on."""
 
     name = "mknn"
+    interval_holds = AT_N + " (k neighbours among n images: another n, another number; wider than needed)"
     label = "mknn"
     title = "mutual k-nearest-neighbour alignment between layers (Huh et al. 2024)"
     option_help = "mutual k-NN alignment (share of each image's k nearest images that both layers agree on)"

@@ -22,7 +22,7 @@ from vitsee.lazy import lazy_module
 from vitsee.measures import floor
 from vitsee.measures.grams import CHUNK_BYTES, LayerGrams, build_parts, check_rows
 from vitsee.measures.kernels import centred, feature_pair, principal
-from vitsee.measures.registry import Measure, Parameter
+from vitsee.measures.registry import AT_N, Measure, Parameter
 
 torch = lazy_module("torch")
 
@@ -181,6 +181,7 @@ def _batched_svdvals(pa: list, pb: list, pairs: list[tuple[int, int]], out: np.n
 
 class Procrustes(Measure):
     name = "procrustes"
+    interval_holds = AT_N + " (biased by O(1/sqrt(n)) where layers share few directions)"
     label = "Procrustes"
     title = "angular Procrustes distance between layers (Williams et al. 2021)"
     option_help = "angular Procrustes distance (radians; low: alike up to a rotation) of every pair of layers"

@@ -96,6 +96,7 @@ class RSA(Measure):
     """RSA: the Spearman correlation of the layers' correlation-distance RDMs."""
 
     name = "rsa"
+    interval_holds = "holds the large-n value"
     label = "RSA"
     title = "RSA between layers: Spearman correlation of their dissimilarity matrices (Kriegeskorte et al. 2008)"
     option_help = "RSA (Spearman correlation of the layers' correlation-distance RDMs) of every pair of layers"
