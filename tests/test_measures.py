@@ -195,6 +195,17 @@ class TestAgainstFormulas:
         for a, b in ((x, y), (y, x), (x, z)):
             assert _call(name, a, b) == pytest.approx(REFERENCES[name](a, b), abs=1e-10)
 
+    @pytest.mark.parametrize("name", list(REFERENCES))
+    def test_matches_its_reference_on_layers_wider_than_their_examples(self, name):
+        # the direct functions take the (n, n) Gram's route when a layer has more features than examples (issue 32)
+        x, y, wide, _ = _layers(60)
+        wide2 = np.tanh(wide[:, ::-1] + 0.5) + 0.2 * np.random.default_rng(5).normal(size=wide.shape)
+        # two wide layers share directions (ranks 59 + 59 > 60 examples: canonical correlations of 1, repeated),
+        # where PWCCA's weights depend on which basis of that eigenspace an SVD returns: no reference pins it
+        pairs = ((x, wide), (wide, y)) if name == "pwcca" else ((x, wide), (wide, y), (wide, wide2))
+        for a, b in pairs:
+            assert _call(name, a, b) == pytest.approx(REFERENCES[name](a, b), abs=1e-10)
+
     def test_debiased_cka_linear_and_rbf_match_the_unbiased_hsic(self):
         x, y = _layers(30)[:2]
         assert ms.linear_cka(x, y, debiased=True) == pytest.approx(

@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from vitsee.measures import kernels, registry
+from vitsee.measures import floor, kernels, registry
 from vitsee.errors import VitseeError
 from vitsee.lazy import lazy_module
 
@@ -123,12 +123,17 @@ class LayerGrams:
         mur = mu - mu.mean()
         gram = torch.zeros(n, n, dtype=torch.float64, device=dev)
         v, w, s = (torch.zeros(n, dtype=torch.float64, device=dev) for _ in range(3))
-        for c in range(0, d, step):
-            xc = t[:, c : c + step].to(dev, torch.float64) - mu[c : c + step]  # (n, chunk), centred before the product
-            gram.addmm_(xc, xc.T)
-            v += xc @ mu[c : c + step]
-            w += xc @ mur[c : c + step]
-            s += xc.sum(dim=1)
+        # One thread on the CPU: the same bits at any --threads. torch's product, not numpy's syrk (floor's
+        # symmetric_product, 2.0-2.3x faster here): the syrk's other rounding moved RSA by 5.6e-7 on the demo
+        # store's collapsed layers (RDM entries 1 - r with r ~ 1 reorder) and PWCCA by 9.3e-4 where two layers
+        # share directions (issue 32's bar: every stored value within 1e-12 of before)
+        with floor.one_thread() if dev.type == "cpu" else contextlib.nullcontext():
+            for c in range(0, d, step):
+                xc = t[:, c : c + step].to(dev, torch.float64) - mu[c : c + step]  # (n, chunk), centred first
+                gram.addmm_(xc, xc.T)
+                v += xc @ mu[c : c + step]
+                w += xc @ mur[c : c + step]
+                s += xc.sum(dim=1)
         gram = (gram + gram.T) / 2  # exactly symmetric: a resample reads both (i, j) and (j, i), which must tie
         return cls(gram, v, w, s, float(mu.square().sum()), float(mur.square().sum()), d, name=name)
 
@@ -204,7 +209,9 @@ class LayerGrams:
         numerical rank -- Xc / ||Xc||_F = U diag(sqrt(lam)) V' (the thin SVD), cached."""
 
         def build():
-            with small_lapack(self.n, self.device):
+            # torch's eigh as before (numpy's ran 1.3x faster here, but its other eigenvectors of a repeated
+            # eigenvalue move PWCCA, see from_features), on one thread on the CPU: the same bits at any --threads
+            with floor.one_thread() if self.device.type == "cpu" else small_lapack(self.n, self.device):
                 lam, u = torch.linalg.eigh(self.centred())
             lam, u = lam.flip(0), u.flip(1)
             r = kernels.numerical_rank(lam, self.n, self.d)
@@ -213,8 +220,15 @@ class LayerGrams:
         return self._cached("spectrum", build)
 
     def knn(self, k: int) -> torch.Tensor:
-        """Returns the (n, n) bool mask of each example's k nearest others by cosine (copies of itself excluded)."""
-        return self._cached(("knn", k), lambda: kernels.knn_mask(self.cosine(), k, self.ids))
+        """Returns the (n, n) bool mask of each example's k nearest others by cosine (copies of itself excluded; the
+        columns kernels.knn_mask marks, by floor.knn_indices' topk in O(n^2) where the mask sorted every row)."""
+        return self._cached(
+            ("knn", k), lambda: floor.mask_from_indices(floor.knn_indices(self.cosine(), k, self.ids), self.n)
+        )
+
+    def knn_indices(self, k: int) -> torch.Tensor:
+        """Returns (n, k) the columns of knn(k)'s mask, row by row in increasing order."""
+        return self.knn(k).nonzero()[:, 1].view(self.n, k)
 
     def pair_mask(self) -> torch.Tensor | None:
         """Returns which pairs i < j are pairs of different images (None: all of them, no repeats)."""
@@ -331,6 +345,13 @@ def cka_part(
     return part
 
 
+def build_parts(layers: Sequence[LayerGrams], part: Callable[[LayerGrams], Any]) -> None:
+    """Builds part(g) (a cached part: g.spectrum, g.knn) of every distinct layer as tasks of one thread each on the
+    CPU (floor.run_tasks: the same bits at any --threads), so a measure's pairs then find them cached."""
+    unique = list({id(g): g for g in layers}.values())
+    floor.run_tasks(part, unique, cpu=bool(unique) and unique[0].device.type == "cpu")
+
+
 def check_rows(a: list[LayerGrams], least: int, measure: str) -> None:
     """Raises unless the layers hold at least `least` examples."""
     if not a or a[0].n < least:
@@ -378,7 +399,9 @@ def pairwise(grams_a: Sequence[LayerGrams], grams_b: Sequence[LayerGrams] | None
                 "undefined (NaN)",
                 stacklevel=2,
             )
-    with warnings.catch_warnings():
+    # one thread on the CPU, the work shared out as tasks (floor.run_tasks): the same bits at any --threads (torch's
+    # 2-thread reductions moved linear and RBF CKA by 1e-16 and PWCCA by 2.2e-14 between --threads 1 and 2)
+    with warnings.catch_warnings(), floor.one_thread_on(a[0].gram):
         warnings.simplefilter("ignore")  # said once per layer above
         return m.pairwise(a, b, **{**m.defaults, **params})
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from vitsee.measures import floor
 from vitsee.measures.grams import LayerGrams, check_rows, cka_part, stack_products
 from vitsee.measures.kernels import MIN_DEBIASED, centred, cka_from_grams, feature_pair, power_of_two_scale
 from vitsee.measures.registry import Measure, Parameter
@@ -36,14 +37,17 @@ def linear_cka(x: Any, y: Any, debiased: bool = DEBIASED.default) -> float:
     1.0
     """
     x, y = feature_pair(x, y, "linear_cka", MIN_DEBIASED if debiased else 2)
-    xc, yc = centred(x, "x", "linear_cka"), centred(y, "y", "linear_cka")
+    xc, yc = floor.both(lambda f, name: centred(f, name, "linear_cka"), x, y)
     if xc is None or yc is None:
         return math.nan
     xc, yc = xc * power_of_two_scale(xc, 60), yc * power_of_two_scale(yc, 60)  # fourth powers below: see there
     n, dx, dy = xc.shape[0], xc.shape[1], yc.shape[1]
     if debiased or n * n <= dx * dy:  # the (n, n) Grams are the smaller route (and the one the U-statistic needs)
-        return cka_from_grams(xc @ xc.T, yc @ yc.T, debiased)
-    return float((yc.T @ xc).square().sum() / ((xc.T @ xc).norm() * (yc.T @ yc).norm()))
+        kx, ky = floor.both(lambda f, _: floor.symmetric_product(f), xc, yc)  # syrk, one task a side
+        with floor.one_thread_on(kx):
+            return cka_from_grams(kx, ky, debiased)
+    with floor.one_thread_on(xc):
+        return float((yc.T @ xc).square().sum() / ((xc.T @ xc).norm() * (yc.T @ yc).norm()))
 
 
 def pairwise_linear_cka(a: list[LayerGrams], b: list[LayerGrams], debiased: bool) -> np.ndarray:

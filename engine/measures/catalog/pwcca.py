@@ -18,6 +18,7 @@ import numpy as np
 
 from vitsee.lazy import lazy_module
 from vitsee.measures.catalog.svcca import KEEP, canonical_correlations, cca_pairs, check_keep, reduced
+from vitsee.measures import floor
 from vitsee.measures.grams import LayerGrams
 from vitsee.measures.kernels import feature_pair
 from vitsee.measures.registry import AT_N, Measure
@@ -50,10 +51,11 @@ def pwcca(x: Any, y: Any, keep: float = KEEP.default) -> float:
     """
     keep = check_keep(keep, "pwcca")
     x, y = feature_pair(x, y, "pwcca", 2)
-    rx, ry = reduced(x, "x", "pwcca", keep), reduced(y, "y", "pwcca", keep)
+    rx, ry = floor.both(lambda f, name: reduced(f, name, "pwcca", keep), x, y)
     if rx is None or ry is None:
         return math.nan
-    rho, a = canonical_correlations(rx[0], ry[0])
+    with floor.one_thread_on(rx[0]):
+        rho, a = canonical_correlations(rx[0], ry[0])
     return pwcca_from_basis(rho, a, rx[1])
 
 

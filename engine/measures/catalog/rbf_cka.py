@@ -25,6 +25,7 @@ import numpy as np
 
 from vitsee.errors import VitseeError
 from vitsee.lazy import lazy_module
+from vitsee.measures import floor
 from vitsee.measures.grams import LayerGrams, check_rows, cka_part, stack_products
 from vitsee.measures.kernels import MIN_DEBIASED, centred, cka_from_grams, feature_pair, squared_distances
 from vitsee.measures.registry import Measure, Parameter
@@ -112,14 +113,20 @@ def rbf_cka(x: Any, y: Any, threshold: float = THRESHOLD.default, debiased: bool
     """
     threshold = check_threshold(threshold)
     x, y = feature_pair(x, y, "rbf_cka", MIN_DEBIASED if debiased else 2)
-    grams = []
-    for name, f in (("x", x), ("y", y)):
+
+    def kernel(f, name: str):
         fc = centred(f, name, "rbf_cka")
         if fc is None:
-            return math.nan
-        # pairwise differences taken directly, not through the Gram (measures/grams.py takes that route)
-        grams.append(rbf_gram(torch.cdist(fc, fc, compute_mode="donot_use_mm_for_euclid_dist").square(), threshold))
-    return cka_from_grams(grams[0], grams[1], debiased)
+            return None
+        # squared distances from the Gram of the centred features (one syrk: n^2 D / 2 multiply-adds), as
+        # measures/grams.py takes them; the centring keeps |x_i|^2 + |x_j|^2 - 2 x_i.x_j free of a large offset
+        return rbf_gram(squared_distances(floor.symmetric_product(fc)), threshold)
+
+    kx, ky = floor.both(kernel, x, y)
+    if kx is None or ky is None:
+        return math.nan
+    with floor.one_thread_on(kx):
+        return cka_from_grams(kx, ky, debiased)
 
 
 def pairwise_rbf_cka(a: list[LayerGrams], b: list[LayerGrams], threshold: float, debiased: bool) -> np.ndarray:

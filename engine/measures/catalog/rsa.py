@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from vitsee.lazy import lazy_module
+from vitsee.measures import floor
 from vitsee.measures.grams import LayerGrams, check_rows, stack_products
 from vitsee.measures.kernels import CONSTANT_RTOL, average_ranks, centred, feature_pair, upper
 from vitsee.measures.registry import Measure
@@ -56,6 +57,11 @@ def rsa(x: Any, y: Any) -> float:
     1.0
     """
     x, y = feature_pair(x, y, "rsa", 3)
+    with floor.one_thread_on(x):
+        return _rsa(x, y)
+
+
+def _rsa(x: torch.Tensor, y: torch.Tensor) -> float:
     vectors = []
     for name, f in (("x", x), ("y", y)):
         if centred(f, name, "rsa") is None:
@@ -64,10 +70,10 @@ def rsa(x: Any, y: Any) -> float:
         if rows is None:
             warnings.warn(
                 f"an example of {name} has all its features equal: its correlation distance, and rsa, is nan",
-                stacklevel=2,
+                stacklevel=3,
             )
             return math.nan
-        vectors.append(average_ranks(upper(1 - rows @ rows.T)))
+        vectors.append(average_ranks(upper(1 - floor.symmetric_product(rows))))
     return pearson(*vectors)
 
 
