@@ -516,6 +516,18 @@ class TestStatistics:
         assert p[0, 0] == pytest.approx(1 / 20)
         assert p[0, 1] > 0.05
 
+    @pytest.mark.parametrize("name", ["svcca", "pwcca"])
+    def test_a_null_value_within_rounding_of_the_observed_one_ties_it(self, name):
+        """Layers of more features than images have every canonical correlation 1 for any pairing of the images: every
+        permutation ties the observed value, so p is 1, whatever the last bits of each recomputation are (they
+        straddle the observed value by an ulp or two here, which gave p anywhere in [0.05, 1])."""
+        rng = np.random.default_rng(0)
+        grams = mg.layer_grams([rng.normal(size=(12, 40)), rng.normal(size=(12, 50))])
+        null = mst.null_values(grams[:1], grams[1:], name, 19, 0)
+        observed = mg.pairwise(grams[:1], grams[1:], name)
+        assert np.abs(null - observed).max() < 1e-12  # ties, up to rounding
+        assert mst.permutation_p_value(grams[:1], grams[1:], name, permutations=19, seed=0)[0, 0] == 1.0
+
     def test_pair_statistics_reads_a_distance_from_above(self):
         x, y = _layers(40)[:2]
         g = mg.layer_grams([x, y])
