@@ -155,6 +155,20 @@ def batch_permutations(seed: Sequence[int] | int, slot: int, m: int, count: int)
     return rng.permuted(np.tile(np.arange(m), (count, 1)), axis=1)  # each row shuffled independently
 
 
+TIE_ULPS = 1024  # how close (in units of float64 rounding, relative) a null value is to the observed one to tie it
+
+
+def at_least(null: np.ndarray, observed: np.ndarray) -> np.ndarray:
+    """Returns null >= observed, a null value within rounding of the observed one counting as reaching it (a tie).
+
+    SVCCA and PWCCA of layers with more features than images are 1 for every pairing of the images, and the last bits
+    of each recomputation decided their p anywhere in [0.05, 1]; a model with itself ties every permutation's summary
+    the same way. TIE_ULPS float64 roundings, relative to max(1, |observed|)."""
+    observed = np.asarray(observed, dtype=np.float64)
+    slack = TIE_ULPS * np.finfo(np.float64).eps * np.maximum(1.0, np.abs(observed))
+    return np.asarray(null) >= observed - slack
+
+
 def permutation_p_value(null_hsic: np.ndarray, hsic: np.ndarray) -> np.ndarray:
     """Return (L, L) p-values (1 + #{null >= observed}) / (K + 1) from the K permutation null HSIC sums (K, L, L).
 
@@ -162,7 +176,7 @@ def permutation_p_value(null_hsic: np.ndarray, hsic: np.ndarray) -> np.ndarray:
     """
     observed = cka_from_hsic(hsic)
     null = cka_from_hsic(null_hsic, np.broadcast_to(np.diagonal(hsic), null_hsic.shape[:-1]))
-    reached = (null >= observed).sum(axis=0)
+    reached = at_least(null, observed).sum(axis=0)
     p = (1.0 + reached) / (null_hsic.shape[0] + 1.0)
     return np.where(np.isfinite(observed), p, np.nan)
 
@@ -387,7 +401,7 @@ def summary_null(raw: np.ndarray, null: np.ndarray, best: float | np.ndarray = 1
     with np.errstate(invalid="ignore", divide="ignore"):
         mean = null.mean(axis=0)
         q95 = np.quantile(null, 0.95, axis=0) if len(null) else np.full(raw.shape, np.nan)
-        p = (1.0 + (null >= raw).sum(axis=0)) / (1.0 + len(null))
+        p = (1.0 + at_least(null, raw).sum(axis=0)) / (1.0 + len(null))
         calibrated = (raw - mean) / (np.asarray(best, dtype=np.float64) - mean)
     nan = np.nan
     return {

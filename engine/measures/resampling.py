@@ -131,9 +131,6 @@ def null_values(
     return np.stack(out)
 
 
-TIE_ULPS = 1024  # how close (in units of float64 rounding, relative) a null value is to the observed one to tie
-
-
 def permutation_p_value(
     grams_a: Sequence[LayerGrams],
     grams_b: Sequence[LayerGrams] | None,
@@ -149,11 +146,8 @@ def permutation_p_value(
     `observed`: the measure of the grams as they are, when the caller has it already."""
     observed = pairwise(grams_a, grams_b, name, **params) if observed is None else observed
     null = null_values(grams_a, grams_b, name, permutations, seed, progress, **params)
-    # a null value within rounding of the observed one is a tie, and a tie reaches it: SVCCA of layers of more
-    # features than images is 1 for every pairing, and its last bits decided p anywhere in [0.01, 1] (benchmarks'
-    # bench store: 129 of 196 cells moved by up to 0.89 when an all-pairs step changed its rounding)
-    slack = TIE_ULPS * np.finfo(np.float64).eps * np.maximum(1.0, np.abs(observed))
-    reached = (null >= observed - slack) if measure(name).higher_is_similar else (null <= observed + slack)
+    higher = measure(name).higher_is_similar  # a tie within rounding reaches (stats.at_least)
+    reached = stats.at_least(null, observed) if higher else stats.at_least(-null, -observed)
     p = (1.0 + reached.sum(axis=0)) / (permutations + 1.0)
     return np.where(np.isfinite(observed), p, np.nan)
 
