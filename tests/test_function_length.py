@@ -22,7 +22,7 @@ OPTION_LISTS = {
 
 def functions(source: str) -> list[tuple[str, int, int, int]]:
     """Returns (name, first line, lines, lines of its body after the signature and the docstring) of every function
-    and method in `source`, nested ones included."""
+    and method in `source`, nested ones included, in the order they start."""
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -31,7 +31,7 @@ def functions(source: str) -> list[tuple[str, int, int, int]]:
                 body = body[1:]
             start = node.decorator_list[0].lineno if node.decorator_list else node.lineno
             found.append((node.name, start, node.end_lineno - node.lineno + 1, node.end_lineno - body[0].lineno + 1))
-    return found
+    return sorted(found, key=lambda f: f[1])
 
 
 def long_functions(root: Path) -> tuple[list[str], set[tuple[str, str]]]:
