@@ -386,7 +386,7 @@ def _depth_curves(view: View, selection, cmap: Colormap) -> Figure:
         )
 
     if layer:
-        _token_map(fig, grid[1], view, layer, cmap, (vmin, vmax))
+        _probe_token_map(fig, grid[1], view, layer, cmap, (vmin, vmax))
     _caption(fig, view)
     return fig
 
@@ -445,7 +445,7 @@ def _skipped_readouts(ax, view: View, vmin: float) -> None:
             )
 
 
-def _token_map(fig: Figure, cell, view: View, layer: str, cmap: Colormap, limits: tuple[float, float]) -> None:
+def _probe_token_map(fig: Figure, cell, view: View, layer: str, cmap: Colormap, limits: tuple[float, float]) -> None:
     """Draws in the grid cell `cell` of `fig` the per-token probes' accuracy of `layer` on the patch grid (the CLS
     token's in the title), with its colour bar."""
     accuracy = np.asarray(view.extra["token_maps"][layer], dtype=float)
