@@ -215,67 +215,12 @@ def run_extraction(
     n = len(selection)
     messages = []
     try:
-        size = _estimate(plans, n, cfg, existing is not None)
-        msg = f"{store_path}: {size.describe()}"
-        messages.append(msg)
-        emit(Progress("plan", message=msg))
-        for mp in plans:
-            note = fp16_note(mp.key, mp.record.get("fp16_loss", {}))
-            if note:
-                messages.append(note)
-                emit(Progress("warning", message=note, model=mp.key))  # about the data: said even with -q
-            if not mp.new and mp.batch_size != cfg.batch_size:
-                note = f"{mp.key}: resuming with the stored batch size {mp.batch_size}"
-                messages.append(note)
-                emit(Progress("plan", message=note, model=mp.key))
-        groups = waves(plans, budget)
-        if len(groups) > 1:
-            note = _waves_note(plans, groups, budget, cfg)
-            messages.append(note)
-            emit(Progress("plan", message=note))
-        _check_disk(store_path, size.todo_bytes, cfg.force)
-        stale = store_mod.remove_stale_starts(store_path)
-        if stale:
-            note = f"removed {len(stale)} file(s) a killed start left: {', '.join(t.name for t in stale)}"
-            messages.append(note)
-            emit(Progress("plan", message=note))
+        groups = _prepare(store_path, plans, n, cfg, existing is not None, budget, emit, messages)
 
         record = run_record(cfg, selection.images.spec, [(mp.record["spec"], mp.key) for mp in plans])
-        if existing is None:
-            if lock is None:
-                lock = store_mod.WriteLock(store_path)
-            with store_mod.creating(store_path, overwrite=cfg.overwrite, lock=lock) as h5:
-                images = selection.images
-                store_mod.write_images(
-                    h5, images.spec, selection.indices, selection.labels, images.class_names, selection.shuffle_seed
-                )
-                h5.attrs["run_config"] = store_mod.json_attr(record)  # `vitsee extract STORE` resumes from it
-                if cfg.shard is not None:
-                    h5.attrs["shard"] = store_mod.json_attr(cfg.shard.__dict__)
-                for mp in plans:
-                    store_mod.add_model_layout(
-                        h5,
-                        mp.record,
-                        mp.layers,
-                        mp.stats,
-                        mp.input_shape,
-                        mp.batch_size,
-                        cfg.dtype,
-                        n,
-                        streaming=cfg.streaming,
-                    )
-                if cfg.grams:
-                    add_gram_state(h5, cfg.batch_size)
-                elif cfg.streaming:
-                    store_mod.add_streaming_state(h5, _cka_columns(plans), cfg.batch_size)
-                    _add_streamed_heads(h5, plans)
-            existing = Store.writer(store_path, rows=True, lock=lock)
-        else:
-            for mp in plans:
-                if mp.new:
-                    existing.add_model(
-                        mp.record, mp.layers, mp.stats, mp.input_shape, mp.batch_size, cfg.dtype, run_config=record
-                    )
+        if existing is None and lock is None:
+            lock = store_mod.WriteLock(store_path)
+        existing = _open_for_writing(store_path, cfg, selection, plans, existing, lock, record)
         run_pass = _streaming_pass if cfg.streaming and not cfg.grams else _extract_pass
         nonfinite = NonfiniteLog(store_path, plans, cfg.shard.start if cfg.shard is not None else 0)
         processed, bytes_written, cancelled = _run_waves(
@@ -295,6 +240,91 @@ def run_extraction(
         emit(Progress("warning", message=warning))
     emit(Progress("done", done=processed, total=n, message=f"{processed} images in {seconds:.1f} s"))
     return ExtractResult(store_path, [mp.key for mp in plans], processed, seconds, bytes_written, cancelled, messages)
+
+
+def _prepare(
+    store_path: Path,
+    plans: list[ModelPlan],
+    n: int,
+    cfg: ExtractConfig,
+    appending: bool,
+    budget: int,
+    emit: ProgressFn,
+    messages: list[str],
+) -> list[list[ModelPlan]]:
+    """Returns the waves the models run in, having said (to `emit`, and into `messages`) the run's size, the fp16
+    and batch-size notes, the waves, and the stale starts it removed, and checked that the disk holds the run."""
+    size = _estimate(plans, n, cfg, appending)
+    msg = f"{store_path}: {size.describe()}"
+    messages.append(msg)
+    emit(Progress("plan", message=msg))
+    for mp in plans:
+        note = fp16_note(mp.key, mp.record.get("fp16_loss", {}))
+        if note:
+            messages.append(note)
+            emit(Progress("warning", message=note, model=mp.key))  # about the data: said even with -q
+        if not mp.new and mp.batch_size != cfg.batch_size:
+            note = f"{mp.key}: resuming with the stored batch size {mp.batch_size}"
+            messages.append(note)
+            emit(Progress("plan", message=note, model=mp.key))
+    groups = waves(plans, budget)
+    if len(groups) > 1:
+        note = _waves_note(plans, groups, budget, cfg)
+        messages.append(note)
+        emit(Progress("plan", message=note))
+    _check_disk(store_path, size.todo_bytes, cfg.force)
+    stale = store_mod.remove_stale_starts(store_path)
+    if stale:
+        note = f"removed {len(stale)} file(s) a killed start left: {', '.join(t.name for t in stale)}"
+        messages.append(note)
+        emit(Progress("plan", message=note))
+    return groups
+
+
+def _open_for_writing(
+    store_path: Path,
+    cfg: ExtractConfig,
+    selection: Selection,
+    plans: list[ModelPlan],
+    existing: Store | None,
+    lock: store_mod.WriteLock,
+    record: dict,
+) -> Store:
+    """Returns the store open for writing rows: a new one made under `lock` with the images and every model's
+    layout, or `existing` with the run's new models added."""
+    if existing is None:
+        with store_mod.creating(store_path, overwrite=cfg.overwrite, lock=lock) as h5:
+            images = selection.images
+            store_mod.write_images(
+                h5, images.spec, selection.indices, selection.labels, images.class_names, selection.shuffle_seed
+            )
+            h5.attrs["run_config"] = store_mod.json_attr(record)  # `vitsee extract STORE` resumes from it
+            if cfg.shard is not None:
+                h5.attrs["shard"] = store_mod.json_attr(cfg.shard.__dict__)
+            for mp in plans:
+                store_mod.add_model_layout(
+                    h5,
+                    mp.record,
+                    mp.layers,
+                    mp.stats,
+                    mp.input_shape,
+                    mp.batch_size,
+                    cfg.dtype,
+                    len(selection),
+                    streaming=cfg.streaming,
+                )
+            if cfg.grams:
+                add_gram_state(h5, cfg.batch_size)
+            elif cfg.streaming:
+                store_mod.add_streaming_state(h5, _cka_columns(plans), cfg.batch_size)
+                _add_streamed_heads(h5, plans)
+        return Store.writer(store_path, rows=True, lock=lock)
+    for mp in plans:
+        if mp.new:
+            existing.add_model(
+                mp.record, mp.layers, mp.stats, mp.input_shape, mp.batch_size, cfg.dtype, run_config=record
+            )
+    return existing
 
 
 def resume_extraction(

@@ -178,8 +178,7 @@ def _caption(fig: Figure, view: View, note: str = "", orientation: bool = False)
 
 def _heads_by_block(view: View, selection, cmap: Colormap) -> Figure:
     """Returns per-block head distances (dots, std bars, uniform line) and one block's histogram."""
-    mean, std = view.matrix, np.asarray(view.extra["std_px"], dtype=float)
-    counts, edges = np.asarray(view.extra["hist_counts"]), np.asarray(view.extra["hist_edges"], dtype=float)
+    mean = view.matrix
     uniform = float(view.extra["uniform_px"])
     n_blocks, n_heads = mean.shape
     vmin, vmax = _value_range(view)
@@ -191,6 +190,23 @@ def _heads_by_block(view: View, selection, cmap: Colormap) -> Figure:
     # heads of a block sit side by side (sorted, nearest first) so their error bars do not hide each other
     spread = np.linspace(-0.28, 0.28, n_heads) if n_heads > 1 else np.zeros(1)
     x = np.arange(n_blocks)[:, None] + spread[None, :]
+    _head_dots(ax, view, x, cmap, (vmin, vmax))
+    uniform = _uniform_lines(ax, view, uniform, selection)
+    _block_axes(ax, view, x, (vmin, vmax))
+
+    block = selection[0] if selection else 0  # the first block mixes local and global heads (paper Fig. 3)
+    ax.axvspan(block - 0.45, block + 0.45, color="0.93", zorder=0)
+    if selection:
+        _mark_head(ax, view, x, selection, vmax)
+    _block_histogram(hist, view, block, uniform, cmap)
+    _caption(fig, view)
+    return fig
+
+
+def _head_dots(ax, view: View, x: np.ndarray, cmap: Colormap, limits: tuple[float, float]) -> None:
+    """Draws each head's mean distance at `x` (a dot coloured by it), its std over images (grey bars) and, where the
+    view has them, the intervals of the means (dark whiskers)."""
+    mean, std = view.matrix, np.asarray(view.extra["std_px"], dtype=float)
     spread_bars = ax.errorbar(
         x.ravel(),
         mean.ravel(),
@@ -221,8 +237,8 @@ def _heads_by_block(view: View, selection, cmap: Colormap) -> Figure:
         mean.ravel(),
         c=mean.ravel(),
         cmap=cmap,
-        vmin=vmin,
-        vmax=vmax,
+        vmin=limits[0],
+        vmax=limits[1],
         s=22,
         edgecolors="0.15",
         linewidths=0.5,
@@ -230,6 +246,12 @@ def _heads_by_block(view: View, selection, cmap: Colormap) -> Figure:
         label="head (mean over images)",
         gid="heads",
     )
+
+
+def _uniform_lines(ax, view: View, uniform: float, selection) -> float:
+    """Returns the distance of uniform attention the histogram marks (the selected block's, in a Swin), having drawn
+    it on `ax`: one dashed line, or one per block where blocks' windows differ."""
+    n_blocks = view.matrix.shape[0]
     per_block = np.asarray(view.extra.get("uniform_px_per_block", np.full(n_blocks, uniform)), dtype=float)
     if np.allclose(per_block, uniform):
         ax.axhline(uniform, ls="--", color="0.25", lw=1, label=f"uniform attention ({uniform:.1f} px)")
@@ -244,6 +266,14 @@ def _heads_by_block(view: View, selection, cmap: Colormap) -> Figure:
             label="uniform attention in a window",
         )
         uniform = float(per_block[selection[0] if selection else 0])
+    return uniform
+
+
+def _block_axes(ax, view: View, x: np.ndarray, limits: tuple[float, float]) -> None:
+    """Draws a cross at the top for each head without a finite distance, then the blocks' ticks, the limits, the
+    labels and the legend of the distances' axes."""
+    n_blocks = view.matrix.shape[0]
+    vmin, vmax = limits
     if view.nonfinite is not None and view.nonfinite.any():  # no distance to plot: a cross at the top instead
         rows, cols = np.nonzero(view.nonfinite)
         ax.scatter(
@@ -270,32 +300,40 @@ def _heads_by_block(view: View, selection, cmap: Colormap) -> Figure:
     ax.set_ylabel("mean attention distance (px)")
     ax.legend(fontsize=TICK_PT, loc="upper left")
 
-    block = selection[0] if selection else 0  # the first block mixes local and global heads (paper Fig. 3)
-    ax.axvspan(block - 0.45, block + 0.45, color="0.93", zorder=0)
-    if selection:
-        r, c = selection
-        ax.scatter(
-            [x[r, c]],
-            [mean[r, c]],
-            s=110,
-            facecolors="none",
-            edgecolors=MARK,
-            linewidths=1.6,
-            zorder=3,
-            gid="selection",
-        )
-        value = f"{_fmt(mean[r, c], 1)} ± {_fmt(std[r, c], 1)} px" if np.isfinite(mean[r, c]) else view.cell_text(r, c)
-        ax.annotate(
-            f"{view.rows[r]}, head {c + 1} of {n_heads} (sorted)\n{value}",
-            xy=(x[r, c], mean[r, c] if np.isfinite(mean[r, c]) else vmax),
-            xytext=(14 if r < n_blocks / 2 else -14, 14),
-            textcoords="offset points",
-            ha="left" if r < n_blocks / 2 else "right",
-            fontsize=TICK_PT,
-            bbox=_BOX,
-            arrowprops={"arrowstyle": "-", "color": MARK},
-        )
 
+def _mark_head(ax, view: View, x: np.ndarray, selection: tuple[int, int], vmax: float) -> None:
+    """Draws a ring round the selected head and writes its block, rank and distance (mean ± std) beside it."""
+    mean, std = view.matrix, np.asarray(view.extra["std_px"], dtype=float)
+    n_blocks, n_heads = mean.shape
+    r, c = selection
+    ax.scatter(
+        [x[r, c]],
+        [mean[r, c]],
+        s=110,
+        facecolors="none",
+        edgecolors=MARK,
+        linewidths=1.6,
+        zorder=3,
+        gid="selection",
+    )
+    value = f"{_fmt(mean[r, c], 1)} ± {_fmt(std[r, c], 1)} px" if np.isfinite(mean[r, c]) else view.cell_text(r, c)
+    ax.annotate(
+        f"{view.rows[r]}, head {c + 1} of {n_heads} (sorted)\n{value}",
+        xy=(x[r, c], mean[r, c] if np.isfinite(mean[r, c]) else vmax),
+        xytext=(14 if r < n_blocks / 2 else -14, 14),
+        textcoords="offset points",
+        ha="left" if r < n_blocks / 2 else "right",
+        fontsize=TICK_PT,
+        bbox=_BOX,
+        arrowprops={"arrowstyle": "-", "color": MARK},
+    )
+
+
+def _block_histogram(hist, view: View, block: int, uniform: float, cmap: Colormap) -> None:
+    """Draws the histogram of one block's distances over heads x images on `hist`, uniform attention dashed, titled
+    with the block and how many NaN/Inf distances it leaves out."""
+    counts, edges = np.asarray(view.extra["hist_counts"]), np.asarray(view.extra["hist_edges"], dtype=float)
+    n_heads = view.matrix.shape[1]
     hist.stairs(counts[block], edges, fill=True, color=cmap(0.35), alpha=0.85)
     hist.axvline(uniform, ls="--", color="0.25", lw=1)
     hist.set_xlim(edges[0], edges[-1])
@@ -305,13 +343,10 @@ def _heads_by_block(view: View, selection, cmap: Colormap) -> Figure:
     )
     hist.set_xlabel("mean attention distance (px)")
     hist.set_ylabel("count")
-    _caption(fig, view)
-    return fig
 
 
 def _depth_curves(view: View, selection, cmap: Colormap) -> Figure:
     """Returns accuracy vs depth per readout (chance dotted, best starred) and one layer's token map."""
-    token_maps = view.extra.get("token_maps") or {}
     chance = view.extra.get("chance")
     n_layers = len(view.rows)
     layer = _probe_map_layer(view, selection)
@@ -321,6 +356,44 @@ def _depth_curves(view: View, selection, cmap: Colormap) -> Figure:
     vmin, vmax = _value_range(view)
 
     x = np.arange(n_layers)
+    _readout_curves(ax, view, x)
+    if chance is not None:
+        ax.axhline(chance, ls=":", color="0.3", lw=1.2, label=f"chance ({chance:.2f})", gid="chance")
+    ax.set_xticks(
+        x,
+        labels=view.rows,
+        rotation=45 if n_layers > 6 else 0,
+        ha="right" if n_layers > 6 else "center",
+        fontsize=TICK_PT,
+    )
+    ax.set_ylim(vmin, vmax + 0.05 * (vmax - vmin))  # room for the best values' labels
+    ax.set_xlabel("layer")
+    ax.set_ylabel("test accuracy")
+    _skipped_readouts(ax, view, vmin)
+    ax.legend(fontsize=TICK_PT, loc="best")
+    if selection:
+        r, c = selection
+        ax.axvspan(r - 0.4, r + 0.4, color="0.93", zorder=0)
+        ax.scatter(
+            [r],
+            [view.matrix[r, c]],
+            s=110,
+            facecolors="none",
+            edgecolors=MARK,
+            linewidths=1.6,
+            zorder=5,
+            gid="selection",
+        )
+
+    if layer:
+        _probe_token_map(fig, grid[1], view, layer, cmap, (vmin, vmax))
+    _caption(fig, view)
+    return fig
+
+
+def _readout_curves(ax, view: View, x: np.ndarray) -> None:
+    """Draws each readout's accuracy against depth `x` on `ax`: a line, its interval as a band where the view has
+    intervals, and a star on every layer that ties for its best, the best value written above the last."""
     for j, readout in enumerate(view.cols):
         acc = view.matrix[:, j]
         color = LINE_COLORS[j % len(LINE_COLORS)]
@@ -352,18 +425,10 @@ def _depth_curves(view: View, selection, cmap: Colormap) -> Figure:
                 fontsize=TICK_PT,
                 color=color,
             )
-    if chance is not None:
-        ax.axhline(chance, ls=":", color="0.3", lw=1.2, label=f"chance ({chance:.2f})", gid="chance")
-    ax.set_xticks(
-        x,
-        labels=view.rows,
-        rotation=45 if n_layers > 6 else 0,
-        ha="right" if n_layers > 6 else "center",
-        fontsize=TICK_PT,
-    )
-    ax.set_ylim(vmin, vmax + 0.05 * (vmax - vmin))  # room for the best values' labels
-    ax.set_xlabel("layer")
-    ax.set_ylabel("test accuracy")
+
+
+def _skipped_readouts(ax, view: View, vmin: float) -> None:
+    """Draws a cross at the bottom of `ax` for each layer whose readout was not fitted (its features hold NaN/Inf)."""
     for j, readout in enumerate(view.cols):  # readouts not fitted: their features hold NaN/Inf
         skipped = np.flatnonzero(view.nonfinite[:, j]) if view.nonfinite is not None else []
         if len(skipped):
@@ -378,43 +443,30 @@ def _depth_curves(view: View, selection, cmap: Colormap) -> Figure:
                 label=f"{readout}: not fitted (NaN/Inf)",
                 gid=f"skipped:{readout}",
             )
-    ax.legend(fontsize=TICK_PT, loc="best")
-    if selection:
-        r, c = selection
-        ax.axvspan(r - 0.4, r + 0.4, color="0.93", zorder=0)
-        ax.scatter(
-            [r],
-            [view.matrix[r, c]],
-            s=110,
-            facecolors="none",
-            edgecolors=MARK,
-            linewidths=1.6,
-            zorder=5,
-            gid="selection",
-        )
 
-    if layer:
-        accuracy = np.asarray(token_maps[layer], dtype=float)
-        prefix = view.extra.get("token_prefix", {}).get(layer)
-        grid_size = tuple(view.extra.get("grid") or ())
-        if prefix is not None and len(grid_size) == 2 and len(accuracy) - prefix == grid_size[0] * grid_size[1]:
-            gh, gw = grid_size
-        else:  # a view without the layout: infer it from the token count
-            prefix, (gh, gw) = token_grid(len(accuracy), has_cls="CLS" in view.cols)
-        tokens = fig.add_subplot(grid[1], label="token map")
-        image = tokens.imshow(
-            accuracy[prefix:].reshape(gh, gw), cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest"
-        )
-        title = f"{layer}: per-token probes"
-        if prefix:
-            title += f"\nCLS token {_fmt(accuracy[0], 2)}"
-        tokens.set_title(title, fontsize=9)
-        tokens.set_xlabel("patch column")
-        tokens.set_ylabel("patch row")
-        _integer_ticks(tokens, gh, gw)
-        fig.colorbar(image, ax=tokens, label="accuracy", shrink=0.8)
-    _caption(fig, view)
-    return fig
+
+def _probe_token_map(fig: Figure, cell, view: View, layer: str, cmap: Colormap, limits: tuple[float, float]) -> None:
+    """Draws in the grid cell `cell` of `fig` the per-token probes' accuracy of `layer` on the patch grid (the CLS
+    token's in the title), with its colour bar."""
+    accuracy = np.asarray(view.extra["token_maps"][layer], dtype=float)
+    prefix = view.extra.get("token_prefix", {}).get(layer)
+    grid_size = tuple(view.extra.get("grid") or ())
+    if prefix is not None and len(grid_size) == 2 and len(accuracy) - prefix == grid_size[0] * grid_size[1]:
+        gh, gw = grid_size
+    else:  # a view without the layout: infer it from the token count
+        prefix, (gh, gw) = token_grid(len(accuracy), has_cls="CLS" in view.cols)
+    tokens = fig.add_subplot(cell, label="token map")
+    image = tokens.imshow(
+        accuracy[prefix:].reshape(gh, gw), cmap=cmap, vmin=limits[0], vmax=limits[1], interpolation="nearest"
+    )
+    title = f"{layer}: per-token probes"
+    if prefix:
+        title += f"\nCLS token {_fmt(accuracy[0], 2)}"
+    tokens.set_title(title, fontsize=9)
+    tokens.set_xlabel("patch column")
+    tokens.set_ylabel("patch row")
+    _integer_ticks(tokens, gh, gw)
+    fig.colorbar(image, ax=tokens, label="accuracy", shrink=0.8)
 
 
 def _token_ratios(view: View, selection, cmap: Colormap) -> Figure:
@@ -650,6 +702,18 @@ def _heads_by_layer(view: View, selection, cmap: Colormap) -> Figure:
         )
     ax.set_xlabel("mean attention distance (px)")
     ax.set_ylabel(f"CKA with {view.name(view.models[-1])} {view.cols[col]}")
+    _block_legend(fig, ax, blocks, colours)
+    if not np.isfinite(distance).any():
+        ax.text(0.5, 0.5, "no attention distances recorded", ha="center", va="center", transform=ax.transAxes)
+
+    _heads_heatmap(fig, grid[1], view, col, selection, cmap)
+    _caption(fig, view, orientation=True)
+    return fig
+
+
+def _block_legend(fig: Figure, ax, blocks: list[int], colours: np.ndarray) -> None:
+    """Says which colour is which block: a legend, or where that would be taller than the plot a bar of block
+    numbers beside `ax`."""
     if len(blocks) <= MAX_LEGEND_BLOCKS:
         ax.legend(fontsize=TICK_PT, ncol=2 if len(blocks) > 6 else 1)
     else:  # a legend of 24 blocks is taller than the plot: the blocks' colours as a bar of block numbers
@@ -666,10 +730,12 @@ def _heads_by_layer(view: View, selection, cmap: Colormap) -> Figure:
         ticks = np.arange(0, len(blocks), math.ceil(len(blocks) / 12))
         bar.set_ticks(ticks, labels=[str(blocks[i]) for i in ticks])
         bar.ax.tick_params(labelsize=TICK_PT)
-    if not np.isfinite(distance).any():
-        ax.text(0.5, 0.5, "no attention distances recorded", ha="center", va="center", transform=ax.transAxes)
 
-    heat = fig.add_subplot(grid[1], label="heatmap")
+
+def _heads_heatmap(fig: Figure, cell, view: View, col: int, selection, cmap: Colormap) -> None:
+    """Draws in the grid cell `cell` of `fig` the heads x layers CKA heatmap, the scatter's layer `col` outlined
+    dashed and the selected cell marked, with its colour bar."""
+    heat = fig.add_subplot(cell, label="heatmap")
     vmin, vmax = _value_range(view)
     image = heat.imshow(
         view.matrix, origin="lower", cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest", aspect="auto"
@@ -691,8 +757,6 @@ def _heads_by_layer(view: View, selection, cmap: Colormap) -> Figure:
             toward=(n_cols / 2 - c, n_rows / 2 - r),
             cell_pt=280 / max(n_rows, n_cols),
         )
-    _caption(fig, view, orientation=True)
-    return fig
 
 
 def _pixel_map(view: View, selection, cmap: Colormap) -> Figure:
@@ -754,6 +818,35 @@ def _model_matrix(view: View, selection, cmap: Colormap) -> Figure:
     n = len(order)
     fig = _new_figure(view, (12.0, 6.2))
     ax, curves = fig.subplots(1, 2, width_ratios=[1.15, 1.0])
+    _zoo_heatmap(fig, ax, view, order, names, palette, cmap)
+    reference = order[0]
+    if selection:
+        r, c = selection
+        reference = r
+        i, j = order.index(r), order.index(c)
+        _mark_cell(
+            ax,
+            i,
+            j,
+            f"{names[r]} x {names[c]}\n{view.value_name} {view.cell_text(r, c, 3)}{view.interval_text(r, c)}",
+            toward=(n / 2 - j, i - n / 2),
+            cell_pt=300 / max(n, 1),
+        )
+    _depth_matches(curves, view, order, names, reference)
+    note = "order: hierarchical clustering (average linkage)"
+    if view.ci_low is None:
+        note += f"; intervals {view.extra.get('interval', 'none')}"
+    _caption(fig, view, note)
+    return fig
+
+
+def _zoo_heatmap(
+    fig: Figure, ax, view: View, order: list[int], names: list[str], palette: dict[str, str], cmap: Colormap
+) -> None:
+    """Draws on `ax` the models x models matrix in `order`: names coloured by family (`palette`, its legend above),
+    a colour bar, non-finite cells painted, and each value written in where there are at most 10 models."""
+    families = list(view.extra["families"])
+    n = len(order)
     vmin, vmax = _value_range(view)
     shown = view.matrix[np.ix_(order, order)]
     image = ax.imshow(shown, cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest", aspect="equal")
@@ -794,19 +887,11 @@ def _model_matrix(view: View, selection, cmap: Colormap) -> Figure:
                         fontsize=TICK_PT + 1,
                         color="black" if light else "white",
                     )
-    reference = order[0]
-    if selection:
-        r, c = selection
-        reference = r
-        i, j = order.index(r), order.index(c)
-        _mark_cell(
-            ax,
-            i,
-            j,
-            f"{names[r]} x {names[c]}\n{view.value_name} {view.cell_text(r, c, 3)}{view.interval_text(r, c)}",
-            toward=(n / 2 - j, i - n / 2),
-            cell_pt=300 / max(n, 1),
-        )
+
+
+def _depth_matches(curves, view: View, order: list[int], names: list[str], reference: int) -> None:
+    """Draws on `curves` every other model's layers matched onto model `reference`'s (relative depth against
+    relative depth, the diagonal dotted), curves that coincide told apart by dash, marker and width."""
     ref = view.rows[reference]
     pairs = {(c["a"], c["b"]): c for c in view.extra.get("correspondences", [])}
     curves.plot([0, 1], [0, 1], ls=":", color="0.6", lw=1, label="same relative depth")
@@ -839,11 +924,6 @@ def _model_matrix(view: View, selection, cmap: Colormap) -> Figure:
     curves.set_title(f"layers matched onto {names[reference]} (monotone path)", fontsize=9)
     curves.tick_params(labelsize=TICK_PT)
     curves.legend(fontsize=TICK_PT, loc="upper left", frameon=False)
-    note = "order: hierarchical clustering (average linkage)"
-    if view.ci_low is None:
-        note += f"; intervals {view.extra.get('interval', 'none')}"
-    _caption(fig, view, note)
-    return fig
 
 
 def _same_curve(x0, y0, x1, y1) -> bool:

@@ -218,22 +218,7 @@ def _plan(cfg: TrainConfig) -> _Plan:
     from vitsee.analyses.base import resolve_device
     from vitsee.models.load import family_of_name, input_size
 
-    out = Path(cfg.out)
-    if out.suffix != ".safetensors":
-        raise VitseeError(
-            f"{out} must end in .safetensors (timm's state dict with the training record in its metadata)"
-        )
-    if out.is_dir():
-        raise VitseeError(f"{out} is a folder: name the weights file to write, such as {out / 'model.safetensors'}")
-    for side, what in ((checkpoint_path(out), "checkpoint"), (lock_path(out), "lock")):
-        if side.is_dir():  # never removed: a folder is the user's
-            raise VitseeError(
-                f"{side} is a folder where vitsee train keeps OUT's {what}: move it away or choose another OUT"
-            )
-    if out.exists() and not cfg.overwrite:
-        raise VitseeError(f"{out} exists: pass --overwrite to replace it, or choose another OUT")
-    if not out.parent.is_dir():
-        raise VitseeError(f"folder {out.parent} does not exist: create it first or choose another OUT")
+    _check_out(Path(cfg.out), cfg.overwrite)
     if not timm.is_model(cfg.model):
         raise VitseeError(
             f"unknown model '{cfg.model}': see `vitsee models PATTERN` (a timm name without tag or @weights)"
@@ -246,15 +231,7 @@ def _plan(cfg: TrainConfig) -> _Plan:
     device = resolve_device(cfg.device)
     family = family_of_name(cfg.model)
     recipe = recipe_of(cfg)
-    for key in ("epochs", "batch_size"):
-        if recipe[key] < 1:
-            raise VitseeError(f"--{key.replace('_', '-')} must be at least 1, got {recipe[key]}")
-    if recipe["lr"] <= 0:
-        raise VitseeError(f"--lr must be positive, got {recipe['lr']}")
-    if cfg.workers < 0:
-        raise VitseeError(f"--workers must be 0 or more, got {cfg.workers}")
-    if cfg.threads is not None and cfg.threads < 1:
-        raise VitseeError(f"--threads must be at least 1, got {cfg.threads}: use --threads 1 on a shared CPU")
+    _check_numbers(cfg, recipe)
 
     images = open_dataset(cfg.dataset)
     labels = images.labels()
@@ -295,6 +272,39 @@ def _plan(cfg: TrainConfig) -> _Plan:
     return _Plan(
         cfg, images, train_idx, test_idx, num_classes, family, kwargs, no_skip, recipe, device, data_config, run
     )
+
+
+def _check_out(out: Path, overwrite: bool) -> None:
+    """Returns nothing: raises VitseeError where OUT cannot be written (its suffix, a folder in its or its
+    checkpoint's or lock's place, an existing file without --overwrite, a missing folder)."""
+    if out.suffix != ".safetensors":
+        raise VitseeError(
+            f"{out} must end in .safetensors (timm's state dict with the training record in its metadata)"
+        )
+    if out.is_dir():
+        raise VitseeError(f"{out} is a folder: name the weights file to write, such as {out / 'model.safetensors'}")
+    for side, what in ((checkpoint_path(out), "checkpoint"), (lock_path(out), "lock")):
+        if side.is_dir():  # never removed: a folder is the user's
+            raise VitseeError(
+                f"{side} is a folder where vitsee train keeps OUT's {what}: move it away or choose another OUT"
+            )
+    if out.exists() and not overwrite:
+        raise VitseeError(f"{out} exists: pass --overwrite to replace it, or choose another OUT")
+    if not out.parent.is_dir():
+        raise VitseeError(f"folder {out.parent} does not exist: create it first or choose another OUT")
+
+
+def _check_numbers(cfg: TrainConfig, recipe: dict) -> None:
+    """Returns nothing: raises VitseeError at the first number of the run out of its range."""
+    for key in ("epochs", "batch_size"):
+        if recipe[key] < 1:
+            raise VitseeError(f"--{key.replace('_', '-')} must be at least 1, got {recipe[key]}")
+    if recipe["lr"] <= 0:
+        raise VitseeError(f"--lr must be positive, got {recipe['lr']}")
+    if cfg.workers < 0:
+        raise VitseeError(f"--workers must be 0 or more, got {cfg.workers}")
+    if cfg.threads is not None and cfg.threads < 1:
+        raise VitseeError(f"--threads must be at least 1, got {cfg.threads}: use --threads 1 on a shared CPU")
 
 
 def _check_forward(model: nn.Module, cfg: TrainConfig) -> None:
@@ -544,9 +554,6 @@ def train(cfg: TrainConfig, progress: TrainFn | None = None, cancel=None) -> Tra
 
 
 def _train_locked(plan: _Plan, out: Path, emit: TrainFn, cancel) -> TrainResult:
-    import timm.optim
-    from timm.scheduler import CosineLRScheduler
-
     cfg, recipe, device = plan.cfg, plan.recipe, plan.device
     started = time.perf_counter()
     ckpt_file = checkpoint_path(out)
@@ -567,20 +574,7 @@ def _train_locked(plan: _Plan, out: Path, emit: TrainFn, cancel) -> TrainResult:
         _Images(plan.images, plan.test_idx, eval_tf, fixed=True), recipe["batch_size"], cfg.workers, False, None
     )
     steps_per_epoch = len(_loader(train_set, recipe["batch_size"], 0, True, generator))
-    total_steps = recipe["epochs"] * steps_per_epoch
-    # timm's factory leaves biases, norms, position embeddings and tokens out of the weight decay: decaying the
-    # position embeddings of a small ViT pulls it back towards not knowing where its patches are
-    optimiser = timm.optim.create_optimizer_v2(model, "adamw", lr=recipe["lr"], weight_decay=recipe["weight_decay"])
-    warmup = int(round(recipe["warmup_epochs"] * steps_per_epoch))
-    scheduler = CosineLRScheduler(
-        optimiser,
-        t_initial=max(total_steps - warmup, 1),
-        warmup_t=warmup,
-        warmup_lr_init=recipe["lr"] * 0.01,
-        warmup_prefix=True,
-        lr_min=recipe["lr"] * 0.01,
-        t_in_epochs=False,
-    )
+    optimiser, scheduler = _optimiser(model, recipe, steps_per_epoch)
     loss_fn = nn.CrossEntropyLoss(label_smoothing=recipe["label_smoothing"])
     history: list[dict] = []
     start_epoch = 0
@@ -601,28 +595,17 @@ def _train_locked(plan: _Plan, out: Path, emit: TrainFn, cancel) -> TrainResult:
     for epoch in range(start_epoch, recipe["epochs"]):
         t0 = time.perf_counter()
         model.train()
-        loss_sum, right, seen = 0.0, 0, 0
         loader = _loader(train_set, recipe["batch_size"], cfg.workers, True, generator)
-        for step, (x, y) in enumerate(loader):
-            if cancel is not None and cancel.is_set():
-                raise VitseeError(
-                    f"training cancelled in epoch {epoch + 1}: rerun the same command to resume after epoch {epoch}"
-                )
-            x, y = x.to(device), y.to(device)
-            logits = model(x)
-            loss = loss_fn(logits, y)
-            optimiser.zero_grad(set_to_none=True)
-            loss.backward()
-            optimiser.step()
-            scheduler.step_update(epoch * steps_per_epoch + step + 1)
-            loss_sum += float(loss.detach()) * len(y)
-            right += int((logits.argmax(1) == y).sum())
-            seen += len(y)
-            emit(
-                TrainEvent(
-                    "step", epoch + 1, recipe["epochs"], step + 1, steps_per_epoch, loss_sum / seen, right / seen
-                )
-            )
+        loss_sum, right, seen = _train_epoch(
+            model,
+            loader,
+            loss_fn,
+            (optimiser, scheduler),
+            device,
+            (epoch, recipe["epochs"], steps_per_epoch),
+            emit,
+            cancel,
+        )
         if not math.isfinite(loss_sum):
             raise VitseeError(
                 f"the training loss became {loss_sum / seen} in epoch {epoch + 1}: lower --lr (now {recipe['lr']:g})"
@@ -636,15 +619,7 @@ def _train_locked(plan: _Plan, out: Path, emit: TrainFn, cancel) -> TrainResult:
             "seconds": time.perf_counter() - t0,
         }
         history.append(row)
-        state = {
-            "run": plan.run,
-            "epoch": epoch + 1,
-            "history": history,
-            "model": model.state_dict(),
-            "optimiser": optimiser.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "rng": _rng_state(generator),
-        }
+        state = _checkpoint_state(plan.run, epoch + 1, history, model, (optimiser, scheduler), generator)
         _write_atomically(ckpt_file, lambda p: checkpoint.write(state, p))
         emit(TrainEvent("epoch", epoch + 1, recipe["epochs"], row=row))
 
@@ -653,6 +628,80 @@ def _train_locked(plan: _Plan, out: Path, emit: TrainFn, cancel) -> TrainResult:
     ckpt_file.unlink(missing_ok=True)
     emit(TrainEvent("done", message=f"wrote {out}: test accuracy {record['test_accuracy']:.3f}"))
     return TrainResult(out, record, start_epoch, time.perf_counter() - started)
+
+
+def _checkpoint_state(
+    run: dict, epoch: int, history: list[dict], model: nn.Module, stepping: tuple, generator: torch.Generator
+) -> dict:
+    """Returns what the checkpoint after `epoch` (from 1) holds: the run it belongs to, the epochs' rows, the states
+    of the model, the optimiser and the scheduler (`stepping`) and the random generators'."""
+    optimiser, scheduler = stepping
+    return {
+        "run": run,
+        "epoch": epoch,
+        "history": history,
+        "model": model.state_dict(),
+        "optimiser": optimiser.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "rng": _rng_state(generator),
+    }
+
+
+def _optimiser(model: nn.Module, recipe: dict, steps_per_epoch: int) -> tuple:
+    """Returns the recipe's AdamW over `model` and its cosine schedule of the learning rate, stepped per batch after
+    a linear warm-up."""
+    import timm.optim
+    from timm.scheduler import CosineLRScheduler
+
+    total_steps = recipe["epochs"] * steps_per_epoch
+    # timm's factory leaves biases, norms, position embeddings and tokens out of the weight decay: decaying the
+    # position embeddings of a small ViT pulls it back towards not knowing where its patches are
+    optimiser = timm.optim.create_optimizer_v2(model, "adamw", lr=recipe["lr"], weight_decay=recipe["weight_decay"])
+    warmup = int(round(recipe["warmup_epochs"] * steps_per_epoch))
+    scheduler = CosineLRScheduler(
+        optimiser,
+        t_initial=max(total_steps - warmup, 1),
+        warmup_t=warmup,
+        warmup_lr_init=recipe["lr"] * 0.01,
+        warmup_prefix=True,
+        lr_min=recipe["lr"] * 0.01,
+        t_in_epochs=False,
+    )
+    return optimiser, scheduler
+
+
+def _train_epoch(
+    model: nn.Module,
+    loader,
+    loss_fn: nn.Module,
+    stepping: tuple,
+    device: torch.device,
+    when: tuple[int, int, int],
+    emit: TrainFn,
+    cancel,
+) -> tuple[float, int, int]:
+    """Returns (summed loss, right, seen) over one epoch's batches of `loader`, each a step of the optimiser and the
+    scheduler (`stepping`) and a "step" event; `when` is (epoch from 0, epochs, steps per epoch)."""
+    optimiser, scheduler = stepping
+    epoch, epochs, steps_per_epoch = when
+    loss_sum, right, seen = 0.0, 0, 0
+    for step, (x, y) in enumerate(loader):
+        if cancel is not None and cancel.is_set():
+            raise VitseeError(
+                f"training cancelled in epoch {epoch + 1}: rerun the same command to resume after epoch {epoch}"
+            )
+        x, y = x.to(device), y.to(device)
+        logits = model(x)
+        loss = loss_fn(logits, y)
+        optimiser.zero_grad(set_to_none=True)
+        loss.backward()
+        optimiser.step()
+        scheduler.step_update(epoch * steps_per_epoch + step + 1)
+        loss_sum += float(loss.detach()) * len(y)
+        right += int((logits.argmax(1) == y).sum())
+        seen += len(y)
+        emit(TrainEvent("step", epoch + 1, epochs, step + 1, steps_per_epoch, loss_sum / seen, right / seen))
+    return loss_sum, right, seen
 
 
 def write_initial(cfg: TrainConfig) -> dict:

@@ -228,10 +228,7 @@ class ExplorerScreen(Screen):
         self._refresh_due = False
         kind = self.kind
         self.panes.switch(kind)
-        tabs = self.query_one(ViewTabs)
-        tabs.name_tab(tab_of(kind), VIEW_LABELS[kind])  # the CKA tab says which measure it shows
-        if tabs.active != f"tab-{tab_of(kind)}":
-            tabs.active = f"tab-{tab_of(kind)}"
+        self.query_one(ViewTabs).show_view(tab_of(kind), VIEW_LABELS[kind])  # the CKA tab says which measure it shows
         panel = self.query_one(SidePanel)
         if self.summary is not None and (panel.model_a, panel.model_b) != self.models:
             panel.set_models(self.summary, *self.models)
@@ -267,12 +264,7 @@ class ExplorerScreen(Screen):
         (self.panes if message.spec == self.panes.loading else self.query_one(CachingBar)).step(message)
 
     def action_cancel(self) -> None:
-        if self.panes.cancel() | self.query_one(CachingBar).cancel():
-            self.panes.cancelled()
-            self.query_one(CachingBar).stop()
-            self.notify("analysis cancelled: nothing half-done was cached", timeout=4)
-        else:
-            self.notify("nothing is being computed", timeout=3)
+        self.query_one(CachingBar).cancel_with(self.panes)
 
     # --- what the panes, the side panel and the features ask for -----------------------------------------------
 
@@ -377,28 +369,9 @@ class ExplorerScreen(Screen):
         self.query_one(Exporter).export(self.pane())
 
     def action_name_model(self) -> None:
-        """Asks for a display name for model A (the command palette's "Name model A"), kept in the store."""
-        if self.summary is not None and self.model_a is not None:
-            self.query_one(ModelNamer).ask(self.model_a, self.summary.names.get(self.model_a, self.model_a))
-
-    def on_model_namer_renamed(self, message: ModelNamer.Renamed) -> None:
-        """Gives the views already read the model's new name, shows the current one again, rereads the summary."""
-        from vitsee.analyses.views import with_names
-
-        key, old, shown = message.key, message.old, message.shown
-        loaded = [*self.panes.views.values(), *(self.pane(kind).loaded for kind in KINDS)]
-        for view in {id(item.view): item.view for item in loaded if item is not None}.values():
-            if key in view.names:
-                view.names = {**view.names, key: shown}
-                view.title, view.subtitle = (
-                    with_names(view.title, {old: shown}),
-                    with_names(view.subtitle, {old: shown}),
-                )
-        self.notify(f"{key} is now called {shown!r}", title="name", timeout=6)
-        self.query_one(StoreWatch).read()
-        pane = self.pane()
-        if pane.loaded is not None:
-            pane.show(pane.loaded)
+        """Asks for a display name for model A (the command palette's "Name model A"), kept in the store; ModelNamer
+        gives the views read the new name."""
+        self.query_one(ModelNamer).ask_for(self.summary, self.model_a)
 
     def action_cycle_model(self, which: str) -> None:
         if self.summary is not None and self.summary.models:

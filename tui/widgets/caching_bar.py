@@ -23,6 +23,7 @@ from vitsee.tui.widgets.task_bar import StepThrottle, TaskBar
 if TYPE_CHECKING:
     from vitsee.analyses.base import Step
     from vitsee.analyses.driver import AnalyzeConfig
+    from vitsee.tui.widgets.view_panes import ViewPanes
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,15 @@ class CachingBar(TaskBar):
         if running:
             self.stop()
         return bool(running)
+
+    def cancel_with(self, panes: ViewPanes) -> None:
+        """Stops the view being read in `panes` and this pass (x); says which, or that nothing was computing."""
+        if panes.cancel() | self.cancel():
+            panes.cancelled()
+            self.stop()
+            self.notify("analysis cancelled: nothing half-done was cached", timeout=4)
+        else:
+            self.notify("nothing is being computed", timeout=3)
 
     @work(thread=True, group="background", exit_on_error=False)
     def _cache_all(self, path: Path, config, warn, screen, views) -> None:

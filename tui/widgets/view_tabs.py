@@ -57,6 +57,12 @@ class ViewTabs(Tabs, can_focus=False):
             if self.size.width:  # else the first resize names it
                 self.on_resize()
 
+    def show_view(self, kind: str, label: str) -> None:
+        """Makes tab `kind` the active one, named after the view it shows now (`name_tab`)."""
+        self.name_tab(kind, label)
+        if self.active != f"tab-{kind}":
+            self.active = f"tab-{kind}"
+
     def on_resize(self) -> None:
         for kind, label in tab_labels(self._labels, self.size.width).items():
             tab = self.query_one(f"#tab-{kind}", Tab)
