@@ -87,7 +87,9 @@ def cka_status(exported: dict, row: int, col: int) -> str:
     text = f"{exported['rows'][row]} x {exported['cols'][col]}  CKA {exported['values'][row][col]:.4f}"
     if "ci_low" in exported:
         text += f" [{exported['ci_low'][row][col]:.3f}, {exported['ci_high'][row][col]:.3f}]"
-        text += " rough" if exported["params"]["n_images"] / exported["params"]["batch_size"] < 10 else ""
+        few = exported["params"]["n_images"] / exported["params"]["batch_size"] < 10
+        bootstrap = (exported["params"].get("stats") or {}).get("interval") != "jackknife"  # over minibatches: rough
+        text += " rough" if few and bootstrap else ""
     if "p_value" in exported:
         p = exported["p_value"][row][col]
         text += "  p<0.01" if p <= 0.01 else f"  p={p:.2f}"
