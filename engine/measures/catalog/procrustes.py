@@ -21,7 +21,7 @@ from vitsee.errors import VitseeError
 from vitsee.lazy import lazy_module
 from vitsee.measures import floor
 from vitsee.measures.grams import CHUNK_BYTES, LayerGrams, build_parts, check_rows
-from vitsee.measures.kernels import centred, feature_pair, principal
+from vitsee.measures.kernels import centred, feature_pair, power_of_two_scale, principal
 from vitsee.measures.registry import AT_N, Measure, Parameter
 
 torch = lazy_module("torch")
@@ -108,6 +108,9 @@ def _procrustes_narrow(x: torch.Tensor, y: torch.Tensor) -> float:
     xc, yc = centred(x, "x", "procrustes"), centred(y, "y", "procrustes")
     if xc is None or yc is None:
         return math.nan
+    # the eigenvalues below are fourth powers of the features: a layer of 1e-150 underflowed to 0 (scale-invariant,
+    # so scaled by a power of two: exact, and 1 for every ordinary layer)
+    xc, yc = xc * power_of_two_scale(xc, 60), yc * power_of_two_scale(yc, 60)
     with floor.one_thread_on(xc):
         if floor.on_cpu(xc):
             xc, yc = xc.numpy(), yc.numpy()
