@@ -104,3 +104,28 @@ def test_torch_input_constant_layer_and_errors():
         lp.linear_predictivity(x, y, folds=1)
     with pytest.raises(VitseeError, match="at least 10 images"):
         lp.linear_predictivity(x[:9], y[:9])
+
+
+def test_all_pairs_from_the_grams_match_the_direct_form():
+    """The Gram-level form (each row layer's folds decomposed once) against the direct one on the features, on all
+    the images, a permutation of them (a p-value's null) and a subset; a constant layer is a NaN row and column."""
+    from vitsee.measures import grams as mg
+
+    rng = np.random.default_rng(0)
+    layers = [rng.normal(size=(60, d)) * rng.uniform(0.5, 2, d) + 3 for d in (4, 30, 7)]
+    grams = mg.layer_grams(layers)
+    perm = rng.permutation(60)
+    subset = np.sort(rng.choice(60, 40, replace=False))
+    for rows in (None, perm, subset):
+        g = grams if rows is None else [x.take(rows) for x in grams]
+        feats = layers if rows is None else [x[rows] for x in layers]
+        got = lp.pairwise_linear_predictivity(g, g)
+        want = np.array([[lp.linear_predictivity(x, y) for y in feats] for x in feats])
+        assert np.allclose(got, want, atol=1e-10, rtol=0)
+    with_constant = mg.layer_grams([layers[0], np.ones((60, 3))])
+    m = lp.pairwise_linear_predictivity(with_constant, with_constant)
+    assert np.isnan(m[1]).all() and np.isnan(m[:, 1]).all() and m[0, 0] == pytest.approx(1.0, abs=1e-3)
+    resample = [x.take(rng.integers(0, 60, 60)) for x in grams]
+    for train, test in lp.kfold(resample[0].ids.numpy(), 5, 0):
+        assert not set(resample[0].ids.numpy()[train]) & set(resample[0].ids.numpy()[test])
+    assert np.isfinite(lp.pairwise_linear_predictivity(resample, resample)).all()

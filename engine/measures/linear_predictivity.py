@@ -175,3 +175,22 @@ def linear_predictivity(x: Any, y: Any, folds: int = FOLDS, seed: int = SEED) ->
             return warn_constant(name, "linear_predictivity")
     with small_lapack(n, x.device):
         return r2_from_folds(folds_of(xc @ xc.T, np.arange(n), folds, int(seed)), yc @ yc.T)
+
+
+def pairwise_linear_predictivity(a: list, b: list, folds: int = FOLDS, seed: int = SEED) -> np.ndarray:
+    """Returns (La, Lb): the R^2 of each layer of b (columns) predicted from each layer of a (rows), from their
+    LayerGrams (measures/grams.py). Each row layer's folds are decomposed once and serve every column layer. The
+    folds are over a's images (a bootstrap resample's copies of an image stay in one fold)."""
+    first = a[0]
+    groups = np.arange(first.n) if first.ids is None else first.ids.cpu().numpy()
+    folds = check_folds(folds, len(np.unique(groups)))
+    out = np.full((len(a), len(b)), np.nan)
+    with small_lapack(first.n, first.device):
+        for i, ga in enumerate(a):
+            if ga.constant:
+                continue
+            parts = folds_of(ga.gram, groups, folds, int(seed))  # any Gram of the features: centred_on centres it
+            for j, gb in enumerate(b):
+                if not gb.constant:
+                    out[i, j] = r2_from_folds(parts, gb.gram)
+    return out
