@@ -3,7 +3,7 @@
     python benchmarks/fingerprint.py build DIR [--bench]  # the reference stores: DIR/tiny.h5 (the suite's test store),
                                                           # DIR/stream.h5 (the same, streamed with --heads), and with
                                                           # --bench DIR/bench.h5 (benchmarks/probes.py's 32-image Mixer)
-    python benchmarks/fingerprint.py run STORE... --out A.json [--threads N]
+    python benchmarks/fingerprint.py run STORE... --out A.json [--threads N]  # default: 1 thread
     python benchmarks/fingerprint.py compare A.json B.json
 
 `run` copies each store (and its folder) to a temporary place, runs `vitsee analyze COPY` (every analysis that
@@ -234,7 +234,9 @@ def main() -> int:
     r = sub.add_parser("run")
     r.add_argument("stores", type=Path, nargs="+")
     r.add_argument("--out", type=Path, required=True)
-    r.add_argument("--threads", type=int, default=None)
+    # one thread by default: the Gram measures' BLAS reductions differ in their last bits between thread counts, and
+    # `analyze` picks its count from how busy the other cores are, so two runs of one checkout would differ
+    r.add_argument("--threads", type=int, default=1)
     c = sub.add_parser("compare")
     c.add_argument("a", type=Path)
     c.add_argument("b", type=Path)

@@ -1,6 +1,6 @@
 """Time and peak memory of every measure beyond linear CKA, all layer pairs of a store, from one Gram per layer.
 
-For each store and image count n (a seeded subset, engine/measures_grams.choose_images): read every stored layer of
+For each store and image count n (a seeded subset, engine/measures/grams.py choose_images): read every stored layer of
 every model, build each layer's LayerGrams once, then the per-layer parts the measures share -- the spectrum (one
 eigh per layer: Procrustes, SVCCA, PWCCA), the kNN masks (k = 10: mknn, CKNNA), the RDM ranks (rsa) -- and then
 each measure's joint L x L matrix (within and across models) from those parts. Beside them: vitsee's minibatch
@@ -35,6 +35,7 @@ import psutil
 import torch
 
 from vitsee.measures import grams as mg
+from vitsee.measures.registry import measure
 from vitsee.analyses.cka import minibatch_cka
 from vitsee.store import Store
 from vitsee.threads import set_compute_threads
@@ -193,7 +194,7 @@ def run(store_path: Path, n: int, procrustes_full: int, per_pair: bool) -> list[
     if per_pair:  # the direct functions on the first 3 layers' 9 pairs, scaled to L x L
         few = feats[:3]
         for name, params in MEASURES:
-            fn = mg.MEASURES[name].direct
+            fn = measure(name).direct
             _, wall, rise = timed(lambda: [[fn(a, b, **params) for b in few] for a in few])
             rows.append(
                 (f"{name} direct, pair by pair", wall * L * L / 9, rise, "~ from 9 pairs; Grams rebuilt per call")

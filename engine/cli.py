@@ -1,4 +1,4 @@
-"""`vitsee`: the headless command line (extract, train, analyze, export, show, info, models, layers).
+"""`vitsee`: the headless command line (extract, train, analyze, export, show, info, name, models, layers).
 
 Thin on purpose: parse, call the engine, render with Rich. A VitseeError becomes one line on stderr and
 a non-zero exit; anything else is a bug and keeps its traceback.
@@ -186,6 +186,7 @@ def extract(
 ) -> None:
     """Run models over images and store layer activations and per-image statistics (resumable: with no
     --model, `vitsee extract STORE` finishes the run STORE records)."""
+    _precheck_extract(store, model, dataset, models_from)  # a typo costs seconds, not the minute torch takes
     from vitsee.extraction import distributed
     from vitsee.extraction.distributed import is_secondary
     from vitsee.extraction.extract import resume_extraction, run_extraction
@@ -252,6 +253,24 @@ def extract(
             f"{result.seconds:.1f} s ({rate:.1f} img/s)",
             highlight=False,
         )
+
+
+def _precheck_extract(store: Path, specs: list[str], dataset: str, files: list[Path]) -> None:
+    """Raises the VitseeError of a mistake in what `extract` was given that shows without torch or timm: a model
+    spec's weights or (with timm's names kept here) its name, the dataset, a missing file, the store's folder."""
+    from vitsee.data import check_dataset_spec
+    from vitsee.models.specs import precheck_spec
+
+    for spec in specs:
+        precheck_spec(spec)
+    for path in files:
+        if not path.is_file():
+            raise VitseeError(f"--models-from {path} is not a file: check the path (one model spec per line)")
+    if specs or files:  # without models a run resumes the store's recorded dataset
+        check_dataset_spec(dataset)
+    if not store.expanduser().parent.is_dir():
+        parent = store.expanduser().parent
+        raise VitseeError(f"folder {parent} does not exist: create it first (mkdir -p {parent}) or choose another path")
 
 
 def _listed_models(
@@ -523,6 +542,7 @@ def info(store: Annotated[Path, typer.Argument(help="a store made by `vitsee ext
             + (f" ({', '.join(names[:6])}{' ...' if len(names) > 6 else ''})" if names else ""),
             highlight=False,
         )
+        names = s.display_names()
         for key in s.models:
             meta = s.model_info(key)
             w = meta["weights"]
@@ -533,7 +553,10 @@ def info(store: Annotated[Path, typer.Argument(help="a store made by `vitsee ext
                 weights += f" ({w['source']})"
             done = s.rows_done(key)
             out.print()
-            out.print(f"[bold green]{key}[/]  {meta['family']}  {weights}", highlight=False)
+            out.print(f"[bold green]{escape(key)}[/]  {meta['family']}  {weights}", highlight=False)
+            out.print(
+                f"  called {escape(repr(names[key]))} in figures and titles (`vitsee name` renames it)", highlight=False
+            )
             if w.get("trained"):
                 out.print(f"  trained here on {w['trained']}", highlight=False)
             note = random_init_note(meta)
@@ -590,6 +613,38 @@ def info(store: Annotated[Path, typer.Argument(help="a store made by `vitsee ext
             out.print("[bold]cached results[/]")
             for r in results:
                 out.print(f"  {r['analysis']} {r['id']}  {r['params']}", highlight=False)
+
+
+@app.command()
+def name(
+    store: Annotated[Path, typer.Argument(help="a store")],
+    model: Annotated[str, typer.Argument(help="the model: its store key, a unique prefix of it, or its display name")],
+    new_name: Annotated[
+        Optional[str],
+        typer.Argument(
+            metavar="[NAME]",
+            help="what figures, titles, legends and file names call it, e.g. 'ViT-B/16 (pretrained)'; "
+            "none: print its name",
+        ),
+    ] = None,
+    automatic: Annotated[
+        bool, typer.Option("--automatic", help="give the model back its automatic name (timm name and weights)")
+    ] = False,
+) -> None:
+    """Print or set the display name of a model, kept in the store (the JSON exports keep its key)."""
+    from vitsee.store import Store
+
+    if new_name is not None and automatic:
+        raise VitseeError("give a NAME or --automatic, not both")
+    if new_name is None and not automatic:
+        with Store.open(store) as s:
+            key = s.resolve_model(model)
+            out.print(f"{s.display_name(key)}  ({key})", highlight=False, markup=False)
+        return
+    with Store.writer(store) as s:
+        key = s.resolve_model(model)
+        shown = s.set_display_name(key, None if automatic else new_name)
+    err.print(f"{key} is now called {shown!r}", highlight=False, markup=False)
 
 
 def _folder_back(moved: Path, sidecar: Path) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import builtins
 import codecs
+import difflib
 import importlib.util
 import os
 import pickle
@@ -704,9 +705,40 @@ class HfdsSet(_TimmSet):
 # --- specs ----------------------------------------------------------------------------------------
 
 
+def check_dataset_spec(spec: str) -> None:
+    """Raises the VitseeError a dataset spec meets when it is opened, where it can be told without opening it: a
+    kind vitsee does not read (with the names closest to it: 'digit' -> digits), a path that is not there, a
+    folder where a file belongs. `vitsee extract` runs it before importing torch."""
+    spec = spec.strip()
+    if spec in BUILTIN_DATASETS or spec[:5].lower() == "hfds/":
+        return
+    kind, sep, rest = spec.partition(":")
+    if kind[:6].lower() == "torch/":
+        if kind[6:].lower() not in TORCH_CIFAR or not sep or not rest:
+            raise VitseeError(
+                f"unknown dataset '{spec}': vitsee reads torch/cifar10:ROOT and torch/cifar100:ROOT "
+                "(ROOT: the folder holding the extracted archive)"
+            )
+        return
+    if sep and kind in PATH_DATASETS:
+        path = Path(os.path.expanduser(rest))
+        if not path.exists():
+            raise VitseeError(f"dataset path {rest} does not exist: check the path given to --dataset {kind}:PATH")
+        if kind == "imagefolder" and not path.is_dir():
+            raise VitseeError(f"imagefolder:{rest} is not a folder: give a folder with one sub-folder per class")
+        return
+    if Path(os.path.expanduser(spec)).exists():
+        return
+    words = [*BUILTIN_DATASETS, *(f"{k}:" for k in PATH_DATASETS)]
+    close = difflib.get_close_matches(f"{kind}:" if sep else spec, words, n=2, cutoff=0.6)
+    hint = f" (did you mean {' or '.join(c + rest if c.endswith(':') else c for c in close)}?)" if close else ""
+    raise VitseeError(f"unknown dataset '{spec}'{hint}: use one of {DATASET_HELP}")
+
+
 def open_dataset(spec: str) -> ImageSet:
     """Returns the image set a dataset spec names; the set's `.spec` is the canonical form to record."""
     spec = spec.strip()
+    check_dataset_spec(spec)
     if spec == "digits":
         return DigitsSet()
     if spec == "samples":
@@ -719,21 +751,11 @@ def open_dataset(spec: str) -> ImageSet:
             raise VitseeError(f"'{spec}' names no dataset: use hfds/NAME[:SPLIT], e.g. hfds/uoft-cs/cifar10:test")
         return HfdsSet(name, split or "train")
     kind, sep, rest = spec.partition(":")
-    if kind[:6].lower() == "torch/":
-        variant = kind[6:].lower()
-        if variant not in TORCH_CIFAR or not sep or not rest:
-            raise VitseeError(
-                f"unknown dataset '{spec}': vitsee reads torch/cifar10:ROOT and torch/cifar100:ROOT "
-                "(ROOT: the folder holding the extracted archive)"
-            )
-        return TorchCifarSet(Path(os.path.expanduser(rest)).resolve(), variant)
+    if kind[:6].lower() == "torch/":  # the spec's form and its paths: checked above (check_dataset_spec)
+        return TorchCifarSet(Path(os.path.expanduser(rest)).resolve(), kind[6:].lower())
     if sep and kind in PATH_DATASETS:
         path = Path(os.path.expanduser(rest)).resolve()
-        if not path.exists():
-            raise VitseeError(f"dataset path {rest} does not exist: check the path given to --dataset {kind}:PATH")
         if kind == "imagefolder":
-            if not path.is_dir():
-                raise VitseeError(f"imagefolder:{rest} is not a folder: give a folder with one sub-folder per class")
             return ImageFolderSet(path)
         if kind in ("cifar10", "cifar100"):
             return CifarSet(path, kind)

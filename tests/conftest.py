@@ -59,6 +59,17 @@ def zoo_store(tiny_store) -> Path:
 
 
 @pytest.fixture(scope="session")
+def demo_home(tmp_path_factory) -> Path:
+    """A home folder whose ~/.cache/vitsee holds the demo store the demo's own builder makes, at a tiny size (four
+    models: two trained here and their random-init twins, named, over held-out digits; helpers.stores.tiny_demo)."""
+    from helpers.stores import tiny_demo
+
+    home = tmp_path_factory.mktemp("home")
+    tiny_demo(home)
+    return home
+
+
+@pytest.fixture(scope="session")
 def paper_store(tiny_store, tmp_path_factory) -> Path:
     """A copy of the tiny store with head-level CKA (paper Fig. 5) and ERFs (Fig. 6) cached."""
     import shutil

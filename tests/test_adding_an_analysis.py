@@ -90,7 +90,8 @@ def test_vitsee_analyze_named_computes_it_and_show_prints_it(package):
     done = cli(package, "analyze", store, f"--{name}", "--device", "cpu")
     assert f"{name} ready" in done.stderr
     shown = cli(package, "show", store, f"{name}:{VIT}", "--color", "none")
-    assert f"dCor {VIT}" in shown.stdout and "rows: " in shown.stdout  # the layer x layer heatmap, in ASCII
+    # the layer x layer heatmap, in ASCII, titled by the model's display name
+    assert "dCor: test_vit (random init)" in shown.stdout and "rows: " in shown.stdout
 
 
 def test_the_exported_numbers_are_the_distance_correlation_of_the_layers(package):
@@ -138,4 +139,5 @@ def test_the_app_has_its_tab_and_snapshots_its_view(package):
     assert done.returncode == 0, done.stderr
     assert f"({name}:{VIT} at 120x40)" in done.stdout
     svg = out.read_text().replace("&#160;", " ")
-    assert "9 dCor" in svg and f"dCor {VIT}" in svg  # its tab (key 9, after the zoo) and its view's title
+    # its tab (key 9, after the zoo) and its view's title
+    assert "9 dCor" in svg and "dCor: test_vit (random init)" in svg

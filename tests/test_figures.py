@@ -92,7 +92,9 @@ def test_cka_figure_is_the_view_matrix_with_layer_names_and_a_0_to_1_colour_bar(
     assert bar.get_ylabel() == "CKA" and bar.get_ylim() == (0.0, 1.0)
     assert [t.get_text() for t in ax.get_yticklabels()] == view.rows
     assert [t.get_text() for t in ax.get_xticklabels()] == view.cols
-    assert VIT in ax.get_ylabel() and RESNET in ax.get_xlabel()
+    assert (
+        ax.get_ylabel() == f"{view.name(VIT)} layer" and ax.get_xlabel() == f"{view.name(RESNET)} layer"
+    )  # names, not keys
 
 
 def test_cka_selection_rectangle_sits_on_the_selected_cell_and_names_its_value(views):

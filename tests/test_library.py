@@ -120,7 +120,10 @@ class TestViews:
         assert drawn.shape == exported.shape and np.array_equal(drawn, exported)
         heatmap = [ax for ax in fig.axes if ax.get_label() == "heatmap"]
         if spec == CKA_AB:
-            assert heatmap[0].get_ylabel() == f"{VIT} layer" and heatmap[0].get_xlabel() == f"{RESNET} layer"
+            names = store.names  # the models' display names, not their store keys
+            assert (
+                heatmap[0].get_ylabel() == f"{names[VIT]} layer" and heatmap[0].get_xlabel() == f"{names[RESNET]} layer"
+            )
 
     def test_a_selection_by_labels_marks_that_cell(self, store):
         result = store.cka(VIT, RESNET, **FAST)
@@ -147,7 +150,7 @@ class TestViews:
         r, c = np.unravel_index(np.nanargmax(result.values), result.values.shape)
         summary = result.summary()
         assert summary.startswith(
-            f"{CKA_AB}: CKA, 8 x 5; highest {result.rows[r]} x {result.cols[c]} {result.values[r, c]:.4f} ["
+            f"{result.title}: CKA, 8 x 5; highest {result.rows[r]} x {result.cols[c]} {result.values[r, c]:.4f} ["
         ) and summary.endswith("; 48 images")
         assert repr(result) == f"<vitsee.Result {summary}>"
 
@@ -351,11 +354,14 @@ def test_the_public_api_is_documented_like_the_readme():
 
 
 def test_measures_are_the_engines_functions_under_the_public_name():
-    import vitsee.measures.direct as engine_measures
     from vitsee.measures import rbf_cka
+    from vitsee.measures.registry import REGISTRY
 
-    assert rbf_cka is engine_measures.rbf_cka
-    assert sorted(vitsee.measures.__all__) == sorted(engine_measures.__all__)
+    assert rbf_cka is REGISTRY["rbf_cka"].direct  # the function the analyses' measure declares, not a copy
+    assert sorted(vitsee.measures.__all__) == sorted(
+        ["linear_cka", "rbf_cka", "procrustes", "svcca", "pwcca", "mknn", "cknna", "rsa"]
+    )  # the promised names, each its measure's direct form
+    assert all(getattr(vitsee.measures, name) is REGISTRY[name].direct for name in vitsee.measures.__all__)
     x = np.random.default_rng(0).normal(size=(12, 5))
     assert vitsee.measures.linear_cka(x, x) == pytest.approx(1.0)
 

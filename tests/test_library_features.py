@@ -100,11 +100,11 @@ def test_the_analyses_that_need_more_than_activations_say_so_in_one_line(store, 
     measures = [f"{a.name}:vit" for a in layer_measures()]  # CKA and the other measures need activations only
     assert store.views() == [*measures, "agree:vit", "probes:vit"]
     for spec, says in [
-        ("attention:vit", "no attention distances"),
-        ("skip:vit", "no skip-connection statistics"),
+        ("attention:vit", "vit holds another tool's activations (vitsee.from_features), not a model vitsee ran"),
+        ("skip:vit", "skip-connection ratios are recorded while vitsee runs the model"),
         ("spatial:vit", "spatial maps need `vitsee extract`"),
         ("erf:vit", "effective receptive fields need the model"),
-        ("heads:vit:vit", "no stored head outputs"),
+        ("heads:vit:vit", "per-head attention outputs are recorded while vitsee runs the model"),
     ]:
         with pytest.raises(vitsee.VitseeError, match=re.escape(says)) as caught:
             store.view(spec, progress=False)

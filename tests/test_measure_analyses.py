@@ -23,7 +23,7 @@ from vitsee.store import Store
 from vitsee.analyses.views import load_view
 
 CFG = AnalyzeConfig(batch_size=16, shuffles=0, device="cpu", permutations=9)
-MEASURES = [a.name for a in layer_measures() if a.name != "cka"]  # the seven of engine/measures/grams.py
+MEASURES = [a.name for a in layer_measures() if a.name != "cka"]  # the measures of engine/measures/catalog/
 # a ViT block against a ResNet stage, and two ResNet stages
 PAIRS = [((VIT, "blocks.1"), (RESNET, "layer3.0")), ((RESNET, "layer2.0"), (RESNET, "layer4.0"))]
 # the direct functions of RBF CKA, SVCCA and PWCCA take seconds a pair on the ViT's 4,160 features (the analyses
@@ -305,7 +305,7 @@ def test_the_dossier_lists_the_pair_in_every_measure_and_where_they_disagree(mea
         bands = ["top 10%", "top quarter", "top half", "bottom half", "bottom quarter", "bottom 10%"]
         band = bands[int(np.searchsorted([0.1, 0.25, 0.5, 0.75, 0.9], share, side="right"))]
         words.append(band)
-        assert line == f"{view.value_name} {value:.3f}{view.interval_text(row, col)}  (in the {band} of the pairs)"
+        assert line == f"{view.value_name} {value:.3f}{view.interval_or_hint(row, col)}  (in the {band} of the pairs)"
     last = section.lines[len(MEASURES) + 1]
     halves = {share < 0.5 for share in shares.values()}
     assert last.startswith("the measures agree" if len(halves) == 1 else "the measures disagree")
@@ -335,6 +335,8 @@ async def test_m_cycles_the_measures_cached_for_the_models_on_the_same_layer_pai
             assert pane.heatmap.cursor == (row, col)  # the same layer pair (CKA's own, back from the comparison)
             value = f"{view.value_name} {view.matrix[row, col]:.4f}"
             assert status(app).startswith(f"{view.rows[row]} x {view.cols[col]}  {value}")
+            if name != "cka" and view.ci_low is None:  # a measure without an interval says so, and how to get one
+                assert "no interval: --measure-bootstrap 200 gives one" in status(app), status(app)
         await pilot.press("question_mark")
         await settle(pilot)
         assert "the next layer x layer measure cached for these models" in app.screen.text()

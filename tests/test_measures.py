@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import doctest
 import importlib.util
+import inspect
 import math
 import warnings
 
@@ -15,9 +16,10 @@ import pytest
 import torch
 from scipy import stats as sps
 
-from vitsee.measures import direct as ms
+import vitsee.measures as ms
 from vitsee.measures import grams as mg
 from vitsee.measures import resampling as mst
+from vitsee.measures.registry import REGISTRY as MEASURES
 from vitsee.errors import VitseeError
 
 K = 5  # neighbours in the small tests
@@ -33,11 +35,11 @@ def one_thread():
 
 
 def _params(name: str) -> dict:
-    return {"k": K} if "k" in mg.MEASURES[name].defaults else {}
+    return {"k": K} if "k" in MEASURES[name].defaults else {}
 
 
 def _call(name: str, x, y, **kw) -> float:
-    return mg.MEASURES[name].direct(x, y, **{**_params(name), **kw})
+    return MEASURES[name].direct(x, y, **{**_params(name), **kw})
 
 
 def _layers(n: int = 48, seed: int = 0) -> list[np.ndarray]:
@@ -217,8 +219,13 @@ class TestAgainstFormulas:
         assert round(ms.rbf_cka(x, y, 0.5), 5) == 0.65483
         assert round(ms.linear_cka(x, y, debiased=True), 5) == 0.51346
 
-    def test_the_doctest_examples_hold(self):
-        assert doctest.testmod(ms, raise_on_error=False).failed == 0
+    @pytest.mark.parametrize("name", ms.__all__)
+    def test_the_doctest_examples_hold(self, name):
+        import importlib
+
+        module = importlib.import_module(getattr(ms, name).__module__)  # its module in vitsee/measures/catalog/
+        result = doctest.testmod(module, raise_on_error=False)
+        assert result.failed == 0 and result.attempted > 0
 
     def test_linear_cka_matches_the_cka_analysis_full_batch_one(self):
         from vitsee.analyses.cka import linear_cka as analysis_cka
@@ -321,7 +328,7 @@ class TestConsistency:
         x = _layers(40)[0]
         assert ms.procrustes(x, x) == pytest.approx(0.0, abs=1e-7)  # arccos near 1 resolves ~sqrt(eps)
 
-    @pytest.mark.parametrize("name", [n for n, m in mg.MEASURES.items() if m.symmetric])
+    @pytest.mark.parametrize("name", [n for n, m in MEASURES.items() if m.symmetric])
     def test_symmetric_measures_are_symmetric(self, name):
         x, y, wide, _ = _layers(40)
         assert _call(name, x, wide) == pytest.approx(_call(name, wide, x), abs=1e-10)
@@ -342,7 +349,7 @@ class TestConsistency:
 class TestGramForms:
     """One Gram per layer gives every measure of every pair, equal to the direct forms."""
 
-    @pytest.mark.parametrize("name", list(mg.MEASURES))
+    @pytest.mark.parametrize("name", list(MEASURES))
     def test_pairwise_equals_the_direct_form(self, name):
         layers = _layers(44)
         grams = mg.layer_grams(layers)
@@ -351,14 +358,14 @@ class TestGramForms:
         off = ~np.eye(len(layers), dtype=bool)  # a distance of 0 on the diagonal is resolved to ~1e-8 only
         np.testing.assert_allclose(got[off], want[off], atol=1e-9 if name != "pwcca" else 1e-7)
 
-    @pytest.mark.parametrize("name", list(mg.MEASURES))
+    @pytest.mark.parametrize("name", list(MEASURES))
     def test_batched_pairwise_equals_pair_by_pair(self, name):
         grams = mg.layer_grams(_layers(36))
         got = mg.pairwise(grams[:2], grams[1:], name, **_params(name))
         want = [[mg.pair(a, b, name, **_params(name)) for b in grams[1:]] for a in grams[:2]]
         np.testing.assert_allclose(got, want, atol=1e-12)
 
-    @pytest.mark.parametrize("name", list(mg.MEASURES))
+    @pytest.mark.parametrize("name", list(MEASURES))
     def test_numpy_and_torch_inputs_agree(self, name):
         x, y = _layers(36)[:2]
         as_numpy = _call(name, x, y)
@@ -370,7 +377,7 @@ class TestGramForms:
         x, y = _layers(40)[:2]
         x, y = x + 300.0, y * 0.01 + 1000.0
         grams = mg.layer_grams([x, y])
-        for name in mg.MEASURES:
+        for name in MEASURES:
             assert mg.pair(grams[0], grams[1], name, **_params(name)) == pytest.approx(_call(name, x, y), abs=1e-7), (
                 name
             )
@@ -465,7 +472,7 @@ class TestStatistics:
         p2 = mst.permutation_p_value(grams[:1], grams[1:], "mknn", permutations=19, seed=1, k=K)
         assert np.array_equal(p1, p2)
 
-    @pytest.mark.parametrize("name", list(mg.MEASURES))
+    @pytest.mark.parametrize("name", list(MEASURES))
     def test_interval_of_related_layers_contains_the_estimate(self, name):
         x, y = _layers(60)[:2]
         grams = mg.layer_grams([x, y])
@@ -489,7 +496,7 @@ class TestStatistics:
         blow, bhigh = mst.bootstrap_interval(grams[:1], grams[1:], "linear_cka", replicates=200, seed=0, method="basic")
         assert low[0, 0] > mg.pair(grams[0], grams[1], "linear_cka") and blow[0, 0] <= 0.0 <= bhigh[0, 0]
 
-    @pytest.mark.parametrize("name", list(mg.MEASURES))
+    @pytest.mark.parametrize("name", list(MEASURES))
     def test_p_value_is_smallest_for_the_same_representation_and_large_for_unrelated_ones(self, name):
         x, _, _, z = _layers(40)
         rotated = x @ _orthogonal(x.shape[1], 3)
@@ -514,7 +521,7 @@ class TestStatistics:
 class TestErrors:
     """One-line errors naming the bad value and the way out; NaN for a layer that does not vary."""
 
-    @pytest.mark.parametrize("name", list(mg.MEASURES))
+    @pytest.mark.parametrize("name", list(MEASURES))
     def test_different_row_counts(self, name):
         x, y = _layers(20)[:2]
         with pytest.raises(VitseeError, match="same examples.*20 and 19"):
@@ -543,7 +550,7 @@ class TestErrors:
         with pytest.raises(VitseeError, match="has no parameter alpha"):
             mg.pairwise(mg.layer_grams([x]), None, "svcca", alpha=0.5)
 
-    @pytest.mark.parametrize("name", list(mg.MEASURES))
+    @pytest.mark.parametrize("name", list(MEASURES))
     def test_non_finite_values_and_a_missing_feature_axis(self, name):
         x, y = _layers(12)[:2]
         bad = x.copy()
@@ -555,7 +562,7 @@ class TestErrors:
         with pytest.raises(VitseeError, match="nan/inf"):
             mg.LayerGrams.from_features(np.where(bad == bad, bad, np.inf))
 
-    @pytest.mark.parametrize("name", list(mg.MEASURES))
+    @pytest.mark.parametrize("name", list(MEASURES))
     def test_a_constant_layer_is_nan_with_a_warning(self, name):
         x, y = _layers(12)[:2]
         flat = np.full_like(y, 0.3)
@@ -572,6 +579,76 @@ class TestErrors:
         y[4] = 2.0
         with pytest.warns(UserWarning, match="all its features equal"):
             assert math.isnan(ms.rsa(x, y))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The registry: each measure's one module declares its forms and parameters, the rest derives from it
+
+
+class TestRegistry:
+    @pytest.mark.parametrize("name", list(MEASURES))
+    def test_each_parameter_is_a_keyword_of_both_forms_with_its_declared_default(self, name):
+        m = MEASURES[name]
+        direct = inspect.signature(m.direct).parameters
+        pairwise = inspect.signature(m.pairwise).parameters
+        for p in m.parameters:
+            assert direct[p.name].default == p.default and type(direct[p.name].default) is type(p.default)
+            assert p.name in pairwise
+        assert [p for p in direct if p not in ("x", "y")] == list(m.defaults)  # and no parameter undeclared
+
+    def test_the_public_functions_are_the_registered_direct_forms(self):
+        assert set(ms.__all__) <= set(MEASURES)
+        assert all(getattr(ms, name) is MEASURES[name].direct for name in ms.__all__)
+
+    def test_every_measure_with_a_view_is_an_analysis_with_an_option_per_parameter(self):
+        from vitsee.analyses import REGISTRY
+
+        for name, m in MEASURES.items():
+            if not m.own_view:
+                assert name not in REGISTRY  # linear CKA: its view is cka.py's minibatch estimate
+                continue
+            analysis = REGISTRY[name]
+            assert (analysis.label, analysis.title, analysis.order) == (m.label, m.title, m.order)
+            assert analysis.higher_is_better == m.higher_is_similar and analysis.value_range == m.value_range
+            options = {o.name: o for o in analysis.options}
+            for p in m.parameters:
+                if p.option:
+                    assert (
+                        options[p.option].type is type(p.default)
+                        and f"[default: {p.default}]" in options[p.option].help
+                    )
+
+    def test_the_analysis_checks_a_parameter_before_any_work_and_names_its_option(self, tiny_store):
+        from vitsee.analyses import REGISTRY
+        from vitsee.analyses.config import AnalyzeConfig
+        from vitsee.store import Store
+
+        cfg = AnalyzeConfig(device="cpu").with_options({"knn_k": 48, "max_images": 20})
+        with Store.open(tiny_store) as store:
+            analysis = REGISTRY["mknn"]
+            with pytest.raises(VitseeError, match=r"^--knn-k 48: mknn k=48 needs 1 <= k < 20"):
+                analysis.params(store, analysis.requests(store)[0], cfg)
+            params = analysis.params(store, analysis.requests(store)[0], AnalyzeConfig(device="cpu"))
+            assert params["k"] == 10 and REGISTRY["rbf_cka"].measure_values(
+                REGISTRY["rbf_cka"].params(store, analysis.requests(store)[0], AnalyzeConfig(device="cpu"))
+            ) == {"threshold": 0.5, "debiased": False}  # a parameter with no option keeps its default in the key
+
+    def test_two_measures_of_one_name_are_refused(self):
+        from vitsee.measures.registry import Measure
+
+        with pytest.raises(VitseeError, match="two measures are named 'rsa'"):
+
+            class AnotherRSA(Measure):
+                name = "rsa"
+
+        assert type(MEASURES["rsa"]).__name__ == "RSA"
+
+    def test_an_unknown_measure_or_parameter_names_the_known_ones(self):
+        grams = mg.layer_grams(_layers(12)[:2])
+        with pytest.raises(VitseeError, match="unknown measure 'cca': use one of linear_cka, rbf_cka, procrustes"):
+            mg.pairwise(grams, None, "cca")
+        with pytest.raises(VitseeError, match="mknn has no parameter keep: its parameters are k"):
+            mg.pairwise(grams, None, "mknn", keep=0.5)
 
 
 # ----------------------------------------------------------------------------------------------------------------

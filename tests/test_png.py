@@ -71,6 +71,14 @@ class TestCells:
         ink = (np.abs(img[:, w : 2 * w].astype(int) - BLUE).sum(axis=2) > 0).sum()
         assert 0.1 * w * h < ink < 0.6 * w * h
 
+    def test_an_underscore_is_a_bar_across_its_cell_clear_of_the_next_line(self):
+        # issue 29: the font's underscore was one pixel on the cell's last row, read as lost in `patch_embed`
+        w, h = cell_size()
+        img = paint([Cell("_", RED, BLUE)])
+        rows = np.flatnonzero((img == RED).all(axis=2).any(axis=1))
+        assert len(rows) >= 2 and rows.max() < h - 1  # two pixels at least, not on the row next to the line below
+        assert all((img[r] == RED).all(axis=1).sum() == w for r in rows)  # across the whole cell, as a terminal
+
     def test_styles_reverse_and_dim_as_a_terminal_does(self):
         (row,) = cells_of_lines(
             [
@@ -111,6 +119,7 @@ async def test_the_png_of_the_cka_view_has_every_heatmap_cell_in_the_widgets_own
 
 def test_snapshot_to_png_writes_the_screen_at_its_size(store, tmp_path, capsys):
     out = tmp_path / "shots" / "cka.png"
+    out.parent.mkdir()  # a folder that is not there is refused, as `vitsee export` refuses it (test_first_hour.py)
     code = 0
     try:
         main([str(store), "--snapshot", f"cka:{VIT}:{RESNET}", "--out", str(out), "--size", "100x30"])

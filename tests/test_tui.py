@@ -39,7 +39,7 @@ async def test_opening_a_store_of_two_models_shows_their_cross_model_cka(store, 
         assert app.focused is heatmap
         assert status(app) == f"patch_embed x maxpool  CKA {view.matrix[0, 0]:.4f}{view.interval_text(0, 0)}"
         assert not screen.pane("cka").loaded.computed  # read from the cache, not recomputed
-        assert "random init (seed 0)" in str(screen.query_one("#title-bar").render())
+        assert "test_vit (random init), seed 0" in str(screen.query_one("#title-bar").render())  # display names
         assert screen.query_one("#model-b").value == RESNET  # the side panel says so too
 
 
@@ -407,7 +407,7 @@ async def test_help_lists_the_keys_of_the_focused_view(store, tmp_path):
             groups["heatmap.zoom"],
             groups["app.quit"],
         ) == ("Move", "Views", "Models", "This view", "App")
-        assert app.screen.title_text == f"CKA view ({VIT} x {RESNET})"
+        assert app.screen.title_text == "CKA view (test_vit (random init) x test_resnet (random init))"
         await pilot.press("escape")
         assert isinstance(app.screen, ExplorerScreen)
 
@@ -423,8 +423,8 @@ async def test_the_command_palette_offers_views_models_export_and_zoom(store, tm
             "View: Attention",
             "Export view to PNG + JSON",
             "Toggle zoom",
-            "Model A: test_resnet (random)",
-            "Model B: test_resnet (random)",
+            "Model A: test_resnet (random init)",
+            "Model B: test_resnet (random init)",
             "Open store list",
         ):
             assert wanted in names
@@ -620,11 +620,15 @@ async def test_the_demo_trains_its_models_once_in_the_cache_folder_says_trained_
             assert notes[0].endswith("beside each, its random-init twin (the Zoo view)")
             assert "pretrained" not in notes[0].replace("no pretrained weights", "")
             title = str(app.screen.query_one("#title-bar").render())
-            assert "trained here on digits (48 images, 1 epochs" in title
-            trained = [e for e in events if e.stage == "train"]
+            assert "ViT (trained here) on digits (48 images, 1 epochs" in title  # its display name, then the run
+            trained = [e for e in events if e.stage == "build"]  # the whole build's one bar while training
             extracted = [e for e in events if e.stage == "extract"]
             # progress shown while training and building, none on reuse
             assert bool(trained) == bool(extracted) == (attempt == "build")
+            if trained:  # one bar for the whole build: its total fixed, never going back, saying what comes next
+                assert len({e.total for e in trained}) == 1
+                assert [e.done for e in trained] == sorted(e.done for e in trained)
+                assert "then training the ResNet, extracting 4 models" in trained[0].text
             # a later launch opens the store the first one opened without a run screen (its checks come after the
             # first view: they import timm and may wait on the Hub), and the checks find it is still the one
             assert bool(events) == (attempt == "build")

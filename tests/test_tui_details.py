@@ -234,7 +234,7 @@ async def test_help_names_the_view_groups_its_keys_and_explains_the_attention_pl
         help_screen = app.screen
         assert isinstance(help_screen, HelpScreen)
         text = help_screen.text()
-        assert text.startswith(f"Help: Attention view ({VIT})")
+        assert text.startswith("Help: Attention view (test_vit (random init))")  # the model's display name
         groups = [line for line in text.splitlines() if line in ("Move", "Views", "Models", "This view", "App")]
         assert groups == ["Move", "Views", "Models", "This view", "App"]
         for name in tui_class_names() - {"App"}:

@@ -113,7 +113,7 @@ async def test_search_finds_models_in_the_side_panel_and_enter_picks_one_as_mode
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot, view_shown("cka"))
         await pilot.press("slash", *"resnet")
-        assert side_list(app) == ["model test_resnet (random)"]
+        assert side_list(app) == ["model test_resnet (random init)"]  # its display name
         await pilot.press("enter")  # no layer matches: says where the match is
         assert any("model test_resnet@random:0 does" in n.message for n in app._notifications)
         option_list = app.screen.query_one("#layers")
@@ -169,10 +169,12 @@ async def test_colon_lists_every_view_with_the_current_models_and_goes_to_the_on
         assert isinstance(jump, JumpScreen)
         options = [str(o.prompt) for o in jump.query_one("#jump-list").options]
         assert len(options) == len(REGISTRY)
-        assert options[0].startswith("1  CKA") and options[0].endswith(f"cka:{VIT}:{RESNET}")
-        assert options[1].startswith("1m RBF CKA") and options[1].endswith(f"rbf_cka:{VIT}:{RESNET}")  # CKA's tab, m
+        pair = "test_vit (random init) x test_resnet (random init)"  # the models by their display names
+        assert options[0].startswith("1  CKA") and options[0].endswith(pair)
+        assert options[1].startswith("1m RBF CKA") and options[1].endswith(pair)  # CKA's tab, m
+        assert all(len(option) <= 78 for option in options)  # one line each at 80 columns, no key wrapped mid-word
         skip = list(REGISTRY).index("skip")
-        assert options[skip].startswith("4  Skip") and options[skip].endswith(f"skip:{VIT}")
+        assert options[skip].startswith("4  Skip") and options[skip].endswith("test_vit (random init)")
         await pilot.press(*["down"] * skip, "enter")  # from CKA to skip ratios
         await settle(pilot, view_shown("skip"))
         assert isinstance(app.screen, ExplorerScreen) and app.screen.kind == "skip"

@@ -84,6 +84,24 @@ class VitseeApp(App):
         if keymap:
             self.set_keymap(keymap)
 
+    def get_line_filters(self):
+        """Textual's filters; with no colour asked for (NO_COLOR, --color none) every colour dropped, not greyed:
+        tui/no_color.py."""
+        filters = list(super().get_line_filters())
+        if self.options.color_mode is ColorMode.NONE:
+            from textual.filter import Monochrome
+
+            filters = [f for f in filters if not isinstance(f, Monochrome)] + [self._colourless]
+        return filters
+
+    @property
+    def _colourless(self):
+        from vitsee.tui.no_color import Colourless
+
+        if not hasattr(self, "_colourless_filter"):
+            self._colourless_filter = Colourless()
+        return self._colourless_filter
+
     def on_mount(self) -> None:
         if self.demo:
             self.open_demo()
@@ -192,11 +210,12 @@ class VitseeApp(App):
 
         choice = demo.choose(device=self.options.device, plan=demo.DemoPlan(**self.demo_overrides))
         note = f"demo store {choice.config.store}: {choice.weights_note}"
+        clock = demo.BuildClock.for_choice(choice)  # one bar for the training and the extraction
         before = None
         if choice.training:
 
             def before(progress, cancel):
-                demo.prepare_trained(choice, progress, cancel)
+                demo.prepare_trained(choice, progress, cancel, clock=clock)
 
         return RunPlan(
             choice.config,
@@ -205,6 +224,8 @@ class VitseeApp(App):
             reuse_complete=True,
             before=before,
             opened=lambda store: demo.remember(store, note),
+            after=lambda store: demo.name_models(store, choice),
+            clock=clock,
         )
 
     def on_first_view_shown(self, message: FirstViewShown) -> None:
@@ -222,6 +243,7 @@ class VitseeApp(App):
             plan = self._demo_plan()
             cfg = plan.config
             if Path(cfg.store).resolve() == Path(shown).resolve() and what_is_missing(cfg) is None:
+                plan.after(Path(shown))  # a store built before the demo named its models gets its names now
                 return  # the same store, complete: what the run screen would have opened
         except VitseeError as exc:
             self.call_from_thread(self.notify, str(exc), severity="error", timeout=10)

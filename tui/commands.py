@@ -30,10 +30,19 @@ class VitseeCommands(Provider):
             out.append(("Toggle side panel", screen.action_toggle_panel, "models and layers"))
             if screen.summary is not None:
                 keys = screen.summary.keys
+                names = screen.summary.names
+                if screen.model_a is not None:
+                    out.append(
+                        (
+                            f"Name model A ({names.get(screen.model_a, screen.model_a)})",
+                            screen.action_name_model,
+                            "what titles, legends and file names call it, kept in the store",
+                        )
+                    )
                 for key in keys:
                     out.append(
                         (
-                            f"Model A: {model_label(key, width=60)}",
+                            f"Model A: {names.get(key) or model_label(key, width=60)}",
                             partial(screen.query_one("SidePanel").pick, model_a=key),
                             key,
                         )
@@ -48,7 +57,7 @@ class VitseeCommands(Provider):
                 for key in keys:
                     out.append(
                         (
-                            f"Model B: {model_label(key, width=60)}",
+                            f"Model B: {names.get(key) or model_label(key, width=60)}",
                             partial(screen.query_one("SidePanel").pick, model_b=key),
                             f"CKA columns from {key}",
                         )

@@ -7,6 +7,7 @@
     export_dir = "~/vitsee-exports"
     device = "cuda:0"           # auto | cpu | cuda | cuda:N
     preset = "vim"              # extra vim keys (PRESETS below)
+    export_marks = true         # `e` marks the cursor's cell in the exported figure (default false)
 
     [keys]                      # Binding id = comma-separated keys; replaces that binding's keys
     "explorer.export" = "E,ctrl+e"
@@ -121,6 +122,9 @@ SETTINGS: dict[str, Setting] = {
     "export_dir": Setting(Path("vitsee-exports"), "--export-dir", _folder),
     "device": Setting("auto", "--device", _device),
     "preset": Setting("none", "", _preset),
+    # `e` draws the cursor's cell into the exported figure (a box and its value): off, so an export is a paper's
+    # figure as it is; on, for a figure that points at one pair
+    "export_marks": Setting(False, "", _boolean),
 }
 
 
@@ -152,7 +156,11 @@ class Settings:
     def options(self, env: Mapping[str, str] | None = None) -> AppOptions:
         """Returns the options every screen reads."""
         return AppOptions(
-            color_mode=self.color_mode(env), export_dir=self["export_dir"], cmap=self["colormap"], device=self["device"]
+            color_mode=self.color_mode(env),
+            export_dir=self["export_dir"],
+            cmap=self["colormap"],
+            device=self["device"],
+            export_marks=self["export_marks"],
         )
 
     def keymap(self) -> dict[str, str]:

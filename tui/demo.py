@@ -14,10 +14,13 @@ they existed is reused as it is and gets them appended (its trained models are n
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from vitsee.errors import VitseeError
 
 if TYPE_CHECKING:
     from vitsee.analyses.driver import AnalyzeConfig
@@ -194,14 +197,16 @@ def _recipe_tag(plan: DemoPlan, runs: list[TrainConfig]) -> str:
     return "r" + hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
-def prepare_trained(choice: DemoChoice, progress, cancel=None) -> None:
+def prepare_trained(choice: DemoChoice, progress, cancel=None, clock: BuildClock | None = None) -> None:
     """Trains the demo's models that are not cached yet and writes the held-out images the store extracts;
-    progress gets each engine TrainEvent."""
+    progress gets each engine TrainEvent (and `clock` hears which training each belongs to)."""
     from vitsee.training.train import train, write_held_out, write_initial
 
     for cfg in choice.training:
         Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
         if not Path(cfg.out).exists():
+            if clock is not None:
+                clock.begin(training_part(cfg))
             train(cfg, progress, cancel)
     for cfg in choice.twins:  # no training: the seeded init, a second or so each
         if not Path(cfg.out).exists():
@@ -209,6 +214,170 @@ def prepare_trained(choice: DemoChoice, progress, cancel=None) -> None:
     test_set = Path(choice.config.dataset.partition(":")[2])
     if not test_set.exists():
         write_held_out(choice.training[0], test_set)
+
+
+# --- building it: the models' names, one clock for the whole build, and the whole build as one call -----------
+
+# what the demo's models are called in every title, axis and legend (engine/store/names.py): the timm names say
+# vit_tiny_patch16_224, but the ViT trained here has 4-px patches and 6 blocks, so its name would mislead anyone
+# who knows timm; a pretrained demo's models are those timm names' own
+TRAINED_NAMES = {TRAINED_VIT[0]: "ViT", TRAINED_RESNET[0]: "ResNet-18"}
+FAMILY_NAMES = {"vit": "ViT", "resnet": "ResNet", "mixer": "Mixer", "swin": "Swin"}  # another model trained here
+PRETRAINED_NAMES = {DEMO_VIT: "ViT-Ti/16", DEMO_RESNET: "ResNet-18"}
+
+
+def model_names(choice: DemoChoice) -> dict[str, str]:
+    """Returns {model spec: display name} of the demo's models: 'ViT (trained here)', 'ViT (random init)' (its
+    twin), ...; for a pretrained demo 'ViT-Ti/16 (pretrained)' and its twin 'ViT-Ti/16 (random init)'."""
+    specs = list(choice.config.models)
+    names: dict[str, str] = {}
+    if choice.training:
+        for runs, word in ((choice.training, "trained here"), (choice.twins, "random init")):
+            for cfg in runs:
+                base = trained_name(cfg.model)
+                names[f"{cfg.model}@{cfg.out}"] = f"{base} ({word})"
+        return {spec: names[spec] for spec in specs if spec in names}
+    bases = dict(zip(specs, [PRETRAINED_NAMES.get(s, s.partition(".")[0]) for s in choice.pretrained]))
+    for spec, name in zip(specs[len(choice.pretrained) :], choice.pretrained):  # the twins, NAME@random:SEED
+        bases[spec] = PRETRAINED_NAMES.get(name, name.partition(".")[0])
+    return {spec: f"{base} ({'random init' if '@random' in spec else 'pretrained'})" for spec, base in bases.items()}
+
+
+def name_models(store: Path, choice: DemoChoice) -> None:
+    """Gives the demo store's models their demo names (`model_names`), those without a name of their own only, so
+    a name the user set stays; a store another process is writing is left as it is (the names are for looking)."""
+    from vitsee.models.load import parse_model_spec
+    from vitsee.store import Store
+
+    wanted = model_names(choice)
+    try:
+        with Store.open(store) as s:
+            keys = {spec: parse_model_spec(spec).key for spec in wanted}
+            keys = {spec: key for spec, key in keys.items() if key in s.models}
+            if not keys or set(keys.values()) <= set(s.set_names()):
+                return
+        with Store.writer(store) as s:
+            named = s.set_names()
+            for spec, key in keys.items():
+                if key not in named:
+                    s.set_display_name(key, wanted[spec])
+    except VitseeError:  # being written (the app's analyses), or a name the user already gave another model
+        return
+
+
+# seconds of one CPU core per unit of the build, from `python benchmarks/train.py demo` (benchmarks/README.md, "The
+# demo's first launch offline": the ViT 55.4 s for 15 epochs of 45 steps, the ResNet-18 15.7 s for 6 epochs of 23,
+# the extraction of two models 7.1 s for 359 images); they weigh the parts of the one bar, its ETA the bar's own
+STEP_SECONDS = {"vit": 0.082, "resnet": 0.114}
+IMAGE_SECONDS = 0.01  # per image and model
+TEST_DIGITS = 359  # the digits the demo holds out of 1,797 (test fraction 0.2, seed 0): what it extracts
+
+
+def trained_name(model: str) -> str:
+    """Returns what the demo calls a model it trains ('ViT', 'ResNet-18'; another by its family)."""
+    from vitsee.models.load import family_of_name
+
+    return TRAINED_NAMES.get(model) or FAMILY_NAMES.get(family_of_name(model), model)
+
+
+def training_part(cfg: TrainConfig) -> str:
+    """Returns the words of a training run's part of the build ('training the ViT')."""
+    return f"training the {trained_name(cfg.model)}"
+
+
+class BuildClock:
+    """One bar for the whole demo build: every part (each training not cached yet, then the extraction) takes its
+    share of the bar by the seconds it is expected to take, so the bar moves at one pace and its ETA is the whole
+    build's. Thread-safe enough for one worker: parts begin in order, fractions only grow within a part."""
+
+    def __init__(self, parts: list[tuple[str, float]]):
+        self.parts = parts or [("building", 1.0)]
+        self.index = 0
+        self.fraction = 0.0
+
+    @classmethod
+    def for_choice(cls, choice: DemoChoice) -> BuildClock:
+        """Returns the clock of the parts the choice still has to run (cached weights train no more)."""
+        from vitsee.models.load import family_of_name
+        from vitsee.training.train import recipe_of
+
+        parts = []
+        for cfg in choice.training:
+            if not Path(cfg.out).exists():
+                recipe = recipe_of(cfg)
+                n_train = (cfg.n_images or 1797) * (1 - cfg.test_fraction)
+                steps = recipe["epochs"] * math.ceil(n_train / recipe["batch_size"])
+                parts.append((training_part(cfg), steps * STEP_SECONDS.get(family_of_name(cfg.model), 0.1)))
+        n_images = choice.config.n_images or (TEST_DIGITS if choice.training else 128)
+        parts.append(
+            (f"extracting {len(choice.config.models)} models", n_images * len(choice.config.models) * IMAGE_SECONDS)
+        )
+        return cls(parts)
+
+    @property
+    def total(self) -> float:
+        """Returns the whole build in expected seconds (the bar's total)."""
+        return sum(seconds for _, seconds in self.parts)
+
+    @property
+    def done(self) -> float:
+        """Returns the expected seconds of the build done so far."""
+        return sum(seconds for _, seconds in self.parts[: self.index]) + self.parts[self.index][1] * self.fraction
+
+    def begin(self, part: str) -> None:
+        """Moves the clock to the part of that name (parts skipped count as done)."""
+        names = [name for name, _ in self.parts]
+        if part in names and names.index(part) >= self.index:
+            self.index, self.fraction = names.index(part), 0.0
+
+    def extracting(self) -> None:
+        """Moves the clock to the extraction, the last part."""
+        self.index, self.fraction = len(self.parts) - 1, 0.0
+
+    def advance(self, fraction: float) -> None:
+        """Sets how much of the current part is done (0 to 1)."""
+        self.fraction = min(max(float(fraction), self.fraction), 1.0)
+
+    def train_step(self, event) -> None:
+        """Advances the current training part by an engine TrainEvent of stage 'step'."""
+        if event.epochs and event.total:
+            self.advance(((event.epoch - 1) * event.total + event.done) / (event.epochs * event.total))
+
+    def describe(self, now: str) -> str:
+        """Returns what the build does now and what comes after it: 'training the ViT: epoch 3 of 15; then training
+        the ResNet-18, extracting 4 models'."""
+        later = [name for name, _ in self.parts[self.index + 1 :]]
+        return now + (f"; then {', '.join(later)}" if later else "")
+
+
+def build(choice: DemoChoice, progress=None, cancel=None) -> Path:
+    """Builds the demo store the choice names, as `vitsee-tui --demo` does before its first view: trains the models
+    not cached yet (their twins' inits too), extracts them over the held-out images (or, pretrained, the
+    photographs) and names them; returns the store. A complete store is reused as it is (named if it is not).
+    `progress` gets every engine event (TrainEvent, extraction Progress)."""
+    from dataclasses import replace
+
+    from vitsee.extraction.extract import run_extraction
+
+    cfg = choice.config
+    Path(cfg.store).parent.mkdir(parents=True, exist_ok=True)
+    if not (Path(cfg.store).exists() and _complete(cfg)):
+        if choice.training:
+            prepare_trained(choice, progress or (lambda event: None), cancel)
+        run_extraction(replace(cfg, workers=0 if cfg.workers is None else cfg.workers), progress, cancel)
+    name_models(Path(cfg.store), choice)
+    return Path(cfg.store)
+
+
+def _complete(cfg: ExtractConfig) -> bool:
+    """Returns whether the store holds every model of the config, every image done."""
+    from vitsee.store import Store
+
+    try:
+        with Store.open(cfg.store) as s:
+            return len(s.models) == len(cfg.models) and s.complete
+    except VitseeError:
+        return False
 
 
 # --- the next launch: the store the demo opened last, shown before any of the checks above ----------------------

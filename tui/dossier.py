@@ -148,7 +148,7 @@ def measures_section(
         r, c = v.rows.index(row_layer), v.cols.index(col_layer)
         share = pair_rank(v.matrix, r, c, analysis.higher_is_better, within)
         ranks[analysis.label] = share
-        value = f"{v.value_name} {v.cell_text(r, c, 3)}{v.interval_text(r, c)}"
+        value = f"{v.value_name} {v.cell_text(r, c, 3)}{v.interval_or_hint(r, c)}"
         lines.append(f"{value}  ({rank_words(share)} of the pairs)")
     lines.append(agreement_line(ranks))
     if missing:

@@ -109,13 +109,14 @@ class FirstViewShown(Message):
 
 @dataclass
 class RunEvent(Message):
-    """An extraction event: stage 'plan', 'load', 'extract' (done/total images) or 'done'."""
+    """An extraction event: stage 'plan', 'load', 'extract' (done/total images), 'train' (done/total steps of an
+    epoch), 'build' (done/total expected seconds of a whole build: the demo's one bar) or 'done'."""
 
     bubble = False  # posted by a worker straight to the screen that handles it
 
     stage: str
-    done: int = 0
-    total: int = 0
+    done: float = 0
+    total: float = 0
     text: str = ""
 
 

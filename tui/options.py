@@ -25,6 +25,7 @@ class AppOptions:
     cmap: str = "viridis"
     device: str = "auto"  # for analyses that are not cached yet
     folder: Path = field(default_factory=Path.cwd)  # where the start screen looks for stores
+    export_marks: bool = False  # `e` draws the cursor's cell into the exported figure (config: export_marks)
 
     def analysis_config(self) -> AnalyzeConfig:
         """Returns the engine's default analysis parameters (those of `vitsee analyze`) on our device.

@@ -117,7 +117,13 @@ _BRAILLE_DOTS = [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2), (0, 3), (1, 3)]
 
 
 def _draw_shape(draw, code: int, x: int, y: int, w: int, h: int, fg, bg) -> bool:
-    """Paints a block element or Braille pattern into the cell at (x, y); returns False for any other character."""
+    """Paints a block element, a Braille pattern or an underscore into the cell at (x, y); returns False for any
+    other character."""
+    if code == 0x5F:  # '_': the font's is one pixel on the cell's last row, lost against the next line; a terminal
+        # draws it as a bar across the cell above its bottom edge, two pixels at this size
+        bar = max(2, h // 9)
+        draw.rectangle([x, y + h - 2 - bar, x + w - 1, y + h - 3], fill=fg)
+        return True
     if 0x2800 <= code <= 0x28FF:
         bits = code - 0x2800
         dot = max(1, min(w // 4, h // 8))

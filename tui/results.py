@@ -52,6 +52,13 @@ class ModelSummary:
     # analysis name -> the layers its view can be of, for the analyses whose view is of one layer (spatial, ERF)
     layer_choices: dict[str, list[str]] = field(default_factory=dict)
     heads: int = 0
+    name: str = ""  # its display name (engine/store/names.py): what titles, lists and file names call it
+    described: str = ""  # its name and weights in words: 'test_vit (random init), seed 0'
+
+    @property
+    def shown(self) -> str:
+        """Returns what the screen calls the model: its display name (its key in a summary made without one)."""
+        return self.name or self.key
 
     def reason(self, kind: str) -> str | None:
         """Returns why analysis `kind` does not apply to the model, or None when it does."""
@@ -76,6 +83,11 @@ class StoreSummary:
     @property
     def keys(self) -> list[str]:
         return [m.key for m in self.models]
+
+    @property
+    def names(self) -> dict[str, str]:
+        """Returns each model's display name by key."""
+        return {m.key: m.shown for m in self.models}
 
     @property
     def problem(self) -> str | None:
@@ -115,6 +127,7 @@ def read_summary(path: str | Path) -> StoreSummary:
     """Returns the summary of the store at path: its models, and for each whether every registered analysis applies
     to it (the analysis's own reason where not); a missing, corrupt or foreign file is a VitseeError."""
     from vitsee.analyses import REGISTRY
+    from vitsee.analyses.views import named_weights
     from vitsee.store import Store
     from vitsee.store.lock import writer_of
 
@@ -122,6 +135,7 @@ def read_summary(path: str | Path) -> StoreSummary:
     try:
         with ACCESS.read(), Store.open(path) as store:
             models = []
+            names = store.display_names()
             for key in store.models:
                 info = store.model_info(key)
                 layers = store.layers(key)
@@ -139,6 +153,8 @@ def read_summary(path: str | Path) -> StoreSummary:
                             name: a.layer_choices(store, key) for name, a in REGISTRY.items() if a.takes_layer
                         },
                         heads=int(info.get("num_heads") or 0),
+                        name=names[key],
+                        described=named_weights(names[key], info),
                     )
                 )
             cached = sorted({r["analysis"] for r in store.results()})
@@ -311,8 +327,9 @@ def read_head_distances(path: str | Path, model: str, block: int, head: int) -> 
 
 
 def export_name(view: View, when: float | None = None) -> str:
-    """Returns a file stem naming the view and the time: cka-vit_tiny-x-resnet18-20240102-150405."""
-    models = [re.sub(r"[^A-Za-z0-9_.-]+", "_", m) for m in dict.fromkeys(view.models)]
+    """Returns a file stem naming the view, its models by their display names, and the time:
+    cka-ViT_trained_here-x-ResNet-18_trained_here-20240102-150405."""
+    models = [re.sub(r"[^A-Za-z0-9_.-]+", "_", view.name(m)).strip("_") for m in dict.fromkeys(view.models)]
     layer = view.params.get("layer") if view.analysis.takes_layer else None
     parts = [view.kind, *(["-x-".join(models)] if models else [])] + ([layer] if layer else [])  # zoo: no model
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(when))
@@ -320,9 +337,10 @@ def export_name(view: View, when: float | None = None) -> str:
 
 
 def export_view(
-    view: View, folder: str | Path, selection: tuple[int, int] | None, cmap: str
+    view: View, folder: str | Path, selection: tuple[int, int] | None, cmap: str, marks: bool = False
 ) -> tuple[Path, Path | None, str | None]:
-    """Writes the view's .json and .png into folder; returns (json path, png path or None, why no png)."""
+    """Writes the view's .json (the selected cell in it) and .png (the cell marked only with `marks`: a paper's
+    figure has no cursor) into folder; returns (json path, png path or None, why no png)."""
     from vitsee.output.export import write_view
 
     folder = Path(folder)
@@ -333,7 +351,7 @@ def export_view(
     stem = export_name(view)
     out_json = write_view(view, folder / f"{stem}.json", selection=selection, cmap=cmap)
     try:
-        out_png = write_view(view, folder / f"{stem}.png", selection=selection, cmap=cmap)
+        out_png = write_view(view, folder / f"{stem}.png", selection=selection if marks else None, cmap=cmap)
     except ImportError as exc:  # engine/output/figures.py not installed yet
         return out_json, None, f"PNG export is unavailable ({brief(exc)}); wrote the numbers"
     return out_json, out_png, None

@@ -69,9 +69,9 @@ def plan_snapshot(store: Path, view: str, out: Path | None, size: str) -> Snapsh
         raise VitseeError(f"--out {out}: a snapshot is an SVG or a PNG: name the file *.svg or *.png")
     if out.is_dir():
         raise VitseeError(f"--out {out} is a folder: name the file to write, such as {out / 'screen.svg'}")
-    blocking = next((p for p in [out.parent, *out.parent.parents] if p.exists()), None)
-    if blocking is not None and not blocking.is_dir():
-        raise VitseeError(f"--out {out}: {blocking} is a file, not a folder: write the screenshot somewhere else")
+    from vitsee.output.export import check_out_folder
+
+    check_out_folder(out)  # one rule with `vitsee export`: a folder that is not there is not made
     columns_rows = parse_size(size)
     if ":" not in view:
         if view not in VIEW_LABELS:
@@ -152,7 +152,6 @@ async def take(plan: SnapshotPlan, pilot: Pilot) -> None:
         data = app.export_screenshot(title=f"vitsee-tui {plan.store.name} {plan.spec}").encode("utf-8")
     partial = plan.out.with_name(f".{plan.out.name}.{time.time_ns()}.part")
     try:
-        plan.out.parent.mkdir(parents=True, exist_ok=True)
         partial.write_bytes(data)
         partial.replace(plan.out)  # a reader never sees half a file
     except OSError as exc:  # made a folder, or read-only, while the view was computed

@@ -11,11 +11,12 @@ a new analysis is a new module here, found by being there (see engine/analyses/R
     heads.py       head-level CKA against another model (Fig. 5)
     erf.py         effective receptive fields (Fig. 6)
     zoo.py         every pair of the store's models from a layer x layer measure (issue 21; numbers in
-    engine/zoo/summaries.py) rbf_cka.py, procrustes.py, svcca.py, pwcca.py, mknn.py, cknna.py, rsa.py
-                   the measures beyond linear CKA (engine/measures/direct.py), each a layer x layer view like CKA's
+                   engine/zoo/summaries.py)
     agree.py       do the measures agree? each one's matrix of a pair of models and their rank correlations
     contract.py    the contract: Analysis, Shape, Request, Result, View, the registry
-    similarity.py  what layer x layer measures share (LayerMatrix, LayerPairMeasure, GramMeasure)
+    similarity.py  what layer x layer measures share (LayerMatrix, LayerPairMeasure, GramMeasure), and one
+                   GramMeasure for each measure of engine/measures/catalog/ (RBF CKA, Procrustes, SVCCA, PWCCA,
+                   mknn, CKNNA, RSA, ...): each a layer x layer view like CKA's, made from the measure's module
     base.py        plumbing: config, progress events, device, read-ahead, batch plan, parts a run shares
 
 `REGISTRY` (name -> analysis, in the analyses' declared order) is what the driver (engine/analyses/driver.py), the views

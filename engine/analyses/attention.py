@@ -16,7 +16,8 @@ from vitsee.errors import VitseeError
 from vitsee.store import Store
 from vitsee.lazy import lazy_module
 from vitsee.analyses.base import AnalyzeConfig, RunningMoments, StepFn, emit, save_result, with_interval
-from vitsee.analyses.contract import Analysis, DossierEntry, Request, Result, Shape, View
+from vitsee.analyses.contract import Analysis, DossierEntry, Request, Result, Shape, View, features_reason
+from vitsee.store.layout import is_features_model
 
 torch = lazy_module("torch")  # reading a cached result needs numpy only; torch is imported by the first computation
 
@@ -247,6 +248,8 @@ class AttentionDistances(Analysis):
     layer_list_title = "Blocks (Enter: go)"
 
     def not_applicable(self, store: Store, key: str) -> str | None:
+        if is_features_model(store.model_info(key)):  # no model at all: its family says nothing here
+            return features_reason(key, "attention distances")
         if "attention_distance" not in store.stats(key):
             return no_attention_reason(key, store.model_info(key))
         return None

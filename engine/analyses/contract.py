@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -92,10 +92,18 @@ class AnalysisOption:
     type: type
     help: str
     field: str = ""  # default: the name with '_' for '-'
+    # where a result's params keep the value it sets ('stats.bootstrap': a key inside a key); default: `attr`. A
+    # cached result serves a view asked for with this option only when its params hold the value asked for there
+    param: str = ""
 
     @property
     def attr(self) -> str:
         return self.field or self.name.replace("-", "_")
+
+    @property
+    def path(self) -> str:
+        """Returns where a result's params keep this option's value (dotted)."""
+        return self.param or self.attr
 
 
 @dataclass(frozen=True)
@@ -323,10 +331,17 @@ class Analysis(ABC):
         """Returns the parameters a result of `request` is cached under (its cache key): what it is about and how
         it is estimated. Raises the VitseeError that says why when it cannot be computed."""
 
-    def cached_params(self, store: Store, params: dict) -> dict | None:
+    def cached_params(self, store: Store, params: dict, given: Iterable[str] = ()) -> dict | None:
         """Returns the params of the cached result about the same thing as `params` (its `identity`) that the
-        analysis prefers (`preference`, the newest among equals), whatever settings made it; None when none is."""
-        same = [r for r in store.results(self.name) if all(r["params"].get(k) == params.get(k) for k in self.identity)]
+        analysis prefers (`preference`, the newest among equals), whatever settings made it, except the options
+        `given` (attributes: `max_images`, ...): on those it holds the values `params` hold. None when none is."""
+        paths = [path for attr in given for path in self.option_paths(attr)]
+        same = [
+            r
+            for r in store.results(self.name)
+            if all(r["params"].get(k) == params.get(k) for k in self.identity)
+            and all(param_at(r["params"], p) == param_at(params, p) for p in paths)
+        ]
 
         def preference(r: dict) -> tuple:
             made = r["provenance"]
@@ -334,6 +349,10 @@ class Analysis(ABC):
 
         best = max(same, key=preference, default=None)
         return best["params"] if best else None
+
+    def option_paths(self, attr: str) -> list[str]:
+        """Returns where its results' params keep the value of its option `attr` (none: not its option)."""
+        return [option.path for option in self.options if option.attr == attr]
 
     def run(self, store: Store, request: Request, cfg: AnalyzeConfig, progress: StepFn | None = None) -> Result:
         """Returns the result of `request`: cached, or computed (`compute`) and cached."""
@@ -383,6 +402,11 @@ class Analysis(ABC):
 
     def caption_notes(self, view: View) -> str:
         """Returns what `vitsee show` adds to the view's caption ('; ...' per note), '' for nothing."""
+        return ""
+
+    def no_interval(self, view: View) -> str:
+        """Returns what to say beside a value of a view that has no interval though the analysis could give one,
+        naming how to get it ('no interval: --measure-bootstrap 200 gives one'); '' where nothing is missing."""
         return ""
 
     def present(self, view: View) -> np.ndarray | None:
@@ -440,6 +464,9 @@ class View:
     ci_low: np.ndarray | None = None
     ci_high: np.ndarray | None = None
     p_value: np.ndarray | None = None
+    # the store's models' display names (key -> name, engine/store/names.py): what titles, axes and legends call
+    # them; the keys stay in `models`, `rows` (the zoo's) and the JSON
+    names: dict[str, str] = field(default_factory=dict)
 
     @property
     def analysis(self) -> Analysis:
@@ -453,6 +480,10 @@ class View:
 
     def value(self, row: int, col: int) -> float:
         return float(self.matrix[row, col])
+
+    def name(self, key: str) -> str:
+        """Returns the display name of a model of the view (its key when it has none)."""
+        return self.names.get(key, key)
 
     def is_nonfinite(self, row: int, col: int) -> bool:
         """Returns whether a cell was computed and came out non-finite (NaN/Inf)."""
@@ -507,6 +538,15 @@ class View:
             label = significance_label(float(self.p_value[row, col]), self.permutations)
             text += f"  {label}" if label else ""
         return text
+
+    def interval_or_hint(self, row: int, col: int) -> str:
+        """Returns interval_text, or where the result has no interval that its analysis could give, the words
+        saying so and how to get one ('  no interval: --measure-bootstrap 200 gives one')."""
+        text = self.interval_text(row, col)
+        if text or self.ci_low is not None:
+            return text
+        hint = self.analysis.no_interval(self)
+        return f"  {hint}" if hint else ""
 
     def interval_caption(self) -> str:
         """Returns what the intervals and p-values are, in words ('' without them), for captions and legends."""
@@ -565,6 +605,8 @@ class View:
             else []
         )
         out["n_images"] = self.n_images
+        if self.names:  # what the figures call the models; the keys above stay what identifies them
+            out["names"] = {key: self.names[key] for key in (self.models or self.rows) if key in self.names}
         out["params"] = self.params
         return out
 
@@ -579,6 +621,16 @@ class View:
         for label, row in zip(self.rows, self.matrix):
             writer.writerow([label, *[("" if not np.isfinite(v) else repr(float(v))) for v in row]])
         return buf.getvalue()
+
+
+def param_at(params: Mapping, path: str):
+    """Returns the value at a dotted path of a result's params ('stats.bootstrap'), None where there is none."""
+    value = params
+    for part in path.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            return None
+        value = value[part]
+    return value
 
 
 def to_jsonable(value):
@@ -611,6 +663,15 @@ def streaming_reason(store: Store, what: str) -> str:
     return (
         f"{store.path} was extracted with --streaming, which keeps no activations, so {what}: "
         "re-extract without --streaming into another store"
+    )
+
+
+def features_reason(key: str, what: str) -> str:
+    """Returns why a model made from another tool's activations (vitsee.from_features) has no `what`: the store
+    holds no model of vitsee's run, whatever its family, and the way out."""
+    return (
+        f"{key} holds another tool's activations (vitsee.from_features), not a model vitsee ran: {what} are "
+        "recorded while vitsee runs the model: extract it with `vitsee extract STORE --model NAME`"
     )
 
 

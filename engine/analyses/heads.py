@@ -31,7 +31,8 @@ from vitsee.lazy import lazy_module
 
 # the shared plumbing of the store-facing runners (batches by global index, device, caching with provenance)
 from vitsee.analyses.base import AnalyzeConfig, StepFn, batch_plan, check_ready, emit, resolve_device, save_result
-from vitsee.analyses.contract import Analysis, Request, Result, Shape, View
+from vitsee.analyses.contract import Analysis, Request, Result, Shape, View, features_reason
+from vitsee.store.layout import is_features_model
 
 torch = lazy_module("torch")  # reading a cached result needs numpy only; torch is imported by the first computation
 
@@ -361,6 +362,8 @@ class HeadCKAAnalysis(Analysis):
         streaming = _streaming_reason(store)
         if streaming:
             return streaming
+        if is_features_model(store.model_info(key)):  # no model at all: its family says nothing here
+            return features_reason(key, "per-head attention outputs")
         if not store.head_blocks(key):
             return no_head_outputs_reason(key)
         if len(store.models) < 2:

@@ -1423,6 +1423,7 @@ class LinearProbes(Analysis):
             int,
             "per-token probes for layers up to N channels wide; each token holds "
             "an N x N fp64 matrix (ViT-B: 197 x 768 x 768 x 8 B = 0.9 GB) [default: 1024]",
+            param="max_token_dim",
         ),
     )
     cost = 2  # the fits take longest: the app caches them last

@@ -11,10 +11,12 @@ images: a measure module declares its name, title and parameters and gives `meas
 `prepare(x)`, e.g. a Gram matrix built once per layer). CKA (cka.py) is a LayerMatrix with its own minibatch
 estimator and statistics.
 
-`GramMeasure` is a LayerMatrix of one of the measures of engine/measures/grams.py (RBF CKA, Procrustes, SVCCA,
-PWCCA, mknn, CKNNA, RSA): each layer's LayerGrams is built once per driver run and shared by every measure of it
-(base.SHARED), every pair comes from the measure's all-pairs form, and intervals and p-values from
-engine/measures/resampling.py over the same Grams. Its modules are declarations only.
+`GramMeasure` is a LayerMatrix of a measure of vitsee.measures (RBF CKA, Procrustes, SVCCA, PWCCA, mknn, CKNNA,
+RSA, and any other module of engine/measures/catalog/): each layer's LayerGrams is built once per driver run and
+shared by every measure of it (base.SHARED), every pair comes from the measure's all-pairs form, and intervals and
+p-values from engine/measures/resampling.py over the same Grams. There is one for every registered measure with a
+view of its own, made here from the measure's declaration (`gram_measure_analyses`): no module of this package
+names one.
 """
 
 from __future__ import annotations
@@ -26,11 +28,13 @@ from typing import ClassVar
 
 import numpy as np
 
-from vitsee.measures import direct as measures
+from vitsee.measures.registry import REGISTRY as MEASURES
+from vitsee.measures.registry import Measure, Parameter
 from vitsee.errors import VitseeError
 from vitsee.store import Store
 from vitsee.analyses.base import SHARED, AnalyzeConfig, StepFn, emit, nonfinite_image_mask, resolve_device
 from vitsee.analyses.contract import (
+    REGISTRY,
     Analysis,
     AnalysisOption,
     Request,
@@ -99,7 +103,7 @@ class LayerMatrix(Analysis):
             name: matrix_block(result, a, b, key=name)[0] for name in ("ci_low", "ci_high", "p_value") if name in result
         }
         extra = {"n_batches": int(result["n_batches"])} if "n_batches" in result else {}
-        title = f"{self.label} {a}" if a == b else f"{self.label} {a} (rows) x {b} (cols)"
+        title = f"{self.label}: {a}" if a == b else f"{self.label}: {a} x {b}"  # rows x columns, as the axes say
         vmin, vmax = self.value_range
         return View(
             self.name,
@@ -164,8 +168,9 @@ class LayerPairMeasure(LayerMatrix):
     A subclass sets name, label, title and option_help, puts its own parameters in `measure_params` (they go into the
     cache key and the view's JSON `params`), and implements `measure(a, b)` on two layers' prepared features.
     `prepare(x)` turns one layer's (n, ...) features into what `measure` compares; by default the features
-    flattened per image in fp64. A measure on Gram or distance matrices builds them there, once per layer (e.g.
-    measures_grams.layer_grams), and may give every pair at once in `all_pairs` (measures_grams.pairwise_*).
+    flattened per image in fp64, and may give every pair at once in `all_pairs`. It has no intervals or p-values:
+    a measure that can be computed from each layer's Gram is a module of engine/measures/catalog/ instead, and gets
+    them (a GramMeasure, below).
     """
 
     max_images: ClassVar[int] = 1024  # the subset the measure runs on: it holds what `prepare` gives per layer
@@ -196,6 +201,9 @@ class LayerPairMeasure(LayerMatrix):
             "seed": cfg.seed,
             **self.measure_params,
         }
+
+    def no_interval(self, view: View) -> str:
+        return "no interval: --measure-bootstrap 200 gives one" if view.ci_low is None else ""
 
     def images(self, params: dict) -> np.ndarray:
         """Returns the sorted indices of the images the measure runs on: all, or a subset seeded by params (the
@@ -245,7 +253,7 @@ def layer_measures() -> list[Analysis]:
     return [a for a in analyses_of(FAMILY) if a.shape is Shape.LAYER_MATRIX]
 
 
-# --- the measures of engine/measures/grams.py ------------------------------------------------------------------
+# --- the measures of engine/measures/catalog/ --------------------------------------------------------------------
 
 GRAM_OPTIONS = (
     AnalysisOption(
@@ -259,20 +267,21 @@ GRAM_OPTIONS = (
         int,
         "bootstrap resamples behind each interval of those measures, at the "
         "--ci level (each recomputes the measure: default 0, none)",
+        param="stats.bootstrap",
     ),
     AnalysisOption(
         "measure-permutations",
         int,
         "permutations behind each p-value of those measures (each recomputes the measure: default 0, none)",
+        param="stats.permutations",
     ),
 )
-# measure parameter -> its check (engine/measures/direct.py), given the parameter, the measure and the image count
-_CHECKS = {
-    "threshold": lambda v, measure, n: measures.check_threshold(v),
-    "alpha": lambda v, measure, n: measures.check_alpha(v),
-    "keep": lambda v, measure, n: measures.check_keep(v, measure),
-    "k": lambda v, measure, n: measures.check_k(v, n, measure),
-}
+
+
+def parameter_option(parameter: Parameter) -> AnalysisOption:
+    """Returns the `vitsee analyze` option that sets a measure's parameter: --OPTION, its help with its default."""
+    # kept under the parameter's name in the params, so a cached result serves only a view asked with its value
+    return AnalysisOption(parameter.option, parameter.type, parameter.option_help, param=parameter.name)
 
 
 class GramMeasure(LayerMatrix):
@@ -282,33 +291,35 @@ class GramMeasure(LayerMatrix):
     measures_grams.default_max_images: the Grams of every layer within GRAM_MEMORY) and kept for the rest of the
     driver's run (base.SHARED), so every measure of a `vitsee analyze` run reads the same Grams, and the parts they
     derive (spectra, kNN masks, RDM ranks) are built once too. Every pair comes from the measure's all-pairs form
-    (measures_grams.pairwise_*), and, when asked for, the bootstrap interval and permutation p-value of
+    (measures_grams.pairwise), and, when asked for, the bootstrap interval and permutation p-value of
     measures_stats over the same Grams.
 
-    A measure module declares its name, label, title, option_help, order, value range and direction, and its own
-    parameters (`parameters`: the measure's parameter -> the AnalysisOption that sets it); the rest is here.
+    A subclass sets `spec`, the registered Measure it computes (gram_measure_analyses makes one for each): its
+    name, words, order, value range and direction become the analysis's, and each of its parameters that has an
+    option becomes a `vitsee analyze` option, checked before any work.
     """
 
-    measure: ClassVar[str] = ""  # its entry in measures_grams.MEASURES (default: the analysis's name)
-    parameters: ClassVar[dict[str, AnalysisOption]] = {}
-    # how long all pairs of 23 layers took at n = 1000 on one busy CPU core (benchmarks/README.md "Measures beyond
-    # linear CKA"), and whether the time grows as n^3 (a decomposition per pair) or as n^2: the warning's estimate
-    seconds_at_1000: ClassVar[float] = 1.0
-    cubic: ClassVar[bool] = False
+    spec: ClassVar[Measure]
     by_default = False  # seconds to minutes each where CKA takes one: `vitsee analyze --measures ...` asks for them
     permutations_option = "measure-permutations"
     tab = False  # in the CKA tab, where `m` cycles the measures cached for the models shown
     cost = 1
 
     def __init_subclass__(cls, **kwargs) -> None:
-        if cls.__dict__.get("name"):
-            cls.options = (*GRAM_OPTIONS, *cls.parameters.values())
+        spec = cls.__dict__.get("spec")
+        if spec is not None:  # the analysis says of itself what the measure declares
+            cls.name, cls.label = spec.name, spec.label or spec.name
+            cls.title = spec.title or f"{cls.label} between layers"
+            cls.option_help = spec.option_help or f"{cls.label} of every pair of layers"
+            cls.order, cls.higher_is_better = spec.order, spec.higher_is_similar
+            cls.value_name, cls.value_range = spec.value_name, spec.value_range
+            cls.options = (*GRAM_OPTIONS, *(parameter_option(p) for p in spec.parameters if p.option))
         super().__init_subclass__(**kwargs)
 
     @property
     def key(self) -> str:
-        """Returns the measure's name in engine/measures/grams.py."""
-        return self.measure or self.name
+        """Returns the measure's name in the registry of vitsee.measures (the analysis's name)."""
+        return self.spec.name
 
     def not_applicable(self, store: Store, key: str) -> str | None:
         if store.streaming:
@@ -323,26 +334,26 @@ class GramMeasure(LayerMatrix):
 
     def measure_values(self, params: dict) -> dict:
         """Returns the measure's own parameters (threshold, alpha, keep, k, ...) from a result's params."""
-        from vitsee.measures.grams import MEASURES
-
-        return {p: params[p] for p in MEASURES[self.key].defaults}
+        return {p: params[p] for p in self.spec.defaults}
 
     def params(self, store: Store, request: Request, cfg: AnalyzeConfig) -> dict:
-        from vitsee.measures.grams import MEASURES, choose_images, default_max_images
+        from vitsee.measures.grams import choose_images, default_max_images
 
         models = store.models
         layers = {m: store.layers(m) for m in models}
         asked = cfg.options.get("max_images")
         max_images = default_max_images(sum(map(len, layers.values()))) if asked is None else int(asked)
         _, subset = choose_images(store.n_images, max_images, cfg.seed)  # too few: the one-line error
-        values = dict(MEASURES[self.key].defaults)
-        for name, option in self.parameters.items():  # given or default, checked now: before any work
-            value = cfg.options.get(option.attr, values[name])
-            value = values[name] if value is None else value
+        values = self.spec.defaults
+        for parameter in self.spec.parameters:  # given or default, checked now: before any work
+            if not parameter.option:
+                continue  # fixed at its default
+            value = cfg.options.get(parameter_option(parameter).attr)
+            value = parameter.default if value is None else value
             try:
-                values[name] = _CHECKS[name](value, self.key, subset["n_images"]) if name in _CHECKS else value
+                values[parameter.name] = parameter.checked(value, self.key, subset["n_images"])
             except VitseeError as exc:
-                raise VitseeError(f"--{option.name} {value}: {exc}") from None
+                raise VitseeError(f"--{parameter.option} {value}: {exc}") from None
         params = {
             "models": models,
             "layers": layers,
@@ -375,6 +386,9 @@ class GramMeasure(LayerMatrix):
             "seed": int(cfg.seed),
         }
 
+    def no_interval(self, view: View) -> str:
+        return "no interval: --measure-bootstrap 200 gives one" if view.ci_low is None else ""
+
     def images(self, params: dict) -> np.ndarray:
         """Returns the sorted indices of the images the measure runs on (measures_grams.choose_images)."""
         from vitsee.measures.grams import choose_images
@@ -386,7 +400,7 @@ class GramMeasure(LayerMatrix):
         n, layers = params["max_images"], sum(map(len, params["layers"].values()))
         st = params.get("stats") or {}
         passes = 1 + st.get("bootstrap", 0) + st.get("permutations", 0)
-        seconds = self.seconds_at_1000 * (n / 1000) ** (3 if self.cubic else 2) * (layers / 23) ** 2 * passes
+        seconds = self.spec.seconds_at_1000 * (n / 1000) ** (3 if self.spec.cubic else 2) * (layers / 23) ** 2 * passes
         if seconds < 60:
             return None
         return (
@@ -499,8 +513,6 @@ class GramMeasure(LayerMatrix):
         )
 
     def caption_notes(self, view: View) -> str:
-        from vitsee.measures.resampling import SIGNIFICANCE
-
         used, n, seed = view.params.get("max_images"), view.params.get("n_images"), view.params.get("seed")
         notes = [
             f"on all {n} images" if used == n else f"on {used} of the {n} images, drawn with seed {seed} (--max-images)"
@@ -514,7 +526,7 @@ class GramMeasure(LayerMatrix):
                 )
             )
         if view.p_value is not None:
-            notes.append(f"small p: {SIGNIFICANCE[self.key]}")
+            notes.append(f"small p: {self.spec.significance}")
         return "".join(f"; {note}" for note in notes)
 
 
@@ -544,3 +556,20 @@ def shared_layer_grams(
         out.append(SHARED.get(key, lambda m=model, lay=layer: build(m, lay)))
         emit(progress, f"{label} Grams", i + 1, len(columns))
     return out
+
+
+def gram_measure_analyses() -> list[type[GramMeasure]]:
+    """Returns a GramMeasure for every registered measure of vitsee.measures with a view of its own, made and
+    registered now (each once): a measure's module in engine/measures/catalog/ is all it takes to be an analysis.
+    Linear CKA has none of its own: its view is cka.py's minibatch estimate."""
+    made = {a.key: type(a) for a in REGISTRY.values() if isinstance(a, GramMeasure)}
+    for spec in MEASURES.values():
+        if spec.own_view and spec.name not in made:
+            doc = f"{spec.label or spec.name} of every pair of stored layers, within a model and across two."
+            made[spec.name] = type(
+                type(spec).__name__, (GramMeasure,), {"spec": spec, "__doc__": doc, "__module__": __name__}
+            )
+    return list(made.values())
+
+
+gram_measure_analyses()

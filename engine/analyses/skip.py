@@ -22,7 +22,8 @@ from vitsee.analyses.base import (
     save_result,
     with_interval,
 )
-from vitsee.analyses.contract import Analysis, DossierEntry, Request, Result, Shape, View
+from vitsee.analyses.contract import Analysis, DossierEntry, Request, Result, Shape, View, features_reason
+from vitsee.store.layout import is_features_model
 
 
 def skip_params(store: Store, key: str, cfg: AnalyzeConfig) -> dict:
@@ -193,6 +194,8 @@ class SkipRatios(Analysis):
     layer_list_title = "Blocks (Enter: go)"
 
     def not_applicable(self, store: Store, key: str) -> str | None:
+        if is_features_model(store.model_info(key)):  # no model at all: its family says nothing here
+            return features_reason(key, "skip-connection ratios")
         if not any(s.startswith("skip_ratio") for s in store.stats(key)):
             return no_skip_reason(key)
         return None

@@ -211,7 +211,7 @@ class SpatialMaps(Analysis):
     shape = Shape.TOKEN_MAPS
     tooltip = "Show the spatial localisation maps"
     option_help = "spatial localisation maps"
-    options = (AnalysisOption("spatial-layer", str, "layer of the spatial maps (default: last block)"),)
+    options = (AnalysisOption("spatial-layer", str, "layer of the spatial maps (default: last block)", param="layer"),)
     cost = 1
     takes_layer = True
     needs = frozenset({"activations", "input"})

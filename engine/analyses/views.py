@@ -8,6 +8,7 @@ show the same numbers; the analysis builds the View (engine/analyses/contract.py
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ from vitsee.analyses.base import AnalyzeConfig
 from vitsee.analyses.contract import Request, Result, Shape, View, to_jsonable
 from vitsee.errors import VitseeError
 from vitsee.store import Store
+from vitsee.store.names import weights_word
 
 __all__ = [
     "View",
@@ -31,6 +33,9 @@ __all__ = [
     "available_views",
     "to_jsonable",
     "view_help",
+    "dataset_label",
+    "with_names",
+    "named_weights",
 ]
 
 
@@ -44,14 +49,28 @@ def parse_view(text: str) -> tuple[str, list[str]]:
     """Returns (kind, arguments) of a view string."""
     kind, _, rest = text.partition(":")
     if kind not in REGISTRY:
-        raise VitseeError(f"unknown view '{text}': use {view_help()}")
+        raise VitseeError(unknown_view(text))
     args = _split_models(rest) if rest else []
     if not args and REGISTRY[kind].models[0] > 0:  # a view of the whole store (models (0, 0)) names none
-        raise VitseeError(f"view '{text}' names no model: use {view_help()}")
+        raise VitseeError(f"view '{text}' names no model: use {REGISTRY[kind].usage}")
     limit = 2
     if len(args) > limit:
-        raise VitseeError(f"view '{text}' has too many parts: use {view_help()}")
+        raise VitseeError(f"view '{text}' has too many parts: use {REGISTRY[kind].usage}")
     return kind, args
+
+
+def unknown_view(text: str) -> str:
+    """Returns the error for a view string of no registered analysis: the kinds closest to it and all of them, in
+    a line that fits a terminal's width or two (every view's form in full: `vitsee show --help`)."""
+    import difflib
+
+    kind = text.partition(":")[0]
+    close = difflib.get_close_matches(kind, list(REGISTRY), n=2, cutoff=0.5)
+    hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+    return (
+        f"unknown view '{text}'{hint}: a view is KIND:MODEL[:MODEL], KIND one of {', '.join(REGISTRY)}; "
+        "`vitsee show --help` gives each form"
+    )
 
 
 def _split_models(rest: str) -> list[str]:
@@ -66,19 +85,50 @@ def _split_models(rest: str) -> list[str]:
     return parts
 
 
-def _subtitle(store: Store, models: list[str]) -> str:
+def _subtitle(store: Store, models: list[str], names: dict[str, str]) -> str:
+    """Returns the line under a view's title: each model's display name and weights, and the images (no path:
+    a figure shows no folder of this machine, only the dataset's own file or folder name)."""
+    images = f"{store.n_images} images of {dataset_label(store.dataset_spec)}"
     if not models:  # a view of the whole store: its models are the view's rows
-        return f"{len(store.models)} models; {store.n_images} images of {store.dataset_spec}"
-    parts = []
-    for m in models:
-        w = store.model_info(m)["weights"]
+        return f"{len(store.models)} models; {images}"
+    return "; ".join(named_weights(names.get(m, m), store.model_info(m)) for m in models) + f"; {images}"
+
+
+def named_weights(name: str, info: dict) -> str:
+    """Returns a model's name and how its weights came about ('ViT (trained here) on digits (1438 images, 15
+    epochs, ...)', 'resnet18 (random init), seed 0'), the name's own word not said twice."""
+    w = info["weights"]
+    word = weights_word(info)
+    if w["kind"] == "file" and w.get("trained"):
+        desc = "random init, the weights its training started from" if word == "random init" else None
+        desc = desc or f"trained here on {w['trained']}"
+    else:
         desc = {
             "pretrained": "pretrained",
-            "random": f"random init (seed {w.get('seed')})",
+            "random": f"random init, seed {w.get('seed')}",
             "file": f"weights {Path(w.get('path') or '').name}",
-        }
-        parts.append(f"{m}: {desc.get(w['kind'], w['kind'])}")
-    return "; ".join(parts) + f"; {store.n_images} images of {store.dataset_spec}"
+        }.get(w["kind"], str(w["kind"]))
+    if word and f"({word})" in name and desc.startswith(word):  # 'ViT (trained here) on digits (...)'
+        return name + desc[len(word) :]
+    return f"{name}: {desc}"
+
+
+def dataset_label(spec: str) -> str:
+    """Returns a dataset spec with any path cut to its last part ('npz:/home/me/data/test.npz' -> 'npz:test.npz'),
+    for figures and titles: the spec in full stays in the store, `vitsee info` and the JSON."""
+    kind, sep, rest = spec.partition(":")
+    if not sep or not rest or ("/" not in rest and "\\" not in rest):
+        return spec
+    return f"{kind}:{Path(rest.rstrip('/')).name or rest}"
+
+
+def with_names(text: str, names: dict[str, str]) -> str:
+    """Returns text with every model key in it replaced by the model's display name (the longest keys first, so a
+    key that starts another, `...-s0` and `...-s0-init`, never takes the other's place)."""
+    keys = sorted((k for k, v in names.items() if k != v and k in text), key=len, reverse=True)
+    if not keys:
+        return text
+    return re.sub("|".join(map(re.escape, keys)), lambda m: names[m.group(0)], text)
 
 
 def request_of(store: Store, text: str) -> Request:
@@ -87,7 +137,7 @@ def request_of(store: Store, text: str) -> Request:
     analysis = REGISTRY[kind]
     least, most = analysis.models
     if len(args) > 1 and most == 1 and not analysis.takes_layer:
-        raise VitseeError(f"view '{text}' takes one model: use {view_help()}")
+        raise VitseeError(f"view '{text}' takes one model: use {analysis.usage}")
     if len(args) < least:
         raise VitseeError(f"view '{text}' names one model; {kind} names {least}: use {analysis.usage}")
     if args and most == 0 and not analysis.takes_layer:
@@ -111,15 +161,29 @@ def cached_params(
 
     With cfg given only an exact match serves; with cfg None the cached result about the same thing (the
     analysis's identity: models, layers, images) that the analysis prefers does, whatever settings (batch size,
-    shuffles, seed) made it, the newest first among equals. `options`: values of the analyses' own options
-    (attribute -> value, e.g. {"zoo_measure": "cka"}), which say what the view is of.
+    shuffles, seed) made it, the newest first among equals, if it was made with the `options` given: values of the
+    analyses' own options (attribute -> value, e.g. {"max_images": 64}). An option the view's analysis does not
+    take is a VitseeError: never silently another result than the one asked for.
     """
     request = request_of(store, text)
     analysis = request.analysis
+    check_options(analysis, options or {})
     params = analysis.params(store, request, (cfg or AnalyzeConfig()).with_options(options))
     if cfg is not None:
         return params if store.get_result(request.name, params) is not None else None
-    return analysis.cached_params(store, params)
+    return analysis.cached_params(store, params, given=list(options or {}))
+
+
+def check_options(analysis, options: dict) -> None:
+    """Raises the one-line VitseeError for an option given that the analysis (its views) does not take."""
+    for attr in options:
+        if not analysis.option_paths(attr):
+            takes = [a.name for a in REGISTRY.values() if a.option_paths(attr)]
+            flag = "--" + next((o.name for a in REGISTRY.values() for o in a.options if o.attr == attr), attr)
+            raise VitseeError(
+                f"{flag} is no option of {analysis.name} views (it is one of {', '.join(takes) or 'none'}): "
+                "leave it out, or ask for one of those views"
+            )
 
 
 def compute_view(store: Store, text: str, cfg: AnalyzeConfig, progress=None) -> None:
@@ -147,7 +211,12 @@ def load_view(
     path = Path(path)
     with Store.open(path) as store:
         request = request_of(store, text)
-        subtitle = _subtitle(store, list(dict.fromkeys(request.keys)))
+        # the analysis's own reason first, before its parameters (a model from another tool: there is no model)
+        reason = request.analysis.not_applicable(store, request.keys[0]) if request.keys else None
+        if reason:
+            raise VitseeError(reason)
+        names = store.display_names()
+        subtitle = _subtitle(store, list(dict.fromkeys(request.keys)), names)
         info = store.model_info(request.keys[0]) if request.keys else {}
         n_images = store.n_images
         params = None if cfg is not None and cfg.recompute else cached_params(store, text, cfg, options)
@@ -158,6 +227,8 @@ def load_view(
             base = cfg or AnalyzeConfig(device=device or AnalyzeConfig.device, any_cka_estimate=True)
             result = analysis.run(store, request, base.with_options(options), progress)
     view = analysis.view(result, request, info)
+    view.names = names
+    view.title = with_names(view.title, names)
     view.subtitle = subtitle
     view.n_images = n_images
     if not np.isfinite(view.matrix).all() and view.nonfinite is None:  # a view that marks its own is left as it is
@@ -195,7 +266,8 @@ def best_cell(view: View) -> tuple[int, int] | None:
     """Returns the cell `vitsee show` reports: the best value (the largest, or the smallest where lower is better),
     off the diagonal of a layer x layer view within one model."""
     values = np.array(view.matrix, dtype=float)
-    alike = (Shape.LAYER_MATRIX, Shape.MEASURES_AGREE)  # a layer (a measure) against itself is alike by construction
+    # a layer (a measure, a model) against itself is alike by construction
+    alike = (Shape.LAYER_MATRIX, Shape.MEASURES_AGREE, Shape.MODEL_MATRIX)
     if view.shape in alike and values.shape[0] == values.shape[1] and view.rows == view.cols:
         np.fill_diagonal(values, np.nan)
     if not np.isfinite(values).any():

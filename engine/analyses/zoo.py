@@ -114,14 +114,22 @@ class ModelZoo(Analysis):
         "clustered, with bootstrap intervals and each model's layers matched to every other's"
     )
     options = (
-        AnalysisOption("zoo-measure", str, "the layer x layer measure the zoo summarises (default: cka)"),
+        AnalysisOption(
+            "zoo-measure", str, "the layer x layer measure the zoo summarises (default: cka)", param="measure"
+        ),
         AnalysisOption(
             "zoo-summary",
             str,
             "best_match (default: each layer's best match, both ways) or layer "
             "(one layer per model: the last unless --zoo-layers names it)",
+            param="summary",
         ),
-        AnalysisOption("zoo-layers", str, "with --zoo-summary layer: MODEL=LAYER,... (others: their last layer)"),
+        AnalysisOption(
+            "zoo-layers",
+            str,
+            "with --zoo-summary layer: MODEL=LAYER,... (others: their last layer)",
+            param="summary_layers",
+        ),
     )
     by_default = False  # asked for: `vitsee analyze --zoo` (the app computes it when its tab opens)
     cost = 1  # intervals: one pass over the activations (or Grams) for the per-batch terms
@@ -164,6 +172,12 @@ class ModelZoo(Analysis):
     def measure_of_view(self, view: View) -> str:
         return str(view.params.get("measure") or DEFAULT_MEASURE)
 
+    def option_paths(self, attr: str) -> list[str]:
+        """Its own options, and those of the measures it summarises, kept in the measure's params (`of`)."""
+        return super().option_paths(attr) or list(
+            dict.fromkeys(f"of.{path}" for measure in measures() for path in measure.option_paths(attr))
+        )
+
     # --- parameters and running -------------------------------------------------------------------------------
 
     def measure_params(self, store: Store, measure: LayerMatrix, cfg: AnalyzeConfig) -> dict:
@@ -177,7 +191,8 @@ class ModelZoo(Analysis):
         wanted = measure.params(store, jobs[0], cfg)
         if cfg.recompute or not cfg.any_cka_estimate or Result.load(store, measure.name, wanted) is not None:
             return wanted
-        return measure.cached_params(store, wanted) or wanted
+        given = [attr for attr in cfg.options if measure.option_paths(attr)]  # `--max-images 64`: made with 64
+        return measure.cached_params(store, wanted, given) or wanted
 
     def params(self, store: Store, request: Request, cfg: AnalyzeConfig) -> dict:
         measure, summary = measure_of(cfg), summary_of(cfg)
@@ -280,6 +295,13 @@ class ModelZoo(Analysis):
         value_name = f"{SUMMARY_WORDS[params['summary']]} {label}"
         low, high = np.asarray(result["ci_low"], dtype=float), np.asarray(result["ci_high"], dtype=float)
         has_ci = bool(np.isfinite(low).any())
+        interval = str(result["interval"][0])
+        if has_ci and int(result["n_batches"]) == 1:  # every replicate redraws the one batch: no interval at all
+            has_ci, low, high = False, np.full_like(low, np.nan), np.full_like(high, np.nan)
+            interval = (
+                "none: the CKA it summarises has one minibatch of images, nothing to resample "
+                "(a --batch-size under the store's images gives intervals)"
+            )
         correspondences = []
         for i, a in enumerate(models):
             for j, b in enumerate(models):
@@ -296,7 +318,7 @@ class ModelZoo(Analysis):
             "summary": params["summary"],
             "measure": params["measure"],
             "summary_layers": params["summary_layers"],
-            "interval": str(result["interval"][0]),
+            "interval": interval,
             "correspondences": correspondences,
         }
         if has_ci:

@@ -187,25 +187,50 @@ class Result:
 
     # --- figures and files ---------------------------------------------------------------------------
 
-    def plot(self, selection: tuple[int | str, int | str] | None = None, cmap: str = "viridis"):
-        """Returns the figure `vitsee export VIEW --out FILE.png` draws.
+    @property
+    def names(self) -> dict[str, str]:
+        """The display names of the view's models (store key -> name): what its title, axes and legends call them
+        (`store.set_name` sets one; `plot(labels=...)` another for one figure)."""
+        return {key: self._view.name(key) for key in (self.models or self.rows)}
+
+    def plot(
+        self,
+        selection: tuple[int | str, int | str] | None = None,
+        cmap: str = "viridis",
+        title: str | None = None,
+        labels: dict[str, str] | None = None,
+        subtitle: str | None = None,
+    ):
+        """Returns the figure `vitsee export VIEW --out FILE.png` draws; the last line of a notebook cell shows it.
 
         Args:
-            selection: a cell to mark, as (row, col) indices or labels (the export's cursor cell).
+            selection: a cell to mark, as (row, col) indices or labels (the export's cursor cell; none by default).
             cmap: viridis, magma or cividis.
+            title: the figure's title instead of the view's ("" for none).
+            labels: names for the models in this figure, {model: label} (a model by its store key, display name
+                or a unique prefix of its key): its title, axes and legends use them; the store keeps its own.
+            subtitle: the line under the title instead of the models' weights and the images ("" for none).
 
         Returns:
-            A matplotlib Figure on an Agg canvas (no pyplot state): show it in a notebook, or `fig.savefig(...)`.
+            A matplotlib Figure on an Agg canvas (no pyplot state): shown as itself in a notebook, or
+            `fig.savefig(...)`.
 
         Raises:
-            VitseeError: an unknown colormap or a selection outside the matrix.
+            VitseeError: an unknown colormap or model, or a selection outside the matrix.
         """
         from vitsee.output.figures import figure_for
 
-        return figure_for(self._view, selection=self._cell(selection), cmap=cmap)
+        view = self._relabelled(title, labels, subtitle)
+        return figure_for(view, selection=self._cell(selection), cmap=cmap)
 
     def save(
-        self, path: str | Path, selection: tuple[int | str, int | str] | None = None, cmap: str = "viridis"
+        self,
+        path: str | Path,
+        selection: tuple[int | str, int | str] | None = None,
+        cmap: str = "viridis",
+        title: str | None = None,
+        labels: dict[str, str] | None = None,
+        subtitle: str | None = None,
     ) -> Path:
         """Writes the view as `vitsee export` does: a figure (.png), its numbers (.json) or a table (.csv).
 
@@ -213,27 +238,68 @@ class Result:
             path: the file to write; its suffix picks what is written. It is written whole or not at all.
             selection: a cell to mark, as (row, col) indices or labels.
             cmap: viridis, magma or cividis.
+            title, labels, subtitle: as `plot` (the JSON keeps the models' store keys whatever their labels).
 
         Returns:
             The path written.
 
         Raises:
-            VitseeError: an unknown suffix or colormap, or a folder that does not take the file.
+            VitseeError: an unknown suffix, colormap or model, or a folder that does not take the file.
         """
         from vitsee.output.export import write_view
 
-        return write_view(self._view, path, selection=self._cell(selection), cmap=cmap)
+        view = self._relabelled(title, labels, subtitle)
+        return write_view(view, path, selection=self._cell(selection), cmap=cmap)
+
+    def _relabelled(self, title: str | None, labels: dict[str, str] | None, subtitle: str | None) -> View:
+        """Returns the view with another title, subtitle or model names (the same view when none is given)."""
+        from dataclasses import replace
+
+        from vitsee.analyses.views import with_names
+
+        view = self._view
+        if labels:
+            names = dict(view.names)
+            changed = {}
+            for model, label in labels.items():
+                key = self._model_key(model)
+                changed[view.name(key)] = str(label)
+                names[key] = str(label)
+            view = replace(
+                view, names=names, title=with_names(view.title, changed), subtitle=with_names(view.subtitle, changed)
+            )
+        if title is not None:
+            view = replace(view, title=str(title))
+        if subtitle is not None:
+            view = replace(view, subtitle=str(subtitle))
+        return view
+
+    def _model_key(self, model: str) -> str:
+        """Returns the store key of one of the view's models named by its key, display name or a unique key prefix."""
+        keys = list(dict.fromkeys([*self._view.models, *self._view.names]))
+        if model in keys:
+            return model
+        named = [k for k in keys if self._view.names.get(k) == model]
+        prefixed = [k for k in keys if k.startswith(model)]
+        if named or len(prefixed) == 1:
+            return (named or prefixed)[0]
+        raise VitseeError(
+            f"no model '{model}' in {self.spec}: name one of "
+            + ", ".join(f"{self._view.name(k)!r}" for k in (self.models or self.rows))
+        )
 
     def summary(self) -> str:
-        """Returns one line: the view, its size, and the cell `vitsee show` reports with its interval."""
+        """Returns one line: the view (its title: the models by their display names), its size, and the cell
+        `vitsee show` reports with its interval."""
         view = self._view
         n_rows, n_cols = view.matrix.shape
-        line = f"{self.spec}: {view.value_name}, {n_rows} x {n_cols}"
+        line = f"{view.title}: {view.value_name}, {n_rows} x {n_cols}"
         best = best_cell(view)
         if best is not None:
             r, c = best
             which = "highest" if view.analysis.higher_is_better else "lowest"  # a distance: the most alike is lowest
-            line += f"; {which} {view.rows[r]} x {view.cols[c]} {view.cell_text(r, c)}{view.interval_text(r, c)}"
+            rows, cols = view.name(view.rows[r]), view.name(view.cols[c])  # the zoo's rows are models: their names
+            line += f"; {which} {rows} x {cols} {view.cell_text(r, c)}{view.interval_or_hint(r, c)}"
         return line + f"; {view.n_images} images"
 
     def __repr__(self) -> str:

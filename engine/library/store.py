@@ -125,6 +125,24 @@ class Store:
         with self._open() as s:
             return s.models
 
+    @property
+    def names(self) -> dict[str, str]:
+        """Each model's display name, {store key: name} in the store's order: what every title, axis, legend and
+        file name calls it (`set_name` sets one; otherwise the timm name and its weights in a word, e.g.
+        `resnet18 (random init)`). A view or shortcut takes a model by its key, a unique prefix or this name."""
+        with self._open() as s:
+            return s.display_names()
+
+    def set_name(self, model: str, name: str | None) -> str:
+        """Sets the display name of a model, kept in the store (`vitsee name STORE MODEL NAME` does the same);
+        None or "" gives it back its automatic name. Returns its display name now.
+
+        Raises:
+            VitseeError: no such model, or a name that is empty, too long, holds a ':' or names another model.
+        """
+        with _EngineStore.writer(self.path) as s:
+            return s.set_display_name(model, name if name else None)
+
     def layers(self, model: str) -> list[str]:
         """Returns a model's stored layers in forward order (timm module paths: `blocks.3`, `layer2.1`).
 
@@ -147,15 +165,17 @@ class Store:
         """Returns what `vitsee info` prints, as data.
 
         Returns:
-            A dict with `path`, `n_images`, `dataset`, `complete`, `streaming`, `models` (key -> family, weights,
+            A dict with `path`, `n_images`, `dataset`, `complete`, `streaming`, `models` (key -> name, family, weights,
             layers with their per-image shapes, rows done, dtype) and `results` (the cached results' analysis and
             parameters).
         """
         with self._open() as s:
             models = {}
+            names = s.display_names()
             for key in s.models:
                 meta = s.model_info(key)
                 models[key] = {
+                    "name": names[key],
                     "family": meta.get("family"),
                     "weights": meta.get("weights"),
                     "dtype": meta.get("dtype"),
@@ -300,8 +320,10 @@ class Store:
 
     def _repr_html_(self) -> str:
         with self._open() as s:
+            names = s.display_names()
             rows = "".join(
-                f"<tr><td><code>{html.escape(key)}</code></td><td>{html.escape(str(s.model_info(key).get('family')))}"
+                f"<tr><td>{html.escape(names[key])}</td><td><code>{html.escape(key)}</code></td>"
+                f"<td>{html.escape(str(s.model_info(key).get('family')))}"
                 f"</td><td>{len(s.layers(key))}</td><td>{s.rows_done(key)}/{s.n_images}</td></tr>"
                 for key in s.models
             )
@@ -310,7 +332,7 @@ class Store:
                 f"<code>{html.escape(s.dataset_spec)}</code>"
             )
         return (
-            f"<div>{head}<table><tr><th>model</th><th>family</th><th>layers</th><th>images done</th></tr>"
+            f"<div>{head}<table><tr><th>model</th><th>key</th><th>family</th><th>layers</th><th>images done</th></tr>"
             f"{rows}</table></div>"
         )
 

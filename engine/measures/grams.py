@@ -1,4 +1,4 @@
-"""The measures of measures/direct.py for every pair of many layers, from one n x n Gram per layer.
+"""Every measure for every pair of many layers, from one n x n Gram per layer: what their all-pairs forms share.
 
 A pass over a layer's features (fp64, in column chunks, centred before the product) builds its LayerGrams:
 
@@ -14,14 +14,15 @@ Everything else is O(n^2) from these, with no second pass over the features:
     eigh(K0) = U diag(lam) U'  Xc = U diag(sqrt(lam)) V' (the thin SVD)   procrustes (any alpha), svcca, pwcca
 
 The eigendecomposition is the thin SVD of the centred features, exactly: Procrustes' nuclear norm ||Xw' Yw||_* is
-the sum of singular values of (Ux Gx)' (Uy Gy), G the whitened scales (measures.whitened_scales) -- the dual form,
+the sum of singular values of (Ux Gx)' (Uy Gy), G the whitened scales (catalog/procrustes.py) -- the dual form,
 for any alpha, which equals sum(sqrt(eig(Kx Ky))) at alpha = 1 -- and SVCCA's SVD step is U's leading columns, so
 no randomised SVD is needed: the Gram, built once for the other measures, gives the reduction free. The cached
 derived parts (spectrum, kNN masks, RDM ranks) are built on first use by whichever measure needs them.
 
-`pairwise(grams_a, grams_b, measure)` fills a layer x layer matrix: linear and RBF CKA, mknn and rsa as one product
-of stacked, flattened per-layer matrices (the shape of engine/analyses/cka.py), Procrustes as one batched SVD per
-row layer, SVCCA, PWCCA and CKNNA pair by pair from per-layer parts built once. All in fp64, so TF32 never enters.
+`pairwise(grams_a, grams_b, measure)` fills a layer x layer matrix with the registered measure's all-pairs form
+(each in its module of catalog/): linear and RBF CKA, mknn and rsa as one product of stacked, flattened per-layer
+matrices (`stack_products`, the shape of engine/analyses/cka.py), Procrustes as one batched SVD per row layer,
+SVCCA, PWCCA and CKNNA pair by pair from per-layer parts built once. All in fp64, so TF32 never enters.
 
 A subset of at most max_images images (seeded, recorded) bounds the memory: about BYTES_PER_ENTRY bytes per image
 pair per layer when every measure's parts are cached (Gram 8, eigenvectors 8, RDM ranks 4, kNN mask 1), so
@@ -41,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from vitsee.measures import direct as ms
+from vitsee.measures import kernels, registry
 from vitsee.errors import VitseeError
 from vitsee.lazy import lazy_module
 
@@ -67,8 +68,10 @@ def default_max_images(n_layers: int, memory: int = GRAM_MEMORY) -> int:
 def choose_images(n_images: int, max_images: int, seed: int = 0) -> tuple[np.ndarray, dict]:
     """Returns (indices, record): a seeded subset of at most max_images of n_images images, in store order, and the
     {max_images, seed, n_images} a result records (all images, seed None, when they fit)."""
-    if max_images < ms.MIN_DEBIASED:
-        raise VitseeError(f"--max-images {max_images} is too few: the measures need at least {ms.MIN_DEBIASED} images")
+    if max_images < kernels.MIN_DEBIASED:
+        raise VitseeError(
+            f"--max-images {max_images} is too few: the measures need at least {kernels.MIN_DEBIASED} images"
+        )
     if n_images <= max_images:
         return np.arange(n_images), {"max_images": int(max_images), "seed": None, "n_images": int(n_images)}
     rows = np.sort(np.random.default_rng(seed).choice(n_images, size=max_images, replace=False))
@@ -165,14 +168,14 @@ class LayerGrams:
 
     def centred(self) -> torch.Tensor:
         """Returns the (n, n) Gram of the features centred over these examples."""
-        return self.gram if self.centred_rows else self._cached("centred", lambda: ms.centre_gram(self.gram))
+        return self.gram if self.centred_rows else self._cached("centred", lambda: kernels.centre_gram(self.gram))
 
     @property
     def constant(self) -> bool:
         """True when these examples are all the same (zero variance): every measure of the layer is NaN."""
         return self._cached(
             "constant",
-            lambda: ms.is_constant(float(self.centred().diagonal().sum()), float(self.raw().diagonal().sum())),
+            lambda: kernels.is_constant(float(self.centred().diagonal().sum()), float(self.raw().diagonal().sum())),
         )
 
     def raw(self) -> torch.Tensor:
@@ -191,7 +194,7 @@ class LayerGrams:
         features are all equal."""
         k = self.gram - torch.outer(self.s, self.s) / self.d + (self.w[:, None] + self.w[None, :]) + self.mur_sq
         var = k.diagonal().clone()
-        if bool((var <= (ms.CONSTANT_RTOL**2) * self.raw().diagonal()).any()):
+        if bool((var <= (kernels.CONSTANT_RTOL**2) * self.raw().diagonal()).any()):
             return None
         sd = var.sqrt()
         return k / torch.outer(sd, sd)
@@ -204,14 +207,14 @@ class LayerGrams:
             with small_lapack(self.n, self.device):
                 lam, u = torch.linalg.eigh(self.centred())
             lam, u = lam.flip(0), u.flip(1)
-            r = ms.numerical_rank(lam, self.n, self.d)
+            r = kernels.numerical_rank(lam, self.n, self.d)
             return u[:, :r], lam[:r] / lam[:r].sum()
 
         return self._cached("spectrum", build)
 
     def knn(self, k: int) -> torch.Tensor:
         """Returns the (n, n) bool mask of each example's k nearest others by cosine (copies of itself excluded)."""
-        return self._cached(("knn", k), lambda: ms.knn_mask(self.cosine(), k, self.ids))
+        return self._cached(("knn", k), lambda: kernels.knn_mask(self.cosine(), k, self.ids))
 
     def pair_mask(self) -> torch.Tensor | None:
         """Returns which pairs i < j are pairs of different images (None: all of them, no repeats)."""
@@ -225,7 +228,7 @@ class LayerGrams:
 
         def build():
             corr = self.correlation()
-            return None if corr is None else ms.average_ranks(ms.upper(1 - corr, self.pair_mask()))
+            return None if corr is None else kernels.average_ranks(kernels.upper(1 - corr, self.pair_mask()))
 
         return self._cached("rdm", build)
 
@@ -285,7 +288,7 @@ def layer_grams(layers: Sequence[Any], names: Sequence[str] | None = None, devic
 # All pairs
 
 
-def _stack_products(
+def stack_products(
     derive: Callable[[LayerGrams], torch.Tensor | None], a: list[LayerGrams], b: list[LayerGrams], scale: float = 1.0
 ) -> np.ndarray:
     """Returns (La, Lb) inner products of the flattened per-layer matrices derive(g) (None: a NaN row/column),
@@ -315,10 +318,12 @@ def _unit(m: torch.Tensor) -> torch.Tensor:
     return m / m.norm()
 
 
-def _cka_part(
+def cka_part(
     debiased: bool, kernel: Callable[[LayerGrams], torch.Tensor]
 ) -> Callable[[LayerGrams], torch.Tensor | None]:
-    centre = ms.u_centre_gram if debiased else ms.centre_gram
+    """Returns what stack_products multiplies for CKA of a kernel: the layer's centred (U-centred if debiased)
+    kernel(g) at unit Frobenius norm, None for a constant layer."""
+    centre = kernels.u_centre_gram if debiased else kernels.centre_gram
 
     def part(g: LayerGrams) -> torch.Tensor | None:
         return None if g.constant else _unit(centre(kernel(g)))
@@ -326,141 +331,13 @@ def _cka_part(
     return part
 
 
-def pairwise_linear_cka(a, b, debiased: bool = False) -> np.ndarray:
-    _check_rows(a, ms.MIN_DEBIASED if debiased else 2, "linear_cka")
-    return _stack_products(_cka_part(debiased, LayerGrams.centred), a, b)
-
-
-def pairwise_rbf_cka(a, b, threshold: float = 0.5, debiased: bool = False) -> np.ndarray:
-    threshold = ms.check_threshold(threshold)
-    _check_rows(a, ms.MIN_DEBIASED if debiased else 2, "rbf_cka")
-    return _stack_products(
-        _cka_part(debiased, lambda g: ms.rbf_gram(ms.squared_distances(g.centred()), threshold)), a, b
-    )
-
-
-def pairwise_mknn(a, b, k: int = 10) -> np.ndarray:
-    k = ms.check_k(k, _neighbour_pool(a), "mknn")
-    part = lambda g: None if g.constant else g.knn(k).to(torch.float64)  # noqa: E731
-    return _stack_products(part, a, b, scale=1.0 / (a[0].n * k))
-
-
-def pairwise_rsa(a, b) -> np.ndarray:
-    _check_rows(a, 3, "rsa")
-
-    def part(g: LayerGrams) -> torch.Tensor | None:
-        ranks = None if g.constant else g.rdm_ranks()
-        if ranks is None:
-            return None
-        centred = ranks - ranks.mean()
-        return centred / centred.norm()
-
-    return _stack_products(part, a, b)
-
-
-def _scaled_basis(g: LayerGrams, alpha: float) -> torch.Tensor | None:
-    """Returns U diag(G) / ||G||: the layer's partially whitened, Frobenius-normalised features up to a rotation."""
-    if g.constant:
-        return None
-    u, lam = g.spectrum()
-    scales = ms.whitened_scales(lam, alpha)
-    return u * (scales / scales.norm())
-
-
-def pairwise_procrustes(a, b, alpha: float = 1.0) -> np.ndarray:
-    alpha = ms.check_alpha(alpha)
-    _check_rows(a, 2, "procrustes")
-    pa, pb = [_scaled_basis(g, alpha) for g in a], ([_scaled_basis(g, alpha) for g in b] if b is not a else None)
-    pb = pa if pb is None else pb
-    cols = [j for j, p in enumerate(pb) if p is not None]
-    out = np.full((len(a), len(b)), np.nan)
-    if not cols:
-        return out
-    width = max(pb[j].shape[1] for j in cols)
-    n = a[0].n
-    per = max(1, CHUNK_BYTES // (8 * max(n, width) * width))
-    within = b is a  # symmetric: the upper triangle is computed and mirrored, half the SVDs
-    for i, p in enumerate(pa):
-        if p is None:
-            continue
-        mine = [j for j in cols if j >= i] if within else cols
-        for c0 in range(0, len(mine), per):
-            chunk = mine[c0 : c0 + per]
-            stacked = torch.stack([torch.nn.functional.pad(pb[j], (0, width - pb[j].shape[1])) for j in chunk])  # zero
-            with small_lapack(width, p.device):
-                sims = torch.linalg.svdvals(p.T @ stacked).sum(dim=-1)  # (chunk,) padded columns: zero singular values
-            out[i, chunk] = [ms.angle(float(s)) for s in sims.cpu()]
-    if within:
-        lower = np.tril_indices(len(a), -1)
-        out[lower] = out.T[lower]
-    return out
-
-
-def _reduction(g: LayerGrams, keep: float) -> tuple[torch.Tensor, torch.Tensor] | None:
-    if g.constant:
-        return None
-    u, lam = g.spectrum()
-    r = ms.keep_rank(lam, keep)
-    return u[:, :r], lam[:r].sqrt()
-
-
-def _pairwise_cca(a, b, keep: float, weighted: bool, name: str) -> np.ndarray:
-    keep = ms.check_keep(keep, name)
-    _check_rows(a, 2, name)
-    ra = [_reduction(g, keep) for g in a]
-    rb = ra if b is a else [_reduction(g, keep) for g in b]
-    out = np.full((len(a), len(b)), np.nan)
-    mirror = b is a and not weighted  # SVCCA is symmetric: the upper triangle, mirrored (PWCCA is not)
-    for i, x in enumerate(ra):
-        for j, y in enumerate(rb):
-            if x is None or y is None or (mirror and j < i):
-                continue
-            with small_lapack(max(x[0].shape[1], y[0].shape[1]), x[0].device):
-                rho, w = ms.canonical_correlations(x[0], y[0])
-            out[i, j] = ms.pwcca_from_basis(rho, w, x[1]) if weighted else float(rho.mean())
-    if mirror:
-        lower = np.tril_indices(len(a), -1)
-        out[lower] = out.T[lower]
-    return out
-
-
-def pairwise_svcca(a, b, keep: float = 0.99) -> np.ndarray:
-    return _pairwise_cca(a, b, keep, False, "svcca")
-
-
-def pairwise_pwcca(a, b, keep: float = 0.99) -> np.ndarray:
-    return _pairwise_cca(a, b, keep, True, "pwcca")
-
-
-def pairwise_cknna(a, b, k: int = 10) -> np.ndarray:
-    _check_rows(a, ms.MIN_DEBIASED, "cknna")
-    k = ms.check_k(k, _neighbour_pool(a), "cknna", least=2)
-
-    def parts(g: LayerGrams):
-        if g.constant:
-            return None
-        cos, mask = g.cosine(), g.knn(k)
-        own = ms.masked_hsic(mask * cos, mask * cos)
-        return cos, mask, float(own)
-
-    pa = [parts(g) for g in a]
-    pb = pa if b is a else [parts(g) for g in b]
-    out = np.full((len(a), len(b)), np.nan)
-    for i, x in enumerate(pa):
-        for j, y in enumerate(pb):
-            if x is None or y is None or not x[2] * y[2] > 0:
-                continue
-            mutual = (x[1] & y[1]).to(torch.float64)
-            out[i, j] = float(ms.masked_hsic(mutual * x[0], mutual * y[0])) / math.sqrt(x[2] * y[2])
-    return out
-
-
-def _check_rows(a: list[LayerGrams], least: int, measure: str) -> None:
+def check_rows(a: list[LayerGrams], least: int, measure: str) -> None:
+    """Raises unless the layers hold at least `least` examples."""
     if not a or a[0].n < least:
         raise VitseeError(f"{measure} needs at least {least} examples, got {a[0].n if a else 0}: pass more images")
 
 
-def _neighbour_pool(a: list[LayerGrams]) -> int:
+def neighbour_pool(a: list[LayerGrams]) -> int:
     """Returns how many candidates every example has for neighbours: n, less the largest number of copies of one
     image beyond the first (a bootstrap resample), so k < the result leaves each row k others."""
     g = a[0]
@@ -470,64 +347,14 @@ def _neighbour_pool(a: list[LayerGrams]) -> int:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# The table of measures
-
-
-@dataclass(frozen=True)
-class Measure:
-    """A measure's name, its direct form (measures/direct.py), its Gram-level all-pairs form and how to read it."""
-
-    name: str
-    direct: Callable[..., float]
-    pairwise: Callable[..., np.ndarray]
-    defaults: dict
-    higher_is_similar: bool = True  # False for a distance: small means alike, and its null is compared from above
-    symmetric: bool = True
-    alike: str = "more alike"  # what a small p-value says of two layers
-    label: str = ""  # the measure as the words about its p-value name it (default: its name)
-
-    @property
-    def significance(self) -> str:
-        """Returns what a small permutation p-value of the measure means, in words (measures_stats.SIGNIFICANCE)."""
-        if not self.higher_is_similar:
-            return f"{self.alike} than images paired at random: p over permutations with a distance <= the observed one"
-        return (
-            f"{self.alike} than images paired at random: p over permutations with {self.label or self.name} >= "
-            "the observed one"
-        )
-
-
-MEASURES = {
-    m.name: m
-    for m in (
-        Measure("linear_cka", ms.linear_cka, pairwise_linear_cka, {"debiased": False}, label="CKA"),
-        Measure("rbf_cka", ms.rbf_cka, pairwise_rbf_cka, {"threshold": 0.5, "debiased": False}, label="RBF CKA"),
-        Measure(
-            "procrustes", ms.procrustes, pairwise_procrustes, {"alpha": 1.0}, higher_is_similar=False, alike="closer"
-        ),
-        Measure("svcca", ms.svcca, pairwise_svcca, {"keep": 0.99}, alike="more correlated", label="SVCCA"),
-        Measure(
-            "pwcca", ms.pwcca, pairwise_pwcca, {"keep": 0.99}, symmetric=False, alike="more correlated", label="PWCCA"
-        ),
-        Measure("mknn", ms.mknn, pairwise_mknn, {"k": 10}, alike="more shared neighbours"),
-        Measure("cknna", ms.cknna, pairwise_cknna, {"k": 10}, symmetric=False, label="CKNNA"),
-        Measure("rsa", ms.rsa, pairwise_rsa, {}, alike="more alike RDMs"),
-    )
-}
-
-
-def measure(name: str) -> Measure:
-    """Returns the Measure called name; raises naming the known ones."""
-    if name not in MEASURES:
-        raise VitseeError(f"unknown measure '{name}': use one of {', '.join(MEASURES)}")
-    return MEASURES[name]
+# Any registered measure by name (measures/registry.py)
 
 
 def pairwise(grams_a: Sequence[LayerGrams], grams_b: Sequence[LayerGrams] | None, name: str, **params) -> np.ndarray:
     """Returns the (La, Lb) matrix of measure `name` between every layer of grams_a (rows) and of grams_b (columns;
-    None: grams_a against itself), with the measure's parameters (defaults in MEASURES). A constant layer gives a
+    None: grams_a against itself), with the measure's parameters (defaults: its Parameters). A constant layer gives a
     NaN row or column, with a warning."""
-    m = measure(name)
+    m = registry.measure(name)
     unknown = set(params) - set(m.defaults)
     if unknown:
         raise VitseeError(

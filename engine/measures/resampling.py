@@ -1,4 +1,4 @@
-"""Bootstrap intervals and permutation p-values of every measure in measures_grams, from the layers' Grams.
+"""Bootstrap intervals and permutation p-values of any registered measure (catalog/), from the layers' Grams.
 
 The unit resampled is an image, as engine/stats.py says of CKA: an interval says how far the number could move with
 another draw of as many images; a p-value how often the measure is as extreme when the images of the column layer
@@ -35,10 +35,8 @@ import numpy as np
 
 from vitsee import stats
 from vitsee.errors import VitseeError
-from vitsee.measures.grams import MEASURES, LayerGrams, measure, pairwise
-
-# measure -> what its small p-value means (a distance's null is compared from above): measures_grams.Measure
-SIGNIFICANCE = {name: m.significance for name, m in MEASURES.items()}
+from vitsee.measures.grams import LayerGrams, pairwise
+from vitsee.measures.registry import measure
 
 
 def bootstrap_replicates(
@@ -144,8 +142,8 @@ def permutation_p_value(
     **params,
 ) -> np.ndarray:
     """Returns (La, Lb) p-values (1 + #{null at least as extreme}) / (K + 1): from above for a distance, from below
-    for a similarity (SIGNIFICANCE says what each measure's small p means); NaN where the measure is. `observed`:
-    the measure of the grams as they are, when the caller has it already."""
+    for a similarity (each Measure's `significance` says what its small p means); NaN where the measure is.
+    `observed`: the measure of the grams as they are, when the caller has it already."""
     observed = pairwise(grams_a, grams_b, name, **params) if observed is None else observed
     null = null_values(grams_a, grams_b, name, permutations, seed, progress, **params)
     reached = (null >= observed) if measure(name).higher_is_similar else (null <= observed)
@@ -166,7 +164,10 @@ def pair_statistics(
 ) -> dict:
     """Returns {value, ci_low, ci_high, p_value, significant_if} of one pair of layers; level 0 or permutations 0
     leaves that part out."""
-    out = {"value": float(pairwise([grams_x], [grams_y], name, **params)[0, 0]), "significant_if": SIGNIFICANCE[name]}
+    out = {
+        "value": float(pairwise([grams_x], [grams_y], name, **params)[0, 0]),
+        "significant_if": measure(name).significance,
+    }
     if level:
         low, high = bootstrap_interval([grams_x], [grams_y], name, level, replicates, seed, method, **params)
         out["ci_low"], out["ci_high"] = float(low[0, 0]), float(high[0, 0])

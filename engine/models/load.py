@@ -25,10 +25,16 @@ from torch import nn
 
 from vitsee.errors import VitseeError, brief
 from vitsee.models.interventions import remove_skips
+from vitsee.models.specs import (  # noqa: F401  (WEIGHT_SUFFIXES, MAX_TORCH_SEED: the names other modules import)
+    MAX_TORCH_SEED,
+    WEIGHT_SUFFIXES,
+    check_weights,
+    remember_names,
+    split_spec,
+    unknown_name,
+)
 
 RECORD_KEY = "vitsee_train"  # the safetensors metadata key of a `vitsee train` record (engine/training/train.py)
-WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
-MAX_TORCH_SEED = 2**64 - 1  # torch.manual_seed takes an unsigned 64-bit seed
 # how long to wait for the Hub to answer before giving up on pretrained weights; VITSEE_HUB_TIMEOUT (seconds) sets it
 HUB_TIMEOUT_S = 30.0
 # Patch-grid transformers whose `blocks` see [prefix tokens, patch grid] and whose attention hands its softmax to
@@ -85,46 +91,28 @@ def parse_model_spec(text: str) -> ModelSpec:
     import timm
 
     text = text.strip()
-    base, _, weights = text.partition("@")
-    name, _, tag = base.partition(".")
-    if not name:
-        raise VitseeError(
-            f"model spec '{text}' has no name: write NAME[.TAG][@WEIGHTS], e.g. vit_tiny_patch16_224@random"
-        )
+    name, tag, weights = split_spec(text)
+    remember_names(timm_names())  # for the next check before timm is imported (models/specs.py)
     if not timm.is_model(name):
-        close = difflib.get_close_matches(name, timm.list_models(), n=5, cutoff=0.6)
-        hint = f"did you mean {', '.join(close)}?" if close else "see `vitsee models PATTERN`"
-        raise VitseeError(f"unknown model '{name}': {hint}")
-    tag = tag or None
+        raise unknown_name(name, timm.list_models())
     if tag is not None and f"{name}.{tag}" not in timm.list_pretrained(f"{name}.*"):
         known = [t.partition(".")[2] for t in timm.list_pretrained(f"{name}.*")]
         hint = f"known tags: {', '.join(known)}" if known else "it has no pretrained tags; drop the tag"
         raise VitseeError(f"unknown tag '{tag}' for {name}: {hint}")
-    weights = weights.strip() or "pretrained"
-    if weights == "pretrained":
+    kind, seed, path = check_weights(text, weights)
+    if kind == "pretrained":
         return ModelSpec(name, tag, "pretrained")
-    if weights == "random" or weights.startswith("random:"):
-        seed_text = weights.partition(":")[2] or "0"
-        try:
-            seed = int(seed_text)
-        except ValueError:
-            raise VitseeError(
-                f"seed '{seed_text}' in '{text}' is not an integer: write @random:SEED, e.g. @random:0"
-            ) from None
-        if not 0 <= seed <= MAX_TORCH_SEED:
-            raise VitseeError(
-                f"seed {seed} in '{text}' is out of torch's range: "
-                f"use @random:SEED with SEED from 0 to {MAX_TORCH_SEED}"
-            )
+    if kind == "random":
         return ModelSpec(name, tag, "random", seed=seed)
-    path = Path(os.path.expanduser(weights))
-    if not path.exists():
-        raise VitseeError(
-            f"weights '{weights}' in '{text}' is not pretrained, random[:SEED] or an existing file: check the path"
-        )
-    if path.suffix.lower() not in WEIGHT_SUFFIXES:
-        raise VitseeError(f"weights file {path} must end in {', '.join(WEIGHT_SUFFIXES)}")
-    return ModelSpec(name, tag, "file", path=str(path.resolve()))
+    return ModelSpec(name, tag, "file", path=str(path))
+
+
+def timm_names() -> set[str]:
+    """Returns every name timm.is_model takes: the listed models and the deprecated names it still builds."""
+    import timm
+    from timm.models import _registry
+
+    return set(timm.list_models()) | set(getattr(_registry, "_model_entrypoints", {}))
 
 
 # --- families and layer points --------------------------------------------------------------------

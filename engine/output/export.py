@@ -27,16 +27,25 @@ def check_export(out: str | Path, cmap: str = "viridis") -> Path:
         raise VitseeError(f"--out {out} is a folder: give a file name in it, e.g. {out / 'view.png'}")
     if out.suffix.lower() not in EXPORT_SUFFIXES:
         raise VitseeError(f"cannot export to '{out.name}': use a .png, .json or .csv file name")
-    if not out.parent.exists():
-        raise VitseeError(f"folder {out.parent} does not exist: create it or choose another --out")
+    check_out_folder(out)
+    return out
+
+
+def check_out_folder(out: Path) -> None:
+    """Raises the VitseeError naming the way out unless the folder of `--out FILE` is there and takes new files:
+    the one rule of `vitsee export` and `vitsee-tui --snapshot` (neither makes a folder a typo named)."""
+    parent = out.parent
+    if not parent.exists():
+        raise VitseeError(f"folder {parent} does not exist: create it (mkdir -p {parent}) or choose another --out")
+    if not parent.is_dir():
+        raise VitseeError(f"--out {out}: {parent} is a file, not a folder: choose another --out")
     try:  # the one sure test of a folder's permissions (and of a read-only disk) is to make a file in it
-        with tempfile.NamedTemporaryFile(dir=out.parent, prefix=f".{out.name}.", suffix=".check"):
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=f".{out.name}.", suffix=".check"):
             pass
     except OSError as exc:
         raise VitseeError(
-            f"cannot write into folder {out.parent} ({brief(exc)}): check its permissions, or choose another --out"
+            f"cannot write into folder {parent} ({brief(exc)}): check its permissions, or choose another --out"
         ) from None
-    return out
 
 
 def write_view(view: View, out: str | Path, selection: tuple[int, int] | None = None, cmap: str = "viridis") -> Path:

@@ -59,12 +59,26 @@ NONFINITE = "#b2182b"  # cells computed from NaN/Inf inputs (View.nonfinite): dr
 LINE_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd")  # readouts: categorical, unlike the heatmaps
 MARGIN_PT = 8  # kept clear at the left and right edges by the figure's own lines of text
 PNG_DPI = 150  # what `vitsee export` draws at, and what the texts are measured at
+NOTEBOOK_DPI = 100  # what a notebook shows a figure at
 ORIENTATION = "layer 0 at the bottom, as in the paper; the app draws it at the top"
 WORD_BREAKS = "_.@:-/,;"  # where a name too long for a line is cut
 TICK_ROOM_PT = TICK_PT * 1.45  # along its axis, a layer's tick label needs this much room to stay apart
 MAX_LEGEND_BLOCKS = 12  # more blocks than this: a colour bar says which colour is which block
 # the layer labels each axis was given (_layer_ticks), thinned again once the layout has sized the axes
 _LAYER_LABELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+class ShownFigure(Figure):
+    """A Figure that a notebook shows as itself: the last line of a cell, `result.plot()`, draws the figure in a
+    fresh kernel. Jupyter shows a matplotlib Figure only once pyplot or `%matplotlib inline` has registered its
+    display; these figures are made without pyplot (no global state), so they say how to show themselves."""
+
+    def _repr_png_(self) -> bytes:
+        import io
+
+        buffer = io.BytesIO()
+        self.savefig(buffer, format="png", dpi=NOTEBOOK_DPI)
+        return buffer.getvalue()
 
 
 def figure_for(view: View, selection: tuple[int, int] | None = None, cmap: str = "viridis") -> Figure:
@@ -123,8 +137,8 @@ def _layer_matrix(view: View, selection, cmap: Colormap) -> Figure:
     _layer_ticks(ax.yaxis, view.rows, room_in=4.6)
     _layer_ticks(ax.xaxis, view.cols, room_in=4.6, rotate=True)
     model_a, model_b = (view.models + view.models)[:2] if view.models else ("", "")
-    ax.set_ylabel(f"{model_a} layer")
-    ax.set_xlabel(f"{model_b} layer")
+    ax.set_ylabel(f"{view.name(model_a)} layer")
+    ax.set_xlabel(f"{view.name(model_b)} layer")
     fig.colorbar(image, ax=ax, label=view.value_name, shrink=0.85)
     _overlay_nonfinite(ax, view.nonfinite, origin="lower", aspect="equal" if n_rows == n_cols else "auto")
     weak = view.not_significant()
@@ -635,7 +649,7 @@ def _heads_by_layer(view: View, selection, cmap: Colormap) -> Figure:
             gid="selection",
         )
     ax.set_xlabel("mean attention distance (px)")
-    ax.set_ylabel(f"CKA with {view.models[-1]} {view.cols[col]}")
+    ax.set_ylabel(f"CKA with {view.name(view.models[-1])} {view.cols[col]}")
     if len(blocks) <= MAX_LEGEND_BLOCKS:
         ax.legend(fontsize=TICK_PT, ncol=2 if len(blocks) > 6 else 1)
     else:  # a legend of 24 blocks is taller than the plot: the blocks' colours as a bar of block numbers
@@ -662,8 +676,8 @@ def _heads_by_layer(view: View, selection, cmap: Colormap) -> Figure:
     )
     _layer_ticks(heat.yaxis, view.rows, room_in=3.8)
     _layer_ticks(heat.xaxis, view.cols, room_in=3.6, rotate=True)
-    heat.set_ylabel(f"{view.models[0]} head")
-    heat.set_xlabel(f"{view.models[-1]} layer")
+    heat.set_ylabel(f"{view.name(view.models[0])} head")
+    heat.set_xlabel(f"{view.name(view.models[-1])} layer")
     heat.axvspan(col - 0.5, col + 0.5, fill=False, edgecolor="0.2", lw=1, ls="--", gid="scatter-layer")
     fig.colorbar(image, ax=heat, label=view.value_name, shrink=0.85)
     if selection:
@@ -721,6 +735,8 @@ def _pixel_map(view: View, selection, cmap: Colormap) -> Figure:
     return fig
 
 
+CURVE_MARKERS = ("o", "s", "^", "D", "v", "P")
+CURVE_DASHES = ("-", "--", "-.", ":")
 FAMILY_COLORS = ("#0072b2", "#d55e00", "#009e73", "#cc79a7", "#e69f00", "#56b4e9", "#000000", "#999999")  # Okabe-Ito
 
 
@@ -728,11 +744,11 @@ def _model_matrix(view: View, selection, cmap: Colormap) -> Figure:
     """Returns the zoo: the models x models heatmap in the clustering order (model names coloured by family, a
     legend of the families) and, beside it, every model's layers matched onto one reference model's, relative depth
     against relative depth (the reference: the selected row's model, else the first in the order)."""
-    from vitsee.output.labels import model_labels
+    from vitsee.output.labels import display_labels
 
     order = [int(i) for i in view.extra["order"]]
     families = list(view.extra["families"])
-    names = model_labels(view.rows, 28)
+    names = display_labels(view.rows, view.names, 40)
     shown_families = dict.fromkeys(families[i] for i in order)
     palette = {f: FAMILY_COLORS[k % len(FAMILY_COLORS)] for k, f in enumerate(shown_families)}
     n = len(order)
@@ -794,17 +810,26 @@ def _model_matrix(view: View, selection, cmap: Colormap) -> Figure:
     ref = view.rows[reference]
     pairs = {(c["a"], c["b"]): c for c in view.extra.get("correspondences", [])}
     curves.plot([0, 1], [0, 1], ls=":", color="0.6", lw=1, label="same relative depth")
+    drawn: list[tuple[list, list, str]] = []
     for k, i in enumerate(i for i in order if i != reference):
         c = pairs.get((view.rows[i], ref))
         if c is not None:
+            xs, ys = list(c["depth_a"]), list(c["depth_b_path"])
+            # curves that coincide hide one another: each its own dash and marker, the later ones drawn wider
+            # underneath, and the legend says which lies on which
+            under = next((name for x, y, name in drawn if _same_curve(x, y, xs, ys)), None)
+            drawn.append((xs, ys, names[i]))
             curves.plot(
-                c["depth_a"],
-                c["depth_b_path"],
-                marker="o",
-                ms=3,
-                lw=1.4,
-                label=names[i],
+                xs,
+                ys,
+                marker=CURVE_MARKERS[k % len(CURVE_MARKERS)],
+                ms=3 + k,
+                ls=CURVE_DASHES[k % len(CURVE_DASHES)],
+                lw=1.4 + 0.9 * k,
+                zorder=2 - 0.01 * k,
+                label=names[i] + (f" (the same as {under})" if under else ""),
                 color=LINE_COLORS[k % len(LINE_COLORS)] if len(order) <= len(LINE_COLORS) + 1 else None,
+                gid="correspondence",
             )
     curves.set_xlim(-0.02, 1.02)
     curves.set_ylim(-0.02, 1.02)
@@ -819,6 +844,11 @@ def _model_matrix(view: View, selection, cmap: Colormap) -> Figure:
         note += f"; intervals {view.extra.get('interval', 'none')}"
     _caption(fig, view, note)
     return fig
+
+
+def _same_curve(x0, y0, x1, y1) -> bool:
+    """Returns whether two curves are drawn over one another (the same points)."""
+    return len(x0) == len(x1) and np.allclose(x0, x1) and np.allclose(y0, y1)
 
 
 def _measures_agree(view: View, selection, cmap: Colormap) -> Figure:
@@ -854,12 +884,12 @@ def _measures_agree(view: View, selection, cmap: Colormap) -> Figure:
         bar.ax.tick_params(labelsize=TICK_PT - 1)
         if c == 0:
             _layer_ticks(ax.yaxis, rows, room_in=2.0)
-            ax.set_ylabel(f"{view.models[0]} layer", fontsize=TICK_PT)
+            ax.set_ylabel(f"{view.name(view.models[0])} layer", fontsize=TICK_PT)
         else:
             ax.tick_params(axis="y", labelleft=False)
         if i + per_row >= m:  # the lowest panel of its column
             _layer_ticks(ax.xaxis, cols, room_in=1.9, rotate=True)
-            ax.set_xlabel(f"{view.models[-1]} layer", fontsize=TICK_PT)
+            ax.set_xlabel(f"{view.name(view.models[-1])} layer", fontsize=TICK_PT)
         else:
             ax.tick_params(axis="x", labelbottom=False)
     ax = fig.add_subplot(outer[1], label="rank-correlations")
@@ -1048,7 +1078,7 @@ def _new_figure(view: View, size: tuple[float, float]) -> Figure:
     """Returns an empty Agg figure with the view's title and subtitle across the top."""
     # laid out at the PNG's resolution: Agg's hinted text is some 4% wider at 150 dpi than at 100, enough to push a
     # title wrapped to fit at 100 dpi past both edges of the PNG
-    fig = Figure(figsize=size, layout="constrained", dpi=PNG_DPI)
+    fig = ShownFigure(figsize=size, layout="constrained", dpi=PNG_DPI)
     FigureCanvasAgg(fig)
     title = wrap_to_width(fig, view.title, TITLE_PT, weight="bold") or [""]
     subtitle = wrap_to_width(fig, view.subtitle, SUBTITLE_PT)

@@ -113,3 +113,13 @@ def model_labels(keys: Sequence[str], width: int = 24) -> list[str]:
     if fitting:
         return fitting[0]
     return min(apart, key=lambda f: max(map(len, f)))
+
+
+def display_labels(keys: Sequence[str], names: dict[str, str], width: int = 24) -> list[str]:
+    """Returns the models' display names (engine/store/names.py) where every one fits `width`, else the keys
+    shortened alike (`model_labels`): a gutter or a legend never shows a store key when a name fits."""
+    keys = list(keys)
+    shown = [names.get(k, "") for k in keys]
+    if keys and all(shown) and max(map(len, shown)) <= width and len(set(shown)) == len(set(keys)):
+        return shown
+    return model_labels(keys, width)

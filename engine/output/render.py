@@ -34,7 +34,7 @@ from vitsee.output.colormap import (
     Palette,
     detect_color_mode,
 )
-from vitsee.output.labels import fit_labels, model_labels
+from vitsee.output.labels import display_labels, fit_labels
 from vitsee.analyses.views import View, best_cell, uniform_text
 
 UPPER_HALF = "\u2580"  # ▀
@@ -75,7 +75,8 @@ def prints_numbers(view: View) -> bool:
 
 def _best_interval(view: View, mode: ColorMode, selection: tuple[int, int] | None) -> list:
     """Returns the line naming the selected (else the best) cell with its interval and p-value, [] without them."""
-    if view.shape not in BEST_CELL or (view.ci_low is None and view.p_value is None):
+    hint = view.analysis.no_interval(view)  # a measure without an interval says so, and how to get one
+    if view.shape not in BEST_CELL or (view.ci_low is None and view.p_value is None and not hint):
         return []  # a table per head and the ratio curves have no "best" cell to speak of
     cell = selection if selection is not None else best_cell(view)
     if cell is None:
@@ -83,10 +84,11 @@ def _best_interval(view: View, mode: ColorMode, selection: tuple[int, int] | Non
     r, c = cell
     which = "selected" if selection is not None else "best"
     line = (
-        f"{which}: {view.rows[r]} x {view.cols[c]}  {view.value_name} {_fmt(view.value(r, c))}"
-        f"{view.interval_text(r, c)}"
+        f"{which}: {view.name(view.rows[r])} x {view.name(view.cols[c])}  {view.value_name} {_fmt(view.value(r, c))}"
+        f"{view.interval_or_hint(r, c)}"
     )
-    return [Text(line), Text(view.interval_caption(), style=_style(mode, "dim"))]
+    caption = view.interval_caption()
+    return [Text(line), *([Text(caption, style=_style(mode, "dim"))] if caption else [])]
 
 
 def _heads_by_layer(view: View, mode: ColorMode, cmap: str, width: int, selection=None) -> list:
@@ -95,7 +97,10 @@ def _heads_by_layer(view: View, mode: ColorMode, cmap: str, width: int, selectio
     rows = [f"{r} {d:.0f}px" if np.isfinite(d) else r for r, d in zip(view.rows, distance)]
     scale = ColorScale.for_matrix(view.matrix, vmin=view.vmin, vmax=view.vmax, levels=_levels(mode), cmap=cmap)
     plot = Heatmap(view.matrix, rows, view.cols, scale, mode, width)
-    where = f"rows: {view.models[0]} heads with their mean attention distance; columns: {view.models[-1]} layers"
+    where = (
+        f"rows: {view.name(view.models[0])} heads with their mean attention distance; "
+        f"columns: {view.name(view.models[-1])} layers"
+    )
     return [*plot.lines(), plot.legend(view.value_name), *plot.column_key(), Text(where, style=_style(mode, "dim"))]
 
 
@@ -129,6 +134,7 @@ def _title(view: View, mode: ColorMode) -> Text:
 def _layer_matrix(view: View, mode: ColorMode, cmap: str, width: int, selection=None) -> list:
     scale = ColorScale.for_matrix(view.matrix, vmin=view.vmin, vmax=view.vmax, levels=_levels(mode), cmap=cmap)
     model_a, model_b = (view.models + view.models)[:2] if view.models else ("rows", "cols")
+    model_a, model_b = view.name(model_a), view.name(model_b)
     plot = Heatmap(view.matrix, view.rows, view.cols, scale, mode, width, nonfinite=view.nonfinite)
     where = f"rows: {model_a} layers, first at the top; columns: {model_b} layers, first at the left"
     where += view.analysis.caption_notes(view)  # what the analysis adds (a measure's image subset, parameters)
@@ -312,10 +318,10 @@ def _model_matrix(view: View, mode: ColorMode, cmap: str, width: int, selection=
     table where they fit, and each model's most alike other model with its interval."""
     order = [int(i) for i in view.extra["order"]]
     families = list(view.extra["families"])
-    names = model_labels(view.rows, 24)
+    names = display_labels(view.rows, view.names, 24)
     shown = view.matrix[np.ix_(order, order)]
     scale = ColorScale.for_matrix(shown, vmin=view.vmin, vmax=view.vmax, levels=_levels(mode), cmap=cmap)
-    rows = model_labels(view.rows, MAX_LABEL)  # the gutter's width: shortened alike rather than cut
+    rows = display_labels(view.rows, view.names, MAX_LABEL)  # the gutter's width: shortened alike rather than cut
     plot = Heatmap(
         shown,
         [rows[i] for i in order],

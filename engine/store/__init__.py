@@ -43,6 +43,8 @@ again except in place:
                             under a temporary name, then renamed
     STORE.d/results/A/I.h5  one cached result of analysis A (I = hash of its parameters): arrays at the root,
                             attrs params, provenance, store_id; written under a temporary name, then renamed
+    STORE.d/names.h5        the display names set for its models (attrs names: JSON {key: name}, store_id), written
+                            whole under a temporary name and renamed (store/names.py)
 Every data array a run fills is allocated in full when its file is made (HDF5 early allocation, and the
 file's blocks reserved with posix_fallocate, so a full disk is refused up front instead of failing mid-run),
 so extraction only overwrites raw bytes at fixed places and never touches a file's metadata; a batch counts
@@ -56,8 +58,8 @@ to STORE.d/ like any store's. Plain h5py reads every file.
 
 The code is split by concern, each part short enough to read whole: store/layout.py (what a file holds, allocating
 it), store/files.py (the files on disk: opening, atomic writes, the folder beside the store), store/read.py,
-store/results.py and store/write.py (the methods of Store that read, cache results and write), store/lock.py and
-store/check.py. Store and every public name of those modules are importable from here.
+store/results.py, store/write.py and store/names.py (the methods of Store that read, cache results, write and name
+models), store/lock.py and store/check.py. Store and every public name of those modules are importable from here.
 """
 
 from __future__ import annotations
@@ -109,6 +111,7 @@ from vitsee.store.layout import (
     write_images,
 )
 from vitsee.store.lock import WriteLock, pid_alive, sidecar_dir
+from vitsee.store.names import StoreNames
 from vitsee.store.read import StoreReading, read_rows
 from vitsee.store.results import StoreResults
 from vitsee.store.write import StoreWriting, creating
@@ -160,7 +163,7 @@ __all__ = [
 _json = json_attr  # the old name, still called on branches written before it was made public
 
 
-class Store(StoreReading, StoreResults, StoreWriting):
+class Store(StoreReading, StoreResults, StoreWriting, StoreNames):
     """Read access to a store, plus the write operations extraction and analyses use.
 
     This class holds what is open (the store file, the model files beside it, the lock) and the files beside it;

@@ -63,12 +63,15 @@ class StoreReading:
         return main + list(self._model_files)
 
     def resolve_model(self, name: str) -> str:
-        """Returns the key of the model a user named: the exact key, or a unique prefix of one."""
+        """Returns the key of the model a user named: the exact key, its display name, or a unique prefix of a key."""
         if name in self._model_files or "/" not in name and "models" in self.file and name in self.file["models"]:
             return name  # an exact key, without ordering every model's group (analyses look keys up per layer)
         models = self.models
         if name in models:
             return name
+        named = [key for key, shown in self.display_names().items() if shown == name]
+        if named:
+            return named[0]
         matches = [m for m in models if m.startswith(name)]
         if len(matches) == 1:
             return matches[0]

@@ -83,3 +83,28 @@ def zoo_store(tiny_store: Path) -> Path:
     run_analyses(store, ["cka", "zoo"], ZOO_CFG)
     building.rename(path.parent)
     return path
+
+
+# the demo's plan made tiny (as tests/test_tui.py makes the app's demo): timm's test_vit and test_resnet trained one
+# epoch on 60 digits, the 12 held out extracted with the random-init twin of each
+TINY_DEMO = {
+    "models": ("test_vit", "test_resnet"),
+    "batch_size": 8,
+    "train_n_images": 60,
+    "train_epochs": 1,
+    "trained": (("test_vit", {"patch_size": 8, "depth": 2}), ("test_resnet", {})),
+}
+
+
+def tiny_demo(home: Path) -> Path:
+    """Returns the demo store that the demo's own builder (tui/demo.py `build`) makes, tiny, in home/.cache/vitsee:
+    the shape `vitsee-tui --demo` gives a newcomer (two models trained here, their twins, named, held-out digits)."""
+    import pytest
+
+    from vitsee.tui import demo
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("vitsee.models.load.cached_pretrained_file", lambda name: None)  # so the demo trains its own
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        choice = demo.choose(demo.DemoPlan(**TINY_DEMO), device="cpu", folder=home / ".cache" / "vitsee")
+        return demo.build(choice)

@@ -43,7 +43,7 @@ from vitsee.tui.messages import (
 from vitsee.tui.options import COLORMAPS, AppOptions
 from vitsee.tui.results import INCOMPLETE_HINT, Cancelled, StoreSummary, export_view, read_summary, read_view
 from vitsee.tui.widgets.panes import KINDS, PANES, TAB_LABELS, VIEW_LABELS, tab_of, tooltip
-from vitsee.tui.widgets.side_panel import SidePanel, matches_query, model_label
+from vitsee.tui.widgets.side_panel import SidePanel, matches_query
 from vitsee.tui.widgets.status_line import StatusLine
 from vitsee.tui.widgets.task_bar import StepThrottle, TaskBar
 from vitsee.tui.widgets.view_pane import Place, ViewPane
@@ -95,7 +95,8 @@ class ExplorerScreen(Screen):
             "export",
             "Export",
             id="explorer.export",
-            tooltip="Export the view to PNG and JSON in the export folder, the selection marked",
+            tooltip="Export the view to PNG and JSON in the export folder (the cursor's cell marked with "
+            "export_marks = true in the config file)",
         ),
         Binding(
             "c",
@@ -302,15 +303,17 @@ class ExplorerScreen(Screen):
     def _show_title(self) -> None:
         """Puts the longest title that fits the bar: every model's weights in full, else in a word, else the
         model names alone."""
+        from vitsee.analyses.views import dataset_label
+
         summary = self.summary
         if summary is None:
             return
-        head = f" {self.path.name} \u00b7 {summary.n_images} images of {summary.dataset} \u00b7 "
-        titles = [
-            head + "; ".join(f"{model_label(m.key, width=0)}: {m.weights}" for m in summary.models),
-            head + ", ".join(model_label(m.key, width=200) for m in summary.models),  # 'test_vit (random)'
-            f" {self.path.name} \u00b7 {summary.n_images} {summary.dataset} \u00b7 "
-            + ", ".join(model_label(m.key, width=0) for m in summary.models),
+        head = f" {self.path.name} \u00b7 {summary.n_images} images of {dataset_label(summary.dataset)} \u00b7 "
+        titles = [  # the models by their display names (engine/store/names.py)
+            head + "; ".join(m.described or f"{m.shown}: {m.weights}" for m in summary.models),
+            head + ", ".join(m.shown for m in summary.models),  # 'test_vit (random init)'
+            f" {self.path.name} \u00b7 {summary.n_images} {dataset_label(summary.dataset)} \u00b7 "
+            + ", ".join(m.shown for m in summary.models),
         ]
         room = self.size.width - 2  # the bar's padding
         # none fits (a long dataset path): the full title, cut at the end, as before
@@ -858,8 +861,20 @@ class ExplorerScreen(Screen):
         for kind, label in VIEW_LABELS.items():
             spec, reason = self.spec_for(kind)
             key = numbers[kind] if kind in numbers else f"{numbers.get(tab_of(kind), '')}m"  # its tab, then m
-            targets.append(JumpTarget(kind, key, label, spec or reason.splitlines()[0]))
+            targets.append(JumpTarget(kind, key, label, self._shown_spec(spec) if spec else reason.splitlines()[0]))
         return targets
+
+    def _shown_spec(self, spec: str) -> str:
+        """Returns what a view string shows, its models by their display names: 'ViT (trained here) x ResNet-18
+        (trained here)', 'ViT (trained here) blocks.5' (a layer), 'every model' (the zoo)."""
+        from vitsee.analyses.views import parse_view
+
+        names = self.summary.names if self.summary is not None else {}
+        _, args = parse_view(spec)
+        shown = [names.get(a, a) for a in args]
+        models = [s for a, s in zip(args, shown) if a in names]
+        rest = [s for a, s in zip(args, shown) if a not in names]  # a layer
+        return " x ".join(models or ["every model"]) + "".join(f" {r}" for r in rest)
 
     def action_jump(self) -> None:
         from vitsee.tui.screens.jump import JumpScreen
@@ -1045,6 +1060,53 @@ class ExplorerScreen(Screen):
             self._pending = (kind, (Place(layer),))
         self.show_view(kind)
 
+    # --- naming a model -------------------------------------------------------------------------------------------
+
+    def action_name_model(self) -> None:
+        """Asks for a display name for model A (the command palette's "Name model A"), kept in the store."""
+        from vitsee.tui.screens.name_model import NameModelScreen
+
+        if self.summary is None or self.model_a is None:
+            return
+        key = self.model_a
+
+        def named(name: str | None) -> None:
+            if name is not None:
+                self._rename(key, name)
+
+        self.app.push_screen(NameModelScreen(key, self.summary.names.get(key, key)), named)
+
+    @work(thread=True, group="rename", exit_on_error=False)
+    def _rename(self, key: str, name: str) -> None:
+        from vitsee.tui.results import ACCESS
+
+        try:
+            with ACCESS.write(self.path) as store:
+                shown = store.set_display_name(key, name or None)
+        except VitseeError as exc:
+            self.app.call_from_thread(self.notify, str(exc), severity="error", timeout=8)
+            return
+        self.app.call_from_thread(self._renamed, key, shown)
+
+    def _renamed(self, key: str, shown: str) -> None:
+        """Gives the views already read the model's new name, then reads the store's summary again."""
+        from vitsee.analyses.views import with_names
+
+        old = self.summary.names.get(key, key) if self.summary is not None else key
+        loaded = [*self._views.values(), *(self.pane(kind).loaded for kind in KINDS)]
+        for view in {id(item.view): item.view for item in loaded if item is not None}.values():
+            if key in view.names:
+                view.names = {**view.names, key: shown}
+                view.title, view.subtitle = (
+                    with_names(view.title, {old: shown}),
+                    with_names(view.subtitle, {old: shown}),
+                )
+        self.notify(f"{key} is now called {shown!r}", title="name", timeout=6)
+        self._read_summary()
+        pane = self.pane()
+        if pane.loaded is not None:
+            self._show(pane, pane.loaded)
+
     # --- export -------------------------------------------------------------------------------------------------
 
     def action_export(self) -> None:
@@ -1058,7 +1120,10 @@ class ExplorerScreen(Screen):
     @work(thread=True, group="export", exit_on_error=False)
     def _export(self, view: View, selection: tuple[int, int] | None, cmap: str) -> None:
         try:
-            json_path, png_path, note = export_view(view, self.options.export_dir, selection, cmap)
+            # a paper's figure has no cursor: the PNG marks the cell only when the config asks (export_marks)
+            json_path, png_path, note = export_view(
+                view, self.options.export_dir, selection, cmap, marks=self.options.export_marks
+            )
         except VitseeError as exc:
             self.app.call_from_thread(self.notify, str(exc), severity="error", timeout=8)
             return

@@ -113,7 +113,11 @@ def help_context(screen: Screen) -> tuple[str, dict[str, str], list[tuple[str, s
     pane = getattr(screen, "pane", None)
     if callable(pane) and getattr(screen, "kind", None):  # the explorer: what its shown view says
         shown = pane()
-        models = " x ".join(dict.fromkeys(shown.view.models)) if shown.view is not None else "loading"
+        models = (
+            " x ".join(shown.view.name(m) for m in dict.fromkeys(shown.view.models))
+            if shown.view is not None
+            else "loading"
+        )
         return f"{shown.label} view ({models})", dict(shown.key_help), shown.legend()
     return SCREEN_TITLES.get(type(screen).__name__, "Keys on this screen"), {}, []
 

@@ -49,6 +49,11 @@ class RunPlan:
     before: Callable[[Callable, threading.Event], None] | None = None
     resume: Path | None = None  # resume the run this store records, as `vitsee extract STORE` does
     opened: Callable[[Path], None] | None = None  # told the store once it opens complete (the demo remembers it)
+    # work on the complete store before it opens, in the worker (the demo names its models)
+    after: Callable[[Path], None] | None = None
+    # one bar for the whole run, training included, its parts weighed by their expected seconds (the demo's build):
+    # an object with begin/extracting/advance/train_step/describe/done/total as demo.BuildClock has them
+    clock: object | None = None
 
     @property
     def store(self) -> Path:
@@ -189,6 +194,8 @@ class RunScreen(Screen):
             if plan.reuse_complete and Path(cfg.store).exists():
                 missing = what_is_missing(cfg)
                 if missing is None:
+                    if plan.after is not None:
+                        plan.after(Path(cfg.store))
                     self.post_message(RunEnded(Path(cfg.store)))
                     return
                 self.post_message(RunEvent("plan", text=f"resuming: {missing}"))
@@ -204,8 +211,12 @@ class RunScreen(Screen):
                 # threads running) now and then died at start-up in full test runs, and torch's SIGCHLD handler
                 # then raised inside the app's event loop; heavy runs belong to `vitsee extract`
                 cfg = replace(cfg, workers=0)
+            if plan.clock is not None:
+                plan.clock.extracting()
             result = run_extraction(cfg, progress, self.cancel_event)
             self.resuming = result.cancelled
+            if not result.cancelled and plan.after is not None:
+                plan.after(Path(result.store))
         except VitseeError as exc:
             self.post_message(RunEnded(self.plan.store if self.plan else Path("."), error=str(exc)))
             return
@@ -234,14 +245,15 @@ class RunScreen(Screen):
     def _post_train_event(self, event) -> None:
         """Posts an engine TrainEvent as a RunEvent: 'train' steps move the bar, epochs and plans are log lines."""
         if event.stage == "step":
-            self.post_message(
-                RunEvent(
-                    "train",
-                    event.done,
-                    event.total,
-                    f"training: epoch {event.epoch} of {event.epochs}, loss {event.loss:.3f}",
-                )
-            )
+            text = f"training: epoch {event.epoch} of {event.epochs}, loss {event.loss:.3f}"
+            clock = self.plan.clock if self.plan is not None else None
+            if clock is not None:  # the whole build's bar: this epoch's steps move it by their share
+                clock.train_step(event)
+                now = clock.parts[clock.index][0]
+                text = clock.describe(f"{now}: epoch {event.epoch} of {event.epochs}, loss {event.loss:.3f}")
+                self.post_message(RunEvent("build", round(clock.done, 2), round(clock.total, 2), text))
+                return
+            self.post_message(RunEvent("train", event.done, event.total, text))
         elif event.stage == "epoch":
             r = event.row
             self.post_message(
@@ -261,8 +273,19 @@ class RunScreen(Screen):
             stage.update(message.text)
             bar.update(total=max(message.total, 1), progress=message.done)
             return
+        if message.stage == "build":
+            stage.update(message.text)
+            bar.update(total=max(message.total, 1e-9), progress=message.done)
+            return
         if message.stage == "extract":
-            stage.update(f"extracting: {message.done} of {message.total} images")
+            text = f"extracting: {message.done} of {message.total} images"
+            clock = self.plan.clock if self.plan is not None else None
+            if clock is not None:  # the build's last part: the images move the whole build's bar
+                clock.advance(message.done / max(message.total, 1))
+                stage.update(clock.describe(text))
+                bar.update(total=max(clock.total, 1e-9), progress=clock.done)
+                return
+            stage.update(text)
             bar.update(total=max(message.total, 1), progress=message.done)
             return
         if message.text:

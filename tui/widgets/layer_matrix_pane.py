@@ -108,7 +108,7 @@ class LayerMatrixPane(HeatmapPane):
         row, col = heatmap.cursor
         view = self.loaded.view
         value = heatmap.value_at(row, col)
-        interval = view.interval_text(row, col) if value == value else ""
+        interval = view.interval_or_hint(row, col) if value == value else ""  # or how to get one
         return (
             f"{heatmap.row_labels[row]} x {heatmap.col_labels[col]}  "
             f"{view.value_name} {heatmap.describe(row, col)}{interval}"

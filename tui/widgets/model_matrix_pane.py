@@ -18,7 +18,7 @@ from textual.widgets import Label
 
 from vitsee.analyses.contract import Shape
 from vitsee.output.colormap import ColorMode
-from vitsee.output.labels import model_labels
+from vitsee.output.labels import display_labels
 from vitsee.tui.messages import PairOpened, StatusChanged
 from vitsee.tui.results import LoadedView
 from vitsee.tui.widgets.heatmap import Heatmap
@@ -86,7 +86,7 @@ class ModelMatrixPane(HeatmapPane):
         """Returns the models' names shortened alike, in the store's order (one form everywhere in the pane: the
         heatmap's rows, the curves, the side panel and the status line)."""
         view = self.view
-        return model_labels(view.rows, width) if view is not None else []
+        return display_labels(view.rows, view.names, width) if view is not None else []
 
     def populate(self, loaded: LoadedView) -> None:
         view = loaded.view

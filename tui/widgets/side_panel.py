@@ -70,7 +70,7 @@ class SidePanel(Vertical):
 
     def set_models(self, summary: StoreSummary, model_a: str | None = None, model_b: str | None = None) -> None:
         """Offer the store's models and show the picked A and B (B on 'same as A' when it is None)."""
-        labels = [model_label(m.key) for m in summary.models]
+        labels = [m.name or model_label(m.key) for m in summary.models]  # the display names
         if len(set(labels)) < len(labels):  # two read alike (a model and its twin from weights files): tell them apart
             from vitsee.output.labels import model_labels
 
