@@ -11,7 +11,7 @@ import torch
 from vitsee import stats
 from vitsee.errors import VitseeError
 from vitsee.measures import curves
-from vitsee.measures import direct as ms
+from vitsee import measures as ms
 from vitsee.measures import grams as mg
 
 

@@ -15,7 +15,7 @@ from sklearn.metrics import r2_score
 from sklearn.model_selection import KFold
 
 from vitsee.errors import VitseeError
-from vitsee.measures import linear_predictivity as lp
+from vitsee.measures.catalog import linear_predictivity as lp
 
 
 @pytest.fixture(autouse=True)
@@ -51,7 +51,7 @@ def _pair(n, dx, dy, seed=0, noise=0.4):
 )
 def test_matches_sklearn_ridgecv(n, dx, dy, folds, seed):
     x, y = _pair(n, dx, dy, seed)
-    assert lp.linear_predictivity(x, y, folds=folds, seed=seed) == pytest.approx(
+    assert lp.linear_predictivity(x, y, folds=folds, cv_seed=seed) == pytest.approx(
         _reference(x, y, folds, seed), abs=1e-10
     )
 

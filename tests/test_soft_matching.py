@@ -14,7 +14,7 @@ from scipy.optimize import linprog
 from scipy.stats import ortho_group
 
 from vitsee.errors import VitseeError
-from vitsee.measures import soft_matching as sm
+from vitsee.measures.catalog import soft_matching as sm
 
 
 @pytest.fixture(autouse=True)
@@ -166,3 +166,33 @@ def test_constant_layer_is_nan_and_bad_values_raise():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert sm.soft_matching(x, x) == pytest.approx(1.0)
+
+
+def test_all_pairs_from_the_kept_units_match_the_direct_form():
+    """LayerGrams keep the first KEPT_UNITS of each layer's seeded order of varying units; the all-pairs form on the
+    first `units` of them is the direct form's sample: equal on all images, a permutation (its cached tuning curves
+    move with the rows) and a subset; a resample drops a unit that no longer varies."""
+    from vitsee.measures import grams as mg
+
+    rng = np.random.default_rng(0)
+    base = rng.normal(size=(40, 30))
+    layers = [base[:, :12] + 1, np.tanh(base @ rng.normal(size=(30, 50))), rng.normal(size=(40, 8))]
+    layers[1][:, 3] = 2.0  # a dead unit: left out on both routes
+    grams = mg.layer_grams(layers)
+    assert grams[1].units.shape == (40, 49)  # 50 units, one constant
+    got = {}
+    for units in (16, 1024):
+        got[units] = sm.pairwise_soft_matching(grams, grams, units)
+        want = np.array([[sm.soft_matching(x, y, units=units) for y in layers] for x in layers])
+        assert np.allclose(got[units], want, atol=1e-12, rtol=0)
+        assert np.allclose(np.diag(got[units]), 1.0)
+    perm = rng.permutation(40)
+    moved = [g.take(perm) for g in grams]
+    assert np.allclose(sm.pairwise_soft_matching(moved, moved, 16), got[16], atol=1e-12)
+    subset = np.sort(rng.choice(40, 25, replace=False))
+    part = [g.take(subset) for g in grams]
+    want = np.array([[sm.soft_matching(x[subset], y[subset], units=1024) for y in layers] for x in layers])
+    assert np.allclose(sm.pairwise_soft_matching(part, part, 1024), want, atol=1e-12)
+    assert mg.pair(grams[0], grams[2], "soft_matching", units=16) == pytest.approx(
+        sm.soft_matching(layers[0], layers[2], units=16), abs=1e-12
+    )

@@ -88,12 +88,25 @@ class Curve(Analysis):
         "bootstrap interval: whether a value has settled"
     )
     options = (
-        AnalysisOption("curve-measure", str, f"the measure (default: {DEFAULT_MEASURE}): any but the minibatch CKA"),
         AnalysisOption(
-            "curve-layers", str, "LAYER_A,LAYER_B: one layer pair (default: the models' best-match summary)"
+            "curve-measure",
+            str,
+            f"the measure (default: {DEFAULT_MEASURE}): any but the minibatch CKA",
+            param="measure",
         ),
-        AnalysisOption("curve-over", str, "n (images, the default) or k (mknn and cknna's neighbours)"),
-        AnalysisOption("curve-first", int, "the first subset of an n-curve, doubled up to all images (default 250)"),
+        AnalysisOption(
+            "curve-layers",
+            str,
+            "LAYER_A,LAYER_B: one layer pair (default: the models' best-match summary)",
+            param="layers",
+        ),
+        AnalysisOption("curve-over", str, "n (images, the default) or k (mknn and cknna's neighbours)", param="over"),
+        AnalysisOption(
+            "curve-first",
+            int,
+            "the first subset of an n-curve, doubled up to all images (default 250)",
+            param="first",
+        ),
     )
     by_default = False
     cost = 2  # the measure on every subset, and on each bootstrap resample of it
@@ -131,6 +144,7 @@ class Curve(Analysis):
             "models": keys,
             "layers": curve_layers(store, request.keys, cfg),
             "over": over,
+            "first": first,
             "x": x,
             "images": {"n_images": of["n_images"], "max_images": n, "seed": of["seed"]},
             "values": values,

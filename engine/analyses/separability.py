@@ -107,9 +107,14 @@ class Separability(Analysis):
             "separability-measures",
             str,
             "the measures whose zoos are scored, a,b,... (default: all; each one's zoo is computed if missing)",
+            param="measures",
         ),
-        AnalysisOption("families", str, "MODEL=FAMILY,...: set models' groups (default: each one's architecture)"),
-        AnalysisOption("separate-by", str, "family (default) or trained: trained against random-init models"),
+        AnalysisOption(
+            "families", str, "MODEL=FAMILY,...: set models' groups (default: each one's architecture)", param="families"
+        ),
+        AnalysisOption(
+            "separate-by", str, "family (default) or trained: trained against random-init models", param="by"
+        ),
     )
     by_default = False
     cost = 2  # every measure's zoo: each measure over every layer of every model
@@ -171,6 +176,7 @@ class Separability(Analysis):
             "models": store.models,
             "labels": labels,
             "by": by,
+            "families": str(cfg.options.get("families") or ""),
             "n_images": store.n_images,
             "of": of,
         }

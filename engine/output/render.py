@@ -267,7 +267,7 @@ def _depth_curves(view: View, mode: ColorMode, cmap: str = "", width: int = 0, s
 def _measures_agree(view: View, mode: ColorMode, cmap: str = "", width: int = 0, selection=None) -> list:
     """Returns the measures x measures table of rank correlations, then each measure's range and most alike pair."""
     table = _table(mode)
-    table.add_column("rank corr.")
+    table.add_column("rank corr.", min_width=len("rank corr."))  # kept whole when ten measures share 80 columns
     for label in view.cols:
         table.add_column(label, justify="right")
     for r, label in enumerate(view.rows):

@@ -2,8 +2,8 @@
 features on layer X's, the ridge chosen by an inner cross-validation (as brain-score maps a model onto neural
 responses, and as Wu et al. 2025, "Measuring the measures", arXiv:2509.04622, compare it with the other measures).
 
-    outer folds: the n images in `folds` folds (seeded shuffle, sklearn's KFold(folds, shuffle=True, random_state=seed)
-                 exactly); for each, the other folds train and it tests
+    outer folds: the n images in `folds` folds (seeded shuffle, sklearn's KFold(folds, shuffle=True,
+                 random_state=cv_seed) exactly); for each, the other folds train and it tests
     inner folds: the training images in `folds` folds in order (KFold(folds)); each penalty of the grid is scored by
                  the mean over inner folds of the mean squared error of the held-out images (sklearn RidgeCV with
                  cv=KFold(folds), scoring="neg_mean_squared_error"); the best (first of ties) is refitted on all the
@@ -21,6 +21,10 @@ training Gram serves every penalty). Not symmetric: linear_predictivity(x, y) is
 rotations, translations and isotropic scaling of either layer (not to other linear maps of y, which reweigh its
 features in the pooled R^2); at most 1, below 0 when a prediction is worse than the test fold's mean.
 
+Resampled images (measures/resampling.py's bootstrap): the folds keep an image's copies together, so no copy trains
+while its twin is tested, and a replicate, holding ~63% distinct images, fits on fewer of them: its R^2 sits a little
+below the estimate's, and so can the whole percentile interval of a well-predicted pair.
+
 tests/test_linear_predictivity.py checks it against sklearn's RidgeCV on the features, fold by fold.
 """
 
@@ -33,13 +37,14 @@ import numpy as np
 
 from vitsee.errors import VitseeError
 from vitsee.lazy import lazy_module
-from vitsee.measures.direct import feature_pair, is_constant, warn_constant
-from vitsee.measures.grams import small_lapack
+from vitsee.measures.grams import LayerGrams, small_lapack
+from vitsee.measures.kernels import feature_pair, is_constant, warn_constant
+from vitsee.measures.registry import Measure, Parameter
 
 torch = lazy_module("torch")
 
 FOLDS = 5
-SEED = 0
+SEED = 0  # the outer folds' shuffle (its own: the store's --seed draws the images)
 ALPHAS = tuple(10.0**p for p in range(-4, 5))  # ridge penalties relative to the mean eigenvalue of the training Gram
 
 
@@ -153,10 +158,10 @@ def r2_from_folds(parts: list[Fold], l: torch.Tensor) -> float:
     return float(np.mean(values)) if all(math.isfinite(v) for v in values) else math.nan
 
 
-def linear_predictivity(x: Any, y: Any, folds: int = FOLDS, seed: int = SEED) -> float:
+def linear_predictivity(x: Any, y: Any, folds: int = FOLDS, cv_seed: int = SEED) -> float:
     """Returns the cross-validated ridge R^2 of y (n, ...) predicted from x (n, ...), averaged over `folds` folds.
 
-    Outer folds seeded (KFold(folds, shuffle=True, random_state=seed)), the penalty chosen from ALPHAS x the mean
+    Outer folds seeded (KFold(folds, shuffle=True, random_state=cv_seed)), the penalty chosen from ALPHAS x the mean
     eigenvalue of the training Gram by an inner KFold(folds) on mean squared error, R^2 pooled over y's features
     (variance weighted) on each test fold. Not symmetric: swap x and y for the other direction. Invariant to
     rotations, translations and isotropic scaling of either layer; at most 1. See the module docstring.
@@ -174,10 +179,12 @@ def linear_predictivity(x: Any, y: Any, folds: int = FOLDS, seed: int = SEED) ->
         if is_constant(float(centred.square().sum()), float(raw.square().sum())):
             return warn_constant(name, "linear_predictivity")
     with small_lapack(n, x.device):
-        return r2_from_folds(folds_of(xc @ xc.T, np.arange(n), folds, int(seed)), yc @ yc.T)
+        return r2_from_folds(folds_of(xc @ xc.T, np.arange(n), folds, int(cv_seed)), yc @ yc.T)
 
 
-def pairwise_linear_predictivity(a: list, b: list, folds: int = FOLDS, seed: int = SEED) -> np.ndarray:
+def pairwise_linear_predictivity(
+    a: list[LayerGrams], b: list[LayerGrams], folds: int = FOLDS, cv_seed: int = SEED
+) -> np.ndarray:
     """Returns (La, Lb): the R^2 of each layer of b (columns) predicted from each layer of a (rows), from their
     LayerGrams (measures/grams.py). Each row layer's folds are decomposed once and serve every column layer. The
     folds are over a's images (a bootstrap resample's copies of an image stay in one fold)."""
@@ -189,8 +196,40 @@ def pairwise_linear_predictivity(a: list, b: list, folds: int = FOLDS, seed: int
         for i, ga in enumerate(a):
             if ga.constant:
                 continue
-            parts = folds_of(ga.gram, groups, folds, int(seed))  # any Gram of the features: centred_on centres it
+            parts = folds_of(ga.gram, groups, folds, int(cv_seed))  # any Gram of the features: centred_on centres it
             for j, gb in enumerate(b):
                 if not gb.constant:
                     out[i, j] = r2_from_folds(parts, gb.gram)
     return out
+
+
+FOLDS_PARAMETER = Parameter(
+    "folds",
+    FOLDS,
+    "linear predictivity: the folds of its outer and inner cross-validation (brain-score's ridge: 5 is usual)",
+    option="predictivity-folds",
+    check=lambda value, measure, n: check_folds(value, n, measure),
+)
+CV_SEED = Parameter("cv_seed", SEED, "linear predictivity: the seed of the outer folds' shuffle")
+
+
+class LinearPredictivity(Measure):
+    """linear_predictivity: how much of the column layer a ridge regression on the row layer predicts."""
+
+    name = "linear_predictivity"
+    label = "linear predictivity"
+    title = "linear predictivity: cross-validated ridge R^2 of the column layer from the row layer"
+    option_help = (
+        "linear predictivity (cross-validated ridge R^2 of each layer from each other, the ridge chosen by an inner "
+        "cross-validation; rows predict columns)"
+    )
+    order = 18.5  # between the measures (11 ... 18) and their comparison (19)
+    parameters = (FOLDS_PARAMETER, CV_SEED)
+    symmetric = False
+    alike = "better predicted"
+    value_name = "R^2"
+    value_range = (None, 1.0)
+    seconds_at_1000 = 600.0  # 6 decompositions per row layer and fold, an n^3 product per pair
+    cubic = True
+    direct = staticmethod(linear_predictivity)
+    pairwise = staticmethod(pairwise_linear_predictivity)
