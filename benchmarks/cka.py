@@ -32,7 +32,7 @@ Run:  python benchmarks/cka.py            (n=1024, batch 256, 12+14 layers, cpu)
                                           (idle, then one core kept busy by a spinning process this script
                                           starts and stops: torch's default threads against what
                                           set_compute_threads() sets up, task workers included)
-      python benchmarks/cka.py --stats    (vitsee alone: with 95% bootstrap intervals and 99-permutation p-values
+      python benchmarks/cka.py --stats    (vitsee alone: with 95% jackknife intervals and 99-permutation p-values
                                            against without; the defaults of `vitsee analyze`, target <= 1.5x)
 Needs the bench extra: pip install -e '.[bench]'. A package that fails to import is reported and skipped.
 """
@@ -250,17 +250,18 @@ STATS_METHOD = "vitsee + 95% CI + p-values"
 def vitsee_with_stats(
     feats: list[torch.Tensor], batch_size: int, device: torch.device, permutations: int
 ) -> np.ndarray:
-    """Return the (L, L) CKA, computing on the way what `vitsee analyze` adds by default: per-batch HSIC terms, the
-    null sums of `permutations` permuted pairings, a 1,000-replicate bootstrap interval and the p-values."""
+    """Return the (L, L) CKA, computing on the way what `vitsee analyze` adds by default: the delete-one-image
+    jackknife moments of every pair (issue 30), the null sums of `permutations` permuted pairings, the jackknife
+    interval and the p-values."""
     from vitsee import stats
 
     n = feats[0].shape[0]
-    acc = vcka.MinibatchCKA(len(feats), device, batch_slots=-(-n // batch_size), permutations=permutations, seed=0)
+    acc = vcka.MinibatchCKA(len(feats), device, permutations=permutations, seed=0, jackknife=True)
     for s in range(0, n, batch_size):
         if min(batch_size, n - s) >= vcka.MIN_BATCH:
             acc.update([f[s : s + batch_size] for f in feats])
     out = acc.result()
-    acc.statistics(stats.DEFAULT_CI, stats.BOOTSTRAP_REPLICATES, 0)
+    acc.statistics(stats.DEFAULT_CI)
     return out
 
 

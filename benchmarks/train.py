@@ -2,6 +2,13 @@
 
     python benchmarks/train.py demo                 # vitsee-tui --demo offline, cache empty: time to the first heatmap
     python benchmarks/train.py paper --work DIR     # Fig. 8, 12, 10/11 with the README's commands, then their figures
+    python benchmarks/train.py seeds --work DIR     # the same with three init seeds on one split: mean and spread
+
+`seeds` trains every run with `vitsee train ... --seeds 0,1,2 --split-seed 0` (seed 0 is `paper`'s run), extracts
+each seed's models into stores of their own over the same held-out images, and prints each figure's numbers as the
+mean and the sample standard deviation over the seeds (and each seed's), drawing the figures with their spread into
+--figures (vitsee.across_seeds gives the CKA matrices' mean and spread); trained models against their random-init
+twins (each seed's own init, `write_initial`) come from the zoo with its permutation null.
 
 `demo` runs the real app headless (Textual's run_test) with HF_HUB_OFFLINE=1 and an empty XDG_CACHE_HOME,
 and reports wall and CPU seconds per stage (training, extraction, the CKA heatmap), then a second launch
@@ -145,7 +152,7 @@ def model(name: str) -> str:
 
 def trained(work: Path, name: str) -> dict:
     """Trains work/NAME.safetensors unless it exists; returns its training record."""
-    from vitsee.training.train import read_record
+    from vitsee.models.load import read_record
 
     if not (work / f"{name}.safetensors").exists():
         vitsee("train", f"{name}.safetensors", *VIT, "--held-out", "test.npz", "-q", *RUNS[name], cwd=work)
@@ -239,6 +246,283 @@ def paper(args) -> None:
     fig10(work)
 
 
+# --- the paper's experiments over training seeds --------------------------------------------------------------
+
+SEEDS = (0, 1, 2)
+RESNET = ["-m", "resnet18", "--model-arg", "channels=[32,64,128,256]", "--img-size", "32", "--dataset", "digits"]
+SEED_RUNS = {  # name -> (architecture options, `vitsee train` options), every run on the split of seed 0
+    "vit": (VIT, []),
+    "vit-lr1e-3": (VIT, ["--lr", "1e-3"]),
+    "noskip-lr1e-3": (VIT, ["--no-skip", "blocks.1", "--lr", "1e-3"]),
+    "gap": (VIT, ["--pool", "avg"]),
+    "f01-steps": (VIT, ["--data-fraction", "0.1", "--epochs", "150"]),
+    "f03-steps": (VIT, ["--data-fraction", "0.3", "--epochs", "50"]),
+    "resnet": (RESNET, []),
+}
+SEED_STORES = {  # store -> (runs, analyses); twins: each trained model and its seed's random init
+    "fig8": (["vit-lr1e-3", "noskip-lr1e-3"], ["--cka"]),
+    "fig12": (["f01-steps", "f03-steps", "vit"], ["--probes"]),
+    "fig10": (["vit", "gap"], ["--spatial", "--probes"]),
+    "twins": (["vit", "vit-init", "resnet", "resnet-init"], ["--cka", "--zoo"]),
+}
+
+
+def seed_model(name: str, seed: int) -> str:
+    arch = "resnet18" if name.startswith("resnet") else NAME
+    return f"{arch}@{name.removesuffix('-init')}{'-init' if name.endswith('-init') else ''}-s{seed}.safetensors"
+
+
+def seed_trained(work: Path) -> None:
+    """Trains every run for every seed (each `--seeds` run skips the seeds already trained), then writes each trained
+    ViT's and ResNet's random-init twin (the seed's own init: what its training started from)."""
+    from vitsee.training.train import TrainConfig, parse_model_args, write_initial
+
+    seeds = ",".join(map(str, SEEDS))
+    for name, (arch, extra) in SEED_RUNS.items():
+        if not all((work / f"{name}-s{s}.safetensors").exists() for s in SEEDS):
+            t = vitsee("train", f"{name}.safetensors", *arch, "--seeds", seeds, "--split-seed", "0", "--held-out",
+                       "test.npz", "-q", *extra, cwd=work)  # fmt: skip
+            print(f"  {name}: {t:.0f} s for {len(SEEDS)} seeds", flush=True)
+    for name in ("vit", "resnet"):
+        arch = SEED_RUNS[name][0]
+        model = arch[arch.index("-m") + 1]
+        args = parse_model_args([arch[i + 1] for i, a in enumerate(arch) if a == "--model-arg"])
+        for seed in SEEDS:
+            out = work / f"{name}-init-s{seed}.safetensors"
+            if not out.exists():
+                write_initial(
+                    TrainConfig(out=out, model=model, model_args=args, img_size=32, dataset="digits", seed=seed,
+                                split_seed=0, device="cpu")
+                )  # fmt: skip
+
+
+def seed_extracted(work: Path) -> None:
+    for store, (runs, analyses) in SEED_STORES.items():
+        for seed in SEEDS:
+            path = work / f"{store}-s{seed}.h5"
+            if not path.exists():
+                specs = [a for r in runs for a in ("-m", seed_model(r, seed))]
+                vitsee("extract", path.name, *specs, "--dataset", "npz:test.npz", "-q", cwd=work)
+            vitsee("analyze", path.name, *analyses, "-q", cwd=work)
+
+
+def mean_sd(values) -> str:
+    v = np.asarray(values, dtype=np.float64)
+    return f"{v.mean():.3f} +- {v.std(ddof=1):.3f}"
+
+
+def seed_fig8(work: Path, figures: Path) -> None:
+    import vitsee
+
+    print("\nFig. 8 over seeds: CKA within each model, mean +- sd over 3 seeds (each seed's in brackets)")
+    print("| model | test accuracy | mean off-diagonal CKA | before the cut x after it | within blocks.2 ... norm |")
+    print("|---|---|---|---|---|")
+    spreads = {}
+    for name in SEED_STORES["fig8"][0]:
+        stores = [work / f"fig8-s{s}.h5" for s in SEEDS]
+        runs = vitsee.across_seeds(stores, [f"cka:{NAME}@file:{name}-s{s}" for s in SEEDS], progress=False)
+        spreads[name] = runs
+        b = {r: i for i, r in enumerate(runs.rows)}
+        early = [b[r] for r in ("patch_embed", "blocks.0")]
+        late = [b[f"blocks.{i}"] for i in range(2, 6)] + [b["norm"]]
+        rows = []
+        for cka in runs.values:
+            off = cka[~np.eye(len(cka), dtype=bool)]
+            within = cka[np.ix_(late, late)][~np.eye(len(late), dtype=bool)]
+            rows.append((np.nanmean(off), np.nanmean(cka[np.ix_(early, late)]), np.nanmean(within)))
+        rows = np.array(rows)
+        acc = [read(work, f"{name}-s{s}")["test_accuracy"] for s in SEEDS]
+        cells = [f"{mean_sd(rows[:, k])} ({' '.join(f'{v:.3f}' for v in rows[:, k])})" for k in range(3)]
+        print(f"| {name} | {mean_sd(acc)} ({' '.join(f'{a:.2f}' for a in acc)}) | {' | '.join(cells)} |")
+    draw_fig8(spreads, figures / "seeds-fig8.png")
+
+
+def read(work: Path, name: str) -> dict:
+    from vitsee.models.load import read_record
+
+    return read_record(work / f"{name}.safetensors")
+
+
+def seed_fig12(work: Path, figures: Path) -> None:
+    print("\nFig. 12 over seeds: probe test accuracy per layer (CLS / GAP / per-token mean), mean +- sd over 3 seeds")
+    curves = {}
+    for name in SEED_STORES["fig12"][0]:
+        views = [exported(work, f"fig12-s{s}", f"probes:{NAME}@file:{name}-s{s}") for s in SEEDS]
+        acc = np.stack([values(v) for v in views])  # (seeds, layers, readouts)
+        curves[name] = (acc, views[0]["rows"], views[0]["cols"])
+        mean, sd = np.nanmean(acc, axis=0), np.nanstd(acc, axis=0, ddof=1)
+        cells = " | ".join(
+            "/".join("-" if np.isnan(m) else f"{m:.2f}+-{d:.2f}" for m, d in zip(mr, dr)) for mr, dr in zip(mean, sd)
+        )
+        test = [read(work, f"{name}-s{s}")["test_accuracy"] for s in SEEDS]
+        print(f"| {name} ({mean_sd(test)}) | {cells} |")
+    print("  layers:", " ".join(views[0]["rows"]), "; readouts:", ", ".join(views[0]["cols"]))
+    draw_fig12(curves, figures / "seeds-fig12.png")
+
+
+def seed_fig10(work: Path, figures: Path) -> None:
+    print("\nFig. 10, 11 over seeds: the last block's spatial maps, mean +- sd over 3 seeds")
+    print("| model | map at own patch | elsewhere | peak at own patch | peak within one patch |")
+    print("|---|---|---|---|---|")
+    measured = {}
+    for name in SEED_STORES["fig10"][0]:
+        rows = []
+        for s in SEEDS:
+            cka = values(exported(work, f"fig10-s{s}", f"spatial:{NAME}@file:{name}-s{s}"))
+            side = int(round(len(cka) ** 0.5))
+            peak = np.nanargmax(np.nan_to_num(cka, nan=-np.inf), axis=1)
+            tok = np.arange(len(cka))
+            near = np.maximum(abs(peak // side - tok // side), abs(peak % side - tok % side)) <= 1
+            other = cka[~np.eye(len(cka), dtype=bool)]
+            rows.append((np.nanmean(np.diag(cka)), np.nanmean(other), np.mean(peak == tok), np.mean(near)))
+        rows = np.array(rows)
+        measured[name] = rows
+        print(f"| {name} | " + " | ".join(f"{mean_sd(rows[:, k])}" for k in range(4)) + " |")
+    draw_bars(
+        ["map at own patch", "elsewhere", "peak at own patch", "peak within one patch"],
+        measured,
+        f"Fig. 10, 11 over {len(SEEDS)} seeds: the last block's tokens, CLS (vit) against GAP",
+        figures / "seeds-fig10.png",
+    )
+
+
+def seed_twins(work: Path, figures: Path) -> None:
+    print("\nTrained against random-init twins over seeds: the zoo's best-match CKA, raw / calibrated, mean +- sd")
+    names = SEED_STORES["twins"][0]
+    raw, cal, pvals = [], [], []
+    for s in SEEDS:
+        view = exported(work, f"twins-s{s}", "zoo")
+        order = [view["rows"].index(seed_model(n, s).replace(".safetensors", "").replace("@", "@file:")) for n in names]
+        pick = np.ix_(order, order)
+        raw.append(values(view)[pick])
+        cal.append(np.array(view["calibrated"], dtype=float)[pick])
+        pvals.append(np.array([[np.nan if v is None else v for v in r] for r in view["p_value"]], dtype=float)[pick])
+    raw, cal, pvals = np.stack(raw), np.stack(cal), np.stack(pvals)
+    print("| pair | raw | calibrated | p (each seed) |")
+    print("|---|---|---|---|")
+    for i in range(len(names)):
+        for j in range(i + 1, len(names)):
+            print(
+                f"| {names[i]} x {names[j]} | {mean_sd(raw[:, i, j])} | {mean_sd(cal[:, i, j])} | "
+                + " ".join(f"{p:.3f}" for p in pvals[:, i, j])
+                + " |"
+            )
+    draw_twins(names, raw, cal, figures / "seeds-twins.png")
+
+
+def draw_fig8(spreads: dict, out: Path) -> None:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(9, 6.6), dpi=110)
+    axes = fig.subplots(2, len(spreads))
+    for col, (name, runs) in enumerate(spreads.items()):
+        for row, (what, data, vmax) in enumerate((("mean", runs.mean, 1.0), ("sd over seeds", runs.std, 0.3))):
+            ax = axes[row, col]
+            im = ax.imshow(data, origin="lower", vmin=0, vmax=vmax, cmap="viridis" if row == 0 else "magma")
+            ax.set_title(f"{name}: CKA {what}", fontsize=9)
+            ax.set_xticks(range(len(runs.cols)), runs.cols, rotation=90, fontsize=7)
+            ax.set_yticks(range(len(runs.rows)), runs.rows, fontsize=7)
+            fig.colorbar(im, ax=ax, shrink=0.8)
+    fig.suptitle(f"Fig. 8 over {len(SEEDS)} training seeds (one split): a ViT without blocks.1's skips", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out)
+    print(f"  figure: {out}")
+
+
+def draw_fig12(curves: dict, out: Path) -> None:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 3.4), dpi=110)
+    axes = fig.subplots(1, 3, sharey=True)
+    for k, readout in enumerate(("CLS", "GAP", "tokens (mean)")):
+        ax = axes[k]
+        for name, (acc, rows, cols) in curves.items():
+            if readout not in cols:
+                continue
+            v = acc[:, :, cols.index(readout)]
+            mean, sd = np.nanmean(v, axis=0), np.nanstd(v, axis=0, ddof=1)
+            x = np.arange(len(rows))
+            ax.plot(x, mean, marker="o", ms=3, label=name)
+            ax.fill_between(x, mean - sd, mean + sd, alpha=0.25)
+        ax.set_title(f"{readout} probe", fontsize=9)
+        ax.set_xticks(np.arange(len(rows)), rows, rotation=90, fontsize=7)
+        ax.set_ylim(0, 1)
+    axes[0].set_ylabel("test accuracy (mean +- sd over seeds)")
+    axes[-1].legend(fontsize=7)
+    fig.suptitle(f"Fig. 12 over {len(SEEDS)} training seeds: less data, the same 660 steps", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out)
+    print(f"  figure: {out}")
+
+
+def draw_bars(labels: list[str], measured: dict[str, np.ndarray], title: str, out: Path) -> None:
+    """Draws each run's numbers (seeds, len(labels)) as bars of their mean with the sd, each seed a dot."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 3.2), dpi=110)
+    ax = fig.subplots()
+    x, width = np.arange(len(labels)), 0.8 / len(measured)
+    for k, (name, rows) in enumerate(measured.items()):
+        at = x + (k - (len(measured) - 1) / 2) * width
+        ax.bar(at, rows.mean(axis=0), width, yerr=rows.std(axis=0, ddof=1), capsize=3, label=name)
+        for seed_row in rows:
+            ax.plot(at, seed_row, "k.", ms=3)
+    ax.set_xticks(x, labels, fontsize=8)
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=8)
+    ax.set_title(title + " (bars: mean, sd; dots: seeds)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out)
+    print(f"  figure: {out}")
+
+
+def draw_twins(names: list[str], raw: np.ndarray, cal: np.ndarray, out: Path) -> None:
+    from matplotlib.figure import Figure
+
+    pairs = [(i, j) for i in range(len(names)) for j in range(i + 1, len(names))]
+    fig = Figure(figsize=(8, 3.4), dpi=110)
+    ax = fig.subplots()
+    x = np.arange(len(pairs))
+    for k, (label, data) in enumerate((("raw best-match CKA", raw), ("calibrated", cal))):
+        v = np.stack([data[:, i, j] for i, j in pairs], axis=1)  # (seeds, pairs)
+        ax.bar(x + (k - 0.5) * 0.38, v.mean(axis=0), 0.38, yerr=v.std(axis=0, ddof=1), capsize=3, label=label)
+        for s in range(len(v)):
+            ax.plot(x + (k - 0.5) * 0.38, v[s], "k.", ms=3)
+    ax.set_xticks(x, [f"{names[i]}\nx {names[j]}" for i, j in pairs], fontsize=7)
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=8)
+    ax.set_title(f"trained models and their random-init twins over {len(SEEDS)} seeds (bars: mean, sd; dots: seeds)",
+                 fontsize=9)  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(out)
+    print(f"  figure: {out}")
+
+
+def seeds(args) -> None:
+    import warnings
+
+    warnings.simplefilter("ignore", RuntimeWarning)  # a readout a layer lacks (patch_embed's CLS): NaN, said as '-'
+    work = Path(args.work)
+    figures = Path(args.figures)
+    work.mkdir(parents=True, exist_ok=True)
+    figures.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    seed_trained(work)
+    print("| run | test accuracy per seed | mean +- sd | seconds in epochs per seed |")
+    print("|---|---|---|---|")
+    for name in SEED_RUNS:
+        recs = [read(work, f"{name}-s{s}") for s in SEEDS]
+        acc = [r["test_accuracy"] for r in recs]
+        secs = " ".join(f"{sum(h['seconds'] for h in r['history']):.0f}" for r in recs)
+        print(f"| {name} | {' '.join(f'{a:.3f}' for a in acc)} | {mean_sd(acc)} | {secs} |")
+    seed_extracted(work)
+    seed_fig8(work, figures)
+    seed_fig12(work, figures)
+    seed_fig10(work, figures)
+    seed_twins(work, figures)
+    print(f"\n{time.perf_counter() - t0:.0f} s (load {load()})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="what", required=True)
@@ -246,8 +530,11 @@ def main() -> None:
     d.add_argument("--cache", help="cache folder (default: a new temporary one)")
     p = sub.add_parser("paper")
     p.add_argument("--work", default="paper-runs", help="folder for the weights, stores and exports")
+    s = sub.add_parser("seeds")
+    s.add_argument("--work", default="seed-runs", help="folder for the weights, stores and exports")
+    s.add_argument("--figures", default="seed-figures", help="folder for the figures (PNG)")
     args = parser.parse_args()
-    {"demo": demo, "paper": paper}[args.what](args)
+    {"demo": demo, "paper": paper, "seeds": seeds}[args.what](args)
 
 
 if __name__ == "__main__":

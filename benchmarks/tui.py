@@ -186,7 +186,7 @@ def app_on_cka_view(matrix: np.ndarray, zoom: str, color_mode: str):
     from vitsee.tui import results
     from vitsee.tui.app import VitseeApp
     from vitsee.tui.options import AppOptions
-    from vitsee.tui.screens import explorer
+    from vitsee.tui.widgets import store_watch, view_panes
 
     key = "vit_bench@random:0"
     layers = [f"blocks.{i}" for i in range(len(matrix))]
@@ -203,15 +203,13 @@ def app_on_cka_view(matrix: np.ndarray, zoom: str, color_mode: str):
                 layers=layers,
                 shapes=shapes,
                 rows_done=1024,
-                views=[],
-                spatial_layers=[],
             )
         ],
     )
     view = View("cka", f"cka:{key}", f"CKA {key}", "", matrix, layers, layers, "CKA", 0.0, 1.0, {}, {}, [key, key])
     loaded = results.LoadedView(f"cka:{key}", view, False, 0.0, {key: shapes})
-    explorer.read_summary = lambda path: summary
-    explorer.read_view = lambda path, spec, cfg, progress=None, cancelled=None, warn=None: loaded
+    store_watch.read_summary = lambda path: summary  # where the explorer reads the store and its views
+    view_panes.read_view = lambda path, spec, cfg, progress=None, cancelled=None, warn=None, options=None: loaded
     app = VitseeApp(Path("bench.h5"), options=AppOptions(color_mode=ColorMode.parse(color_mode)))
     app.bench_zoom = zoom
     return app
@@ -295,16 +293,16 @@ async def measure_while_probes() -> dict[str, list[float]]:
     spec = importlib.util.spec_from_file_location("probes_benchmark", Path(__file__).with_name("probes.py"))
     probes_benchmark = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probes_benchmark)
-    from vitsee.tui.screens import explorer
+    from vitsee.tui.widgets import caching_bar
     from vitsee.tui.widgets.task_bar import TaskBar
 
     store_path = ARGS.probe_store or Path(tempfile.gettempdir()) / "vitsee-bench-probes-tui.h5"
     probes_benchmark.build_store(store_path, "mixer_b16_224@random:0", 32, 224, probes_benchmark.MIXER_BLOCKS, "cpu")
     width, height = map(int, ARGS.size.lower().split("x"))
     app = app_on_cka_view(cka_like(ARGS.matrix), "1:1", ARGS.color_mode)
-    shown = explorer.read_view
+    shown = caching_bar.read_view
     compute = probe_job(store_path)
-    explorer.read_view = lambda path, spec, *a, **k: (compute if spec.startswith("probes") else shown)(
+    caching_bar.read_view = lambda path, spec, *a, **k: (compute if spec.startswith("probes") else shown)(
         path, spec, *a, **k
     )
     result: dict[str, list[float]] = {"ms": [], "bar_texts": []}
@@ -321,7 +319,7 @@ async def measure_while_probes() -> dict[str, list[float]]:
 
         heatmap.watch_cursor = watch_cursor
         if not ARGS.no_worker:
-            screen._analyse_all(["probes:bench"])  # the app's own background worker, cancelled below
+            screen._analyse_all()  # the app's own background worker (probes among its views), cancelled below
         bar = screen.query_one("#background-task", TaskBar)
         await asyncio.sleep(2.0)  # past the first layer: reading and solving
         for key in cursor_walk(ARGS.moves, ARGS.seed):

@@ -1,4 +1,5 @@
-"""A zoo's extraction against its size: 4, 8 and 16 small models over the same 512 images.
+"""A zoo's extraction against its size: 4, 8 and 16 small models over the same 512 images; and what the zoo's
+permutation null (1,000 permutations) and jackknife intervals cost against the zoo itself.
 
 Each zoo is extracted as a zoo is (`vitsee extract --grams`: each layer's per-batch Gram, no activations) in a
 subprocess of its own, once under a memory budget (models in waves, a few resident at a time) and once with the default
@@ -145,6 +146,30 @@ def pairs_seconds(store: Path) -> tuple[float, int]:
         return time.perf_counter() - t0, len(columns)
 
 
+def zoo_seconds(store: Path, permutations: int, level: float) -> float:
+    """Returns the seconds of `vitsee analyze --zoo` on a copy of the store: its CKA from the Grams and the summaries,
+    plus the null's pass with `permutations` and the intervals' pass at `level` (0: none)."""
+    from vitsee.analyses.config import AnalyzeConfig
+    from vitsee.analyses.driver import run_analyses
+    from vitsee.store import copy_store
+
+    work = copy_store(store, store.with_name(f"{store.stem}-z{permutations}-{level:g}.h5"))
+    try:
+        cfg = AnalyzeConfig(
+            device="cpu",
+            ci=level,
+            permutations=0,
+            any_cka_estimate=True,  # the streamed CKA, as `vitsee analyze --zoo` takes it
+            options={"zoo_permutations": permutations},
+        )
+        t0 = time.perf_counter()
+        run_analyses(work, ["zoo"], cfg)
+        return time.perf_counter() - t0
+    finally:
+        work.unlink(missing_ok=True)
+        shutil.rmtree(f"{work}.d", ignore_errors=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[4, 8, 16])
@@ -152,6 +177,9 @@ def main() -> int:
     parser.add_argument("--images", type=int, default=512)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--no-one-pass", action="store_true", help="skip the runs with every model resident")
+    parser.add_argument(
+        "--null", type=int, default=1000, help="permutations of the zoo's null timed on the waves' store (0: none)"
+    )
     parser.add_argument("--keep", type=Path, help="folder to keep the stores in (default: a temporary one)")
     parser.add_argument("--child", nargs=5, metavar=("STORE", "N", "BUDGET", "IMAGES", "BATCH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -204,6 +232,18 @@ def main() -> int:
                 f"{disk_mb(store):>8.1f} {pairs:>7.2f} {layers:>6}  (load {os.getloadavg()[0]:.1f})",
                 flush=True,
             )
+            if label == "waves" and args.null:
+                bare = zoo_seconds(store, 0, 0.0)
+                null = zoo_seconds(store, args.null, 0.0)
+                both = zoo_seconds(store, args.null, 0.95)
+                itself = out["seconds"] + pairs
+                print(
+                    f"{'':>6} zoo summaries {bare:.2f} s; with a {args.null}-permutation null {null:.2f} s "
+                    f"(the null {null - bare:.2f} s = {(null - bare) / itself:.2f}x the zoo itself, extraction + "
+                    f"pairs {itself:.1f} s; target <= 2x); null and jackknife intervals {both:.2f} s "
+                    f"({(both - bare) / itself:.2f}x)",
+                    flush=True,
+                )
             if args.keep is None:
                 store.unlink()
                 shutil.rmtree(f"{store}.d", ignore_errors=True)

@@ -11,9 +11,11 @@
     store.attention(vit).plot()          # paper Fig. 3
     store.measure("procrustes", vit, resnet)   # another measure of the same layer pairs
     store.zoo()                          # every pair of the store's models
+    vitsee.across_seeds(["s0.h5", "s1.h5", "s2.h5"], "cka:vit").std   # the spread over training seeds
 
 The public API is what this module exports (`__all__`): `open`, `extract`, `train`, `from_features`, the `Store` and
-`Result` they return, `Images`, `measures` (similarity measures for arrays you already have), and `VitseeError`, the
+`Result` they return, `Images`, `measures` (similarity measures for arrays you already have), `across_seeds` (a
+view's mean and spread over the stores of several training seeds, a `SeedSpread`), and `VitseeError`, the
 one exception a user can cause (its message is the line the CLI prints). The sub-packages below stay importable,
 but only these names are promised.
 
@@ -45,14 +47,17 @@ from vitsee.library.features import from_features
 from vitsee.library.progress import VitseeWarning
 from vitsee.library.result import Result
 from vitsee.library.run import extract, train
+from vitsee.library.seeds import SeedSpread, across_seeds
 from vitsee.library.store import Images, Store, open
 
 __all__ = [
     "Images",
     "Result",
+    "SeedSpread",
     "Store",
     "VitseeError",
     "VitseeWarning",
+    "across_seeds",
     "extract",
     "from_features",
     "measures",

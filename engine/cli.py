@@ -190,52 +190,24 @@ def extract(
     from vitsee.extraction import distributed
     from vitsee.extraction.distributed import is_secondary
     from vitsee.extraction.extract import resume_extraction, run_extraction
-    from vitsee.extraction.plan import ExtractConfig, parse_bytes
-    from vitsee.extraction.run_config import plan_resume
+    from vitsee.extraction.run_config import Resume, extraction
     from vitsee.threads import set_compute_threads
 
     secondary = is_secondary()
     quiet = quiet or secondary  # under torchrun rank 0 speaks for the run
     # under torchrun (WORLD_SIZE > 1) each process extracts a shard and rank 0 stitches them
     driver = distributed.extract_sharded if distributed.current() is not None else run_extraction
-    budget = parse_bytes(memory_budget) if memory_budget is not None else None
     if models_from or models_pattern:
         model = _listed_models(model, models_from, models_pattern, skip_missing, quiet)
-    if not model:
-        resume = plan_resume(
-            store,
-            _typed_options(ctx),
-            device=_typed(ctx, "device", device),
-            workers=workers,
-            force=force,
-            memory_budget=budget,
-        )
+    planned = extraction(store, model, ctx.params, given=_typed_options(ctx))
+    if isinstance(planned, Resume):
         if not quiet:
-            err.print(resume.describe(), highlight=False, soft_wrap=True)
-        if resume.complete:
+            err.print(planned.describe(), highlight=False, soft_wrap=True)
+        if planned.complete:
             return
-        run = lambda progress: resume_extraction(resume, progress=progress, driver=driver)  # noqa: E731
+        run = lambda progress: resume_extraction(planned, progress=progress, driver=driver)  # noqa: E731
     else:
-        cfg = ExtractConfig(
-            store=store,
-            models=model,
-            dataset=dataset,
-            n_images=n_images,
-            batch_size=batch_size,
-            device=device,
-            layers=layers,
-            img_size=img_size,
-            dtype=dtype,
-            shuffle_seed=shuffle_seed,
-            overwrite=overwrite,
-            force=force,
-            workers=workers,
-            streaming=streaming,
-            heads=heads,
-            grams=grams,
-            memory_budget=budget,
-        )
-        run = lambda progress: driver(cfg, progress=progress)  # noqa: E731
+        run = lambda progress: driver(planned, progress=progress)  # noqa: E731
     set_compute_threads(threads)
     on_event, bar = _progress_bar(quiet, warn=not secondary)
     try:
@@ -264,8 +236,10 @@ def _precheck_extract(store: Path, specs: list[str], dataset: str, files: list[P
     for spec in specs:
         precheck_spec(spec)
     for path in files:
+        if not path.exists():
+            raise VitseeError(f"--models-from {path} does not exist: give a file with one model spec per line")
         if not path.is_file():
-            raise VitseeError(f"--models-from {path} is not a file: check the path (one model spec per line)")
+            raise VitseeError(f"--models-from {path} is not a file: give a file with one model spec per line")
     if specs or files:  # without models a run resumes the store's recorded dataset
         check_dataset_spec(dataset)
     if not store.expanduser().parent.is_dir():
@@ -302,11 +276,12 @@ def _typed(ctx: typer.Context, name: str, value):
 
 
 def _typed_options(ctx: typer.Context) -> dict:
-    """Returns {flag: value} of the options a resume checks against the store's record that the user typed."""
+    """Returns {flag: value} of the options a resume checks against the store's record that the user typed (and
+    --device, which replaces the recorded one)."""
     from vitsee.extraction.run_config import RECORDED_OPTIONS
 
-    typed = {flag: _typed(ctx, name, ctx.params[name]) for flag, name in RECORDED_OPTIONS.items()}
-    typed["--overwrite"] = _typed(ctx, "overwrite", ctx.params["overwrite"])
+    flags = {**RECORDED_OPTIONS, "--overwrite": "overwrite", "--device": "device"}
+    typed = {flag: _typed(ctx, name, ctx.params[name]) for flag, name in flags.items()}
     return {flag: value for flag, value in typed.items() if value is not None}
 
 
@@ -407,7 +382,20 @@ def train(
             help="light augmentation (timm's training transform: random resized crops) [default: ResNet yes, ViT no]",
         ),
     ] = None,
-    seed: Annotated[int, typer.Option(help="seed of the split, the init and the data order")] = 0,
+    seed: Annotated[
+        int, typer.Option(help="seed of the init and the data order (and of the split, unless --split-seed)")
+    ] = 0,
+    split_seed: Annotated[
+        Optional[int],
+        typer.Option(help="seed of the train/test split and the data fraction's part [default: --seed]"),
+    ] = None,
+    seeds: Annotated[
+        Optional[str],
+        typer.Option(
+            help="train one run per init seed, e.g. 0,1,2, into OUT-s0.safetensors, ... on one split "
+            "(--split-seed, default --seed)"
+        ),
+    ] = None,
     device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")] = "auto",
     workers: Annotated[int, typer.Option(help="image loading processes")] = 0,
     threads: Annotated[
@@ -433,9 +421,14 @@ def train(
 ) -> None:
     """Train a timm classifier with the paper's interventions; resumable, OUT written at the end."""
     from vitsee.models.interventions import parse_no_skip
+    from dataclasses import replace
+
     from vitsee.training.train import TrainConfig, check_held_out, checkpoint_path, parse_model_args, write_held_out
+    from vitsee.training.train import parse_seeds, seed_path
     from vitsee.training.train import train as run_training
 
+    if split_seed is not None and split_seed < 0:
+        raise VitseeError(f"--split-seed {split_seed} is negative: use a seed of 0 or more")
     cfg = TrainConfig(
         out=out_file,
         model=model,
@@ -446,6 +439,7 @@ def train(
         data_fraction=data_fraction,
         test_fraction=test_fraction,
         seed=seed,
+        split_seed=split_seed,
         no_skip=parse_no_skip(no_skip),
         pool=pool,
         epochs=epochs,
@@ -462,25 +456,35 @@ def train(
     )
     if held_out is not None:
         check_held_out(held_out, out_file)
-    on_event, stop = _train_bar(quiet)
-    try:
-        result = run_training(cfg, progress=on_event)
-    except KeyboardInterrupt:
-        err.print(
-            f"interrupted: finished epochs are kept in {checkpoint_path(out_file)}; rerun the same command to resume",
-            highlight=False,
-        )
-        raise typer.Exit(130) from None
-    finally:
-        stop()
+    runs = [cfg]
+    if seeds is not None:  # several init seeds on one split: the split seed stays what one run would have used
+        fixed = seed if split_seed is None else split_seed
+        runs = [replace(cfg, out=seed_path(out_file, s), seed=s, split_seed=fixed) for s in parse_seeds(seeds)]
+    for run in runs:
+        if seeds is not None and run.out.exists() and not overwrite:
+            if not quiet:
+                err.print(f"{run.out} exists: kept (--overwrite trains it again)", highlight=False)
+            continue
+        on_event, stop = _train_bar(quiet)
+        try:
+            result = run_training(run, progress=on_event)
+        except KeyboardInterrupt:
+            err.print(
+                f"interrupted: finished epochs are kept in {checkpoint_path(run.out)}; "
+                "rerun the same command to resume",
+                highlight=False,
+            )
+            raise typer.Exit(130) from None
+        finally:
+            stop()
+        if not quiet:
+            err.print(
+                f"{result.seconds:.1f} s; extract it with -m {model}@{result.out}"
+                + (f" --dataset npz:{held_out}" if held_out else ""),
+                highlight=False,
+            )
     if held_out is not None:
-        write_held_out(cfg, held_out)
-    if not quiet:
-        err.print(
-            f"{result.seconds:.1f} s; extract it with -m {model}@{result.out}"
-            + (f" --dataset npz:{held_out}" if held_out else ""),
-            highlight=False,
-        )
+        write_held_out(runs[0], held_out)  # every seed's split is the same: one file of images none trained on
 
 
 @app.command()
@@ -488,131 +492,180 @@ def info(store: Annotated[Path, typer.Argument(help="a store made by `vitsee ext
     """Print what a store holds: images, models, layers with shapes and sizes, statistics, results."""
     from rich.markup import escape
 
-    from vitsee.models.init_notes import random_init_note
-    from vitsee.extraction.run_config import command_line
-    from vitsee.store import Store, human_bytes
-    from vitsee.store.files import find_moved_folder
+    from vitsee.store import Store
 
     with Store.open(store) as s:
-        record = s.run_config()
-        resume = (
-            f"resume it with `vitsee extract {store}`"
-            if record is not None
-            else "rerun the `vitsee extract` command that made it to resume"
-        )
-        status = "complete" if s.complete else f"[yellow]incomplete[/] ({escape(resume)})"
-        out.print(
-            f"[bold]{escape(str(store))}[/]  {human_bytes(store.stat().st_size)} on disk, {status}", highlight=False
-        )
-        if record is not None:
-            out.print(f"made by: {escape(command_line(store, record))}", highlight=False)
-        side = s.files_beside()
-        if side["files"]:
-            out.print(
-                f"beside it in {s.sidecar.name}/: {side['models']} appended model file(s), {side['results']} cached "
-                f"result file(s), {human_bytes(side['bytes'])} (move or copy the store and this folder together)",
-                highlight=False,
-            )
-        moved = find_moved_folder(store, s.store_id)
-        if moved is not None:
-            out.print(
-                f"[yellow]{escape(str(moved))} holds appended models or cached results of this store[/] (it was "
-                f"moved without its folder): {escape(_folder_back(moved, s.sidecar))}",
-                highlight=False,
-            )
-        if s.streaming:
-            heads = " and head-level CKA" if s.streamed_heads() else ""  # extract --streaming --heads
-            out.print(
-                f"streaming: activations not stored (statistics and CKA{heads} from the forward pass only)",
-                highlight=False,
-            )
-        if s.shard_files:
-            size = sum(f.stat().st_size for f in s.shard_files)
-            out.print(
-                f"stitched from {len(s.shard_files)} torchrun shards in {s.shard_files[0].parent.name}/ "
-                f"({human_bytes(size)} on disk): keep the folder beside the store",
-                highlight=False,
-            )
-        names = s.class_names
-        labels = s.labels
-        label_text = f"{len(set(labels.tolist()))} classes" if labels is not None else "no labels"
-        seed = f", shuffle seed {s.shuffle_seed}" if s.shuffle_seed is not None else ""
-        out.print(
-            f"images: {s.n_images} of [cyan]{s.dataset_spec}[/]{seed}, {label_text}"
-            + (f" ({', '.join(names[:6])}{' ...' if len(names) > 6 else ''})" if names else ""),
-            highlight=False,
-        )
-        names = s.display_names()
+        _print_store(s, store)
         for key in s.models:
-            meta = s.model_info(key)
-            w = meta["weights"]
-            weights = w["kind"] + (f" seed {w['seed']}" if w.get("seed") is not None else "")
-            if w.get("sha256"):
-                weights += f" sha256 {w['sha256'][:12]}"
-            if w.get("source") and w["kind"] != "random":
-                weights += f" ({w['source']})"
-            done = s.rows_done(key)
-            out.print()
-            out.print(f"[bold green]{escape(key)}[/]  {meta['family']}  {weights}", highlight=False)
-            out.print(
-                f"  called {escape(repr(names[key]))} in figures and titles (`vitsee name` renames it)", highlight=False
-            )
-            if w.get("trained"):
-                out.print(f"  trained here on {w['trained']}", highlight=False)
-            note = random_init_note(meta)
-            if note:
-                out.print(f"  [yellow]{note}[/]", highlight=False)
-            out.print(
-                f"  input {meta['data_config']['input_size']}{_grid_text(meta)}; "
-                f"{meta['dtype']}, batch {meta['batch_size']}; "
-                f"{done}/{s.n_images} rows done; {human_bytes(s.model_bytes(key))}",
-                highlight=False,
-            )
-            lossy = meta.get("fp16_lossy_layers") or []
-            if lossy:
-                worst = max(meta["fp16_loss"][layer] for layer in lossy)
-                out.print(
-                    f"  [yellow]float16 storage lost up to {worst:.1e} of the signal[/] of {len(lossy)} layer(s) "
-                    f"({', '.join(lossy[:4])}{' ...' if len(lossy) > 4 else ''}): CKA on them may be off; "
-                    "re-extract with --dtype float32",
-                    highlight=False,
-                )
-            table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
-            table.add_column("layer")
-            table.add_column("shape / image")
-            table.add_column("layout")
-            table.add_column("size", justify="right")
-            table.add_column("non-finite", justify="right")
-            nonfinite = s.nonfinite_counts(key)
-            itemsize = 2 if meta["dtype"] == "float16" else 4
-            for layer in s.layers(key):
-                shape = s.layer_shape(key, layer)
-                n_el = 1
-                for d in shape:
-                    n_el *= d
-                size = "not stored" if s.streaming else human_bytes(n_el * itemsize * s.n_images)
-                table.add_row(
-                    layer,
-                    "x".join(map(str, shape)),
-                    s.layer_layout(key, layer),
-                    size,
-                    str(nonfinite[layer]) if nonfinite[layer] else "",
-                )
-            out.print(table)
-            if s.stats(key):
-                out.print(
-                    "  statistics: "
-                    + ", ".join(
-                        f"{n} {'x'.join(map(str, s.model_group(key)['stats'][n].shape[1:]))}" for n in s.stats(key)
-                    ),
-                    highlight=False,
-                )
+            _print_model(s, key)
         results = s.results()
         if results:
             out.print()
             out.print("[bold]cached results[/]")
             for r in results:
                 out.print(f"  {r['analysis']} {r['id']}  {r['params']}", highlight=False)
+        out.print()
+        out.print(
+            f"remove it with `vitsee rm {escape(str(store))}`: the file and everything of it beside it, together "
+            f"(deleting {escape(store.name)} alone leaves {escape(s.sidecar.name)}/ behind)",
+            highlight=False,
+        )
+
+
+@app.command()
+def rm(
+    store: Annotated[Path, typer.Argument(help="a store made by `vitsee extract` (or the path of one that is gone)")],
+    leftover: Annotated[
+        bool, typer.Option("--leftover", help="remove the folder STORE.d of a store that is gone (deleted by hand)")
+    ] = False,
+) -> None:
+    """Remove a store: its file, and its folder beside it (appended models, cached results) and torchrun shards."""
+    from vitsee.store.remove import remove_leftover, remove_store, summary
+
+    done = remove_leftover(store) if leftover else remove_store(store)
+    if leftover:
+        out.print(
+            f"removed the folder of {store}: {len(done['removed'])} file(s)"
+            + (f"; left {len(done['left'])} that are not vitsee's" if done["left"] else ""),
+            highlight=False,
+        )
+    else:
+        out.print(summary(store, done), highlight=False)
+
+
+def _print_store(s, store: Path) -> None:
+    """Prints a store's file, whether it is complete, the command that made it, what lies beside it, and its images."""
+    from rich.markup import escape
+
+    from vitsee.extraction.run_config import command_line
+    from vitsee.store import human_bytes
+    from vitsee.store.files import find_moved_folder
+
+    record = s.run_config()
+    resume = (
+        f"resume it with `vitsee extract {store}`"
+        if record is not None
+        else "rerun the `vitsee extract` command that made it to resume"
+    )
+    status = "complete" if s.complete else f"[yellow]incomplete[/] ({escape(resume)})"
+    out.print(f"[bold]{escape(str(store))}[/]  {human_bytes(store.stat().st_size)} on disk, {status}", highlight=False)
+    if record is not None:
+        out.print(f"made by: {escape(command_line(store, record))}", highlight=False)
+    side = s.files_beside()
+    if side["files"]:
+        out.print(
+            f"beside it in {s.sidecar.name}/: {side['models']} appended model file(s), {side['results']} cached "
+            f"result file(s), {human_bytes(side['bytes'])} (move or copy the store and this folder together)",
+            highlight=False,
+        )
+    moved = find_moved_folder(store, s.store_id)
+    if moved is not None:
+        out.print(
+            f"[yellow]{escape(str(moved))} holds appended models or cached results of this store[/] (it was "
+            f"moved without its folder): {escape(_folder_back(moved, s.sidecar))}",
+            highlight=False,
+        )
+    if s.streaming:
+        heads = " and head-level CKA" if s.streamed_heads() else ""  # extract --streaming --heads
+        out.print(
+            f"streaming: activations not stored (statistics and CKA{heads} from the forward pass only)",
+            highlight=False,
+        )
+    if s.shard_files:
+        size = sum(f.stat().st_size for f in s.shard_files)
+        out.print(
+            f"stitched from {len(s.shard_files)} torchrun shards in {s.shard_files[0].parent.name}/ "
+            f"({human_bytes(size)} on disk): keep the folder beside the store",
+            highlight=False,
+        )
+    names = s.class_names
+    labels = s.labels
+    label_text = f"{len(set(labels.tolist()))} classes" if labels is not None else "no labels"
+    seed = f", shuffle seed {s.shuffle_seed}" if s.shuffle_seed is not None else ""
+    out.print(
+        f"images: {s.n_images} of [cyan]{s.dataset_spec}[/]{seed}, {label_text}"
+        + (f" ({', '.join(names[:6])}{' ...' if len(names) > 6 else ''})" if names else ""),
+        highlight=False,
+    )
+
+
+def _print_model(s, key: str) -> None:
+    """Prints a model of the store: its weights, input and grid, rows done, what float16 lost, its layers and
+    statistics."""
+    from rich.markup import escape
+
+    from vitsee.models.init_notes import random_init_note
+    from vitsee.store import human_bytes
+
+    meta = s.model_info(key)
+    w = meta["weights"]
+    weights = w["kind"] + (f" seed {w['seed']}" if w.get("seed") is not None else "")
+    if w.get("sha256"):
+        weights += f" sha256 {w['sha256'][:12]}"
+    if w.get("source") and w["kind"] != "random":
+        weights += f" ({w['source']})"
+    done = s.rows_done(key)
+    out.print()
+    out.print(f"[bold green]{escape(key)}[/]  {meta['family']}  {weights}", highlight=False)
+    out.print(
+        f"  called {escape(repr(s.display_name(key)))} in figures and titles (`vitsee name` renames it)",
+        highlight=False,
+    )
+    if w.get("trained"):
+        out.print(f"  trained here on {w['trained']}", highlight=False)
+    note = random_init_note(meta)
+    if note:
+        out.print(f"  [yellow]{note}[/]", highlight=False)
+    out.print(
+        f"  input {meta['data_config']['input_size']}{_grid_text(meta)}; "
+        f"{meta['dtype']}, batch {meta['batch_size']}; "
+        f"{done}/{s.n_images} rows done; {human_bytes(s.model_bytes(key))}",
+        highlight=False,
+    )
+    lossy = meta.get("fp16_lossy_layers") or []
+    if lossy:
+        worst = max(meta["fp16_loss"][layer] for layer in lossy)
+        out.print(
+            f"  [yellow]float16 storage lost up to {worst:.1e} of the signal[/] of {len(lossy)} layer(s) "
+            f"({', '.join(lossy[:4])}{' ...' if len(lossy) > 4 else ''}): CKA on them may be off; "
+            "re-extract with --dtype float32",
+            highlight=False,
+        )
+    out.print(_layer_table(s, key, meta))
+    if s.stats(key):
+        out.print(
+            "  statistics: "
+            + ", ".join(f"{n} {'x'.join(map(str, s.model_group(key)['stats'][n].shape[1:]))}" for n in s.stats(key)),
+            highlight=False,
+        )
+
+
+def _layer_table(s, key: str, meta: dict) -> Table:
+    """Returns the table of a model's layers: shape per image, layout, size on disk, images with NaN/Inf."""
+    from vitsee.store import human_bytes
+
+    table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
+    table.add_column("layer")
+    table.add_column("shape / image")
+    table.add_column("layout")
+    table.add_column("size", justify="right")
+    table.add_column("non-finite", justify="right")
+    nonfinite = s.nonfinite_counts(key)
+    itemsize = 2 if meta["dtype"] == "float16" else 4
+    for layer in s.layers(key):
+        shape = s.layer_shape(key, layer)
+        n_el = 1
+        for d in shape:
+            n_el *= d
+        size = "not stored" if s.streaming else human_bytes(n_el * itemsize * s.n_images)
+        table.add_row(
+            layer,
+            "x".join(map(str, shape)),
+            s.layer_layout(key, layer),
+            size,
+            str(nonfinite[layer]) if nonfinite[layer] else "",
+        )
+    return table
 
 
 @app.command()
@@ -821,7 +874,7 @@ def analyze(
     ci: Annotated[
         Optional[float],
         typer.Option(
-            help="confidence level of the intervals (bootstrap over CKA minibatches, exact binomial for probes, "
+            help="confidence level of the intervals (jackknife over images for CKA, exact binomial for probes, "
             "Student-t for means over images); 0: none [default: 0.95]"
         ),
     ] = None,
@@ -1032,15 +1085,21 @@ def main() -> None:
     """Entry point: runs the Typer app, turning user errors into one line and a non-zero exit."""
     with warnings.catch_warnings():  # restores the warning machinery when the command returns
         warnings.simplefilter("always", VitseeNote)
-        default, said = warnings.showwarning, set()
+        said: set[str] = set()
 
         def show(message, category, filename, lineno, file=None, line=None):
-            if issubclass(category, VitseeNote):
-                if str(message) not in said:  # a result looked up twice is ignored twice: said once
-                    said.add(str(message))
-                    err.print(f"note: {message}", highlight=False, soft_wrap=True)
-            else:
-                default(message, category, filename, lineno, file, line)
+            # one line each, once: a warning raised again per resample or per shuffle (and Python's own output, its
+            # source path and line of code) said `analyze --measure-bootstrap 5` of a constant layer in 12 lines
+            from rich.markup import escape
+
+            text = (str(message).strip().splitlines() or [category.__name__])[0]
+            if text not in said:
+                said.add(text)
+                err.print(
+                    f"{'note' if issubclass(category, VitseeNote) else 'warning'}: {escape(text)}",
+                    highlight=False,
+                    soft_wrap=True,
+                )
 
         warnings.showwarning = show
         _main()

@@ -130,7 +130,10 @@ def test_it_gets_intervals_and_p_values_over_the_images(package):
     np.testing.assert_allclose(np.diag(p), 1 / (PERMUTATIONS + 1))
     assert np.any(high - low > 0.01)  # elsewhere the images' draw moves the value
     shown = cli(package, "show", package["store"], f"jaccard:{VIT}", "--color", "none").stdout
-    assert f"{REPLICATES} resamples of the 48 images" in shown and "more shared neighbours than images paired" in shown
+    assert (
+        f"{REPLICATES} groups of the 48 images each left out once" in shown
+        and "more shared neighbours than images paired" in shown
+    )
 
 
 def test_a_bad_parameter_is_one_line_naming_the_option(package):

@@ -15,7 +15,7 @@ from vitsee.analyses.probes import run_probes
 from vitsee.analyses import cka as cka_mod
 from vitsee.analyses.cka import minibatch_cka
 from vitsee.errors import VitseeError
-from vitsee.analyses.probes import ridge_probe
+from vitsee.analyses.ridge import ridge_probe
 from vitsee.store import Store
 from vitsee.analyses.views import load_view
 

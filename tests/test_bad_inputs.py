@@ -203,6 +203,41 @@ BAD_INPUTS = [
         lambda c: c.train(c.file("runs.safetensors/keep", b"").parent),
         "runs.safetensors is a folder: name the weights file",
     ),
+    (
+        "train-overwrite-onto-a-folder",
+        lambda c: c.train(c.file("runs.safetensors/keep", b"").parent, "--overwrite"),
+        "runs.safetensors is a folder: name the weights file",
+    ),
+    *[
+        (
+            f"train{flag}-{side}-a-folder",
+            lambda c, side=side, flag=flag: c.train(
+                c.file(f"m.safetensors.{side}/keep", b"").parent.with_suffix(""), *[flag] if flag else []
+            ),
+            f"m.safetensors.{side} is a folder where vitsee train keeps",
+        )
+        for side in ("ckpt", "lock")
+        for flag in ("", "--overwrite")
+    ],
+    # the issue's `mkdir -p e.h5/sub; vitsee extract e.h5 ... --overwrite` ran the whole extraction, then died with
+    # IsADirectoryError at the rename; without --overwrite it offered --overwrite
+    *[
+        (
+            f"extract{'-' + '-'.join(f.strip('-') for f in flags) if flags else ''}-onto-a-folder",
+            lambda c, flags=flags: [
+                "extract",
+                c.file("e.h5/sub/keep", b"").parent.parent,
+                "--model",
+                VIT,
+                "--dataset",
+                "digits",
+                *RUN,
+                *flags,
+            ],
+            "e.h5 is a folder, not a store file: name the store to write, such as",
+        )
+        for flags in ([], ["--overwrite"], ["--grams"], ["--streaming", "--overwrite"])
+    ],
 ]
 
 

@@ -275,6 +275,7 @@ def svg_lines(path: Path) -> list[str]:
 
 def test_snapshot_of_a_kind_writes_the_apps_default_view_with_its_title_and_labels(store, tmp_path, capsys):
     out = tmp_path / "shots" / "cka.svg"
+    out.parent.mkdir()  # a missing folder is refused, as export refuses it
     code, stdout, err = run_main([store, "--snapshot", "cka", "--out", out, "--size", "100x30"], capsys)
     assert code == 0, err
     view = load_view(store, f"cka:{VIT}:{RESNET}")

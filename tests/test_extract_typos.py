@@ -51,7 +51,7 @@ def env(tmp_path_factory) -> dict:
         (["-m", "resnet18@/no/such/weights.safetensors"], "weights '/no/such/weights.safetensors' in"),
         (["-m", "resnet18@random", "--dataset", "digit"], "unknown dataset 'digit' (did you mean digits?)"),
         (["-m", "resnet18@random", "--dataset", "npz:/no/such.npz"], "dataset path /no/such.npz does not exist"),
-        (["-m", "resnet18@random", "--models-from", "/no/models.txt"], "--models-from /no/models.txt is not a file"),
+        (["-m", "resnet18@random", "--models-from", "/no/models.txt"], "--models-from /no/models.txt does not exist"),
     ],
 )
 def test_a_typo_is_said_in_one_line_before_torch_or_timm_is_imported(env, tmp_path, args, says):

@@ -110,7 +110,7 @@ def test_every_registered_analysis_has_its_view_string_and_its_shape_a_figure_a_
     from vitsee.output import figures, render
     from vitsee.analyses import REGISTRY
     from vitsee.analyses.views import view_help
-    from vitsee.tui.screens.explorer import PANES
+    from vitsee.tui.widgets.panes import PANES
     from vitsee.tui.widgets.view_pane import PANE_CLASSES
 
     assert list(REGISTRY) == list(PANES)

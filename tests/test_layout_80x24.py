@@ -129,3 +129,20 @@ async def test_the_attention_view_at_80x24_shows_whole_values_in_its_status_line
     assert "95% interval of the mean over 48 images" in "\n".join(lines)  # the whisker's caption, whole
     histogram_caption = next(text for text in lines if "\u25b2 uniform" in text)
     assert histogram_caption.rstrip().endswith(("blocks.0", "every head and image")), histogram_caption
+
+
+async def test_a_toast_leaves_the_status_line_and_the_footer_readable(store, tmp_path):
+    """Issue 29 (10): toasts covered the end of the status line, where the value of the cell is."""
+    from textual.widgets._toast import Toast
+
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:  # run_test leaves toasts out by default
+        await settle(pilot, view_shown("cka"))
+        app.notify("a note as long as the ones the explorer shows, over two lines of the toast at this width")
+        await pilot.pause()
+        status = app.screen.query_one("#status-line")
+        toasts = app.screen.query(Toast)
+        assert toasts and status.region.y == 22  # the status line sits just above the footer
+        for toast in toasts:
+            assert toast.region.bottom <= status.region.y  # wholly above it
+        assert status.text in screen_text(app)[22]  # the value at the end of the line, drawn

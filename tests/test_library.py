@@ -342,9 +342,11 @@ def test_the_public_api_is_documented_like_the_readme():
     assert sorted(vitsee.__all__) == [
         "Images",
         "Result",
+        "SeedSpread",
         "Store",
         "VitseeError",
         "VitseeWarning",
+        "across_seeds",
         "extract",
         "from_features",
         "measures",

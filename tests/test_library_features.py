@@ -183,3 +183,14 @@ def test_an_existing_store_is_kept_without_overwrite(store, tmp_path):
         vitsee.from_features(path, {"other": features["m"]})
     assert vitsee.open(path).models == ["m"]
     assert vitsee.from_features(path, {"other": features["m"]}, overwrite=True).models == ["other"]
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_folder_at_the_path_is_refused_and_kept_with_or_without_overwrite(overwrite, tmp_path):
+    folder = tmp_path / "x.h5"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "sub" / "notes.txt").write_text("mine\n")
+    with pytest.raises(vitsee.VitseeError, match=re.escape(f"{folder} is a folder, not a store file")):
+        vitsee.from_features(folder, {"m": {"x": np.zeros((8, 4))}}, overwrite=overwrite)
+    assert (folder / "sub" / "notes.txt").read_text() == "mine\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.h5"]  # no x.h5.d beside it

@@ -36,7 +36,7 @@ async def test_a_bug_while_loading_a_view_says_in_one_line_which_file_holds_its_
     def broken(*args, **kwargs):
         raise RuntimeError("boom in the view")
 
-    monkeypatch.setattr("vitsee.tui.screens.explorer.read_view", broken)
+    monkeypatch.setattr("vitsee.tui.widgets.view_panes.read_view", broken)  # what the panes read views with
     app = make_app(store, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)

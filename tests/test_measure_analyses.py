@@ -168,17 +168,25 @@ def test_intervals_and_p_values_are_measures_stats_over_the_same_grams(tiny_stor
     cfg = AnalyzeConfig(device="cpu", seed=2, options={"measure_bootstrap": 20, "measure_permutations": 9})
     run_analyses(path, ["rsa"], cfg)
     result = _result(path, "rsa")
-    assert result.params["stats"] == {"ci": 0.95, "bootstrap": 20, "permutations": 9, "seed": 2}
+    assert result.params["stats"] == {
+        "ci": 0.95,
+        "interval": "jackknife",  # --measure-bootstrap N: N groups of images, each left out once (issue 30)
+        "groups": 20,
+        "permutations": 9,
+        "seed": 2,
+    }
+    from vitsee.measures import jackknife
+
     with Store.open(path) as s:
         columns = [(m, layer) for m in s.models for layer in s.layers(m)]
         grams = layer_grams([s.activations(m, layer) for m, layer in columns])
-    low, high = measures_stats.bootstrap_interval(grams, None, "rsa", 0.95, 20, 2)
+    low, high = jackknife.jackknife_interval(grams, None, "rsa", 0.95, 20, 2)
     np.testing.assert_allclose(result["ci_low"], low, rtol=1e-12)
     np.testing.assert_allclose(result["ci_high"], high, rtol=1e-12)
     p = measures_stats.permutation_p_value(grams, None, "rsa", 9, 2)
     np.testing.assert_allclose(result["p_value"], p, rtol=1e-12)
     view = load_view(path, f"rsa:{VIT}:{RESNET}")
-    assert "95% percentile bootstrap over 20 resamples of the 48 images" in view.interval_caption()
+    assert "95% jackknife interval: 20 groups of the 48 images each left out once" in view.interval_caption()
     assert "small p: more alike RDMs than images paired at random" in view.analysis.caption_notes(view)
     r, c = view.rows.index("blocks.1"), view.cols.index("layer2.0")
     assert view.interval_text(r, c).startswith(f" [{view.ci_low[r, c]:.3f}, {view.ci_high[r, c]:.3f}]")

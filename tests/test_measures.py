@@ -620,8 +620,8 @@ class TestRegistry:
             for p in m.parameters:
                 if p.option:
                     assert (
-                        options[p.option].type is type(p.default)
-                        and f"[default: {p.default}]" in options[p.option].help
+                        options[p.option].type is (p.option_type or type(p.default))
+                        and f"[default: {p.shown_default or p.analysis_default}]" in options[p.option].help
                     )
 
     def test_the_analysis_checks_a_parameter_before_any_work_and_names_its_option(self, tiny_store):
@@ -637,7 +637,7 @@ class TestRegistry:
             params = analysis.params(store, analysis.requests(store)[0], AnalyzeConfig(device="cpu"))
             assert params["k"] == 10 and REGISTRY["rbf_cka"].measure_values(
                 REGISTRY["rbf_cka"].params(store, analysis.requests(store)[0], AnalyzeConfig(device="cpu"))
-            ) == {"threshold": 0.5, "debiased": False}  # a parameter with no option keeps its default in the key
+            ) == {"threshold": 0.5, "debiased": True}  # a store's RBF CKA: the unbiased HSIC, kept in the cache key
 
     def test_two_measures_of_one_name_are_refused(self):
         from vitsee.measures.registry import Measure

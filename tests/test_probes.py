@@ -8,8 +8,8 @@ import torch
 from sklearn.linear_model import Ridge, RidgeClassifier
 
 from vitsee.errors import VitseeError
-from vitsee.analyses import probes
-from vitsee.analyses.probes import (
+from vitsee.analyses import probes, ridge
+from vitsee.analyses.ridge import (
     ExampleAccumulator,
     RidgeAccumulator,
     fit_probes,
@@ -275,7 +275,7 @@ def test_the_smaller_space_is_chosen_from_the_training_split_and_the_width(monke
     with pytest.raises(ValueError, match="space must be"):
         new_accumulator(3, 25, 768, space="gram")
     made = []
-    monkeypatch.setattr(probes, "new_accumulator", lambda *a, **kw: made.append(a) or new_accumulator(*a, **kw))
+    monkeypatch.setattr(ridge, "new_accumulator", lambda *a, **kw: made.append(a) or new_accumulator(*a, **kw))
     for d in (30, 60):  # 50 images: a training split of 40
         x, y = random_problem(50, d, 2, seed=d)
         fit_probes(batches_from(x, y), y)
@@ -405,7 +405,7 @@ def test_batches_that_ignore_the_mask_are_a_bug_not_a_user_error():
 
 
 def test_ties_on_held_out_accuracy_go_to_the_lowest_squared_error_then_the_larger_penalty():
-    from vitsee.analyses.probes import best_ratio
+    from vitsee.analyses.ridge import best_ratio
 
     accuracy = np.array([[0.5, 0.5, 0.5, 0.25], [0.0, 0.0, 0.0, 0.0], [0.1, 0.2, 0.2, 0.1]])
     error = np.array([[3.0, 1.0, 2.0, 0.5], [4.0, 4.0, 4.0, 4.0], [1.0, 9.0, 9.0, 1.0]])
@@ -423,7 +423,7 @@ def test_ties_on_held_out_accuracy_go_to_the_lowest_squared_error_then_the_large
 
 
 def test_probe_flops_count_the_smaller_space_and_grow_with_the_probes():
-    from vitsee.analyses.probes import EIGH_FLOPS_PER_N3, VALUE_FLOPS, probe_flops
+    from vitsee.analyses.ridge import EIGH_FLOPS_PER_N3, VALUE_FLOPS, probe_flops
 
     n, d, p, k = 100, 768, 197, 10
     primal, dual = probe_flops(n, d, p, k, space="primal"), probe_flops(n, d, p, k, space="dual")
@@ -543,10 +543,10 @@ def test_a_batch_of_eigenproblems_split_over_threads_decomposes_as_one_call(monk
     monkeypatch.setattr(torch, "get_num_threads", lambda: 3)  # three shares of 24, 24, 22 matrices
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
     pools = []
-    monkeypatch.setattr(probes, "ThreadPoolExecutor", lambda n, **kw: pools.append(n) or ThreadPoolExecutor(n, **kw))
-    monkeypatch.setattr(probes, "_COMPUTE_POOLS", {})
-    probes._eigh(grams[:40])
-    eigvals, eigvecs = probes._eigh(grams)
+    monkeypatch.setattr(ridge, "ThreadPoolExecutor", lambda n, **kw: pools.append(n) or ThreadPoolExecutor(n, **kw))
+    monkeypatch.setattr(ridge, "_COMPUTE_POOLS", {})
+    ridge._eigh(grams[:40])
+    eigvals, eigvecs = ridge._eigh(grams)
     assert pools == [3]  # it did split, and the second call reused the pool the first one started
     whole_vals, whole_vecs = torch.linalg.eigh(grams)  # the batch in one call, as before the split
     assert torch.equal(eigvals, whole_vals) and torch.equal(eigvecs, whole_vecs)
@@ -557,7 +557,7 @@ def test_a_batch_of_eigenproblems_split_over_threads_decomposes_as_one_call(monk
 def test_the_example_products_equal_a_numpy_fp64_reference(m, n):
     rng = np.random.default_rng(m * n)
     a, b = rng.normal(size=(7, m, 300)) + 40.0, rng.normal(size=(7, n, 300)) + 40.0
-    got = probes._products(torch.as_tensor(a), torch.as_tensor(b))
+    got = ridge._products(torch.as_tensor(a), torch.as_tensor(b))
     assert got.dtype == torch.float64 and got.shape == (7, m, n)
     expected = np.einsum("pid,pjd->pij", a, b)  # every product summed straight, no BLAS
     np.testing.assert_allclose(got.numpy(), expected, rtol=1e-13, atol=0)
@@ -570,11 +570,11 @@ def test_penalties_scored_in_chunks_match_one_at_a_time_and_a_numpy_ridge(monkey
     x, y = rng.normal(size=(n, p, d)) + 5.0, np.arange(n) % k
     query = rng.normal(size=(4, p, d)) + 5.0
     l2 = np.logspace(-3, 3, 7)
-    path = probes.new_accumulator(k, n, d, space=space).update(x, y).solve(l2)
+    path = ridge.new_accumulator(k, n, d, space=space).update(x, y).solve(l2)
     z_values = p * len(query) * (n if space == "dual" else d)
     one_at_a_time = []
     for chunk in (1, 3, 7):  # 1: penalty by penalty, as before; 3: chunks of 3, 3, 1; 7: all at once
-        monkeypatch.setattr(probes, "SCORE_CHUNK_VALUES", chunk * z_values)
+        monkeypatch.setattr(ridge, "SCORE_CHUNK_VALUES", chunk * z_values)
         scores = [s.clone() for s in path._scores(query)]
         assert len(scores) == len(l2)
         if chunk == 1:
@@ -593,12 +593,12 @@ def test_products_split_over_threads_equal_one_call_and_a_numpy_reference(monkey
     rng = np.random.default_rng(3)
     a, b = rng.normal(size=(37, 21, 200)) + 40.0, rng.normal(size=(37, 6, 200)) + 40.0
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
-    whole = probes._products(torch.as_tensor(a), torch.as_tensor(b))  # one call, as before the split
+    whole = ridge._products(torch.as_tensor(a), torch.as_tensor(b))  # one call, as before the split
     monkeypatch.setattr(torch, "get_num_threads", lambda: 3)  # three shares of 13, 13, 11 probes
     calls = []
-    monkeypatch.setattr(probes, "_compute_pool", lambda n: calls.append(n) or ThreadPoolExecutor(n))
-    split = probes._products(torch.as_tensor(a), torch.as_tensor(b))
-    if probes._blas_controller() is not None:
+    monkeypatch.setattr(ridge, "_compute_pool", lambda n: calls.append(n) or ThreadPoolExecutor(n))
+    split = ridge._products(torch.as_tensor(a), torch.as_tensor(b))
+    if ridge.blas_controller() is not None:
         assert calls == [3]  # it did split
     assert torch.equal(split, whole)
     np.testing.assert_allclose(split.numpy(), np.einsum("pid,pjd->pij", a, b), rtol=1e-13, atol=0)
@@ -612,7 +612,7 @@ def test_fits_sharing_a_workspace_reuse_its_buffers_and_score_what_fresh_ones_do
     def batches_of(x):
         return lambda mask: ((x[r], labels[r]) for r in np.array_split(np.flatnonzero(mask), 2) if len(r))
 
-    workspace = probes.Workspace()
+    workspace = ridge.Workspace()
     for i, x in enumerate(layers):
         shared = fit_probes(batches_of(x), labels, seed=1, workspace=workspace)
         if i == 0:

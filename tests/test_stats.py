@@ -181,7 +181,7 @@ def test_cka_result_has_intervals_and_p_values_and_keeps_its_values(tiny_store, 
         with_stats = run_cka(store, _cfg(ci=0.9, permutations=19))
         assert with_stats.params["stats"] == {
             "ci": 0.9,
-            "bootstrap": stats.BOOTSTRAP_REPLICATES,
+            "interval": stats.JACKKNIFE,  # new cache parameters: results with the old bootstrap keep their own
             "permutations": 19,
             "seed": 0,
         }
@@ -269,7 +269,7 @@ def test_export_json_puts_intervals_beside_the_values_and_show_prints_the_best_c
         capsys,
     )
     assert code == 0, err
-    assert "90% bootstrap interval" in text and "best: " in text and "p<" in text
+    assert "90% jackknife interval" in text and "best: " in text and "p<" in text
     code, _, err = run_cli(["analyze", path, "--cka", "--ci", "2", "--device", "cpu"], capsys)
     assert code == 2 and "--ci 2" in err
 
@@ -313,7 +313,7 @@ async def test_heatmap_marks_read_as_x_without_colour_and_grey_with_it():
         after = [app.heatmap.render_line(y) for y in range(2)]
         assert before != after  # row 1 shares the first line with row 0: its cell turned grey
         lines = ["".join(seg.text for seg in app.heatmap.render_line(y)) for y in range(app.heatmap.size.height)]
-        assert any("not significant (p > 0.05)" in line for line in lines)  # the legend
+        assert any("not significant (BH q > 0.05)" in line for line in lines)  # the legend
 
 
 def test_a_view_marks_the_cells_above_alpha_and_words_its_interval():
@@ -355,7 +355,7 @@ def test_figures_hatch_weak_cka_cells_band_probes_and_whisker_heads(tiny_store, 
     fig = figure_for(view)
     hatched = [p for p in fig.axes[0].patches if p.get_gid() == "not-significant"]
     assert len(hatched) == int(view.not_significant().sum())
-    assert "90% bootstrap interval" in fig._supxlabel.get_text()
+    assert "90% jackknife interval" in fig._supxlabel.get_text()
     probes = figure_for(load_view(path, f"probes:{VIT}", cfg))
     assert any(str(c.get_gid()).startswith("band:") for c in probes.axes[0].collections)
     attention = figure_for(load_view(path, f"attention:{VIT}", cfg))

@@ -22,6 +22,7 @@ from vitsee.errors import VitseeError
 from vitsee.models.interventions import remove_skips
 from vitsee.models.load import load_model
 from vitsee.models.load import read_record
+from vitsee.training import checkpoint
 from vitsee.training.train import TrainConfig, checkpoint_path, lock_path, train
 
 TINY_VIT = {
@@ -256,7 +257,7 @@ def test_kill_9_mid_training_and_a_rerun_give_the_weights_of_an_uninterrupted_ru
             proc.kill()
     assert proc.returncode == -signal.SIGKILL
     assert not out.exists()  # OUT appears only when training ends
-    assert torch.load(checkpoint_path(out), weights_only=False)["epoch"] < 3
+    assert checkpoint.read(checkpoint_path(out))["epoch"] < 3
 
     resumed = subprocess.run(_train_command(out, 3), env=env, capture_output=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr.decode()

@@ -304,6 +304,6 @@ async def test_help_of_every_view_says_what_enter_does_there_and_explains_its_ma
                 assert description in text, (kind, description)
             assert help_screen.legend == pane.legend() and len(help_screen.legend) >= 4
             if kind == "cka":
-                assert "p > 0.05" in dict(help_screen.legend)["x"]
+                assert "Benjamini-Hochberg q > 0.05" in dict(help_screen.legend)["x"]
             await pilot.press("escape")
             await pilot.pause()

@@ -379,3 +379,48 @@ def test_a_layer_outside_every_block_has_no_head_distances_or_skip_ratios(store)
         ]
         section = section_of(REGISTRY["skip"], VIT, layer, skip)
         assert not section.available and section.lines == [f"{layer} has no residual sublayer"]
+
+
+async def test_the_search_lists_what_it_counts_model_b_columns_and_models_included(store, tmp_path):
+    """Issue 29 (6): `/layer3` said `2 matches (Enter)` over an empty list (the matches were model B's column layers,
+    the list showed model A's rows only), and `/resnet` said `no match in this view` beside the model it listed."""
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, view_shown("cka"))
+        screen = app.screen
+        view = screen.pane("cka").view
+        await pilot.press("slash", *"layer3")
+        columns = [c for c in view.cols if "layer3" in c]
+        assert columns and side_list(app) == [f"{c} (B)" for c in columns]
+        many = "es" if len(columns) > 1 else ""
+        assert str(screen.query_one("#search-count").render()) == f"{len(columns)} match{many} (Enter)"
+        # picking a listed column moves the cursor along its row to that column
+        option_list = screen.query_one("#layers")
+        option_list.focus()
+        option_list.highlighted = len(columns) - 1
+        await pilot.press("enter")
+        await pilot.pause()
+        assert screen.query_one("#cka-heatmap", Heatmap).cursor[1] == view.cols.index(columns[-1])
+        await pilot.press("slash", *"resnet")
+        assert side_list(app) == ["model test_resnet (random init)"]
+        count = str(screen.query_one("#search-count").render())
+        assert count == "1 model, no layer" and "no match" not in count
+
+
+async def test_every_dossier_line_wraps_inside_its_box_at_80_columns(store, tmp_path):
+    """Issue 29 (10): a dossier line ("95% bootstrap interval over 2 minibatches of images (rough: under 10 ...") ran
+    past the box's edge, cut, instead of wrapping."""
+    from vitsee.tui.screens.dossier import DossierScreen
+
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, view_shown("cka"))
+        await pilot.press("d")
+        await settle(pilot, lambda a: isinstance(a.screen, DossierScreen) and a.screen.dossier is not None)
+        labels = [label for section in app.screen.query("DossierSection") for label in section.query("Label")]
+        long = [label for label in labels if len(str(label.render())) > labels[0].parent.content_size.width]
+        assert long  # the cell's caption at least is longer than the box is wide
+        for label in labels:
+            assert label.outer_size.width <= label.parent.content_size.width, str(label.render())
+        for label in long:
+            assert label.outer_size.height > 1  # wrapped onto more lines, nothing cut

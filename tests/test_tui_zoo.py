@@ -8,6 +8,8 @@ Regenerate the snapshots after an intended change of the look with
 
 from __future__ import annotations
 
+import numpy as np
+
 from helpers.app import make_app, settle, status, view_shown
 from helpers.stores import ZOO_MODELS
 from vitsee.output.labels import model_labels
@@ -54,12 +56,30 @@ class TestZooView:
             await settle(pilot)
             i, j = order[1], order[2]
             families = view.extra["families"]
+            p = view.extra["p_value"][i, j]
             assert status(app) == (
                 f"{names[i]} x {names[j]}  best-match CKA {view.matrix[i, j]:.4f} "
-                f"[{view.ci_low[i, j]:.3f}, {view.ci_high[i, j]:.3f}] rough  "
+                f"[{view.ci_low[i, j]:.3f}, {view.ci_high[i, j]:.3f}]  "
+                f"calibrated {view.extra['calibrated'][i, j]:.3f} {'p<0.01' if p < 0.01 else f'p={p:.2f}'}  "
                 f"{families[i]} x {families[j]}"
             )
             assert app.screen.pane("zoo").selection == (i, j)  # an export marks the cell in the store's order
+
+    async def test_v_switches_the_heatmap_to_the_calibrated_values_and_back(self, zoo_store, tmp_path):
+        view = load_view(zoo_store, "zoo")
+        order = view.extra["order"]
+        app = make_app(zoo_store, tmp_path)
+        async with app.run_test(size=(120, 36)) as pilot:
+            await open_zoo(app, pilot)
+            heatmap = app.screen.pane("zoo").heatmap
+            await pilot.press("v")
+            await settle(pilot)
+            calibrated = np.asarray(view.extra["calibrated"])[np.ix_(order, order)]
+            np.testing.assert_array_equal(heatmap.matrix, calibrated)
+            assert heatmap.value_name == "calibrated best-match CKA"
+            await pilot.press("v")
+            await settle(pilot)
+            assert heatmap.matrix.tolist() == view.matrix[order][:, order].tolist()
 
     async def test_enter_opens_the_pairs_cka_view_with_models_a_and_b_set(self, zoo_store, tmp_path):
         order = load_view(zoo_store, "zoo").extra["order"]
@@ -187,3 +207,58 @@ def test_zoo_at_120x36_snapshot(zoo_store, tmp_path, snap_compare):
     assert snap_compare(
         make_app(zoo_store, tmp_path), terminal_size=(120, 36), run_before=opened_zoo("down", "down", "right", "r")
     )
+
+
+async def test_m_keeps_the_cursor_on_the_same_pair_of_models_when_the_next_measure_orders_them_otherwise(
+    zoo_store, tmp_path
+):
+    """Issue 29 (10): `m` in the Zoo moved the cursor to another pair: the heatmap kept the cursor's row and column
+    while the next measure's clustering put other models there."""
+    from vitsee.analyses.driver import run_analyses
+    from vitsee.store import copy_store
+    from helpers.stores import ZOO_CFG
+
+    path = copy_store(zoo_store, tmp_path / "zoo.h5")
+    run_analyses(path, ["procrustes"], ZOO_CFG)
+    cka_order = load_view(path, "zoo").extra["order"]
+    procrustes_order = load_view(path, "zoo", options={"zoo_measure": "procrustes"}).extra["order"]
+    # a cell whose row and column hold another pair of models in the other measure's order
+    row, col = next(
+        (r, c)
+        for r in range(4)
+        for c in range(4)
+        if (cka_order[r], cka_order[c]) != (procrustes_order[r], procrustes_order[c])
+    )
+    app = make_app(path, tmp_path)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await open_zoo(app, pilot)
+        pane = app.screen.pane("zoo")
+        await pilot.press(*["down"] * row, *["right"] * col)
+        await settle(pilot)
+        pair = (cka_order[row], cka_order[col])
+        assert pane.selection == pair
+        before = status(app).split("  ")[0]  # 'vit_a x resnet_b'
+        await pilot.press("m")
+        await settle(pilot, lambda a: pane.view is not None and pane.view.params["measure"] == "procrustes")
+        assert pane.selection == pair and status(app).split("  ")[0] == before
+        assert pane.heatmap.cursor == (procrustes_order.index(pair[0]), procrustes_order.index(pair[1]))
+
+
+async def test_a_view_refused_while_another_writer_holds_the_store_is_read_once_it_lets_go(store, tmp_path):
+    """Issue 29 (7): the Zoo tab kept "store is being written by process ... (vitsee analyze)" 5, 15 and 30 s after
+    the writer ended, until one left the tab and came back. The explorer watches the lock and reads the view again."""
+    from vitsee.store import Store, WriteLock, copy_store
+
+    path = copy_store(store, tmp_path / "tiny.h5")  # CKA cached, no zoo: the tab computes it, under the store's lock
+    writer = WriteLock(path, "vitsee analyze")  # as another process's analysis holds it
+    app = make_app(path, tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, view_shown("cka"))
+        await pilot.press(ZOO_KEY)
+        await settle(pilot, lambda a: "is being written by" in status(a) and a.screen.kind == "zoo")
+        assert app.screen.pane("zoo").loaded is None
+        writer.release()
+        await settle(pilot, view_shown("zoo"), timeout=30, idle=False)
+        assert app.screen.pane("zoo").loaded.computed and "being written" not in status(app)
+    with Store.open(path) as s:
+        assert s.results("zoo")

@@ -29,6 +29,7 @@ OWN = {
     "measure_bootstrap": (f"rbf_cka:{VIT}", 0, 4, {}, None),
     "measure_permutations": (f"rsa:{VIT}", 0, 4, {}, None),
     "rbf_threshold": (f"rbf_cka:{VIT}:{RESNET}", 0.5, 0.8, {}, None),
+    "rbf_hsic": (f"rbf_cka:{VIT}:{RESNET}", "unbiased", "biased", {}, None),
     "procrustes_alpha": (f"procrustes:{VIT}", 1.0, 0.5, {}, None),
     "cca_keep": (f"svcca:{VIT}", 0.99, 0.9, {}, None),
     "knn_k": (f"cknna:{VIT}", 10, 5, {}, None),
@@ -37,6 +38,7 @@ OWN = {
     "erf_images": (f"erf:{VIT}", 2, 3, {}, None),
     "zoo_measure": ("zoo", "cka", "rsa", {}, None),
     "zoo_summary": ("zoo", "best_match", "layer", {}, None),
+    "zoo_permutations": ("zoo", 0, 19, {}, None),
     "zoo_layers": ("zoo", f"{VIT}=blocks.5", f"{VIT}=blocks.2", {"zoo_summary": "layer"}, None),
     "soft_matching_units": (f"soft_matching:{VIT}", 16, 32, {}, None),
     "predictivity_folds": (f"linear_predictivity:{VIT}", 5, 3, {}, None),
@@ -113,6 +115,7 @@ def test_an_option_given_selects_a_result_made_with_its_value_or_computes_one(st
             seen[value] = params
         wanted = dict([value.split("=")]) if attr == "zoo_layers" else value  # kept as {model: layer}
         wanted = value.split(",") if attr in LISTS else wanted
+        wanted = {"unbiased": True, "biased": False}[value] if attr == "rbf_hsic" else wanted  # kept as `debiased`
         assert shown == wanted or (not wanted and not shown), (attr, value, path, shown)
     assert len(seen) == 2
 

@@ -36,7 +36,9 @@ class TestNumbers:
         np.testing.assert_allclose(np.diag(view.matrix), 1.0, atol=1e-12)
         order = view.extra["order"]
         assert sorted(order) == list(range(4)) and view.extra["families"] == ["ViT", "ResNet", "ViT", "ResNet"]
-        assert (view.ci_low <= view.matrix + 1e-12).all() and (view.matrix <= view.ci_high + 1e-12).all()
+        off = ~np.eye(len(ZOO_MODELS), dtype=bool)  # a model with itself is 1 whatever the images: no interval
+        assert (view.ci_low[off] <= view.matrix[off]).all() and (view.matrix[off] <= view.ci_high[off]).all()
+        assert np.isnan(np.diag(view.ci_low)).all()
 
     def test_the_last_layer_summary_and_its_interval_are_the_cka_cell_of_the_last_layers(self, zoo_store, tmp_path):
         path = copy_store(zoo_store, tmp_path / "zoo.h5")
@@ -44,9 +46,10 @@ class TestNumbers:
         assert view.value_name == "last-layer CKA"
         pair = load_view(path, f"cka:{VIT}:{RESNET}")
         assert view.matrix[0, 1] == pair.matrix[-1, -1]
-        # the same bootstrap replicates (seed, batches) as the CKA cell's own interval
-        assert view.ci_low[0, 1] == pytest.approx(pair.ci_low[-1, -1], abs=1e-12)
-        assert view.ci_high[0, 1] == pytest.approx(pair.ci_high[-1, -1], abs=1e-12)
+        # the jackknife of the same images: the zoo's leaves each image out exactly, the cell's by the delta method
+        half, cell_half = view.ci_high[0, 1] - view.matrix[0, 1], pair.ci_high[-1, -1] - pair.matrix[-1, -1]
+        assert half == pytest.approx(cell_half, rel=0.05) and half > 0
+        assert view.matrix[0, 1] - view.ci_low[0, 1] == pytest.approx(half, rel=1e-9)
 
     def test_a_distance_measure_is_summarised_by_its_minima_without_intervals(self, zoo_store, tmp_path, monkeypatch):
         from vitsee.analyses.similarity import LayerPairMeasure
@@ -82,24 +85,27 @@ class TestNumbers:
 
     @pytest.mark.parametrize("measure", ["mknn", "procrustes"])
     def test_a_measures_own_resamples_give_each_pairs_interval(self, zoo_store, tmp_path, measure):
-        """With --measure-bootstrap, a zoo of a Gram measure has intervals from the measure's own resamples of
-        the images: the `layer` summary's interval is then that cell's own interval (the same draws), and the
-        best-match interval is the quantiles of each replicate's best match, here recomputed by loops."""
-        from vitsee.measures import resampling as measures_stats
+        """With --measure-bootstrap N, a zoo of a Gram measure has intervals from the measure's own N groups of
+        images, each left out once: the `layer` summary's interval is then that cell's own interval (the same
+        leave-outs), and the best-match interval is the summary -/+ t x the jackknife sd of each leave-out's best
+        match, here recomputed by loops."""
+        from scipy import stats as sps
+
+        from vitsee.measures import jackknife
         from vitsee.measures.grams import LayerGrams
 
         path = copy_store(zoo_store, tmp_path / "zoo.h5")
-        options = {"zoo_measure": measure, "measure_bootstrap": 40, "max_images": 24}
+        options = {"zoo_measure": measure, "measure_bootstrap": 8, "max_images": 24}
         last = load_view(path, "zoo", ZOO_CFG.with_options({**options, "zoo_summary": "layer"}))
         pair = load_view(path, f"{measure}:{VIT}:{RESNET}", ZOO_CFG.with_options(options))
         assert last.matrix[0, 1] == pair.matrix[-1, -1]
         assert last.ci_low[0, 1] == pytest.approx(pair.ci_low[-1, -1], abs=1e-12)
         assert last.ci_high[0, 1] == pytest.approx(pair.ci_high[-1, -1], abs=1e-12)
-        assert "40 resamples of the images" in last.extra["interval"] and not last.rough
+        assert "8 groups of the 24 images" in last.extra["interval"] and not last.rough
 
         view = load_view(path, "zoo", ZOO_CFG.with_options(options))
         with Store.open(path) as s:
-            (cached,) = [r for r in s.results(measure) if (r["params"].get("stats") or {}).get("bootstrap")]
+            (cached,) = [r for r in s.results(measure) if (r["params"].get("stats") or {}).get("groups")]
             result = Result.load(s, measure, cached["params"])
             rows = np.asarray(result["images"])
             grams = {
@@ -107,12 +113,12 @@ class TestNumbers:
                 for m in (VIT, RESNET)
             }
         values = MEASURE_VALUES[measure]
-        reps = measures_stats.bootstrap_replicates(grams[VIT], grams[RESNET], measure, 40, 0, **values)
+        reps = list(jackknife.iter_jackknife_replicates(grams[VIT], grams[RESNET], measure, 8, 0, **values))
         sign = 1.0 if measure == "mknn" else -1.0  # a distance: each layer's nearest, the mean of minima
-        draws = [sign * best_match_by_loops(sign * r) for r in reps]
-        low, high = np.quantile(draws, [0.025, 0.975])
-        assert view.ci_low[0, 1] == pytest.approx(low, abs=1e-9)
-        assert view.ci_high[0, 1] == pytest.approx(high, abs=1e-9)
+        draws = np.array([sign * best_match_by_loops(sign * r) for r in reps])
+        half = sps.t.ppf(0.975, 7) * np.sqrt(7 / 8 * ((draws - draws.mean()) ** 2).sum())
+        assert view.ci_low[0, 1] == pytest.approx(view.matrix[0, 1] - half, abs=1e-9)
+        assert view.ci_high[0, 1] == pytest.approx(view.matrix[0, 1] + half, abs=1e-9)
         assert view.ci_low[1, 0] == view.ci_low[0, 1] and view.ci_low[0, 1] <= view.ci_high[0, 1]
 
     def test_a_gram_measure_without_resamples_names_the_option_that_gives_intervals(self, zoo_store, tmp_path):
@@ -120,8 +126,8 @@ class TestNumbers:
         view = load_view(path, "zoo", ZOO_CFG.with_options({"zoo_measure": "mknn", "max_images": 24}))
         assert view.ci_low is None
         assert view.extra["interval"] == (
-            "none: mknn was computed without bootstrap resamples: add "
-            "--measure-bootstrap 200 to `vitsee analyze --zoo --zoo-measure mknn`"
+            "none: mknn was computed without intervals: add "
+            "--measure-bootstrap 20 to `vitsee analyze --zoo --zoo-measure mknn`"
         )
 
 
@@ -143,7 +149,8 @@ class TestCommandLine:
         assert code == 0, err
         view = load_view(zoo_store, "zoo")
         assert view.title in text and "most alike other model of each:" in text
-        assert f"{view.matrix[0, 1]:.3f}" in text and "bootstrap interval over 3 minibatches" in text
+        assert f"{view.matrix[0, 1]:.3f}" in text and "jackknife interval, each of the 48 images left out" in text
+        assert "calibrated" in text and "null: 999 permutations of each model's images" in text
 
     @pytest.mark.parametrize(
         "args, message",
@@ -226,6 +233,8 @@ def test_a_grams_store_gives_the_zoo_and_intervals_of_its_activations(zoo_store,
     code, _, err = run_cli(["analyze", path, "--zoo", "-q"], capsys)  # from the streamed CKA and the Grams
     assert code == 0, err
     streamed, stored = load_view(path, "zoo"), load_view(zoo_store, "zoo")
-    assert streamed.extra["interval"] == "0.95 percentile bootstrap over 3 batches, 1000 replicates"
+    assert streamed.extra["interval"].startswith("0.95 jackknife interval, each of the 48 images left out once")
+    for name in ("calibrated", "p_value"):  # the null from the stored Grams, the same permutations
+        np.testing.assert_allclose(streamed.extra[name], stored.extra[name][:2, :2], atol=1e-5)
     for name in ("matrix", "ci_low", "ci_high"):
         np.testing.assert_allclose(getattr(streamed, name), getattr(stored, name)[:2, :2], atol=1e-6)

@@ -115,12 +115,18 @@ class VitseeApp(App):
     def show_start(self) -> None:
         from vitsee.tui.screens.start import StartScreen
 
-        self.push_screen(StartScreen(self.options))
+        if not self._exiting():
+            self.push_screen(StartScreen(self.options))
 
     def new_run(self) -> None:
         from vitsee.tui.screens.new_run import NewRunScreen
 
-        self.push_screen(NewRunScreen(self.options))
+        if not self._exiting():
+            self.push_screen(NewRunScreen(self.options))
+
+    def _exiting(self) -> bool:
+        # a key typed right after q still arrives: a screen pushed while the app closes never composes
+        return bool(getattr(self, "_exit", False))
 
     def open_store(
         self,

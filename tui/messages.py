@@ -46,6 +46,7 @@ class ViewFailed(Message):
 
     spec: str
     error: str
+    busy: bool = False  # another process was writing the store: worth trying again once it has finished
 
 
 @dataclass
@@ -155,20 +156,38 @@ class LayerPicked(Message):
     layer: str
 
 
-@dataclass
-class SearchChanged(Message):
-    """The side panel's search text changed (submitted: Enter was pressed): the view's cursor goes to a match."""
+@dataclass(frozen=True)
+class Place:
+    """A place a view's cursor can go to: one of its row or column layers, or a layer the side panel picks."""
 
-    query: str
-    submitted: bool
+    name: str  # the layer as timm names it: blocks.7, layer3.0, blocks.1.head.0
+    axis: str = "row"  # "row", "col", or "layer" (the spatial and ERF views: the layer the map is of)
+
+
+@dataclass
+class PlaceWanted(Message):
+    """The search (n / N, Enter) or a match picked in the side panel's list: the view's cursor goes to `place`."""
+
+    place: Place
+    focus: bool = False  # the view takes the keys (a pick in the list: as a layer picked there)
 
 
 @dataclass
 class ViewWanted(Message):
-    """A pane asks the explorer to show another view of the same models (the measures' comparison: the measure
-    under the cursor)."""
+    """A pane or the measure switcher asks the explorer to show another view of the same models (the measures'
+    comparison: the measure under the cursor; `m`: the next measure, its cursor at `places`)."""
 
     kind: str
+    places: tuple = ()  # (Place, ...) where the cursor goes once that view is in
+
+
+@dataclass
+class ViewOptionsWanted(Message):
+    """The measure switcher asks the explorer to read a view again with other options of its analysis (the zoo's
+    measure)."""
+
+    kind: str
+    options: dict
 
 
 @dataclass

@@ -123,6 +123,44 @@ def weights_text(weights: dict) -> str:
     return str(kind)
 
 
+def view_spec(
+    summary: StoreSummary,
+    kind: str,
+    a: str | None,
+    b: str | None,
+    picked_layer: dict[tuple[str, str], str],
+    path: Path,
+) -> tuple[str | None, str]:
+    """Returns (the view string, '') of the view `kind` of models A and B (B None: A with itself; a view of two
+    models takes the first other model), at the layer picked for it where it shows one layer; or (None, why not)."""
+    from vitsee.analyses import REGISTRY
+
+    if a is None:
+        return None, "no models in this store: add one with `vitsee extract STORE --model NAME`"
+    analysis = REGISTRY[kind]
+    least, most = analysis.models
+    others = [k for k in summary.keys if k != a]
+    b = b if b and b != a else None
+    if least > 1 and b is None:  # a view of two models: model B, else the first other model
+        b = others[0] if others else None
+    keys = [] if most == 0 else [a] + ([b] if most > 1 and b else [])  # most 0: a view of every model (zoo)
+    for key in keys or summary.keys:
+        m = summary.model(key)
+        if m.rows_done < summary.n_images:
+            return None, (
+                f"{key}: extraction incomplete: {m.rows_done} of {summary.n_images} images; "
+                f"{INCOMPLETE_HINT} (or `vitsee extract {path}`)"
+            )
+    reason = summary.model(a).reason(kind)
+    if reason:  # the analysis's own words; where it applies to another model, the key that shows it
+        where = next((k for k in others if summary.model(k).reason(kind) is None), None)
+        return None, reason + (f"; press a to pick {where} as model A" if where else "")
+    if len(keys) < least:
+        return None, f"{analysis.label} compares {least} models: extract another one into this store"
+    layer = picked_layer.get((kind, a)) if analysis.takes_layer else None
+    return ":".join([kind, *keys, *([layer] if layer else [])]), ""
+
+
 def read_summary(path: str | Path) -> StoreSummary:
     """Returns the summary of the store at path: its models, and for each whether every registered analysis applies
     to it (the analysis's own reason where not); a missing, corrupt or foreign file is a VitseeError."""

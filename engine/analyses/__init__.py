@@ -5,7 +5,7 @@ a new analysis is a new module here, found by being there (see engine/analyses/R
 
     cka.py         layer x layer minibatch CKA (paper Fig. 1, 2), and the CKA `extract --streaming` accumulates
     attention.py   mean attention distance per head (Fig. 3, 4)
-    probes.py      linear probes per layer and readout (Fig. 11, 13)
+    probes.py      linear probes per layer and readout (Fig. 11, 13); their ridge arithmetic is ridge.py
     skip.py        skip-connection norm ratios (Fig. 7)
     spatial.py     spatial localisation maps (Fig. 9, 10)
     heads.py       head-level CKA against another model (Fig. 5)
@@ -17,6 +17,7 @@ a new analysis is a new module here, found by being there (see engine/analyses/R
     similarity.py  what layer x layer measures share (LayerMatrix, LayerPairMeasure, GramMeasure), and one
                    GramMeasure for each measure of engine/measures/catalog/ (RBF CKA, Procrustes, SVCCA, PWCCA,
                    mknn, CKNNA, RSA, ...): each a layer x layer view like CKA's, made from the measure's module
+    ridge.py       the probes' pure core: ridge fits streamed batch by batch, the split, the L2 choice, costs
     base.py        plumbing: config, progress events, device, read-ahead, batch plan, parts a run shares
 
 `REGISTRY` (name -> analysis, in the analyses' declared order) is what the driver (engine/analyses/driver.py), the views

@@ -231,17 +231,15 @@ class MeasuresAgree(Analysis):
             )
         params = {k: v for k, v in result.params.items() if k != "layers"}
         title = f"Do the measures agree? {a}" if a == b else f"Do the measures agree? {a} (rows) x {b} (cols)"
-        return View(
-            self.name,
-            "",
-            title,
-            "",
-            matrix,
-            labels,
-            labels,
-            "rank correlation",
-            -1.0,
-            1.0,
+        return View.of(
+            request,
+            title=title,
+            matrix=matrix,
+            rows=labels,
+            cols=labels,
+            value_name="rank correlation",
+            vmin=-1.0,
+            vmax=1.0,
             params=params,
             extra=extra,
             models=[a, b],

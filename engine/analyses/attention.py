@@ -279,17 +279,15 @@ class AttentionDistances(Analysis):
         title = f"Mean attention distance {key}"
         if info.get("family") == "swin":
             title += " (inside shifted windows; uniform reference per stage)"
-        return View(
-            self.name,
-            "",
-            title,
-            "",
-            r["mean_px"],
-            [str(b) for b in r["blocks"]],
-            [f"head {h + 1}" for h in range(heads)],
-            "distance (px)",
-            0.0,
-            float(r["hist_edges"][-1]),
+        return View.of(
+            request,
+            title=title,
+            matrix=r["mean_px"],
+            rows=[str(b) for b in r["blocks"]],
+            cols=[f"head {h + 1}" for h in range(heads)],
+            value_name="distance (px)",
+            vmin=0.0,
+            vmax=float(r["hist_edges"][-1]),
             params=dict(r.params),
             extra=extra,
             models=[key],

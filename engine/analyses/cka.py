@@ -47,6 +47,7 @@ from vitsee.analyses.base import (
 from vitsee.analyses.contract import Request, Result
 from vitsee.analyses.similarity import LayerMatrix, matrix_block
 from vitsee.lazy import lazy_module
+from vitsee.measures.kernels import power_of_two_scale
 
 torch = lazy_module("torch")  # reading a cached result needs numpy only; torch is imported by the first computation
 
@@ -104,6 +105,18 @@ def gram(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     k[h:, h:] = x[h:] @ x[h:].T  # (m - h, m - h)
     k[h:, :h] = k[:h, h:].T
     return k
+
+
+def cka_ratio(sums: np.ndarray, self_hsic: np.ndarray) -> np.ndarray:
+    """Returns sums_ij / sqrt(self_i self_j), the CKA of HSIC sums; where the product of two self-HSICs under- or
+    overflows fp64 (layers of values below ~1e-40 or above ~1e38), as sums_ij / (sqrt(self_i) sqrt(self_j))."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore", under="ignore"):
+        denominator = np.sqrt(np.outer(self_hsic, self_hsic))
+        lost = ((denominator == 0) | np.isinf(denominator)) & np.isfinite(self_hsic)[:, None]
+        if lost.any():
+            root = np.sqrt(self_hsic)
+            denominator = np.where(lost, np.outer(root, root), denominator)
+        return sums / denominator
 
 
 def u_centre(k: torch.Tensor) -> torch.Tensor:
@@ -227,7 +240,10 @@ class MinibatchCKA:
     For the statistics (engine/stats.py) the state grows, still one fp64 tensor that sums across processes:
     batch_slots > 0 keeps each batch's (L, L) HSIC terms in slot `update(..., slot=s)` (a batch's index in its
     batching, so slots filled on different processes add up to the full list); permutations=K adds K null HSIC sums,
-    the column layers' images permuted inside each batch by stats.batch_permutations(seed, slot, m, K).
+    the column layers' images permuted inside each batch by stats.batch_permutations(seed, slot, m, K); jackknife=True
+    adds the delete-one-image jackknife moments of stats.add_leave_one_out (the intervals of new results).
+    `observers`: callables given each batch's U-centred Grams (L, m, m) fp64 and its slot after they are added (the
+    zoo's null and intervals, engine/zoo/calibration.py, read them there instead of building them again).
     """
 
     def __init__(
@@ -238,6 +254,7 @@ class MinibatchCKA:
         batch_slots: int = 0,
         permutations: int = 0,
         seed: Sequence[int] | int = 0,
+        jackknife: bool = False,
     ):
         if num_layers < 1:
             raise VitseeError(f"MinibatchCKA needs at least one layer, got num_layers={num_layers}")
@@ -249,13 +266,17 @@ class MinibatchCKA:
         self.cross_at = cross_at
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.batch_slots, self.permutations, self.seed = int(batch_slots), int(permutations), seed
+        self.jackknife = bool(jackknife)
+        self.observers: list[Callable[[torch.Tensor, int], None]] = []
         LL = num_layers * num_layers
-        # [HSIC sums (L*L), batch count, per-batch HSIC (slots * L*L), null HSIC sums (K * L*L)]
+        # [HSIC sums (L*L), batch count, per-batch HSIC (slots * L*L), null HSIC sums (K * L*L), jackknife moments]
+        loo = stats_mod.loo_size(num_layers) if self.jackknife else 0
         self.state = torch.zeros(
-            LL + 1 + (self.batch_slots + self.permutations) * LL, dtype=torch.float64, device=self.device
+            LL + 1 + (self.batch_slots + self.permutations) * LL + loo, dtype=torch.float64, device=self.device
         )
         # Buffers kept between batches, sized by _reserve (and the upper-triangle indices, by _upper).
         self._scratch = self._gram = self._grams = torch.empty(0, device=self.device)
+        self._unscale = torch.empty(0, dtype=torch.float64, device=self.device)
         self._spare: list[tuple[torch.Tensor, torch.Tensor]] = []  # (scratch, Gram) of the workers beyond the first
         self._upper_m, self._upper_ab = 0, (self._scratch, self._scratch)
 
@@ -277,7 +298,14 @@ class MinibatchCKA:
         """Return a (K, L, L) view of the HSIC sums with permuted column-layer images (empty without permutations)."""
         L = self.num_layers
         start = L * L + 1 + self.batch_slots * L * L
-        return self.state[start:].view(self.permutations, L, L)
+        return self.state[start : start + self.permutations * L * L].view(self.permutations, L, L)
+
+    @property
+    def loo_block(self) -> torch.Tensor:
+        """Return the jackknife moments' block of the state (stats.loo_size values; empty without jackknife)."""
+        L = self.num_layers
+        start = L * L + 1 + (self.batch_slots + self.permutations) * L * L
+        return self.state[start:]
 
     @property
     def batches(self) -> int:
@@ -320,8 +348,7 @@ class MinibatchCKA:
                 self._layer_grams(feats, m, workers)
             else:
                 for i, f in enumerate(feats):
-                    x = self._centred(f, m)  # (m, D_i)
-                    self._grams[i].copy_(gram(x, out=self._gram))  # (m, m) fp32 -> its fp64 slot
+                    self._layer_gram_into(i, *self._centred(f, m), self._gram)  # (m, D_i) -> (m, m)
             self._add_grams(m, slot)
 
     def layer_gram(self, f: Any) -> torch.Tensor:
@@ -330,7 +357,10 @@ class MinibatchCKA:
         m = int(f.shape[0])
         with torch.no_grad(), full_fp32_matmul(), self._one_thread():
             self._reserve(m, int(np.prod(f.shape)))
-            return gram(self._centred(f, m))
+            x, scale = self._centred(f, m)
+            k = gram(x)
+            # ordinary values: / 1, the Gram as it was; a tiny or huge layer's fp32 Gram may under- or overflow here
+            return (k.double() / scale.square()).to(k.dtype)
 
     def update_grams(self, grams: Sequence[Any], slot: int | None = None) -> None:
         """Add one batch from its L layer Grams (m, m) as layer_gram() returns them, in layer order: the sums update()
@@ -356,7 +386,18 @@ class MinibatchCKA:
             self._reserve(m, 1)
             for i, g in enumerate(grams):
                 self._grams[i].copy_(torch.as_tensor(g))  # fp32 -> its fp64 slot, as update() does
+            self._unscale.fill_(1.0)
             self._add_grams(m, slot)
+
+    def _layer_gram_into(self, i: int, x: torch.Tensor, scale: torch.Tensor, out: torch.Tensor) -> None:
+        """Builds layer i's Gram of its centred batch x (m, D), scaled by `scale` (a power of two, _centred), into
+        its fp64 slot; the factor that undoes the scale in the layer's HSIC terms goes to self._unscale[i] (1 for
+        every ordinary layer: its Gram and sums bit for bit as without the scaling).
+
+        The Gram is fp32: a layer of values ~1e-30 squares to ~1e-60 there, which is 0, and its CKA came out NaN,
+        though CKA does not change when a layer is multiplied by a number. A power of two rescales exactly."""
+        self._grams[i].copy_(gram(x, out=out))  # (m, m) fp32 -> its fp64 slot
+        self._unscale[i] = scale.to(torch.float64).square().reciprocal()  # no host sync: stays on the device
 
     def _add_grams(self, m: int, slot: int | None) -> None:
         """Add the batch whose layer Grams fill self._grams (L, m, m, fp64, not yet U-centred)."""
@@ -373,23 +414,30 @@ class MinibatchCKA:
                     "make it with batch_slots = the number of batches"
                 )
             own = self.batch_hsic[slot] if self.batch_slots else None
+            unscale = self._unscale  # (L,) 1 for every layer of ordinary values (see _layer_gram_into)
             if self.cross_at is None:
                 pairs = self._pair_product(grams, grams).to(torch.float64) * scale  # (L, L)
+                pairs *= torch.outer(unscale, unscale)
                 sums += pairs
                 if own is not None:
                     own += pairs
             else:
                 k = self.cross_at
                 pairs = self._pair_product(grams[:k], grams[k:]).to(torch.float64) * scale  # (k, L - k)
+                pairs *= torch.outer(unscale[:k], unscale[k:])
                 sums[:k, k:] += pairs
                 diag = torch.bmm(grams.unsqueeze(1), grams.unsqueeze(2)).view(L)  # (L,) row dot products, no temp
-                diag = diag.to(torch.float64) * scale
+                diag = diag.to(torch.float64) * scale * unscale.square()
                 sums.diagonal().add_(diag)
                 if own is not None:
                     own[:k, k:] += pairs
                     own.diagonal().add_(diag)
             if self.permutations:
                 self._add_permuted(grams, m, slot, scale)
+            if self.jackknife:
+                stats_mod.add_leave_one_out(self.loo_block, self._grams, self.cross_at)
+            for observe in self.observers:
+                observe(self._grams, slot)
             self.state[L * L] += 1
 
     def _one_thread(self) -> contextlib.AbstractContextManager:
@@ -434,6 +482,7 @@ class MinibatchCKA:
         from vitsee.stats import batch_permutations
 
         k = self.cross_at or 0
+        unscale = torch.outer(self._unscale if self.cross_at is None else self._unscale[:k], self._unscale[k:])
         a, b = self._upper(m)  # (T,) row and column of each upper-triangle entry, T = m (m - 1) / 2
         perms = torch.as_tensor(batch_permutations(self.seed, slot, m, self.permutations), device=self.device)
         cols = grams[k:].to(_dtype(NULL_DTYPE))  # (Lc, m*m): the layers whose images are permuted
@@ -447,7 +496,7 @@ class MinibatchCKA:
             index = (p[:, a] * m + p[:, b]).reshape(-1)  # (g*T,) where entry (a, b) of each P U P' sits in U
             permuted = cols.index_select(1, index).view(len(cols) * len(p), len(a))  # (Lc*g, T), layer-major
             pairs = (rows @ permuted.T).view(len(rows), len(cols), len(p))  # (Lr, Lc, g): one plain GEMM
-            null[s : s + group] += pairs.permute(2, 0, 1).to(torch.float64) * (2.0 * scale)  # (g, Lr, Lc)
+            null[s : s + group] += pairs.permute(2, 0, 1).to(torch.float64) * (2.0 * scale) * unscale  # (g, Lr, Lc)
 
     def _upper(self, m: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Return the (row, column) indices of the strict upper triangle of an m x m matrix, kept between batches."""
@@ -462,6 +511,7 @@ class MinibatchCKA:
         L = self.num_layers
         if self._grams.shape != (L, m, m) or self._grams.dtype != _dtype(PAIR_DTYPE):
             self._grams = torch.empty(L, m, m, dtype=_dtype(PAIR_DTYPE), device=self.device)  # U-centred Grams
+            self._unscale = torch.ones(L, dtype=torch.float64, device=self.device)  # see _layer_gram_into
             self._gram = torch.empty(m, m, dtype=_dtype(GRAM_DTYPE), device=self.device)  # one layer's Gram
             self._spare = []
         if self._scratch.numel() < largest_layer or self._scratch.dtype != _dtype(GRAM_DTYPE):
@@ -507,8 +557,7 @@ class MinibatchCKA:
                             if isinstance(feats[i], torch.Tensor)
                             else torch.from_numpy(np.ascontiguousarray(np.asarray(feats[i])))
                         )
-                    x = self._centred(f, m, scratch)  # (m, D_i)
-                    self._grams[i].copy_(gram(x, out=out))  # (m, m) fp32 -> its fp64 slot
+                    self._layer_gram_into(i, *self._centred(f, m, scratch), out)  # (m, D_i) -> (m, m)
 
         from vitsee.threads import torch_threads
 
@@ -519,9 +568,10 @@ class MinibatchCKA:
             for future in [pool.submit(work, w) for w in range(workers)]:
                 future.result()
 
-    def _centred(self, f: Any, m: int, scratch: torch.Tensor | None = None) -> torch.Tensor:
+    def _centred(self, f: Any, m: int, scratch: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Return one layer's batch (m, ...) as (m, D) GRAM_DTYPE on the device, shifted to about its batch mean
-        (written into scratch, default self._scratch)."""
+        (written into scratch, default self._scratch), and the power of two it was scaled by (a 0-dim fp64 tensor,
+        1 for ordinary values)."""
         if not isinstance(f, torch.Tensor):  # numpy, or an array-like read only now (a store batch read lazily)
             f = torch.from_numpy(np.ascontiguousarray(np.asarray(f)))
         x = f.to(self.device).reshape(m, -1)  # (m, D), any float dtype (fp16 from the store)
@@ -531,10 +581,19 @@ class MinibatchCKA:
         # rank-one term. The shift only has to be close to the mean: the mean of the first SHIFT_ROWS examples is
         # within ~1/4 of the spread of it, costs 1/16 of a pass to compute, and the subtraction is the one pass
         # over the batch that also writes the fp32 copy the Gram reads.
-        if x.dtype != _dtype(GRAM_DTYPE):  # e.g. fp16 from the store: convert once, then shift in place
+        # A batch of tiny or huge values is first scaled by a power of two (see _layer_gram_into), before the shift:
+        # values near fp32's largest overflowed in the subtraction. fp16 values lie within [2^-24, 65504]: never.
+        if x.dtype == torch.float16:  # from the store: convert once, then shift in place
             x = out.copy_(x)
-            return x.sub_(x[:SHIFT_ROWS].mean(dim=0, keepdim=True))
-        return torch.sub(x, x[:SHIFT_ROWS].mean(dim=0, keepdim=True), out=out)
+            return x.sub_(x[:SHIFT_ROWS].mean(dim=0, keepdim=True)), torch.ones(
+                (), dtype=torch.float64, device=x.device
+            )
+        scale = power_of_two_scale(x, 40)  # 1 for every ordinary batch: what follows is then the plain shift
+        if x.dtype != _dtype(GRAM_DTYPE):  # fp64 (or bf16) given: scaled in its own precision, then converted
+            x = out.copy_(x * scale)
+            return x.sub_(x[:SHIFT_ROWS].mean(dim=0, keepdim=True)), scale
+        shift = (x[:SHIFT_ROWS] * scale).mean(dim=0, keepdim=True)  # of the scaled rows: 16 x 3e38 overflows fp32
+        return torch.addcmul(-shift, x, scale, out=out), scale  # x * scale - shift, one pass
 
     def merge(self, other: MinibatchCKA | torch.Tensor) -> None:
         """Add another accumulator (or its `state`) for the same layers into this one, e.g. from another process."""
@@ -577,15 +636,16 @@ class MinibatchCKA:
             kept[:k, k:] = kept[k:, :k] = True
             sums[k:, :k] = sums[:k, k:].T
             sums[~kept] = np.nan
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return sums / np.sqrt(np.outer(self_hsic, self_hsic))
+        return cka_ratio(sums, self_hsic)
 
     def statistics(self, level: float = 0.95, replicates: int | None = None, seed: Sequence[int] | int = 0) -> dict:
         """Return {ci_low, ci_high, p_value} (each (L, L) like result(), nan where there is none) and n_batches.
 
-        The interval (level 0: none) is the percentile bootstrap over the filled batch slots (needs batch_slots);
-        the p-value the permutation test over `permutations` (see engine/stats.py). Symmetric like result(): a cell
-        below the diagonal repeats the one above it, whose column layer is the permuted one.
+        The interval (level 0: none) is the delete-one-image jackknife (needs jackknife=True; with fewer than
+        stats.MIN_INTERVAL_IMAGES images it is NaN and "ci_note" says why), else the percentile bootstrap over the
+        filled batch slots (needs batch_slots: how results cached before were made); the p-value the permutation test
+        over `permutations` (see engine/stats.py). Symmetric like result(): a cell below the diagonal repeats the one
+        above it, whose column layer is the permuted one.
         """
         from vitsee import stats
 
@@ -598,7 +658,17 @@ class MinibatchCKA:
         batch_hsic = self.batch_hsic.cpu().numpy()
         filled = batch_hsic[np.abs(np.diagonal(batch_hsic, axis1=1, axis2=2)).sum(axis=1) > 0]  # skipped slots stay 0
         out["n_batches"] = len(filled) if self.batch_slots else self.batches
-        if level and self.batch_slots:
+        if level and self.jackknife:
+            L2 = self.num_layers
+            block = self.loo_block.cpu().numpy()
+            n_images, unseen = int(block[-2]), int(block[-1])
+            low, high = stats.jackknife_cka_interval(
+                self.hsic_sums.cpu().numpy(), block[:-2].reshape(stats.LOO_TERMS, L2, L2), n_images, level, unseen
+            )
+            out["ci_low"], out["ci_high"] = np.where(cells, low, np.nan), np.where(cells, high, np.nan)
+            out["ci_low"], out["ci_high"] = stats.symmetric_upper(out["ci_low"]), stats.symmetric_upper(out["ci_high"])
+            out["n_images"], out["unseen_images"] = n_images, unseen
+        elif level and self.batch_slots:
             low, high = stats.bootstrap_cka_interval(
                 filled, level, replicates or stats.BOOTSTRAP_REPLICATES, seed, cells
             )
@@ -723,12 +793,14 @@ def cka_accumulator(n_layers: int, device, params: dict, shuffle: int) -> Miniba
     st = params.get("stats")
     if st is None:
         return MinibatchCKA(n_layers, device)
+    method = stats_mod.interval_method(st)
     return MinibatchCKA(
         n_layers,
         device,
-        batch_slots=cka_slots(params) if st["ci"] else 0,
+        batch_slots=cka_slots(params) if method == "percentile" else 0,  # a result cached before: its bootstrap
         permutations=st["permutations"],
         seed=[st["seed"], shuffle],
+        jackknife=method == stats_mod.JACKKNIFE,
     )
 
 
@@ -738,12 +810,14 @@ def compute_cka(
     device: torch.device,
     progress: StepFn | None = None,
     share: tuple[int, int] | None = None,
+    observers: Callable[[int], list] | None = None,
 ) -> dict:
     """Returns the joint (L, L) CKA over every stored layer of every model, averaged over the shuffles.
 
     One pass over the store per batch: every layer of every model is read once, its Gram built once, and
     all pairs come from one product inside MinibatchCKA. `share` (rank, world) gives this process every
     world-th batch from its rank on; the per-shuffle accumulator states are returned for an all-reduce.
+    observers(k): the MinibatchCKA observers of shuffle k's accumulator (the zoo's null and intervals).
     """
     models = params["models"]
     columns = [(m, layer) for m in models for layer in params["layers"][m]]
@@ -755,6 +829,8 @@ def compute_cka(
         plan = plan[share[0] :: share[1]]
     n_shuffles = max(1, params["shuffles"])
     accumulators = [cka_accumulator(len(columns), device, params, k) for k in range(n_shuffles)]
+    for k, acc in enumerate(accumulators if observers is not None else []):
+        acc.observers = list(observers(k))
     pinned = device.type == "cuda"
     jobs = ((rows, lambda r, ds=ds: read_batch(ds, r, pinned)) for _, rows, _ in plan for ds in datasets)
     prefetch = Prefetch(jobs)
@@ -788,7 +864,7 @@ def finish_cka(states: torch.Tensor, columns: list[tuple[str, str]], params: dic
             warnings.simplefilter("ignore")
             matrices.append(acc.result(nonfinite="nan"))  # a layer with NaN/Inf activations: NaN cells
             if st is not None:
-                per_shuffle.append(acc.statistics(st["ci"], st["bootstrap"], [st["seed"], k]))
+                per_shuffle.append(acc.statistics(st["ci"], st.get("bootstrap"), [st["seed"], k]))
     matrix = np.mean(matrices, axis=0)
     last = params["n_images"] % params["batch_size"]
     dropped = last if 0 < last < MIN_BATCH else 0
@@ -798,8 +874,18 @@ def finish_cka(states: torch.Tensor, columns: list[tuple[str, str]], params: dic
         "layer": np.array([layer for _, layer in columns]),
         "shuffle_std": np.std(matrices, axis=0) if len(matrices) > 1 else np.zeros_like(matrix),
         "dropped_per_shuffle": np.array(dropped),
+        "undefined": undefined_layers(states, len(columns)),
     }
     return arrays | pooled_stats(per_shuffle)
+
+
+def undefined_layers(states: torch.Tensor, n_layers: int) -> np.ndarray:
+    """Returns per layer why its CKA is undefined, as the codes the views put in words (similarity.UNDEFINED):
+    'nonfinite' (NaN/Inf activations), 'self_hsic' (its unbiased HSIC with itself is not above 0: a constant layer,
+    or one that differs in too few images), '' (defined)."""
+    L = n_layers
+    own = states[:, : L * L].reshape(len(states), L, L).diagonal(dim1=1, dim2=2).cpu().numpy().sum(axis=0)
+    return np.array(["nonfinite" if not np.isfinite(h) else "self_hsic" if h <= 0 else "" for h in own])
 
 
 def pooled_stats(per_shuffle: list[dict]) -> dict:
@@ -812,6 +898,12 @@ def pooled_stats(per_shuffle: list[dict]) -> dict:
         [s["p_value"] for s in per_shuffle if "p_value" in s],
     )
     out["n_batches"] = np.array(min(s["n_batches"] for s in per_shuffle))  # bootstrap units per shuffle
+    images = [s["n_images"] for s in per_shuffle if "n_images" in s]
+    if images:  # the jackknife's units: images
+        out["n_interval_images"] = np.array(min(images))
+        note = stats_mod.no_interval_reason(min(images), max(s["unseen_images"] for s in per_shuffle))
+        if note:
+            out["ci_note"] = np.array([note])
     return out
 
 
@@ -876,15 +968,18 @@ def cka_from_grams(
     device=None,
     cross_at: int | None = None,
     batch_slots: bool = False,
+    observers: Sequence[Callable] = (),
 ) -> MinibatchCKA:
     """Returns the accumulator of the CKA of the columns [(model, layer)] over a Gram-keeping store's batches (`extract
     --grams`, zoo/streamed.py), each batch added from its stored Grams: the sums `update` of the activations gives.
 
     cross_at: only the block of columns [:k] against [k:] (a model appended to a zoo against the others: its new
-    pairs only); batch_slots: keep each batch's terms, for the bootstrap (engine/stats.py).
+    pairs only); batch_slots: keep each batch's terms, for the bootstrap (engine/stats.py); observers: see
+    MinibatchCKA.
     """
     n_batches = -(-store.n_images // gram_batch_size(store))
     acc = MinibatchCKA(len(columns), device, cross_at=cross_at, batch_slots=n_batches if batch_slots else 0)
+    acc.observers = list(observers)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a last batch under 4 images is skipped, as analyze does
         for b, grams in batch_grams(store, columns):
@@ -943,7 +1038,7 @@ def stream_batch(acc: MinibatchCKA, feats: list) -> torch.Tensor:
 
 class LinearCKA(LayerMatrix):
     """Linear CKA between every pair of layers of the store's models (paper Fig. 1, 2): one joint matrix,
-    estimated over minibatches, with bootstrap intervals and permutation p-values when asked for."""
+    estimated over minibatches, with jackknife intervals and permutation p-values when asked for."""
 
     name = "cka"
     label = "CKA"
@@ -985,3 +1080,27 @@ class LinearCKA(LayerMatrix):
             sums.append(acc.hsic_sums.numpy().copy())
             batches.append(acc.batch_hsic.numpy().copy())
         return np.stack(sums), np.stack(batches)
+
+    def observe_batches(
+        self,
+        store: Store,
+        result: Result,
+        observers: Callable[[int], list],
+        device: str = "auto",
+        progress: StepFn | None = None,
+    ) -> np.ndarray | None:
+        """Returns the HSIC sums (K, L, L) of the CKA result's own batches (its batch size, shuffles and seed; a
+        `--grams` store's stored Grams) after one more pass over them that hands each batch's U-centred Grams
+        (L, m, m) and its slot to observers(k), shuffle k's callables (the zoo's null and intervals,
+        engine/zoo/calibration.py); None for a streaming store without Grams (nothing left to pass over)."""
+        params = result.params
+        columns = [(m, layer) for m in params["models"] for layer in params["layers"][m]]
+        if keeps_grams(store):  # its CKA is the Grams' own estimate: store order, the Grams' batches
+            acc = cka_from_grams(store, columns, resolve_device(device), observers=observers(0))
+            return acc.hsic_sums.cpu().numpy()[None].copy()
+        if store.streaming:
+            return None
+        bare = {k: v for k, v in params.items() if k != "stats"}
+        states = compute_cka(store, bare, resolve_device(device), progress, observers=observers)["states"]
+        L = len(columns)
+        return np.stack([state.cpu().numpy()[: L * L].reshape(L, L) for state in states])

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from vitsee.errors import VitseeError
-from vitsee.stats import ALPHA, ROUGH_BATCHES, significance_label
+from vitsee.stats import ALPHA, ROUGH_BATCHES, benjamini_hochberg, interval_method, significance_label
 
 from vitsee.analyses.config import AnalyzeConfig, StepFn
 
@@ -437,6 +437,11 @@ class DossierEntry:
 # --- views -----------------------------------------------------------------------------------------------------
 
 
+def _names(labels: list[str], rows: np.ndarray) -> str:
+    """Returns 'a, b, c, d and 3 more' for the labels of rows."""
+    return ", ".join(labels[r] for r in rows[:4]) + (f" and {len(rows) - 4} more" if len(rows) > 4 else "")
+
+
 @dataclass
 class View:
     """A result ready to draw: `matrix` (rows x cols) with labels, a colour range, and what its shape needs in
@@ -459,6 +464,9 @@ class View:
     # values so that "non-finite" and "not computed" (NaN without a mark) stay two things
     nonfinite: np.ndarray | None = None  # (rows, cols) bool
     nonfinite_images: np.ndarray | None = None  # (rows, cols) images with non-finite inputs per cell, -1 unknown
+    # (rows, cols) why a cell without a value has none, in words ('' where the result does not say): a constant layer,
+    # one RSA cannot use, ... (a layer x layer measure's per-layer "undefined" codes, similarity.UNDEFINED)
+    reasons: np.ndarray | None = None
     n_images: int = 0
     # statistics, each shaped like matrix when present (None: the result has none): see engine/stats.py
     ci_low: np.ndarray | None = None
@@ -467,6 +475,33 @@ class View:
     # the store's models' display names (key -> name, engine/store/names.py): what titles, axes and legends call
     # them; the keys stay in `models`, `rows` (the zoo's) and the JSON
     names: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(
+        cls,
+        request: Request,
+        *,
+        title: str,
+        matrix: np.ndarray,
+        rows: list[str],
+        cols: list[str],
+        value_name: str,
+        **fields,
+    ) -> View:
+        """Returns the view of `request` (its analysis and view string), its other fields by keyword: what an
+        analysis's `view` builds. The store's subtitle (weights, images) and its number of images are the store's to
+        add (views.load_view)."""
+        return cls(
+            kind=request.name,
+            spec=request.spec,
+            title=title,
+            subtitle="",
+            matrix=matrix,
+            rows=rows,
+            cols=cols,
+            value_name=value_name,
+            **fields,
+        )
 
     @property
     def analysis(self) -> Analysis:
@@ -490,9 +525,18 @@ class View:
         return self.nonfinite is not None and bool(self.nonfinite[row, col])
 
     def nonfinite_text(self, row: int, col: int) -> str:
-        """Returns 'non-finite (3 of 48 images)' for a non-finite cell ('non-finite' when the images are unknown)."""
+        """Returns what made a cell non-finite: 'non-finite (3 of 48 images)' when images with NaN/Inf inputs are
+        behind it, 'undefined: <why>' when the result says why (a constant layer, ...), 'undefined: not from NaN/Inf
+        (...)' when the store has none behind it, else 'non-finite' (the images are unknown)."""
         count = int(self.nonfinite_images[row, col]) if self.nonfinite_images is not None else -1
-        return f"non-finite ({count} of {self.n_images} images)" if count > 0 else "non-finite"
+        if count > 0:
+            return f"non-finite ({count} of {self.n_images} images)"
+        reason = str(self.reasons[row, col] or "") if self.reasons is not None else ""
+        if reason:
+            return f"undefined: {reason}"
+        if count == 0:
+            return f"undefined: not from NaN/Inf (the stored {self.analysis.nonfinite_source} hold none)"
+        return "non-finite"
 
     def cell_text(self, row: int, col: int, digits: int = 4, missing: str = "not computed") -> str:
         """Returns a cell as text: its value, 'non-finite (k of N images)', or `missing` (not computed)."""
@@ -502,16 +546,29 @@ class View:
         return self.nonfinite_text(row, col) if self.is_nonfinite(row, col) else missing
 
     def nonfinite_note(self) -> str:
-        """Returns one line on the non-finite cells ('' when there are none): how many and which rows."""
+        """Returns one line on the cells without a value ('' when there are none): how many, which rows, and what
+        made them so: NaN/Inf in the stored inputs only for the cells with such images behind them."""
         if self.nonfinite is None or not self.nonfinite.any():
             return ""
-        whole = np.flatnonzero(self.nonfinite.all(axis=1))  # a layer with non-finite activations fills its row
-        rows = whole if whole.size else np.flatnonzero(self.nonfinite.any(axis=1))
-        names = ", ".join(self.rows[r] for r in rows[:4]) + (f" and {len(rows) - 4} more" if len(rows) > 4 else "")
-        where = self.analysis.nonfinite_source
-        return f"{int(self.nonfinite.sum())} non-finite cell(s), from NaN/Inf in the stored {where}, in {names}" + (
-            ": see `vitsee info`" if where == "activations" else ""
-        )
+        counts = self.nonfinite_images if self.nonfinite_images is not None else np.full(self.matrix.shape, -1)
+        inputs = self.nonfinite & (counts != 0)  # NaN/Inf behind them, or unknown: what the note always said
+        if self.reasons is not None:
+            inputs &= ~(self.reasons.astype(bool)) | (counts > 0)
+        parts = []
+        if inputs.any():
+            whole = np.flatnonzero(inputs.all(axis=1))  # a layer with non-finite activations fills its row
+            rows = whole if whole.size else np.flatnonzero(inputs.any(axis=1))
+            where, names = self.analysis.nonfinite_source, _names(self.rows, rows)
+            parts.append(
+                f"{int(inputs.sum())} non-finite cell(s), from NaN/Inf in the stored {where}, in {names}"
+                + (": see `vitsee info`" if where == "activations" else "")
+            )
+        rest = self.nonfinite & ~inputs
+        if rest.any():  # each reason once, however many cells it leaves without a value
+            texts = [self.nonfinite_text(r, c).removeprefix("undefined: ") for r, c in zip(*np.nonzero(rest))]
+            reasons = dict.fromkeys(part for text in texts for part in text.split("; "))
+            parts.append(f"{int(rest.sum())} undefined cell(s): {'; '.join(reasons)}")
+        return "; ".join(parts)
 
     @property
     def ci_level(self) -> float:
@@ -525,9 +582,15 @@ class View:
 
     @property
     def rough(self) -> bool:
-        """Returns True when a bootstrap interval rests on fewer than stats.ROUGH_BATCHES batches."""
+        """Returns True when a bootstrap interval over minibatches (a result cached before the jackknife) rests on
+        fewer than stats.ROUGH_BATCHES batches."""
         n = self.extra.get("n_batches")
-        return n is not None and self.ci_low is not None and n < ROUGH_BATCHES
+        return (
+            n is not None
+            and self.ci_low is not None
+            and n < ROUGH_BATCHES
+            and interval_method(self.params.get("stats")) == "percentile"
+        )
 
     def interval_text(self, row: int, col: int) -> str:
         """Returns ' [0.795, 0.828]  p<0.01' for a cell (with ' rough' for few batches), '' without statistics."""
@@ -551,20 +614,53 @@ class View:
     def interval_caption(self) -> str:
         """Returns what the intervals and p-values are, in words ('' without them), for captions and legends."""
         if self.ci_low is None and self.p_value is None:
-            return ""
-        parts = []
+            return self.interval_note()
+        parts = [self.interval_note()] if self.interval_note() else []
         if self.ci_low is not None:
             parts.append(self.analysis.interval_words(self, f"{self.ci_level:.0%}"))
         if self.p_value is not None:
             parts.append(f"p: {self.permutations}-permutation test (images of the column layer shuffled)")
         return "; ".join(parts) + f"; {self.analysis.what_varies}"
 
-    def not_significant(self, alpha: float = ALPHA) -> np.ndarray | None:
-        """Returns a bool mask of the cells whose p-value exceeds alpha (None without p-values)."""
+    def interval_note(self) -> str:
+        """Returns why the view has no interval where its analysis gives them ('' when that is not so)."""
+        return str(self.extra.get("ci_note") or "")
+
+    def _tested(self) -> np.ndarray:
+        """Returns the cells that are tests of their own: all of them, but a view of a model with itself, whose
+        lower triangle repeats its upper one and whose diagonal is each layer with itself (no test)."""
+        p = np.asarray(self.p_value, dtype=np.float64)
+        if p.ndim != 2 or self.models[:1] != self.models[-1:] or p.shape[0] != p.shape[1] or not self.models:
+            return np.ones(p.shape, dtype=bool)
+        return np.triu(np.ones(p.shape, dtype=bool), 1)
+
+    def adjusted_p(self) -> np.ndarray | None:
+        """Returns the Benjamini-Hochberg adjusted p-values of the view's cells over the cells that are tests of their
+        own (a within-model view: its upper triangle, mirrored; the diagonal keeps its p); None without p-values."""
         if self.p_value is None:
             return None
+        p = np.asarray(self.p_value, dtype=np.float64)
+        tested = self._tested()
+        q = p.copy()
+        q[tested] = benjamini_hochberg(p[tested])
+        if not tested.all():
+            lower = np.tril_indices(p.shape[0], -1)
+            q[lower] = q.T[lower]
+        return q
+
+    def not_significant(self, alpha: float = ALPHA) -> np.ndarray | None:
+        """Returns a bool mask of the cells not significant at false discovery rate alpha: Benjamini-Hochberg over the
+        view's cells (adjusted_p; the uncorrected p stays in `p_value` and the JSON); None without p-values."""
+        q = self.adjusted_p()
+        if q is None:
+            return None
         with np.errstate(invalid="ignore"):
-            return np.asarray(self.p_value) > alpha
+            return q > alpha
+
+    def significance_words(self, alpha: float = ALPHA) -> str:
+        """Returns what a mark of not_significant means, correction included, for legends and captions."""
+        n = int(self._tested().sum()) if self.p_value is not None else 0
+        return f"not significant: Benjamini-Hochberg q > {alpha:g} over the {n} cells' permutation p"
 
     def to_json(self) -> dict:
         """Returns the numbers with their labels and parameters (JSON-able; NaN becomes null)."""
@@ -582,6 +678,9 @@ class View:
         for name in ("ci_low", "ci_high", "p_value"):  # same shape as values
             if getattr(self, name) is not None:
                 out[name] = to_jsonable(np.asarray(getattr(self, name), dtype=float))
+        if self.p_value is not None and self.shape is Shape.LAYER_MATRIX:  # an addition: p_value stays uncorrected
+            out["p_adjusted"] = to_jsonable(self.adjusted_p())
+            out["p_adjusted_method"] = "Benjamini-Hochberg over the view's cells (a model with itself: upper triangle)"
         if self.ci_low is not None:
             out["ci_level"] = self.ci_level
         for key, value in self.extra.items():
@@ -598,6 +697,7 @@ class View:
                         if self.nonfinite_images is not None and self.nonfinite_images[r, c] >= 0
                         else None
                     ),
+                    "why": self.nonfinite_text(r, c),
                 }
                 for r, c in zip(*np.nonzero(self.nonfinite))
             ]
@@ -651,7 +751,14 @@ def to_jsonable(value):
 
 
 def bootstrap_words(view: View, level: str) -> str:
-    """Returns the words of a bootstrap interval over CKA minibatches (CKA-like analyses' intervals)."""
+    """Returns the words of a CKA-like analysis's intervals: the delete-one-image jackknife of new results, the
+    bootstrap over minibatches of results cached before."""
+    if interval_method(view.params.get("stats")) == "jackknife":
+        n = view.extra.get("n_interval_images") or view.params.get("n_images")
+        return (
+            f"{level} jackknife interval, each of the {n} images left out once: CKA -/+ t x sd "
+            "(held the population CKA in 93-96% of simulated draws: README, Statistics)"
+        )
     n = view.extra.get("n_batches")
     return f"{level} bootstrap interval over {n} minibatches of images" + (
         f" (rough: under {ROUGH_BATCHES} batches)" if view.rough else ""

@@ -411,17 +411,15 @@ class ReceptiveFields(Analysis):
         params = dict(result.params, layer=layer)
         params.pop("layers", None)
         h, w = matrix.shape
-        return View(
-            self.name,
-            "",
-            f"Effective receptive field {key} {layer}",
-            "",
-            matrix,
-            [str(i) for i in range(h)],
-            [str(j) for j in range(w)],
-            "ERF (share of |grad|)",
-            0.0,
-            float(np.nanmax(matrix)) if np.isfinite(matrix).any() else 1.0,
+        return View.of(
+            request,
+            title=f"Effective receptive field {key} {layer}",
+            matrix=matrix,
+            rows=[str(i) for i in range(h)],
+            cols=[str(j) for j in range(w)],
+            value_name="ERF (share of |grad|)",
+            vmin=0.0,
+            vmax=float(np.nanmax(matrix)) if np.isfinite(matrix).any() else 1.0,
             params=params,
             extra=extra,
             models=[key],

@@ -394,17 +394,15 @@ class HeadCKAAnalysis(Analysis):
             "scatter_col": most_similar_layer(matrix),
         }
         params = {k: v for k, v in result.params.items() if k != "layers"}
-        return View(
-            self.name,
-            "",
-            f"Head-level CKA {vit} heads (rows) x {other} (cols)",
-            "",
-            matrix,
-            [str(r) for r in result["rows"]],
-            [str(c) for c in result["cols"]],
-            "CKA",
-            0.0,
-            1.0,
+        return View.of(
+            request,
+            title=f"Head-level CKA {vit} heads (rows) x {other} (cols)",
+            matrix=matrix,
+            rows=[str(r) for r in result["rows"]],
+            cols=[str(c) for c in result["cols"]],
+            value_name="CKA",
+            vmin=0.0,
+            vmax=1.0,
             params=params,
             extra=extra,
             models=[vit, other],

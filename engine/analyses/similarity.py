@@ -28,6 +28,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from vitsee import stats as stats_mod
 from vitsee.measures.registry import REGISTRY as MEASURES
 from vitsee.measures.registry import Measure, Parameter
 from vitsee.errors import VitseeError
@@ -47,6 +48,16 @@ from vitsee.analyses.contract import (
 )
 
 FAMILY = "layer similarity"
+# why a layer has no value under a measure: the codes a result keeps per layer ("undefined"), in words
+UNDEFINED = {
+    "constant": "{layer} does not vary across the images (no variance)",
+    "flat": "{layer} has images whose features are all equal (one feature?): {label} correlates each image's "
+    "features, which takes two that differ",
+    "nonfinite": "{layer} holds NaN/Inf in its stored activations",
+    "median": "{layer} has the same features in most pairs of images: {label}'s bandwidth, their median distance, is 0",
+    "self_hsic": "{layer} does not vary across the images, or in too few of them for minibatch CKA (its unbiased "
+    "HSIC with itself is not above 0)",
+}
 
 
 def matrix_block(
@@ -103,24 +114,54 @@ class LayerMatrix(Analysis):
             name: matrix_block(result, a, b, key=name)[0] for name in ("ci_low", "ci_high", "p_value") if name in result
         }
         extra = {"n_batches": int(result["n_batches"])} if "n_batches" in result else {}
+        if "n_interval_images" in result:
+            extra["n_interval_images"] = int(result["n_interval_images"])
+        if "ci_note" in result:
+            extra["ci_note"] = str(result["ci_note"][0])
+        single = extra.get("n_batches") == 1 and stats_mod.interval_method(params.get("stats")) == "percentile"
+        if single and "ci_low" in block:  # a result cached before: a bootstrap of one minibatch is a point
+            del block["ci_low"], block["ci_high"]
+            extra["ci_note"] = (
+                "no interval: this result was cached with a bootstrap over minibatches, and one minibatch gives a "
+                "point, not an interval; `vitsee analyze --cka --recompute` gives the jackknife interval over images"
+            )
         title = f"{self.label}: {a}" if a == b else f"{self.label}: {a} x {b}"  # rows x columns, as the axes say
         vmin, vmax = self.value_range
-        return View(
-            self.name,
-            "",
-            title,
-            "",
-            matrix,
-            rows,
-            cols,
-            self.value_name or self.label,
-            vmin,
-            vmax,
+        view = View.of(
+            request,
+            title=title,
+            matrix=matrix,
+            rows=rows,
+            cols=cols,
+            value_name=self.value_name or self.label,
+            vmin=vmin,
+            vmax=vmax,
             params=params,
             extra=extra,
             models=[a, b],
             **block,
         )
+        view.reasons = self.reasons(result, a, b, rows, cols)
+        return view
+
+    def reasons(self, result: Result, a: str, b: str, rows: list[str], cols: list[str]) -> np.ndarray | None:
+        """Returns per cell of the A x B block why it has no value, in words ('' where the result does not say);
+        None for a result computed before results kept it (the per-layer codes "undefined", UNDEFINED)."""
+        if "undefined" not in result:
+            return None
+        codes = [str(c) for c in np.asarray(result["undefined"]).tolist()]
+        layers, owner, models = [str(x) for x in result["layer"]], np.asarray(result["model"]), result.params["models"]
+
+        def words(model: str, names: list[str]) -> list[str]:
+            at = {layers[i]: i for i in np.flatnonzero(owner == models.index(model))}
+            return [UNDEFINED.get(codes[at[n]], "").format(layer=n, label=self.label) for n in names]
+
+        row_words, col_words = words(a, rows), words(b, cols)
+        out = np.empty((len(rows), len(cols)), dtype=object)
+        for i, rw in enumerate(row_words):
+            for j, cw in enumerate(col_words):
+                out[i, j] = "; ".join(dict.fromkeys(w for w in (rw, cw) if w))  # both layers' when both have one
+        return out
 
     def interval_words(self, view: View, level: str) -> str:
         return bootstrap_words(view, level)
@@ -157,7 +198,7 @@ class LayerMatrix(Analysis):
         }
         for i, j in zip(*np.nonzero(bad)):
             r, c = rows[view.rows[i]], cols[view.cols[j]]
-            if r is not None and c is not None and (r.any() or c.any()):
+            if r is not None and c is not None:  # 0: the store says neither layer holds NaN/Inf
                 counts[i, j] = int((r | c).sum())
         return counts
 
@@ -265,9 +306,10 @@ GRAM_OPTIONS = (
     AnalysisOption(
         "measure-bootstrap",
         int,
-        "bootstrap resamples behind each interval of those measures, at the "
-        "--ci level (each recomputes the measure: default 0, none)",
-        param="stats.bootstrap",
+        "intervals of those measures at the --ci level from N resamples: N groups of the images, each left out once "
+        "(a jackknife: no image repeated, as a bootstrap would; each recomputes the measure; default 0, none; 20 is "
+        "plenty)",
+        param="stats.groups",
     ),
     AnalysisOption(
         "measure-permutations",
@@ -344,12 +386,12 @@ class GramMeasure(LayerMatrix):
         asked = cfg.options.get("max_images")
         max_images = default_max_images(sum(map(len, layers.values()))) if asked is None else int(asked)
         _, subset = choose_images(store.n_images, max_images, cfg.seed)  # too few: the one-line error
-        values = self.spec.defaults
+        values = self.spec.analysis_defaults  # a store's (RBF CKA: the unbiased HSIC, as linear CKA's)
         for parameter in self.spec.parameters:  # given or default, checked now: before any work
             if not parameter.option:
                 continue  # fixed at its default
             value = cfg.options.get(parameter_option(parameter).attr)
-            value = parameter.default if value is None else value
+            value = parameter.analysis_default if value is None else value
             try:
                 values[parameter.name] = parameter.checked(value, self.key, subset["n_images"])
             except VitseeError as exc:
@@ -367,10 +409,9 @@ class GramMeasure(LayerMatrix):
 
     @staticmethod
     def stats_settings(cfg: AnalyzeConfig) -> dict | None:
-        """Returns the statistics a result records: the --ci level with --measure-bootstrap resamples, and
-        --measure-permutations; None when neither is asked for (the values alone)."""
-        from vitsee import stats as stats_mod
-
+        """Returns the statistics a result records: the --ci level with --measure-bootstrap N, now N jackknife groups
+        ("interval": "jackknife"; results cached before recorded "bootstrap": N, a percentile bootstrap, and keep it),
+        and --measure-permutations; None when neither is asked for (the values alone)."""
         replicates = int(cfg.options.get("measure_bootstrap") or 0)
         permutations = int(cfg.options.get("measure_permutations") or 0)
         if replicates < 0 or permutations < 0:
@@ -381,7 +422,8 @@ class GramMeasure(LayerMatrix):
             return None
         return {
             "ci": stats_mod.check_level(level) if level else 0.0,
-            "bootstrap": replicates if level else 0,
+            "interval": stats_mod.JACKKNIFE if level else "",
+            "groups": replicates if level else 0,
             "permutations": permutations,
             "seed": int(cfg.seed),
         }
@@ -399,7 +441,7 @@ class GramMeasure(LayerMatrix):
         params = self.params(store, request, cfg)
         n, layers = params["max_images"], sum(map(len, params["layers"].values()))
         st = params.get("stats") or {}
-        passes = 1 + st.get("bootstrap", 0) + st.get("permutations", 0)
+        passes = 1 + min(st.get("bootstrap", 0) or st.get("groups", 0), n) + st.get("permutations", 0)
         seconds = self.spec.seconds_at_1000 * (n / 1000) ** (3 if self.spec.cubic else 2) * (layers / 23) ** 2 * passes
         if seconds < 60:
             return None
@@ -418,7 +460,7 @@ class GramMeasure(LayerMatrix):
         """Returns the joint (L, L) matrix of the measure over every stored layer of every model, with its
         bootstrap interval and permutation p-values when params ask for them."""
         from vitsee.measures import resampling as measures_stats
-        from vitsee.measures.grams import pairwise
+        from vitsee.measures.grams import pairwise, why_undefined
 
         for reason in (self.not_applicable(store, key) for key in params["models"]):
             if reason:
@@ -439,9 +481,37 @@ class GramMeasure(LayerMatrix):
         cells = np.ix_(ok, ok)
         if good:
             arrays["matrix"][cells] = pairwise(good, None, self.key, **values)
+        diagonal = np.diagonal(
+            arrays["matrix"]
+        )  # a layer without a value even with itself: say why (views put it in words)
+        arrays["undefined"] = np.array(
+            [why_undefined(g, self.key) if not np.isfinite(d) else "" for g, d in zip(grams, diagonal)]
+        )
         emit(progress, f"{self.name} pairs", 1, 1)
         st = params.get("stats")
-        if st and st["bootstrap"]:
+        if st and st.get("groups"):  # the delete-a-group jackknife (engine/measures/jackknife.py)
+            from vitsee.measures import jackknife
+
+            arrays["ci_low"], arrays["ci_high"] = np.full(size, np.nan), np.full(size, np.nan)
+            note = stats_mod.no_interval_reason(len(rows))
+            if note:
+                arrays["ci_note"] = np.array([note])
+            elif good:
+                step = lambda done, total: emit(progress, f"{self.name} jackknife", done, total)  # noqa: E731
+                low, high = jackknife.jackknife_interval(
+                    good,
+                    None,
+                    self.key,
+                    st["ci"],
+                    st["groups"],
+                    st["seed"],
+                    estimate=arrays["matrix"][cells],
+                    progress=step,
+                    **values,
+                )
+                arrays["ci_low"][cells], arrays["ci_high"][cells] = low, high
+                arrays["n_groups"] = np.array(min(int(st["groups"]), len(rows)))
+        elif st and st.get("bootstrap"):  # a result cached before: its percentile bootstrap
             arrays["ci_low"], arrays["ci_high"] = np.full(size, np.nan), np.full(size, np.nan)
             if good:
                 step = lambda done, total: emit(progress, f"{self.name} bootstrap", done, total)  # noqa: E731
@@ -477,24 +547,74 @@ class GramMeasure(LayerMatrix):
         st = params.get("stats") or {}
         if not st.get("bootstrap"):
             return None
+        found = self._result_grams(store, result, device, progress)
+        if found is None:
+            return None
+        columns, rows, grams, ok = found
+        step = lambda done, total: emit(progress, f"{self.name} bootstrap", done, total)  # noqa: E731
+        parts = measures_stats.iter_bootstrap_replicates(
+            [grams[i] for i in ok], None, self.key, st["bootstrap"], st["seed"], step, **self.measure_values(params)
+        )
+        how = f"(the {self.label} result's own, {len(rows)} images, seed {st['seed']})"
+        return _whole(parts, len(columns), ok), how
+
+    def jackknife_matrices(
+        self, store: Store, result: Result, device: str = "auto", progress: StepFn | None = None
+    ) -> tuple[Iterator[np.ndarray], int, str] | None:
+        """Returns (the joint (L, L) matrix with each of the result's jackknife groups of images left out in turn, the
+        number of groups, how they were drawn in words) for a result with jackknife intervals (the same groups as its
+        per-cell intervals); None otherwise or with too few images for an interval."""
+        from vitsee.measures import jackknife
+
+        params = result.params
+        st = params.get("stats") or {}
+        if not st.get("groups") or len(result["images"]) < stats_mod.MIN_INTERVAL_IMAGES:
+            return None
+        found = self._result_grams(store, result, device, progress)
+        if found is None:
+            return None
+        columns, rows, grams, ok = found
+        groups = min(int(st["groups"]), len(rows))
+        step = lambda done, total: emit(progress, f"{self.name} jackknife", done, total)  # noqa: E731
+        parts = jackknife.iter_jackknife_replicates(
+            [grams[i] for i in ok], None, self.key, st["groups"], st["seed"], step, **self.measure_values(params)
+        )
+        how = f"{groups} groups of the {len(rows)} images, each left out once (seed {st['seed']})"
+        return _whole(parts, len(columns), ok), groups, how
+
+    def null_matrices(
+        self,
+        store: Store,
+        result: Result,
+        permutations: int,
+        seed: int,
+        device: str = "auto",
+        progress: StepFn | None = None,
+    ) -> Iterator[np.ndarray] | None:
+        """Returns the result's joint (L, L) matrix with each model's images permuted by its own permutation (all its
+        layers alike), `permutations` replicates one at a time (engine/measures/jackknife.py iter_null_replicates):
+        the draws of the null of any summary of the cross-model blocks. None when no layer has finite Grams."""
+        from vitsee.measures import jackknife
+
+        found = self._result_grams(store, result, device, progress)
+        if found is None:
+            return None
+        columns, _, grams, ok = found
+        owners = [result.params["models"].index(columns[i][0]) for i in ok]
+        step = lambda done, total: emit(progress, f"{self.name} null", done, total)  # noqa: E731
+        parts = jackknife.iter_null_replicates(
+            [grams[i] for i in ok], owners, self.key, permutations, seed, step, **self.measure_values(result.params)
+        )
+        return _whole(parts, len(columns), ok)
+
+    def _result_grams(self, store: Store, result: Result, device, progress) -> tuple | None:
+        """Returns (columns, image rows, each column's LayerGrams or None, the columns with Grams) of a result."""
+        params = result.params
         columns = [(m, layer) for m in params["models"] for layer in params["layers"][m]]
         rows = np.asarray(result["images"], dtype=np.int64)
         grams = shared_layer_grams(store, columns, rows, resolve_device(device), progress, self.name)
         ok = [i for i, g in enumerate(grams) if g is not None]
-        if not ok:
-            return None
-        cells = np.ix_(ok, ok)
-
-        def matrices() -> Iterator[np.ndarray]:
-            step = lambda done, total: emit(progress, f"{self.name} bootstrap", done, total)  # noqa: E731
-            for part in measures_stats.iter_bootstrap_replicates(
-                [grams[i] for i in ok], None, self.key, st["bootstrap"], st["seed"], step, **self.measure_values(params)
-            ):
-                whole = np.full((len(columns), len(columns)), np.nan)
-                whole[cells] = part
-                yield whole
-
-        return matrices(), f"(the {self.label} result's own, {len(rows)} images, seed {st['seed']})"
+        return (columns, rows, grams, ok) if ok else None
 
     # --- the view -----------------------------------------------------------------------------------------------
 
@@ -507,10 +627,14 @@ class GramMeasure(LayerMatrix):
 
     def interval_words(self, view: View, level: str) -> str:
         st = view.params.get("stats") or {}
-        return (
-            f"{level} percentile bootstrap over {st.get('bootstrap')} resamples of the "
-            f"{view.params.get('max_images')} images"
-        )
+        n = view.params.get("max_images")
+        if st.get("groups"):
+            groups = min(int(st["groups"]), int(n or st["groups"]))
+            return (
+                f"{level} jackknife interval: {groups} groups of the {n} images each left out once, estimate -/+ "
+                f"t x sd; {self.spec.interval_holds}"
+            )
+        return f"{level} percentile bootstrap over {st.get('bootstrap')} resamples of the {n} images"
 
     def caption_notes(self, view: View) -> str:
         used, n, seed = view.params.get("max_images"), view.params.get("n_images"), view.params.get("seed")
@@ -528,6 +652,16 @@ class GramMeasure(LayerMatrix):
         if view.p_value is not None:
             notes.append(f"small p: {self.spec.significance}")
         return "".join(f"; {note}" for note in notes)
+
+
+def _whole(parts: Iterator[np.ndarray], n_columns: int, ok: list[int]) -> Iterator[np.ndarray]:
+    """Yields each (len(ok), len(ok)) matrix of `parts` inside an (n_columns, n_columns) one, NaN elsewhere (the
+    layers whose activations hold NaN/Inf)."""
+    cells = np.ix_(ok, ok)
+    for part in parts:
+        whole = np.full((n_columns, n_columns), np.nan)
+        whole[cells] = part
+        yield whole
 
 
 def shared_layer_grams(

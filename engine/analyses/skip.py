@@ -218,17 +218,15 @@ class SkipRatios(Analysis):
         title = f"Skip-connection norm ratio ||z||/||f(z)|| {key}" + (
             f" ({NO_CLS}: spatial tokens only)" if no_cls(info) else ""
         )
-        return View(
-            self.name,
-            "",
-            title,
-            "",
-            ratio,
-            [str(x) for x in r["rows"]],
-            [str(x) for x in r["cols"]],
-            "ratio",
-            float(finite.min()) if finite.size else 0.0,
-            float(finite.max()) if finite.size else 1.0,
+        return View.of(
+            request,
+            title=title,
+            matrix=ratio,
+            rows=[str(x) for x in r["rows"]],
+            cols=[str(x) for x in r["cols"]],
+            value_name="ratio",
+            vmin=float(finite.min()) if finite.size else 0.0,
+            vmax=float(finite.max()) if finite.size else 1.0,
             params=dict(r.params),
             extra=extra,
             models=[key],

@@ -149,7 +149,7 @@ def run_spatial(
         per_shuffle = (
             []
             if st is None
-            else [acc.statistics(st["ci"], st["bootstrap"], [st["seed"], k]) for k, acc in enumerate(accumulators)]
+            else [acc.statistics(st["ci"], st.get("bootstrap"), [st["seed"], k]) for k, acc in enumerate(accumulators)]
         )
     arrays = {"maps": maps, "grid": np.array([gh, gw]), "patch_px": np.array(patch)}
     for name, value in pooled_stats(per_shuffle).items():
@@ -256,17 +256,15 @@ class SpatialMaps(Analysis):
             "pixels": INPUT_NOTE,
             **({"n_batches": int(r["n_batches"])} if "n_batches" in r else {}),
         }
-        return View(
-            self.name,
-            "",
-            f"Spatial localisation {key} {params['layer']}",
-            "",
-            r["maps"],
-            [f"token {c}" for c in cells],
-            [f"patch {c}" for c in cells],
-            "CKA",
-            0.0,
-            1.0,
+        return View.of(
+            request,
+            title=f"Spatial localisation {key} {params['layer']}",
+            matrix=r["maps"],
+            rows=[f"token {c}" for c in cells],
+            cols=[f"patch {c}" for c in cells],
+            value_name="CKA",
+            vmin=0.0,
+            vmax=1.0,
             params=params,
             extra=extra,
             models=[key],

@@ -195,6 +195,7 @@ def run_extraction(
     device = resolve_device(cfg.device)
     t0 = time.perf_counter()
     store_path = Path(cfg.store)
+    store_mod.check_not_a_folder(store_path)  # before any work, and before the lock makes STORE.d beside it
     # the lock covers resuming, appending, creating and replacing alike; a new store's is taken once the
     # run's inputs have been checked, so a refused run leaves nothing beside the path
     lock = store_mod.WriteLock(store_path) if store_path.exists() else None

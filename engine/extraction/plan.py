@@ -7,7 +7,7 @@ import dataclasses
 import itertools
 import re
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,6 +68,17 @@ class ExtractConfig:
     memory_budget: int | None = (
         None  # bytes the resident models may take at once (None: MEMORY_FRACTION of what is free)
     )
+
+    @classmethod
+    def from_options(cls, store: Path | str, models: Sequence[str], options: Mapping[str, object]) -> ExtractConfig:
+        """Returns the config of a run of `models` into `store` from options named as its fields: the parameters of
+        `vitsee extract`, the arguments of `vitsee.extract`, a store's run record. Other names are ignored; a
+        memory budget may be a size ("4G")."""
+        names = {f.name for f in dataclasses.fields(cls)} - {"store", "models"}
+        values = {name: options[name] for name in names if name in options}
+        if values.get("memory_budget") is not None:
+            values["memory_budget"] = parse_bytes(str(values["memory_budget"]))
+        return cls(store=Path(store), models=list(models), **values)
 
     def __post_init__(self):
         # checked here, where the CLI and the app's form both build the config, so both get one line
@@ -360,57 +371,13 @@ def plan(
             existing.close()
             raise
 
-    layers_arg = cfg.layers if isinstance(cfg.layers, str) else list(cfg.layers)
     plans = []
-    n_batches_default = -(-len(indices) // cfg.batch_size)
     kept, releasing = 0, False  # bytes of the models kept loaded; whether the models from here on are released
     gram_maker = _gram_maker(device) if cfg.grams else None
     try:
         for spec in specs:
             emit(Progress("load", message=f"loading {spec}", model=spec.key))
-            loaded, recorders = _open_model(spec, cfg, device, lambda m: _records_heads(cfg, m, existing))
-            transform = make_transform(loaded)
-            example = torch.stack([transform(images.image(int(i))) for i in indices[:DRY_RUN_IMAGES]]).to(device)
-            act = next(r for r in recorders if isinstance(r, ActivationRecorder))
-            act.measure_rounding = True
-            shapes = _dry_run(loaded, recorders, example)
-            act.measure_rounding = False
-            layer_specs = act.layer_specs(shapes)
-            stats = [s for r in recorders for s in r.specs()]
-            record = _model_record(loaded, transform, layers_arg, cfg.dtype)
-            if cfg.dtype == "float16":
-                loss = act.rounding_loss()
-                record.update(fp16_loss=loss, fp16_lossy_layers=fp16_lossy_layers(loss))
-            if existing is not None and loaded.key in existing.models:
-                _check_same_model(existing, loaded.key, record, layer_specs)
-                batch_size = existing.batch_size(loaded.key)
-                done = existing.done_batches(loaded.key)
-                new = False
-                if not existing.head_blocks(loaded.key):  # stored before head outputs were recorded: resume without
-                    recorders, stats = _without_heads(recorders, stats)
-            else:
-                batch_size, done, new = cfg.batch_size, np.zeros(n_batches_default, dtype=bool), True
-            if cfg.streaming:  # head outputs feed the streamed head-level CKA and are not stored
-                stats = [s for s in stats if not s.name.startswith(HeadOutputRecorder.PREFIX)]
-            if cfg.grams:  # a zoo keeps each layer's Gram of each batch instead (zoo/streamed.py)
-                stats += gram_specs(layer_specs, batch_size)
-            heads = any(isinstance(r, HeadOutputRecorder) for r in recorders)
-            mp = ModelPlan(
-                loaded,
-                recorders,
-                layer_specs,
-                stats,
-                tuple(example.shape[1:]),
-                transform,
-                batch_size,
-                new,
-                done,
-                record,
-                resident_bytes=_resident_bytes(loaded.model),
-                reopen=lambda spec=spec, heads=heads: _open_model(spec, cfg, device, lambda _m: heads),
-                gram_maker=gram_maker,
-            )
-            mp.batch_bytes = mp.bytes(batch_size, cfg.dtype)
+            mp = _plan_model(spec, cfg, device, selection, existing, gram_maker)
             plans.append(mp)
             if budget is not None and (releasing or kept + mp.cost > budget):
                 releasing = True
@@ -429,6 +396,61 @@ def plan(
             existing.close()
         raise
     return selection, plans, existing
+
+
+def _plan_model(
+    spec: ModelSpec, cfg: ExtractConfig, device: torch.device, selection: Selection, existing: Store | None, gram_maker
+) -> ModelPlan:
+    """Returns the plan of one model: loaded, run once on a few images (its layers' shapes, what fp16 loses), and
+    checked against the same model in the existing store, whose batch size and done batches it resumes with."""
+    images, indices = selection.images, selection.indices
+    loaded, recorders = _open_model(spec, cfg, device, lambda m: _records_heads(cfg, m, existing))
+    transform = make_transform(loaded)
+    example = torch.stack([transform(images.image(int(i))) for i in indices[:DRY_RUN_IMAGES]]).to(device)
+    act = next(r for r in recorders if isinstance(r, ActivationRecorder))
+    act.measure_rounding = True
+    shapes = _dry_run(loaded, recorders, example)
+    act.measure_rounding = False
+    layer_specs = act.layer_specs(shapes)
+    stats = [s for r in recorders for s in r.specs()]
+    record = _model_record(
+        loaded, transform, cfg.layers if isinstance(cfg.layers, str) else list(cfg.layers), cfg.dtype
+    )
+    if cfg.dtype == "float16":
+        loss = act.rounding_loss()
+        record.update(fp16_loss=loss, fp16_lossy_layers=fp16_lossy_layers(loss))
+    if existing is not None and loaded.key in existing.models:
+        _check_same_model(existing, loaded.key, record, layer_specs)
+        batch_size = existing.batch_size(loaded.key)
+        done = existing.done_batches(loaded.key)
+        new = False
+        if not existing.head_blocks(loaded.key):  # stored before head outputs were recorded: resume without
+            recorders, stats = _without_heads(recorders, stats)
+    else:
+        n_batches = -(-len(indices) // cfg.batch_size)
+        batch_size, done, new = cfg.batch_size, np.zeros(n_batches, dtype=bool), True
+    if cfg.streaming:  # head outputs feed the streamed head-level CKA and are not stored
+        stats = [s for s in stats if not s.name.startswith(HeadOutputRecorder.PREFIX)]
+    if cfg.grams:  # a zoo keeps each layer's Gram of each batch instead (zoo/streamed.py)
+        stats += gram_specs(layer_specs, batch_size)
+    heads = any(isinstance(r, HeadOutputRecorder) for r in recorders)
+    mp = ModelPlan(
+        loaded,
+        recorders,
+        layer_specs,
+        stats,
+        tuple(example.shape[1:]),
+        transform,
+        batch_size,
+        new,
+        done,
+        record,
+        resident_bytes=_resident_bytes(loaded.model),
+        reopen=lambda: _open_model(spec, cfg, device, lambda _m: heads),
+        gram_maker=gram_maker,
+    )
+    mp.batch_bytes = mp.bytes(batch_size, cfg.dtype)
+    return mp
 
 
 def _open_model(

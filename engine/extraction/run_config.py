@@ -15,6 +15,7 @@ No torch at import: `vitsee info` reads records through this module.
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -119,6 +120,46 @@ def _describe_config(cfg) -> str:
     return text + (", streaming Grams" if getattr(cfg, "grams", False) else ", streaming" if cfg.streaming else "")
 
 
+def extraction(store: Path | str, models: Sequence[str], options: Mapping[str, object], given: Mapping | None = None):
+    """Returns what `vitsee extract` and `vitsee.extract` run: with models, the ExtractConfig of `options` (named as
+    its fields); with none, the Resume of the run the store records, which `given` ({flag: value}: the recorded
+    options the user set, and --device) must not contradict; options' workers, force and memory budget replace the
+    recorded ones, and a --device in `given` the recorded device."""
+    from vitsee.extraction.plan import ExtractConfig, parse_bytes
+
+    if models:
+        return ExtractConfig.from_options(store, models, options)
+    given = dict(given or {})
+    budget = options.get("memory_budget")
+    return plan_resume(
+        store,
+        given,
+        device=given.pop("--device", None),
+        workers=options.get("workers"),
+        force=bool(options.get("force", False)),
+        memory_budget=None if budget is None else parse_bytes(str(budget)),
+    )
+
+
+def changed_options(options: Mapping[str, object]) -> dict:
+    """Returns {flag: value} of the options a resume checks against the record (and --overwrite, --device) that
+    `options` set away from ExtractConfig's defaults: what `vitsee.extract` was given, as the CLI's typed options."""
+    import dataclasses
+
+    from vitsee.extraction.plan import ExtractConfig
+
+    defaults = {f.name: f.default for f in dataclasses.fields(ExtractConfig)}
+    flags = {**RECORDED_OPTIONS, "--overwrite": "overwrite", "--device": "device"}
+    out = {}
+    for flag, name in flags.items():
+        value = options.get(name, defaults[name])
+        if isinstance(value, (list, tuple)):
+            value = ",".join(value)
+        if value != defaults[name]:
+            out[flag] = value
+    return out
+
+
 def plan_resume(
     store: Path | str,
     given: dict | None = None,
@@ -198,27 +239,12 @@ def _unfinished(s, record: dict, claimed: set[str]) -> list[dict]:
 
 
 def _config(path: Path, record: dict, models: list[dict], device, workers, force, memory_budget=None):
-    """Returns the ExtractConfig that resumes the recorded run's given models."""
+    """Returns the ExtractConfig that resumes the recorded run's given models (the record's fields are the config's)."""
     from vitsee.extraction.plan import ExtractConfig
 
-    return ExtractConfig(
-        store=path,
-        models=[m["spec"] for m in models],
-        dataset=record["dataset"],
-        n_images=record["n_images"],
-        batch_size=record["batch_size"],
-        device=device or record.get("device") or "auto",
-        layers=record["layers"],
-        img_size=record["img_size"],
-        dtype=record["dtype"],
-        shuffle_seed=record["shuffle_seed"],
-        workers=workers,
-        streaming=record["streaming"],
-        heads=bool(record.get("heads", False)),
-        force=force,
-        grams=bool(record.get("grams", False)),
-        memory_budget=memory_budget,
-    )
+    replaced = {"device": device or record.get("device") or "auto", "workers": workers, "force": force}
+    options = {**record, **replaced, "memory_budget": memory_budget}
+    return ExtractConfig.from_options(path, [m["spec"] for m in models], options)
 
 
 def _check_given(path: Path, given: dict, record: dict, n_images: int) -> None:

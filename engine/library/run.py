@@ -71,88 +71,19 @@ def extract(
             `overwrite`, no GPU for `device="cuda"`, ...: the one-line message `vitsee extract` prints. Nothing
             finished is lost; a KeyboardInterrupt keeps the finished batches too.
     """
+    options = dict(locals())  # every argument by its name: ExtractConfig's fields are named alike
     from vitsee.extraction.extract import resume_extraction, run_extraction
-    from vitsee.extraction.plan import ExtractConfig, parse_bytes
-    from vitsee.extraction.run_config import plan_resume
+    from vitsee.extraction.run_config import Resume, changed_options, extraction
 
     models = [models] if isinstance(models, str) else list(models)
-    budget = None if memory_budget is None else parse_bytes(str(memory_budget))
     with Bars(progress) as bars, _compute_threads(threads):
-        if not models:
-            given = _resume_options(
-                dataset=dataset,
-                n_images=n_images,
-                batch_size=batch_size,
-                layers=layers,
-                img_size=img_size,
-                dtype=dtype,
-                shuffle_seed=shuffle_seed,
-                streaming=streaming,
-                heads=heads,
-                grams=grams,
-                overwrite=overwrite,
-            )
-            resume = plan_resume(
-                path,
-                given,
-                device=None if device == "auto" else device,
-                workers=workers,
-                force=force,
-                memory_budget=budget,
-            )
-            if not resume.complete:
-                resume_extraction(resume, progress=bars.extraction)
+        planned = extraction(path, models, options, given=changed_options(options))
+        if isinstance(planned, Resume):
+            if not planned.complete:
+                resume_extraction(planned, progress=bars.extraction)
         else:
-            cfg = ExtractConfig(
-                store=Path(path),
-                models=models,
-                dataset=dataset,
-                n_images=n_images,
-                batch_size=batch_size,
-                device=device,
-                layers=layers,
-                img_size=img_size,
-                dtype=dtype,
-                shuffle_seed=shuffle_seed,
-                overwrite=overwrite,
-                force=force,
-                workers=workers,
-                streaming=streaming,
-                heads=heads,
-                grams=grams,
-                memory_budget=budget,
-            )
-            run_extraction(cfg, progress=bars.extraction)
+            run_extraction(planned, progress=bars.extraction)
     return Store(path)
-
-
-# the CLI's defaults of the options a resume checks against the store's record (run_config.RECORDED_OPTIONS)
-_RESUME_DEFAULTS = {
-    "--dataset": ("dataset", "samples"),
-    "--n-images": ("n_images", None),
-    "--batch-size": ("batch_size", 64),
-    "--layers": ("layers", "blocks"),
-    "--img-size": ("img_size", None),
-    "--dtype": ("dtype", "float16"),
-    "--shuffle-seed": ("shuffle_seed", None),
-    "--streaming": ("streaming", False),
-    "--heads": ("heads", False),
-    "--grams": ("grams", False),
-    "--overwrite": ("overwrite", False),
-}
-
-
-def _resume_options(**values) -> dict:
-    """Returns {flag: value} of the options set away from their defaults: what a resume checks against the record
-    (as the CLI checks the options typed)."""
-    out = {}
-    for flag, (name, default) in _RESUME_DEFAULTS.items():
-        value = values[name]
-        if isinstance(value, (list, tuple)):
-            value = ",".join(value)
-        if value != default:
-            out[flag] = value
-    return out
 
 
 @contextmanager

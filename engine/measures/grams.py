@@ -419,12 +419,25 @@ def pairwise(grams_a: Sequence[LayerGrams], grams_b: Sequence[LayerGrams] | None
             )
     for g in {id(g): g for g in [*a, *b]}.values():
         if g.constant:
-            warnings.warn(
-                f"{g.name or 'a layer'} does not vary across examples (zero variance): its {name} is nan", stacklevel=2
+            warnings.warn(  # the same words for every measure: `vitsee analyze` says it once, not once per measure
+                f"{g.name or 'a layer'} does not vary across the images (no variance): every layer measure of it is "
+                "undefined (NaN)",
+                stacklevel=2,
             )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # said once per layer above
         return m.pairwise(a, b, **{**m.defaults, **params})
+
+
+def why_undefined(g: LayerGrams | None, name: str) -> str:
+    """Returns why measure `name` gives a layer no value (a code the views put in words: similarity.UNDEFINED), ''
+    when it does: 'nonfinite' (no Grams: NaN/Inf in its activations), 'constant' (the images do not differ), or the
+    measure's own reason (Measure.undefined: RSA's 'flat', RBF CKA's 'median')."""
+    if g is None:
+        return "nonfinite"
+    if g.constant:
+        return "constant"
+    return registry.measure(name).undefined(g)  # a condition of the measure's own (RSA, RBF CKA)
 
 
 def pair(grams_x: LayerGrams, grams_y: LayerGrams, name: str, **params) -> float:

@@ -39,20 +39,33 @@ class Parameter:
     help: str = ""
     option: str = ""
     check: Callable[[Any, str, int], Any] | None = None
+    # the default of a store's analysis where it differs from the direct function's (RBF CKA's HSIC: the store's is
+    # the unbiased one, as its linear CKA's; the direct function gives Kornblith et al.'s, what other packages print)
+    store_default: Any = None
+    option_type: type | None = None  # the option's type where it is not the default's (a word that the check reads)
+    shown_default: str = ""  # the store's default as the option's help says it (default: the value)
+
+    @property
+    def analysis_default(self) -> Any:
+        """Returns the value a store's analysis uses when its option is not given."""
+        return self.default if self.store_default is None else self.store_default
 
     @property
     def type(self) -> type:
-        """Returns the type of the option's value (its default's)."""
-        return type(self.default)
+        """Returns the type of the option's value (its default's, unless option_type says)."""
+        return self.option_type or type(self.default)
 
     @property
     def option_help(self) -> str:
         """Returns the option's help with its default."""
-        return f"{self.help} [default: {self.default}]"
+        return f"{self.help} [default: {self.shown_default or self.analysis_default}]"
 
     def checked(self, value: Any, measure: str, n_images: int) -> Any:
         """Returns the value to use for `measure` on n_images images (the check's, or the value as given)."""
         return value if self.check is None else self.check(value, measure, n_images)
+
+
+AT_N = "holds the value at this n, the mean over draws of as many images"
 
 
 class Measure:
@@ -77,6 +90,9 @@ class Measure:
     # linear CKA"), and whether the time grows as n^3 (a decomposition per pair) or as n^2: the slow-run warning
     seconds_at_1000: ClassVar[float] = 1.0
     cubic: ClassVar[bool] = False
+    # what its jackknife interval (--measure-bootstrap) holds, in the words of a caption (README, Statistics; measured
+    # by benchmarks/coverage.py): the large-n value, or only the value at this n where the estimator is biased
+    interval_holds: ClassVar[str] = AT_N
     own_view: ClassVar[bool] = True  # a layer x layer view of its own (False: linear CKA, whose view is cka.py's)
 
     def __init_subclass__(cls, **kwargs) -> None:
@@ -96,10 +112,21 @@ class Measure:
         the inputs and fills in the defaults)."""
         raise NotImplementedError
 
+    def undefined(self, grams: Any) -> str:
+        """Returns why the measure gives a layer (its LayerGrams, neither constant nor non-finite) no value, as a code
+        the views put in words (analyses/similarity.py UNDEFINED), '' when it gives one: a measure with a condition
+        of its own says so here (RSA: 'flat', RBF CKA: 'median')."""
+        return ""
+
     @property
     def defaults(self) -> dict:
-        """Returns {parameter: default}, in declared order."""
+        """Returns {parameter: default}, in declared order: the direct and all-pairs functions' defaults."""
         return {p.name: p.default for p in self.parameters}
+
+    @property
+    def analysis_defaults(self) -> dict:
+        """Returns {parameter: default} of a store's analysis (where a parameter's store_default differs)."""
+        return {p.name: p.analysis_default for p in self.parameters}
 
     @property
     def significance(self) -> str:

@@ -118,6 +118,18 @@ def precheck_spec(text: str) -> None:
     weights, and its name when timm's names were kept here."""
     name, _, weights = split_spec(text)
     check_weights(text, weights)
-    names = known_names()
+    names = _live_names() or known_names()
     if names is not None and name not in names:
         raise unknown_name(name, names)
+
+
+def _live_names() -> frozenset[str] | None:
+    """Returns timm's own registry when timm is already imported (a script that registered its models in timm, then
+    ran the CLI: the list kept on disk does not have them), else None; never imports timm."""
+    import sys
+
+    if "timm" not in sys.modules:
+        return None
+    from timm.models import _registry  # timm is imported: its registry costs nothing more
+
+    return frozenset(_registry.list_models()) | frozenset(getattr(_registry, "_model_entrypoints", {}))

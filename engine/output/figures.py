@@ -160,7 +160,7 @@ def _layer_matrix(view: View, selection, cmap: Colormap) -> Figure:
             cell_pt=330 / max(n_rows, n_cols),
         )
     notes = [
-        "hatched: not significant (p > 0.05)" if weak is not None and weak.any() else "",
+        f"hatched: {view.significance_words()}" if weak is not None and weak.any() else "",
         view.analysis.caption_notes(view).removeprefix("; "),
     ]  # a measure's image subset and parameters
     _caption(fig, view, "; ".join(n for n in notes if n), orientation=True)

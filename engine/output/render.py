@@ -352,17 +352,45 @@ def _model_matrix(view: View, mode: ColorMode, cmap: str, width: int, selection=
         for i in order:
             table.add_row(names[i], families[i], *[_fmt(view.matrix[i, j]) for j in order])
         out.append(table)
+    calibrated = np.asarray(view.extra.get("calibrated", np.full(view.matrix.shape, np.nan)), dtype=float)
+    has_null = bool(np.isfinite(calibrated).any())
+    if has_null and gutter + 7 * len(order) <= width:  # the chance-corrected numbers, in the same order
+        table = _table(mode)
+        table.add_column("calibrated")
+        table.add_column("family")
+        for k in range(len(order)):
+            table.add_column(str(k), justify="right")
+        for i in order:
+            table.add_row(names[i], families[i], *[_fmt(calibrated[i, j]) for j in order])
+        out.append(table)
     best = np.nanargmax if _higher_is_better(view) else np.nanargmin
     lines = []
     for i in order:
         others = np.array([view.matrix[i, j] if j != i else np.nan for j in range(len(order))], dtype=float)
         if np.isfinite(others).any():
             j = int(best(others))
-            lines.append(f"  {names[i]}: {names[j]}  {_fmt(view.matrix[i, j])}{view.interval_text(i, j)}")
+            lines.append(
+                f"  {names[i]}: {names[j]}  {_fmt(view.matrix[i, j])}{view.interval_text(i, j)}{_null_text(view, i, j)}"
+            )
     if lines:
         out += [Text("most alike other model of each:"), *map(Text, lines)]
     caption = view.interval_caption() or f"intervals: {view.extra.get('interval', 'none')}"
-    return out + [Text(caption, style=dim), *_nonfinite_lines(view, mode)]
+    null = f"null: {view.extra['null']}" + (f"; {view.extra['calibration']}" if has_null else "")
+    return out + [Text(caption, style=dim), Text(null, style=dim), *_nonfinite_lines(view, mode)]
+
+
+def _null_text(view: View, i: int, j: int) -> str:
+    """Returns '  calibrated 0.412 (null 0.531, 95% 0.602) p<0.01' for a pair of a zoo with a null, '' without."""
+    from vitsee.stats import significance_label
+
+    extra = view.extra
+    if "calibrated" not in extra or not np.isfinite(np.asarray(extra["calibrated"], dtype=float)[i, j]):
+        return ""
+    p = float(np.asarray(extra["p_value"], dtype=float)[i, j])
+    return (
+        f"  calibrated {_fmt(extra['calibrated'][i, j])} (null {_fmt(extra['null_mean'][i, j])}, 95% "
+        f"{_fmt(extra['null_q95'][i, j])}) {significance_label(p, int(extra.get('null_permutations') or 0))}"
+    )
 
 
 def _score_table(view: View, mode: ColorMode, cmap: str = "", width: int = 0, selection=None) -> list:
@@ -601,7 +629,9 @@ class Heatmap:
         if (self.levels == MISSING).any():
             notes.append(f"{self.palette.missing_char} = {self.missing}" if self.ascii else f"grey = {self.missing}")
         if (self.levels == NONFINITE).any():
-            notes.append(f"{NONFINITE_CHAR if self.ascii else 'red'} = non-finite (NaN/Inf inputs)")
+            notes.append(
+                f"{NONFINITE_CHAR if self.ascii else 'red'} = no value: NaN/Inf inputs, or undefined (see below)"
+            )
         return "; ".join(notes)
 
     def column_key(self, names: bool = True) -> list[Text]:

@@ -73,6 +73,7 @@ import h5py
 from vitsee.errors import VitseeError
 from vitsee.store.check import check_own_file
 from vitsee.store.files import (
+    check_not_a_folder,
     check_shard_file,
     check_store_path,
     check_writable_layout,
@@ -110,7 +111,7 @@ from vitsee.store.layout import (
     versions,
     write_images,
 )
-from vitsee.store.lock import WriteLock, pid_alive, sidecar_dir
+from vitsee.store.lock import StoreBusy, WriteLock, pid_alive, sidecar_dir
 from vitsee.store.names import StoreNames
 from vitsee.store.read import StoreReading, read_rows
 from vitsee.store.results import StoreResults
@@ -118,6 +119,7 @@ from vitsee.store.write import StoreWriting, creating
 
 __all__ = [
     "Store",
+    "StoreBusy",
     "WriteLock",
     "LayerSpec",
     "ArraySpec",
@@ -141,6 +143,7 @@ __all__ = [
     "versions",
     "write_images",
     # the files and layout helpers the other store modules share, public for them
+    "check_not_a_folder",
     "check_shard_file",
     "check_store_path",
     "check_writable_layout",

@@ -182,9 +182,21 @@ def open_h5(path: Path, mode: str) -> h5py.File:
     return h5py.File(path, mode, locking=False)
 
 
+def check_not_a_folder(path: Path) -> None:
+    """Raises a VitseeError naming the way out when path, where a store is to be written, is a folder (or a link
+    to one): a store is a file, and a folder is the user's, never replaced or deleted, with --overwrite or not."""
+    if path.is_dir():
+        raise VitseeError(
+            f"{path} is a folder, not a store file: name the store to write, such as {path / 'run.h5'} "
+            "(a folder is never replaced, even with --overwrite)"
+        )
+
+
 def check_store_path(path: Path) -> None:
     """Raises a VitseeError naming the way out unless path is a non-empty file (what a store is)."""
     if not path.exists():
+        if is_real_folder(sidecar_dir(path)):  # the store was deleted by hand (or moved) without its folder
+            raise VitseeError(f"store {path} does not exist; {leftover_words(path)}")
         raise VitseeError(
             f"store {path} does not exist: create it with `vitsee extract {path} --model NAME --dataset DATASET`"
         )
@@ -357,3 +369,32 @@ def copy_store(src: str | Path, dst: str | Path) -> Path:
     if folder.is_dir():
         shutil.copytree(folder, sidecar_dir(dst), ignore=shutil.ignore_patterns("lock", ".*"), dirs_exist_ok=True)
     return dst
+
+
+def leftover_words(path: Path) -> str:
+    """Returns what to do with the folder of a store that is gone, in words: move it beside the store that claims
+    its files (one beside it, when there is), or remove it with --leftover."""
+    folder = sidecar_dir(path)
+    ids = {file_store_id(p) for p in data_files(path)} - {None}
+    owner = claimed_by(path, ids)
+    if owner is not None:
+        return (
+            f"its folder {folder.name} holds the files of {owner.name} (the store was moved from {path.name} to "
+            f"{owner.name} without it): move the folder beside it (`mv {folder} {sidecar_dir(owner)}`)"
+        )
+    files = data_files(path)
+    return (
+        f"its folder {folder} is left ({len(files)} cached result or model file(s), "
+        f"{human_bytes(sum(p.stat().st_size for p in files))}): if you moved the store, move the folder beside it "
+        f"(`mv {folder} NEW.h5.d`); to remove it, `vitsee rm {path} --leftover`"
+    )
+
+
+def claimed_by(path: Path, ids: set[str]) -> Path | None:
+    """Returns a store file beside path whose id is among ids (the store the folder's files belong to), or None."""
+    if not ids:
+        return None
+    for other in sorted(path.parent.iterdir()):
+        if other != path and is_real_file(other) and other.suffix in (".h5", ".hdf5") and file_store_id(other) in ids:
+            return other
+    return None

@@ -31,7 +31,15 @@ from pathlib import Path
 
 from vitsee.errors import VitseeError, brief
 
+
+class StoreBusy(VitseeError):
+    """Another writer holds the store's lock: the message names it. Worth waiting for (`writer_of` says when it is
+    gone), unlike the other failures of a write."""
+
+
 _HELD: dict[str, "WriteLock"] = {}
+
+
 _HELD_GUARD = threading.Lock()
 
 
@@ -118,7 +126,7 @@ class WriteLock:
         with _HELD_GUARD:
             held = _HELD.get(key)
             if held is not None:
-                raise VitseeError(
+                raise StoreBusy(
                     f"{self.store} is being written by {_holder(held._fd)}: wait for it to finish, or use another store"
                 )
             self._open_and_lock(command)
@@ -138,7 +146,7 @@ class WriteLock:
             holder = _holder(fd)
             os.close(fd)
             if exc.errno in (errno.EACCES, errno.EAGAIN):
-                raise VitseeError(
+                raise StoreBusy(
                     f"{self.store} is being written by {holder}: wait for it to finish, or use another store"
                 ) from None
             raise VitseeError(

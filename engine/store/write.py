@@ -22,6 +22,7 @@ import numpy as np
 
 from vitsee.errors import VitseeError, brief
 from vitsee.store.files import (
+    check_not_a_folder,
     durable_rename,
     existing_store_id,
     no_space,
@@ -192,6 +193,7 @@ def creating(path: str | Path, overwrite: bool = False, lock: WriteLock | None =
     at once.
     """
     path = Path(path)
+    check_not_a_folder(path)  # before the lock, which makes PATH.d beside it
     if not path.parent.exists():
         raise VitseeError(f"folder {path.parent} does not exist: create it first or choose another store path")
     own = lock is None

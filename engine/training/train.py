@@ -3,9 +3,10 @@
 A run is a TrainConfig. `train()` checks everything a user can get wrong before it touches the disk, takes a
 POSIX lock on OUT.lock, then trains epoch by epoch (AdamW, warm-up then cosine decay per step, label
 smoothing, timm's training transform) and after every epoch writes a checkpoint beside OUT (model,
-optimiser, scheduler and RNG states, by temp file and rename). Running the same command again resumes from
-it and ends with the same weights as an uninterrupted run (CPU, same seed). OUT itself, timm's state dict
-with the run's record in the safetensors metadata under RECORD_KEY, appears only at the end.
+optimiser, scheduler and RNG states, by temp file and rename; tensors and JSON, never a pickle: checkpoint.py).
+Running the same command again resumes from it and ends with the same weights as an uninterrupted run (CPU, same
+seed). OUT itself, timm's state dict with the run's record in the safetensors metadata under RECORD_KEY, appears
+only at the end.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from torch import nn
 
 from vitsee.data import ImageSet, open_dataset, train_test_split
 from vitsee.errors import VitseeError, brief
+from vitsee.training import checkpoint
 from vitsee.models.interventions import pool_kwargs, resolve_no_skip
 from vitsee.models.load import RECORD_KEY, build_model
 
@@ -76,7 +78,10 @@ class TrainConfig:
     n_images: int | None = None
     data_fraction: float = 1.0
     test_fraction: float = 0.2
-    seed: int = 0
+    seed: int = 0  # the init and the data order (and the split, unless split_seed says otherwise)
+    # the train/test split and the data fraction's part: None takes `seed`, as every run before split seeds did; a
+    # fixed split_seed keeps the held-out images the same while `seed` changes the init (several training seeds)
+    split_seed: int | None = None
     no_skip: list[str] = field(default_factory=list)
     pool: str | None = None
     epochs: int | None = None
@@ -119,6 +124,35 @@ class TrainResult:
 
 
 TrainFn = Callable[[TrainEvent], None]
+
+
+def split_seed(cfg: TrainConfig) -> int:
+    """Returns the seed of the run's train/test split: split_seed, or the run's seed when none was given."""
+    return cfg.seed if cfg.split_seed is None else int(cfg.split_seed)
+
+
+def parse_seeds(text: str) -> list[int]:
+    """Returns the seeds of `--seeds 0,1,2` (distinct, 0 or more, in the order given); a bad list is a VitseeError."""
+    seeds = []
+    for part in filter(None, (p.strip() for p in str(text).split(","))):
+        try:
+            seed = int(part)
+        except ValueError:
+            raise VitseeError(f"--seeds {text}: '{part}' is not a seed: write e.g. --seeds 0,1,2") from None
+        if seed < 0:
+            raise VitseeError(f"--seeds {text}: seed {seed} is negative: use seeds of 0 or more")
+        if seed in seeds:
+            raise VitseeError(f"--seeds {text}: seed {seed} is given twice: name each seed once")
+        seeds.append(seed)
+    if not seeds:
+        raise VitseeError(f"--seeds '{text}' names no seed: write e.g. --seeds 0,1,2")
+    return seeds
+
+
+def seed_path(out: Path, seed: int) -> Path:
+    """Returns the weights file of one seed of a `--seeds` run: OUT with -sSEED before its suffix (vit-s1...)."""
+    out = Path(out)
+    return out.with_name(f"{out.stem}-s{seed}{out.suffix}")
 
 
 def checkpoint_path(out: Path) -> Path:
@@ -191,6 +225,11 @@ def _plan(cfg: TrainConfig) -> _Plan:
         )
     if out.is_dir():
         raise VitseeError(f"{out} is a folder: name the weights file to write, such as {out / 'model.safetensors'}")
+    for side, what in ((checkpoint_path(out), "checkpoint"), (lock_path(out), "lock")):
+        if side.is_dir():  # never removed: a folder is the user's
+            raise VitseeError(
+                f"{side} is a folder where vitsee train keeps OUT's {what}: move it away or choose another OUT"
+            )
     if out.exists() and not cfg.overwrite:
         raise VitseeError(f"{out} exists: pass --overwrite to replace it, or choose another OUT")
     if not out.parent.is_dir():
@@ -226,7 +265,9 @@ def _plan(cfg: TrainConfig) -> _Plan:
             "training needs a label for "
             "every image: use an image folder with one sub-folder per class, or an .npz with 'labels'"
         )
-    train_idx, test_idx = train_test_split(len(images), cfg.test_fraction, cfg.seed, cfg.n_images, cfg.data_fraction)
+    train_idx, test_idx = train_test_split(
+        len(images), cfg.test_fraction, split_seed(cfg), cfg.n_images, cfg.data_fraction
+    )
     num_classes = int(max(labels.max() + 1, len(images.class_names or [])))
 
     kwargs = {**cfg.model_args, **pool_kwargs(cfg.pool, family, cfg.model), "num_classes": num_classes}
@@ -244,6 +285,7 @@ def _plan(cfg: TrainConfig) -> _Plan:
         "pool": cfg.pool,
         "dataset": images.spec,
         "seed": cfg.seed,
+        **({"split_seed": cfg.split_seed} if split_seed(cfg) != cfg.seed else {}),  # a run before split seeds: its key
         "n_images": cfg.n_images,
         "test_fraction": cfg.test_fraction,
         "data_fraction": cfg.data_fraction,
@@ -399,20 +441,39 @@ def remove_dead_temporaries(path: Path) -> list[Path]:
 
 
 def _load_checkpoint(path: Path, run: dict) -> dict | None:
-    """Returns the checkpoint of this same run, None if there is none; one of another run is a VitseeError."""
+    """Returns the checkpoint of this same run, None if there is none; one of another run, or a file that is not a
+    checkpoint of ours (checkpoint.py: read as data, never unpickled), is a VitseeError."""
     if not path.exists():
         return None
-    try:
-        # our own file (model, optimiser, scheduler, RNG states incl. Python's and NumPy's): not only tensors
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as exc:  # a checkpoint cut short by a crash before its rename cannot be: still say what to do
-        raise VitseeError(f"cannot read checkpoint {path} ({brief(exc)}): delete it to start over") from exc
+    ckpt = checkpoint.read(path)
+    if not isinstance(ckpt, dict):
+        raise VitseeError(f"checkpoint {path} is damaged or not vitsee's (no run record): delete it to start over")
     if json.dumps(ckpt.get("run"), sort_keys=True, default=str) != json.dumps(run, sort_keys=True, default=str):
         raise VitseeError(
             f"{path} is the checkpoint of a different run (other model, data or recipe): rerun that command to "
             "finish it, pass --overwrite to start this one over, or choose another OUT"
         )
     return ckpt
+
+
+def _restore(ckpt: dict, path: Path, epochs: int, model, optimiser, scheduler, generator) -> tuple[list, int]:
+    """Returns (history, epochs done) after loading a checkpoint's states into the run; a checkpoint whose states do
+    not fit this run (damaged, or written by hand) is a VitseeError, the checkpoint left as it is."""
+    try:
+        epoch, history = ckpt["epoch"], ckpt["history"]
+        if not (isinstance(epoch, int) and 0 < epoch <= epochs and isinstance(history, list) and len(history) == epoch):
+            raise ValueError(
+                f"epoch {epoch!r} of {epochs} with {len(history) if isinstance(history, list) else 0} rows"
+            )
+        model.load_state_dict(ckpt["model"])
+        optimiser.load_state_dict(ckpt["optimiser"])
+        scheduler.load_state_dict(ckpt["scheduler"])
+        _set_rng_state(ckpt["rng"], generator)
+    except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as exc:
+        raise VitseeError(
+            f"checkpoint {path} does not fit this run ({brief(exc)}): delete it (`rm {path}`) to start over"
+        ) from None
+    return history, epoch
 
 
 @contextmanager
@@ -524,11 +585,7 @@ def _train_locked(plan: _Plan, out: Path, emit: TrainFn, cancel) -> TrainResult:
     history: list[dict] = []
     start_epoch = 0
     if ckpt is not None:
-        model.load_state_dict(ckpt["model"])
-        optimiser.load_state_dict(ckpt["optimiser"])
-        scheduler.load_state_dict(ckpt["scheduler"])
-        _set_rng_state(ckpt["rng"], generator)
-        history, start_epoch = ckpt["history"], ckpt["epoch"]
+        history, start_epoch = _restore(ckpt, ckpt_file, recipe["epochs"], model, optimiser, scheduler, generator)
     emit(
         TrainEvent(
             "plan",
@@ -588,7 +645,7 @@ def _train_locked(plan: _Plan, out: Path, emit: TrainFn, cancel) -> TrainResult:
             "scheduler": scheduler.state_dict(),
             "rng": _rng_state(generator),
         }
-        _write_atomically(ckpt_file, lambda p: torch.save(state, p))
+        _write_atomically(ckpt_file, lambda p: checkpoint.write(state, p))
         emit(TrainEvent("epoch", epoch + 1, recipe["epochs"], row=row))
 
     record = _record(plan, history)
@@ -635,8 +692,9 @@ def _record(plan: _Plan, history: list[dict], untrained_accuracy: float | None =
         "class_names": plan.images.class_names,
         "interventions": {"no_skip": plan.no_skip, "pool": cfg.pool},
         "dataset": plan.images.spec,
+        "init_seed": cfg.seed,  # the init and the data order
         "split": {
-            "seed": cfg.seed,
+            "seed": split_seed(cfg),
             "test_fraction": cfg.test_fraction,
             "n_images": cfg.n_images,
             "data_fraction": cfg.data_fraction,
@@ -655,10 +713,8 @@ def _record(plan: _Plan, history: list[dict], untrained_accuracy: float | None =
 
 
 def _write_weights(out: Path, model: nn.Module, record: dict) -> None:
-    from safetensors.torch import save_file
-
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    _write_atomically(out, lambda p: save_file(tensors, str(p), metadata={RECORD_KEY: json.dumps(record)}))
+    _write_atomically(out, lambda p: checkpoint.save_tensors(tensors, p, {RECORD_KEY: json.dumps(record)}))
 
 
 def config_dict(cfg: TrainConfig) -> dict:
@@ -684,7 +740,7 @@ def check_held_out(path: Path, out: Path) -> None:
 def write_held_out(cfg: TrainConfig, path: Path) -> None:
     """Writes the images a run never trains on (its test split) as an .npz that `--dataset npz:PATH` reads."""
     images = open_dataset(cfg.dataset)
-    _, test = train_test_split(len(images), cfg.test_fraction, cfg.seed, cfg.n_images, cfg.data_fraction)
+    _, test = train_test_split(len(images), cfg.test_fraction, split_seed(cfg), cfg.n_images, cfg.data_fraction)
     arrays = np.stack([np.asarray(images.image(int(i))) for i in test])  # (n_test, H, W, 3) uint8
     names = np.asarray(images.class_names or [str(c) for c in range(int(images.labels().max()) + 1)])
 

@@ -22,12 +22,24 @@ from vitsee.tui.logs import bug_text
 from vitsee.tui.results import LoadedView, StoreSummary
 from vitsee.tui.widgets.heatmap import short_label
 from vitsee.tui.widgets.line_plot import LinePlot, Series
+from vitsee.tui.widgets.view_pane import ViewPane
 
 if TYPE_CHECKING:
     from vitsee.analyses.driver import AnalyzeConfig
     from vitsee.tui.dossier import Dossier, Section
 
 log = logging.getLogger(__name__)
+
+
+DOSSIER_BINDING = Binding(
+    "d",
+    "dossier",
+    "Dossier",
+    show=False,
+    id="explorer.dossier",
+    tooltip="In the CKA view: everything vitsee knows about the selected pair of layers (CKA, head "
+    "distances, probes, skip ratios, spatial maps, ERFs)",
+)
 
 
 @dataclass(frozen=True)
@@ -95,6 +107,7 @@ class DossierScreen(ModalScreen[OpenView | None]):
         & #dossier-body { height: 1fr; }
         & DossierSection { height: auto; padding: 0 1; margin-bottom: 1; border-left: blank; }
         & DossierSection:focus { border-left: thick $accent; background: $boost; }
+        & DossierSection > Label { width: 1fr; }  /* a long line wraps inside the box instead of running past it */
         & DossierSection > .section--title { text-style: bold; }
         & DossierSection.-missing > .section--lines { color: $text-muted; }
         & DossierSection LinePlot { height: 6; }
@@ -203,3 +216,20 @@ class DossierScreen(ModalScreen[OpenView | None]):
     def on_dossier_section_opened(self, message: DossierSection.Opened) -> None:
         message.stop()
         self.dismiss(message.target)
+
+
+def dossier_of(
+    pane: ViewPane, path: Path, summary: StoreSummary | None, config: Callable[[], AnalyzeConfig], known: dict
+) -> DossierScreen | str:
+    """Returns the dossier of the cell under the pane's cursor, or why there is none (one line to show)."""
+    from vitsee.analyses import REGISTRY
+    from vitsee.analyses.contract import Shape
+    from vitsee.tui.widgets.panes import KINDS, VIEW_LABELS
+
+    if REGISTRY[pane.kind].shape is not Shape.LAYER_MATRIX:  # a cell of a layer x layer view names two layers
+        first = next((i for i, k in enumerate(KINDS, start=1) if REGISTRY[k].shape is Shape.LAYER_MATRIX), 1)
+        return f"the dossier is of a {VIEW_LABELS[KINDS[first - 1]]} cell: press {first}, pick a cell, then d"
+    if pane.loaded is None or pane.selection is None or summary is None:
+        return f"nothing to show yet: wait for the {pane.label} view to load"
+    row, col = pane.selection
+    return DossierScreen(path, summary, pane.loaded, row, col, config, known)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -13,6 +14,16 @@ from textual.widgets import Label, OptionList
 from textual.widgets.option_list import Option
 
 
+JUMP_BINDING = Binding(
+    "colon",
+    "jump",
+    "Jump",
+    show=False,
+    id="explorer.jump",
+    tooltip="List every view with what it shows for the current models, and go to the one picked",
+)
+
+
 @dataclass(frozen=True)
 class JumpTarget:
     """One pane as the overlay lists it: its key, its name, and its view string or why it has none."""
@@ -21,6 +32,32 @@ class JumpTarget:
     key: str  # the number key that shows it in the explorer ('1m': in tab 1, where m cycles to it)
     label: str
     what: str  # 'cka:vit:resnet' or the sentence the pane would show instead
+
+
+def jump_targets(spec_for: Callable[[str], tuple[str | None, str]], names: dict[str, str]) -> list[JumpTarget]:
+    """Returns every pane with what it shows for the current models: `spec_for(kind)` is (its view string, '') or
+    (None, why nothing), as the explorer has them; `names` the models' display names by store key."""
+    from vitsee.tui.widgets.panes import TAB_LABELS, VIEW_LABELS, tab_of
+
+    targets = []
+    numbers = {kind: str(i) for i, kind in enumerate(TAB_LABELS, start=1)}
+    for kind, label in VIEW_LABELS.items():
+        spec, reason = spec_for(kind)
+        key = numbers[kind] if kind in numbers else f"{numbers.get(tab_of(kind), '')}m"  # its tab, then m
+        targets.append(JumpTarget(kind, key, label, shown_spec(spec, names) if spec else reason.splitlines()[0]))
+    return targets
+
+
+def shown_spec(spec: str, names: dict[str, str]) -> str:
+    """Returns what a view string shows, its models by their display names: 'ViT (trained here) x ResNet-18
+    (trained here)', 'ViT (trained here) blocks.5' (a layer), 'every model' (the zoo)."""
+    from vitsee.analyses.views import parse_view
+
+    _, args = parse_view(spec)
+    shown = [names.get(a, a) for a in args]
+    models = [s for a, s in zip(args, shown) if a in names]
+    rest = [s for a, s in zip(args, shown) if a not in names]  # a layer
+    return " x ".join(models or ["every model"]) + "".join(f" {r}" for r in rest)
 
 
 class JumpScreen(ModalScreen[str | None]):

@@ -35,6 +35,20 @@ def store_line(path: Path) -> str:
     return f"{path.name:<40} {human_bytes(stat.st_size):>9}  {when}"
 
 
+# The explorer's keys to this screen and to the new-run form (ids as the explorer's: its screen holds them).
+STORE_BINDINGS = [
+    Binding("o", "open_store", "Open", show=False, id="explorer.open", tooltip="Open another store"),
+    Binding(
+        "ctrl+n",
+        "new_run",
+        "New run",
+        show=False,
+        id="explorer.new_run",
+        tooltip="Extract another store (models, images, layers)",
+    ),
+]
+
+
 class StartScreen(Screen):
     """Where vitsee-tui starts without a store."""
 

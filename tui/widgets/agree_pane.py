@@ -9,7 +9,7 @@ from textual.app import ComposeResult
 from textual.widgets import Static
 
 from vitsee.analyses.contract import Shape
-from vitsee.tui.messages import StatusChanged, ViewWanted
+from vitsee.tui.messages import ViewWanted
 from vitsee.tui.results import LoadedView
 from vitsee.tui.widgets.heatmap import Heatmap
 from vitsee.tui.widgets.view_pane import HeatmapPane
@@ -34,28 +34,12 @@ class MeasuresAgreePane(HeatmapPane):
 
     def populate(self, loaded: LoadedView) -> None:
         view = loaded.view
-        heatmap = self.heatmap
-        if heatmap is None:
-            heatmap = Heatmap(
-                view.matrix,
-                view.rows,
-                view.cols,
-                vmin=-1.0,
-                vmax=1.0,
-                cmap=self.cmap,
-                color_mode=self.color_mode,
-                value_name="rank corr.",
-                id=f"{self.kind}-heatmap",
-            )
-            self.query_one(".pane--body").mount(heatmap, before=0)
-        else:
-            heatmap.set_cmap(self.cmap)
-            heatmap.set_data(view.matrix, view.rows, view.cols, vmin=-1.0, vmax=1.0)
+        self.show_matrix(view.matrix, view.rows, view.cols, vmin=-1.0, vmax=1.0, value_name="rank corr.", first=True)
         self.query_one(".agree--note", Static).update(view.analysis.caption_notes(view).removeprefix("; "))
 
     def on_heatmap_cursor_moved(self, message: Heatmap.CursorMoved) -> None:
         message.stop()
-        self.post_message(StatusChanged(self.kind, self.status_text() or message.summary))
+        self.tell_status(self.status_text() or message.summary)
 
     def on_heatmap_cell_selected(self, message: Heatmap.CellSelected) -> None:
         message.stop()

@@ -11,7 +11,6 @@ from textual.binding import Binding, BindingType
 from textual.widgets import Label
 
 from vitsee.analyses.contract import Shape
-from vitsee.tui.messages import StatusChanged
 from vitsee.tui.results import LoadedView
 from vitsee.tui.widgets.heatmap import Heatmap
 from vitsee.tui.widgets.view_pane import HeatmapPane
@@ -69,24 +68,7 @@ class ErfPane(HeatmapPane):
         view = loaded.view
         matrix, vmin, vmax = self.shown()
         name = "log10 ERF" if self.log_scale else "ERF"
-        heatmap = self.heatmap
-        if heatmap is None:
-            heatmap = Heatmap(
-                matrix,
-                view.rows,
-                view.cols,
-                vmin=vmin,
-                vmax=vmax,
-                cmap=self.cmap,
-                color_mode=self.color_mode,
-                value_name=name,
-                id=f"{self.kind}-heatmap",
-            )
-            self.query_one(".pane--body").mount(heatmap)
-        else:
-            heatmap.set_cmap(self.cmap)
-            heatmap.set_data(matrix, view.rows, view.cols, vmin=vmin, vmax=vmax)
-            heatmap.value_name = name
+        self.show_matrix(matrix, view.rows, view.cols, vmin=vmin, vmax=vmax, value_name=name)
         self.query_one(".erf--note", Label).update(
             f"{view.params.get('layer')}: {view.extra['no_field']}"
             if view.extra.get("no_field")
@@ -118,7 +100,7 @@ class ErfPane(HeatmapPane):
 
     def on_heatmap_cursor_moved(self, message: Heatmap.CursorMoved) -> None:
         message.stop()
-        self.post_message(StatusChanged(self.kind, self.status_text()))
+        self.tell_status(self.status_text())
 
     def status_text(self) -> str:
         view, heatmap = self.view, self.heatmap

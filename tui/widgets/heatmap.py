@@ -808,12 +808,12 @@ class Heatmap(ScrollView, can_focus=True, inherit_bindings=False):
             segments.append(Segment(f"  {glyph} non-finite ({int((nan & flagged).sum())} cells)", legend))
         if self._marks is not None and self._marks.any():
             if self.color_mode is ColorMode.NONE:
-                segments.append(Segment(f"  {MARK_CHAR} not significant (p > 0.05)", legend))
+                segments.append(Segment(f"  {MARK_CHAR} not significant (BH q > 0.05)", legend))
             else:
                 segments += [
                     Segment("  "),
                     Segment(FULL_BLOCK, Style(color=self._style("heatmap--missing").bgcolor)),
-                    Segment(" not significant (p > 0.05)", legend),
+                    Segment(" not significant (BH q > 0.05)", legend),
                 ]
         if self.title:
             segments.append(Segment(f"  {self.title}", legend))

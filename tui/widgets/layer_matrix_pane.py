@@ -9,7 +9,6 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 
 from vitsee.analyses.contract import Shape
-from vitsee.tui.messages import StatusChanged
 from vitsee.tui.results import LoadedView
 from vitsee.tui.widgets.heatmap import MARK_CHAR, Heatmap
 from vitsee.tui.widgets.view_pane import HeatmapPane, Place
@@ -41,37 +40,21 @@ class LayerMatrixPane(HeatmapPane):
 
     def populate(self, loaded: LoadedView) -> None:
         view = loaded.view
-        heatmap = self.heatmap
-        if heatmap is None:
-            heatmap = Heatmap(
-                view.matrix,
-                view.rows,
-                view.cols,
-                vmin=view.vmin,
-                vmax=view.vmax,
-                cmap=self.cmap,
-                color_mode=self.color_mode,
-                value_name=view.value_name,
-                id=f"{self.kind}-heatmap",
-                nonfinite=view.nonfinite,
-                nonfinite_text=view.nonfinite_text,
-            )
-            self.query_one(".pane--body").mount(heatmap)
-        else:
-            heatmap.set_cmap(self.cmap)
-            heatmap.set_data(
-                view.matrix,
-                view.rows,
-                view.cols,
-                vmin=view.vmin,
-                vmax=view.vmax,
-                nonfinite=view.nonfinite,
-                nonfinite_text=view.nonfinite_text,
-            )
+        heatmap = self.show_matrix(
+            view.matrix,
+            view.rows,
+            view.cols,
+            vmin=view.vmin,
+            vmax=view.vmax,
+            value_name=view.value_name,
+            nonfinite=view.nonfinite,
+            nonfinite_text=view.nonfinite_text,
+        )
         heatmap.set_marks(view.not_significant() if self.marks_on else None)
 
     def action_toggle_marks(self) -> None:
-        """Toggle the mark on cells that are not significant at 0.05; says so when the result has no p-values."""
+        """Toggle the mark on cells not significant at 0.05 after Benjamini-Hochberg; says so when the result has no
+        p-values."""
         view, heatmap = self.view, self.heatmap
         if view is None or heatmap is None:
             return
@@ -87,12 +70,15 @@ class LayerMatrixPane(HeatmapPane):
 
     def legend(self) -> list[tuple[str, str]]:
         return super().legend() + [
-            (MARK_CHAR, "p > 0.05: not significant under the permutation null (n shows or hides)")
+            (
+                MARK_CHAR,
+                "not significant: Benjamini-Hochberg q > 0.05 over the view's cells' permutation p (n shows or hides)",
+            )
         ]
 
     def on_heatmap_cursor_moved(self, message: Heatmap.CursorMoved) -> None:
         message.stop()
-        self.post_message(StatusChanged(self.kind, self.status_text() or message.summary))  # with its interval
+        self.tell_status(self.status_text() or message.summary)  # with its interval
 
     def on_heatmap_cell_selected(self, message: Heatmap.CellSelected) -> None:
         message.stop()

@@ -174,29 +174,8 @@ class LinePlot(Widget):
         def y_of(v: float) -> int:  # dot row from the top
             return round((hi - min(max(v, lo), hi)) / (hi - lo) * (dots_h - 1))
 
-        cells = np.zeros((plot_h, plot_w), dtype=np.int32)
-        owner = np.full((plot_h, plot_w), -1, dtype=np.int8)  # the series whose colour a cell takes
-        markers: dict[tuple[int, int], int] = {}  # (row, col) -> series drawn there as a glyph (no colour)
+        cells, owner, markers = self._curve_cells(plot_h, plot_w, x_of, y_of)
         band = self._band_cells(plot_h, plot_w, n, x_of, y_of)
-        for index, series in enumerate(self.series):
-            values = np.asarray(series.values, dtype=float)
-            points = [(x_of(i), y_of(v)) for i, v in enumerate(values) if math.isfinite(v)]
-            if self.monochrome and index > 0:
-                markers.update({(y // 4, x // 2): index for x, y in points})
-                continue
-            dots: list[tuple[int, int]] = []
-            for k, (x, y) in enumerate(points):
-                dots.append((x, y))
-                if k + 1 < len(points):
-                    x2, y2 = points[k + 1]
-                    steps = max(x2 - x, abs(y2 - y), 1)
-                    dots += [
-                        (round(x + (x2 - x) * t / steps), round(y + (y2 - y) * t / steps)) for t in range(1, steps)
-                    ]
-            for x, y in dots:
-                row, col = y // 4, x // 2
-                cells[row, col] |= DOT_BITS[x % 2][y % 4]
-                owner[row, col] = index
 
         hline_row = None
         if self.hline is not None and math.isfinite(self.hline) and lo <= self.hline <= hi:
@@ -247,6 +226,34 @@ class LinePlot(Widget):
             text.append("\n")
             text.append_text(self._caption(band_styles, width))
         return text
+
+    def _curve_cells(self, plot_h: int, plot_w: int, x_of, y_of) -> tuple[np.ndarray, np.ndarray, dict]:
+        """Returns the curves drawn in Braille dots: per character cell its dot bits (plot_h, plot_w), the series whose
+        colour it takes (-1: none), and (row, col) -> series for the cells drawn as a marker glyph instead (the
+        series after the first, without colour)."""
+        cells = np.zeros((plot_h, plot_w), dtype=np.int32)
+        owner = np.full((plot_h, plot_w), -1, dtype=np.int8)  # the series whose colour a cell takes
+        markers: dict[tuple[int, int], int] = {}  # (row, col) -> series drawn there as a glyph (no colour)
+        for index, series in enumerate(self.series):
+            values = np.asarray(series.values, dtype=float)
+            points = [(x_of(i), y_of(v)) for i, v in enumerate(values) if math.isfinite(v)]
+            if self.monochrome and index > 0:
+                markers.update({(y // 4, x // 2): index for x, y in points})
+                continue
+            dots: list[tuple[int, int]] = []
+            for k, (x, y) in enumerate(points):
+                dots.append((x, y))
+                if k + 1 < len(points):
+                    x2, y2 = points[k + 1]
+                    steps = max(x2 - x, abs(y2 - y), 1)
+                    dots += [
+                        (round(x + (x2 - x) * t / steps), round(y + (y2 - y) * t / steps)) for t in range(1, steps)
+                    ]
+            for x, y in dots:
+                row, col = y // 4, x // 2
+                cells[row, col] |= DOT_BITS[x % 2][y % 4]
+                owner[row, col] = index
+        return cells, owner, markers
 
     def _band_cells(self, plot_h: int, plot_w: int, n: int, x_of, y_of) -> np.ndarray:
         """Returns, per character cell, the series whose interval covers it (-1: none).

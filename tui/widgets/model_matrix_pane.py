@@ -4,7 +4,9 @@ Above, the heatmap of every pair's summary in the clustering order: rows name th
 columns are the same models in the same order, marked by their family (ViT, ResNet, ...). Enter on a cell opens
 that pair's layer x layer view (the measure the zoo summarises), models A and B set to the pair. Below, every
 model's layers matched onto one reference model's, relative depth against relative depth (the monotone path of
-the pair's matrix), one curve per model; r makes the next model the reference.
+the pair's matrix), one curve per model; r makes the next model the reference. v switches the heatmap between the raw
+summaries and the calibrated ones (against the zoo's permutation null: 0 at chance, 1 for a model with itself); the
+status line always says both, with the pair's p-value.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from textual.widgets import Label
 from vitsee.analyses.contract import Shape
 from vitsee.output.colormap import ColorMode
 from vitsee.output.labels import display_labels
-from vitsee.tui.messages import PairOpened, StatusChanged
+from vitsee.tui.messages import PairOpened
 from vitsee.tui.results import LoadedView
 from vitsee.tui.widgets.heatmap import Heatmap
 from vitsee.tui.widgets.line_plot import LinePlot, Series
@@ -52,10 +54,18 @@ class ModelMatrixPane(HeatmapPane):
             id="zoo.reference",
             tooltip="Match every model's layers onto the next model's (the reference of the curves below)",
         ),
+        Binding(
+            "v",
+            "toggle_calibrated",
+            "Raw/calibrated",
+            id="zoo.calibrated",
+            tooltip="Show the raw summaries or the calibrated ones (against the permutation null)",
+        ),
     ]
     key_help: ClassVar[dict[str, str]] = {
         "heatmap.select": "Open the layer x layer view of the pair under the cursor (models A and B set to the pair)",
         "zoo.reference": "Make the next model (in the heatmap's order) the reference the curves match layers onto",
+        "zoo.calibrated": "Switch the heatmap between the raw summaries and the calibrated ones (against chance)",
     }
     lists_model_layers = False
 
@@ -69,6 +79,8 @@ class ModelMatrixPane(HeatmapPane):
     """
 
     reference = 0  # the store index of the model the curves match the others onto
+    calibrated = False  # the heatmap shows the calibrated summaries (v), not the raw ones
+    _drawn: tuple[list[str], list[int]] | None = None  # the models and the order the heatmap draws them in
 
     def compose_body(self) -> ComposeResult:
         yield Label("", classes="zoo--curves")
@@ -88,10 +100,29 @@ class ModelMatrixPane(HeatmapPane):
         view = self.view
         return display_labels(view.rows, view.names, width) if view is not None else []
 
+    def calibrated_matrix(self) -> np.ndarray | None:
+        """Returns the view's calibrated summaries (store order), None when its zoo has no null."""
+        view = self.view
+        values = None if view is None else view.extra.get("calibrated")
+        if values is None:
+            return None
+        values = np.asarray(values, dtype=float)
+        return values if np.isfinite(values).any() else None
+
     def populate(self, loaded: LoadedView) -> None:
         view = loaded.view
         order = self.order
-        shown = view.matrix[np.ix_(order, order)]
+        calibrated = self.calibrated_matrix() if self.calibrated else None
+        self.calibrated = calibrated is not None  # a zoo without a null shows its raw values
+        source = view.matrix if calibrated is None else calibrated
+        shown = source[np.ix_(order, order)]
+        vmin, vmax, value_name = (
+            (view.vmin, view.vmax, view.value_name)
+            if calibrated is None
+            else (None, 1.0, f"calibrated {view.value_name}")
+        )
+        # the pair under the cursor, by store index: the next view's clustering may order the models otherwise
+        kept = self._drawn_pair(view.rows)
         rows = [self.names()[i] for i in order]
         families = [view.extra["families"][i] for i in order]
         nonfinite = view.nonfinite[np.ix_(order, order)] if view.nonfinite is not None else None
@@ -99,27 +130,21 @@ class ModelMatrixPane(HeatmapPane):
         def describe(r: int, c: int) -> str:
             return view.nonfinite_text(order[r], order[c])
 
-        heatmap = self.heatmap
-        if heatmap is None:
-            heatmap = Heatmap(
-                shown,
-                rows,
-                families,
-                vmin=view.vmin,
-                vmax=view.vmax,
-                cmap=self.cmap,
-                color_mode=self.color_mode,
-                value_name=view.value_name,
-                id=f"{self.kind}-heatmap",
-                nonfinite=nonfinite,
-                nonfinite_text=describe,
-                label_chars=LABEL_CHARS,
-            )
-            self.query_one(".pane--body").mount(heatmap, before=0)
-        else:
-            heatmap.set_cmap(self.cmap)
-            heatmap.set_scale(view.vmin, view.vmax, view.value_name)  # `m` may have changed the measure
-            heatmap.set_data(shown, rows, families, nonfinite=nonfinite, nonfinite_text=describe)
+        self.show_matrix(
+            shown,
+            rows,
+            families,
+            vmin=vmin,
+            vmax=vmax,
+            value_name=value_name,
+            nonfinite=nonfinite,
+            nonfinite_text=describe,
+            first=True,
+            label_chars=LABEL_CHARS,
+        )
+        if kept is not None:
+            self.heatmap.cursor = (order.index(kept[0]), order.index(kept[1]))
+        self._drawn = (list(view.rows), order)
         if not 0 <= self.reference < len(view.rows):
             self.reference = 0
         self.plot_curves()
@@ -143,6 +168,20 @@ class ModelMatrixPane(HeatmapPane):
             f"each model's layers (x: relative depth) matched onto {names[self.reference]}'s (y), r: next reference"
         )
 
+    def action_toggle_calibrated(self) -> None:
+        """Switches the heatmap between the raw and the calibrated summaries; says how to get a null without one."""
+        if self.loaded is None:
+            return
+        if self.calibrated_matrix() is None:
+            self.notify(
+                "this zoo has no permutation null: vitsee analyze STORE --zoo --zoo-permutations 999",
+                severity="warning",
+            )
+            return
+        self.calibrated = not self.calibrated
+        self.populate(self.loaded)
+        self.post_status()
+
     def action_next_reference(self) -> None:
         """Makes the next model in the heatmap's order the reference of the curves."""
         order = self.order
@@ -153,6 +192,15 @@ class ModelMatrixPane(HeatmapPane):
             self.post_status()
 
     # --- the cursor -------------------------------------------------------------------------------------------
+
+    def _drawn_pair(self, models: list[str]) -> tuple[int, int] | None:
+        """Returns the store indices of the cell under the cursor as the heatmap draws it now, None when it draws
+        nothing yet or other models."""
+        heatmap, drawn = self.heatmap, self._drawn
+        if heatmap is None or drawn is None or drawn[0] != models:
+            return None
+        row, col = heatmap.cursor
+        return drawn[1][row], drawn[1][col]
 
     def pair(self) -> tuple[int, int] | None:
         """Returns the store indices (row model, column model) of the cell under the cursor."""
@@ -175,13 +223,24 @@ class ModelMatrixPane(HeatmapPane):
         interval = view.interval_text(i, j) if np.isfinite(view.matrix[i, j]) else ""
         # parts the status line drops from the end where it is narrow: the families go first
         return (
-            f"{names[i]} x {names[j]}  {view.value_name} {view.cell_text(i, j)}{interval}  "
+            f"{names[i]} x {names[j]}  {view.value_name} {view.cell_text(i, j)}{interval}{self.chance_text(i, j)}  "
             f"{families[i]} x {families[j]}"
         )
 
+    def chance_text(self, i: int, j: int) -> str:
+        """Returns '  calibrated 0.412 p<0.01' for a pair of a zoo with a null ('' without one, or on the diagonal)."""
+        from vitsee.stats import significance_label
+
+        calibrated, view = self.calibrated_matrix(), self.view
+        if calibrated is None or view is None or not np.isfinite(calibrated[i, j]):
+            return ""
+        p = float(np.asarray(view.extra["p_value"], dtype=float)[i, j])
+        label = significance_label(p, int(view.extra.get("null_permutations") or 0))
+        return f"  calibrated {calibrated[i, j]:.3f} {label}"
+
     def on_heatmap_cursor_moved(self, message: Heatmap.CursorMoved) -> None:
         message.stop()
-        self.post_message(StatusChanged(self.kind, self.status_text() or message.summary))
+        self.tell_status(self.status_text() or message.summary)
 
     def on_heatmap_cell_selected(self, message: Heatmap.CellSelected) -> None:
         message.stop()
@@ -217,5 +276,10 @@ class ModelMatrixPane(HeatmapPane):
             (
                 "\u2812\u2812",
                 "below: each model's layers matched onto the reference's, by relative depth (0 first, 1 last)",
+            ),
+            (
+                "v",
+                "the heatmap: raw summaries, or calibrated = (raw - null mean) / (best - null mean) against the "
+                "permutation null (0: chance, 1: a model with itself); the status line says both and p",
             ),
         ]

@@ -14,7 +14,9 @@ import importlib
 import logging
 import pkgutil
 
-from vitsee.analyses import REGISTRY
+from textual.binding import Binding
+
+from vitsee.analyses import REGISTRY, Analysis
 from vitsee.tui import widgets
 from vitsee.tui.widgets.view_pane import PANE_CLASSES, ViewPane
 
@@ -45,6 +47,11 @@ KINDS = tuple(PANES)
 VIEW_LABELS = {kind: REGISTRY[kind].label for kind in PANES}
 
 
+def analysis_of(kind: str) -> Analysis:
+    """Returns the registered analysis a pane shows."""
+    return REGISTRY[kind]
+
+
 def tab_of(kind: str) -> str:
     """Returns the view whose tab shows `kind`: itself, or for an analysis without a tab of its own (the layer x
     layer measures) the first of its family that has one (CKA), where `m` cycles the family."""
@@ -61,3 +68,12 @@ def tooltip(kind: str) -> str:
     """Returns what the number key of a view does, as its analysis says it (default: 'Show the LABEL view')."""
     analysis = REGISTRY[kind]
     return analysis.tooltip or f"Show the {analysis.label} view"
+
+
+def view_bindings() -> list[Binding]:
+    """Returns the explorer's number key per tab, in REGISTRY order: 1 CKA, 2 Attention, ..."""
+    return [
+        Binding(str(i), f"show_view('{kind}')", label, show=False, id=f"explorer.view_{kind}", tooltip=tooltip(kind))
+        for i, (kind, label) in enumerate(TAB_LABELS.items(), start=1)
+        if i <= 9
+    ]

@@ -1,23 +1,48 @@
 """The side panel: which models the views show (A; B for the CKA columns), a list of their layers, and the
-search that filters that list (`/` in the explorer)."""
+search (`/` in the explorer, widgets/search_box.py) whose matches that list shows while it is open."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Vertical
-from textual.widgets import Input, Label, OptionList, Select
+from textual.widgets import Label, OptionList, Select
 from textual.widgets.option_list import Option
 
-from vitsee.tui.messages import LayerPicked, ModelsPicked, SearchChanged
-from vitsee.tui.results import StoreSummary
+from vitsee.tui.messages import LayerPicked, ModelsPicked, Place, PlaceWanted
+from vitsee.tui.results import ModelSummary, StoreSummary
+from vitsee.tui.widgets.search_box import SearchBox, matches_query, place_label
+
+if TYPE_CHECKING:
+    from vitsee.tui.widgets.view_pane import ViewPane
 
 SAME_AS_A = "\x00same"
 MODEL_OPTION = "\x00model:"  # a model the search found, listed among the layers: Enter picks it as model A
+PLACE_OPTION = "\x00place:"  # a place the search found (a row, a column, a layer): Enter moves the cursor there
 
+__all__ = ["MODEL_BINDINGS", "PANEL_BINDING", "SidePanel", "matches_query", "model_label"]
 
-def matches_query(name: str, query: str) -> bool:
-    """Returns whether a layer or model name contains the search text (case does not matter)."""
-    return query.strip().lower() in name.lower()
+# The explorer's keys for the panel (its screen holds them: they work wherever the focus is in it).
+MODEL_BINDINGS = [
+    Binding("a", "cycle_model('a')", "Model A", id="explorer.model_a", tooltip="Show the next model as model A (rows)"),
+    Binding(
+        "b",
+        "cycle_model('b')",
+        "Model B",
+        id="explorer.model_b",
+        tooltip="Compare model A with the next model in the CKA view (columns)",
+    ),
+]
+PANEL_BINDING = Binding(
+    "ctrl+b",
+    "toggle_panel",
+    "Panel",
+    show=False,
+    id="explorer.panel",
+    tooltip="Show or hide the side panel (models and layers)",
+)
 
 
 def model_label(key: str, width: int = 22) -> str:
@@ -29,6 +54,19 @@ def model_label(key: str, width: int = 22) -> str:
     if kind and len(base) + len(kind) + 3 <= width:
         return f"{base} ({kind})"
     return base
+
+
+def next_models(which: str, keys: list[str], a: str | None, b: str | None) -> tuple[str | None, str | None]:
+    """Returns (A, B) with the next of the store's models as model A (which 'a'), or as model B: 'same as A' (None),
+    then the models other than A (A itself by name would show the same matrix again). The explorer sets them as its
+    models, which puts them in the panel: picking through the Selects would post a change that a view key pressed at
+    once (a, then 1) overtook with the models before."""
+    if which == "a":
+        current = keys.index(a) if a in keys else -1
+        return keys[(current + 1) % len(keys)], b
+    choices: list[str | None] = [None, *(k for k in keys if k != a)]
+    current = choices.index(b) if b in choices else 0
+    return a, choices[(current + 1) % len(choices)]
 
 
 class SidePanel(Vertical):
@@ -46,9 +84,8 @@ class SidePanel(Vertical):
         & > Select Static#label { text-wrap: nowrap; text-overflow: ellipsis; }
         & > OptionList { height: 1fr; border: none; padding: 0; }
         &.-hidden { display: none; }
-        & > #search { display: none; width: 1fr; }
-        & > #search-count { display: none; margin-top: 0; }
-        &.-searching > #search, &.-searching > #search-count { display: block; }
+        & > SearchBox { display: none; }
+        &.-searching > SearchBox { display: block; }
     }
     """
 
@@ -56,11 +93,9 @@ class SidePanel(Vertical):
         super().__init__(*args, **kwargs)
         self.layer_names: list[str] = []  # the current view's layers, unfiltered
         self.model_options: list[tuple[str, str]] = []  # (label, key)
-        self.search_text = ""  # what the list is filtered by ("" shows everything)
 
     def compose(self) -> ComposeResult:
-        yield Input(placeholder="layer or model", id="search", compact=True)
-        yield Label("", id="search-count")
+        yield SearchBox(id="search-box")
         yield Label("Model A (rows)", classes="-first", id="label-model-a")
         yield Select([], prompt="model A", id="model-a", compact=True)
         yield Label("Model B (columns)", id="label-model-b")
@@ -84,6 +119,8 @@ class SidePanel(Vertical):
             if options:
                 select_a.value = model_a if model_a in summary.keys else options[0][1]
             select_b.value = model_b if model_b in summary.keys else SAME_AS_A
+        search = self.search
+        search.set_places(search.places, options, search.view_label)
 
     @property
     def model_a(self) -> str | None:
@@ -107,29 +144,65 @@ class SidePanel(Vertical):
         if self.model_a is not None:
             self.post_message(ModelsPicked(self.model_a, self.model_b))
 
-    def set_layers(self, title: str, layers: list[str], current: str | None = None, show_b: bool = True) -> None:
-        """Offer a list of layers (or blocks, or grid layers) under a title."""
+    def set_layers(
+        self,
+        title: str,
+        layers: list[str],
+        current: str | None = None,
+        show_b: bool = True,
+        places: list[Place] | None = None,
+        view_label: str = "",
+    ) -> None:
+        """Offer a list of layers (or blocks, or grid layers) under a title; `places` (default: the layers) are where
+        the search looks, in the view called `view_label`."""
         self.query_one("#label-layers", Label).update(title)
         for widget_id in ("#label-model-b", "#model-b"):
             self.query_one(widget_id).display = show_b
         self.layer_names = list(layers)
+        places = [Place(layer) for layer in layers] if places is None else places
+        self.search.set_places(places, self.model_options, view_label)
         self._fill_list(current)
 
+    def list_layers_of(self, pane: ViewPane, model: ModelSummary, picked: str | None) -> None:
+        """Lists what the pane's view offers model A: the layers its map can be of where it shows one layer (the one
+        shown highlighted; `picked` until it loads), else the view's own layers (the model's before it loads)."""
+        from vitsee.analyses import REGISTRY
+
+        analysis, label = REGISTRY[pane.kind], pane.label
+        if analysis.takes_layer:  # Enter shows the map of one
+            view = pane.view
+            current = view.params.get("layer") if view is not None else picked
+            layers = model.layer_choices.get(pane.kind, [])
+            places = [Place(layer, "layer") for layer in layers]
+            self.set_layers(analysis.layer_list_title, layers, current, False, places=places, view_label=label)
+            return
+        layers = pane.layer_choices() or (model.layers if pane.lists_model_layers else [])
+        places = pane.places() or [Place(layer) for layer in layers]
+        show_b = analysis.models[1] > 1
+        self.set_layers(analysis.layer_list_title, layers, show_b=show_b, places=places, view_label=label)
+
     def _fill_list(self, current: str | None = None) -> None:
-        """List the layers that match the search (all without one), after the models that match it."""
-        query = self.search_text
-        layers = [layer for layer in self.layer_names if matches_query(layer, query)] if query else self.layer_names
-        models = [(label, key) for label, key in self.model_options if matches_query(key, query)] if query else []
-        options = [Option(f"model {label}", id=MODEL_OPTION + key) for label, key in models]
-        options += [Option(layer, id=layer) for layer in layers]
+        """List the layers, or while a search is open the models and places it matches (what its count counts)."""
+        search = self.search
+        if search.query_text:
+            options = [Option(f"model {label}", id=MODEL_OPTION + key) for label, key in search.model_matches()]
+            options += [Option(place_label(p), id=f"{PLACE_OPTION}{p.axis}:{p.name}") for p in search.matches()]
+            listed = []
+        else:
+            options = [Option(layer, id=layer) for layer in self.layer_names]
+            listed = self.layer_names
         option_list = self.query_one("#layers", OptionList)
         if [o.id for o in option_list.options] != [o.id for o in options]:
             option_list.clear_options()
             option_list.add_options(options)
-        if current in layers:
-            option_list.highlighted = len(models) + layers.index(current)
+        if current in listed:
+            option_list.highlighted = listed.index(current)
 
     # --- search ------------------------------------------------------------------------------------------
+
+    @property
+    def search(self) -> SearchBox:
+        return self.query_one(SearchBox)
 
     @property
     def searching(self) -> bool:
@@ -139,36 +212,26 @@ class SidePanel(Vertical):
         """Show the search box (and the panel, if it was hidden) and give it the keys."""
         self.remove_class("-hidden")
         self.add_class("-searching")
-        search = self.query_one("#search", Input)
-        search.value = ""
-        search.focus()
+        self.search.start()
 
     def close_search(self) -> None:
         """Hide the search box and list every layer again."""
         self.remove_class("-searching")
-        self.search_text = ""
-        with self.prevent(Input.Changed):
-            self.query_one("#search", Input).value = ""
+        self.search.clear()
         self._fill_list()
 
-    def show_count(self, text: str) -> None:
-        """Say under the search box which match the cursor is on ('2 of 5 matches', 'no match')."""
-        self.query_one("#search-count", Label).update(text)
-
-    def on_input_changed(self, event: Input.Changed) -> None:
-        event.stop()
-        self.search_text = event.value.strip()
-        self._fill_list()
-        self.post_message(SearchChanged(self.search_text, submitted=False))
-
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        event.stop()
-        self.post_message(SearchChanged(event.value.strip(), submitted=True))
+    def on_search_box_changed(self, event: SearchBox.Changed) -> None:
+        self._fill_list()  # and on to the explorer, whose n / N depend on the search
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         event.stop()
         option_id = event.option.id
-        if option_id is not None and option_id.startswith(MODEL_OPTION):
+        if option_id is None:
+            return
+        if option_id.startswith(MODEL_OPTION):
             self.pick(model_a=option_id.removeprefix(MODEL_OPTION))
-        elif option_id is not None:
+        elif option_id.startswith(PLACE_OPTION):
+            axis, _, name = option_id.removeprefix(PLACE_OPTION).partition(":")
+            self.post_message(PlaceWanted(Place(name, axis), focus=True))
+        else:
             self.post_message(LayerPicked(option_id))

@@ -10,7 +10,6 @@ from textual.widgets import Label
 
 from vitsee.analyses.contract import Shape
 from vitsee.output.colormap import ColorMode
-from vitsee.tui.messages import StatusChanged
 from vitsee.tui.results import LoadedView
 from vitsee.tui.widgets.heatmap import Heatmap, short_label
 from vitsee.tui.widgets.line_plot import BAND, LinePlot, Series
@@ -46,34 +45,17 @@ class SkipPane(HeatmapPane):
 
     def populate(self, loaded: LoadedView) -> None:
         view = loaded.view
-        heatmap = self.heatmap
-        if heatmap is None:
-            heatmap = Heatmap(
-                view.matrix,
-                view.rows,
-                view.cols,
-                vmin=view.vmin,
-                vmax=view.vmax,
-                cmap=self.cmap,
-                color_mode=self.color_mode,
-                value_name="ratio",
-                id=f"{self.kind}-heatmap",
-                nonfinite=view.nonfinite,
-                nonfinite_text=view.nonfinite_text,
-            )
-            body = self.query_one(".pane--body")
-            body.mount(heatmap, before=0)
-        else:
-            heatmap.set_cmap(self.cmap)
-            heatmap.set_data(
-                view.matrix,
-                view.rows,
-                view.cols,
-                vmin=view.vmin,
-                vmax=view.vmax,
-                nonfinite=view.nonfinite,
-                nonfinite_text=view.nonfinite_text,
-            )
+        heatmap = self.show_matrix(
+            view.matrix,
+            view.rows,
+            view.cols,
+            vmin=view.vmin,
+            vmax=view.vmax,
+            value_name="ratio",
+            nonfinite=view.nonfinite,
+            nonfinite_text=view.nonfinite_text,
+            first=True,
+        )
         note = self.query_one(".skip--note", Label)
         note.update(self.init_note)
         note.display = bool(self.init_note)  # said where the "no finite ratio" cells show
@@ -122,7 +104,7 @@ class SkipPane(HeatmapPane):
     def on_heatmap_cursor_moved(self, message: Heatmap.CursorMoved) -> None:
         message.stop()
         self.query_one(LinePlot).set_mark(message.row)
-        self.post_message(StatusChanged(self.kind, self.status_text() or message.summary))
+        self.tell_status(self.status_text() or message.summary)
 
     def status_text(self) -> str:
         heatmap = self.heatmap

@@ -10,7 +10,6 @@ from textual.app import ComposeResult
 from textual.widgets import Label
 
 from vitsee.analyses.contract import Shape
-from vitsee.tui.messages import StatusChanged
 from vitsee.tui.results import LoadedView
 from vitsee.tui.widgets.heatmap import Heatmap
 from vitsee.tui.widgets.view_pane import HeatmapPane
@@ -72,26 +71,15 @@ class SpatialPane(HeatmapPane):
         gh, gw = self.grid
         self.token = min(self.token, gh * gw - 1)
         rows, cols = [f"r{i}" for i in range(gh)], [f"c{j}" for j in range(gw)]
-        heatmap = self.heatmap
-        if heatmap is None:
-            heatmap = Heatmap(
-                self.token_map(self.token),
-                rows,
-                cols,
-                vmin=view.vmin,
-                vmax=view.vmax,
-                cmap=self.cmap,
-                color_mode=self.color_mode,
-                value_name="CKA",
-                id=f"{self.kind}-heatmap",
-                **self.token_marks(self.token),
-            )
-            self.query_one(".pane--body").mount(heatmap)
-        else:
-            heatmap.set_cmap(self.cmap)
-            heatmap.set_data(
-                self.token_map(self.token), rows, cols, vmin=view.vmin, vmax=view.vmax, **self.token_marks(self.token)
-            )
+        heatmap = self.show_matrix(
+            self.token_map(self.token),
+            rows,
+            cols,
+            vmin=view.vmin,
+            vmax=view.vmax,
+            value_name="CKA",
+            **self.token_marks(self.token),
+        )
         heatmap.cursor = (self.token // gw, self.token % gw)
         self.query_one(".spatial--note", Label).update(
             f"CKA of the cursor's token ({view.params.get('layer')}, {gh}x{gw}) with the stored, normalised "
@@ -107,7 +95,7 @@ class SpatialPane(HeatmapPane):
         if token != self.token:
             self.token = token
             message.heatmap.set_data(self.token_map(token), **self.token_marks(token))
-        self.post_message(StatusChanged(self.kind, self.status_text()))
+        self.tell_status(self.status_text())
 
     def legend(self) -> list[tuple[str, str]]:
         marks = super().legend()

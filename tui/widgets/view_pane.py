@@ -3,10 +3,10 @@ to show, the body, and the selection (the cell an export marks and the status li
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, ClassVar
 
+import numpy as np
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.geometry import Region
@@ -16,7 +16,7 @@ from textual.widgets import Label, Static
 
 from vitsee.analyses.contract import Shape
 from vitsee.output.colormap import ASCII_RAMP, ColorMode
-from vitsee.tui.messages import StatusChanged
+from vitsee.tui.messages import Place, StatusChanged
 from vitsee.tui.results import LoadedView
 from vitsee.tui.widgets.heatmap import MISSING_GLYPH, NONFINITE_ASCII, NONFINITE_GLYPH, UPPER_HALF, Heatmap
 
@@ -25,14 +25,6 @@ if TYPE_CHECKING:
 
 
 PANE_CLASSES: dict[Shape, type[ViewPane]] = {}  # view shape -> the pane that draws it; filled as each is defined
-
-
-@dataclass(frozen=True)
-class Place:
-    """A place a view's cursor can go to: one of its row or column layers, or a layer the side panel picks."""
-
-    name: str  # the layer as timm names it: blocks.7, layer3.0, blocks.1.head.0
-    axis: str = "row"  # "row", "col", or "layer" (the spatial and ERF views: the layer the map is of)
 
 
 class ViewPane(Vertical):
@@ -143,7 +135,7 @@ class ViewPane(Vertical):
         self.query_one(".pane--message", Static).update(text)
         self.set_class(True, "-message")
         self.set_class(False, "-ready")
-        self.post_message(StatusChanged(self.kind, text.splitlines()[0] if text else ""))
+        self.tell_status(text.splitlines()[0] if text else "")
 
     def populate(self, loaded: LoadedView) -> None:
         """Fill the body from a view (subclasses)."""
@@ -157,7 +149,12 @@ class ViewPane(Vertical):
         return ""
 
     def post_status(self) -> None:
-        self.post_message(StatusChanged(self.kind, self.status_text()))
+        self.tell_status(self.status_text())
+
+    def tell_status(self, text: str) -> None:
+        """Tells the screen's status line what this pane says now. Posted to the screen itself: a message bubbles up
+        no further than the widget whose handler made it, and the panes' container makes some (a view read)."""
+        self.screen.post_message(StatusChanged(self.kind, text))
 
     def main_widget(self) -> Widget | None:
         """Returns the widget that takes the keys of this view (focused when the view opens)."""
@@ -207,6 +204,46 @@ class HeatmapPane(ViewPane):
         found = self.query(Heatmap)
         return found.first() if found else None
 
+    def show_matrix(
+        self,
+        matrix: np.ndarray,
+        rows: Sequence[str],
+        cols: Sequence[str],
+        *,
+        vmin: float | None,
+        vmax: float | None,
+        value_name: str,
+        nonfinite: np.ndarray | None = None,
+        nonfinite_text: Callable[[int, int], str] | None = None,
+        first: bool = False,
+        **looks,
+    ) -> Heatmap:
+        """Returns the pane's heatmap drawing `matrix`: mounted into the body the first time (`first`: above what the
+        body holds already), then given the new numbers, scale and colours (its cursor stays). `looks`: the
+        Heatmap's other keywords (label_chars)."""
+        heatmap = self.heatmap
+        if heatmap is None:
+            heatmap = Heatmap(
+                matrix,
+                rows,
+                cols,
+                vmin=vmin,
+                vmax=vmax,
+                cmap=self.cmap,
+                color_mode=self.color_mode,
+                value_name=value_name,
+                id=f"{self.kind}-heatmap",
+                nonfinite=nonfinite,
+                nonfinite_text=nonfinite_text,
+                **looks,
+            )
+            self.query_one(".pane--body").mount(heatmap, before=0 if first else None)
+            return heatmap
+        heatmap.set_cmap(self.cmap)
+        heatmap.set_scale(vmin, vmax, value_name)  # a pane's view may change what it measures (the zoo's `m`)
+        heatmap.set_data(matrix, rows, cols, nonfinite=nonfinite, nonfinite_text=nonfinite_text)
+        return heatmap
+
     def main_widget(self) -> Widget | None:
         return self.heatmap
 
@@ -226,7 +263,7 @@ class HeatmapPane(ViewPane):
             ("[ ]  +", "the cell under the cursor: corner marks (+ on a narrow cell), its own colour left visible"),
             (
                 NONFINITE_ASCII if plain else NONFINITE_GLYPH,
-                "computed, but from NaN/Inf inputs (the status line says how many images)",
+                "no value: NaN/Inf inputs or undefined (the status line says which, and why)",
             ),
             (MISSING_GLYPH, "not computed yet"),
         ]

@@ -21,7 +21,7 @@ from vitsee.lazy import lazy_module
 from vitsee.measures.catalog.mknn import KNN_K
 from vitsee.measures.grams import LayerGrams, check_rows, neighbour_pool
 from vitsee.measures.kernels import MIN_DEBIASED, check_k, cosine_gram, feature_pair, knn_mask
-from vitsee.measures.registry import Measure
+from vitsee.measures.registry import AT_N, Measure
 
 torch = lazy_module("torch")
 
@@ -105,6 +105,7 @@ class CKNNA(Measure):
     """CKNNA: CKA over the pairs of images that are near neighbours in both layers."""
 
     name = "cknna"
+    interval_holds = AT_N + " (k neighbours among n images: another n, another number; wider than needed)"
     label = "CKNNA"
     title = "centred kernel nearest-neighbour alignment between layers (Huh et al. 2024)"
     option_help = "CKNNA (CKA over the pairs of images that are near neighbours in both layers) of every pair"

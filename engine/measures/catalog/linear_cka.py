@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from vitsee.measures.grams import LayerGrams, check_rows, cka_part, stack_products
-from vitsee.measures.kernels import MIN_DEBIASED, centred, cka_from_grams, feature_pair
+from vitsee.measures.kernels import MIN_DEBIASED, centred, cka_from_grams, feature_pair, power_of_two_scale
 from vitsee.measures.registry import Measure, Parameter
 
 DEBIASED = Parameter("debiased", False, "the unbiased HSIC (Song et al. 2012) in place of the biased one")
@@ -39,6 +39,7 @@ def linear_cka(x: Any, y: Any, debiased: bool = DEBIASED.default) -> float:
     xc, yc = centred(x, "x", "linear_cka"), centred(y, "y", "linear_cka")
     if xc is None or yc is None:
         return math.nan
+    xc, yc = xc * power_of_two_scale(xc, 60), yc * power_of_two_scale(yc, 60)  # fourth powers below: see there
     n, dx, dy = xc.shape[0], xc.shape[1], yc.shape[1]
     if debiased or n * n <= dx * dy:  # the (n, n) Grams are the smaller route (and the one the U-statistic needs)
         return cka_from_grams(xc @ xc.T, yc @ yc.T, debiased)
@@ -53,6 +54,7 @@ def pairwise_linear_cka(a: list[LayerGrams], b: list[LayerGrams], debiased: bool
 
 class LinearCKA(Measure):
     name = "linear_cka"
+    interval_holds = "holds the large-n value"
     label = "CKA"
     order = 10  # the place of its view, cka.py's
     own_view = False

@@ -21,9 +21,11 @@ training Gram serves every penalty). Not symmetric: linear_predictivity(x, y) is
 rotations, translations and isotropic scaling of either layer (not to other linear maps of y, which reweigh its
 features in the pooled R^2); at most 1, below 0 when a prediction is worse than the test fold's mean.
 
-Resampled images (measures/resampling.py's bootstrap): the folds keep an image's copies together, so no copy trains
-while its twin is tested, and a replicate, holding ~63% distinct images, fits on fewer of them: its R^2 sits a little
-below the estimate's, and so can the whole percentile interval of a well-predicted pair.
+Resampled images: its interval (measures/resampling.py's jackknife) fits on all but a group of the images, so it
+holds the value at this n; fewer training images predict a little worse, so the value rises with n (its n-curve,
+analyses/curves.py). A resample that repeats images (a bootstrap) keeps an image's copies in one fold, so no copy
+trains while its twin is tested; such a replicate fits on ~63% distinct images and its R^2 sits a little below the
+estimate's, and so can the whole percentile interval of a well-predicted pair.
 
 tests/test_linear_predictivity.py checks it against sklearn's RidgeCV on the features, fold by fold.
 """
@@ -39,7 +41,7 @@ from vitsee.errors import VitseeError
 from vitsee.lazy import lazy_module
 from vitsee.measures.grams import LayerGrams, small_lapack
 from vitsee.measures.kernels import feature_pair, is_constant, warn_constant
-from vitsee.measures.registry import Measure, Parameter
+from vitsee.measures.registry import AT_N, Measure, Parameter
 
 torch = lazy_module("torch")
 
@@ -231,5 +233,6 @@ class LinearPredictivity(Measure):
     value_range = (None, 1.0)
     seconds_at_1000 = 600.0  # 6 decompositions per row layer and fold, an n^3 product per pair
     cubic = True
+    interval_holds = AT_N + " (fewer training images predict less: the value rises with n, see its n-curve)"
     direct = staticmethod(linear_predictivity)
     pairwise = staticmethod(pairwise_linear_predictivity)

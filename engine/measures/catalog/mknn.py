@@ -18,7 +18,7 @@ import numpy as np
 from vitsee.lazy import lazy_module
 from vitsee.measures.grams import LayerGrams, neighbour_pool, stack_products
 from vitsee.measures.kernels import check_k, cosine_gram, feature_pair, knn_mask
-from vitsee.measures.registry import Measure, Parameter
+from vitsee.measures.registry import AT_N, Measure, Parameter
 
 torch = lazy_module("torch")
 
@@ -63,6 +63,7 @@ class MutualKNN(Measure):
     """mknn: the share of each image's k nearest images that both layers agree on."""
 
     name = "mknn"
+    interval_holds = AT_N + " (k neighbours among n images: another n, another number; wider than needed)"
     label = "mknn"
     title = "mutual k-nearest-neighbour alignment between layers (Huh et al. 2024)"
     option_help = "mutual k-NN alignment (share of each image's k nearest images that both layers agree on)"

@@ -21,7 +21,7 @@ from vitsee.errors import VitseeError
 from vitsee.lazy import lazy_module
 from vitsee.measures.grams import CHUNK_BYTES, LayerGrams, check_rows, small_lapack
 from vitsee.measures.kernels import feature_pair, principal
-from vitsee.measures.registry import Measure, Parameter
+from vitsee.measures.registry import AT_N, Measure, Parameter
 
 torch = lazy_module("torch")
 
@@ -137,6 +137,7 @@ def pairwise_procrustes(a: list[LayerGrams], b: list[LayerGrams], alpha: float) 
 
 class Procrustes(Measure):
     name = "procrustes"
+    interval_holds = AT_N + " (biased by O(1/sqrt(n)) where layers share few directions)"
     label = "Procrustes"
     title = "angular Procrustes distance between layers (Williams et al. 2021)"
     option_help = "angular Procrustes distance (radians; low: alike up to a rotation) of every pair of layers"

@@ -20,7 +20,7 @@ from vitsee.lazy import lazy_module
 from vitsee.measures.catalog.svcca import KEEP, canonical_correlations, cca_pairs, check_keep, reduced
 from vitsee.measures.grams import LayerGrams
 from vitsee.measures.kernels import feature_pair
-from vitsee.measures.registry import Measure
+from vitsee.measures.registry import AT_N, Measure
 
 torch = lazy_module("torch")
 
@@ -66,6 +66,7 @@ class PWCCA(Measure):
     """PWCCA: canonical correlations weighted by the row layer's projection onto them."""
 
     name = "pwcca"
+    interval_holds = AT_N + " (biased by O(1/sqrt(n)) where layers share few directions; wider than needed)"
     label = "PWCCA"
     title = "projection-weighted CCA between layers, weighted by the row layer (Morcos et al. 2018)"
     option_help = "PWCCA (canonical correlations weighted by the row layer's projection) of every pair of layers"

@@ -2,7 +2,14 @@
 layers' representations of the same images are when nearby images count more than far ones.
 
     K_ij = exp(-|x_i - x_j|^2 / (2 sigma^2)),  sigma^2 = threshold^2 x the median squared distance between images
-    RBF CKA = <H K H, H L H> / (|H K H| |H L H|)   (biased HSIC, H the centring matrix)
+    RBF CKA = HSIC(K, L) / sqrt(HSIC(K, K) HSIC(L, L))
+
+A store's RBF CKA uses the unbiased HSIC (Song et al. 2012, the U-centred Grams), as its linear CKA: the biased HSIC
+(H K H, Kornblith et al.'s) sits far above the large-n value at small n (measured with X = zA + e, Y = zB + e':
+0.725 at n = 100 against 0.625 for the unbiased one, whose mean over draws is within 0.005 of the large-n value), so
+`agree` and the zoo would compare measures on different footings. `--rbf-hsic biased` gives Kornblith et al.'s, the
+number other packages print, and what rbf_cka(x, y) returns by default (debiased=False); the view's caption says
+which one a result used.
 
 Invariant to rotations, translations and isotropic scales of either layer (the bandwidth follows the median
 distance); as the threshold grows it tends to linear CKA. The all-pairs form takes the squared distances from the
@@ -18,7 +25,6 @@ import numpy as np
 
 from vitsee.errors import VitseeError
 from vitsee.lazy import lazy_module
-from vitsee.measures.catalog.linear_cka import DEBIASED
 from vitsee.measures.grams import LayerGrams, check_rows, cka_part, stack_products
 from vitsee.measures.kernels import MIN_DEBIASED, centred, cka_from_grams, feature_pair, squared_distances
 from vitsee.measures.registry import Measure, Parameter
@@ -45,6 +51,33 @@ THRESHOLD = Parameter(
 )
 
 
+def hsic_choice(value: Any) -> bool:
+    """Returns True for an unbiased HSIC (`--rbf-hsic unbiased`), False for the biased one; a bool passes as it is."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("unbiased", "debiased"):
+        return True
+    if text == "biased":
+        return False
+    raise VitseeError(
+        f"'{value}' is not an HSIC estimator: use unbiased (Song et al. 2012) or biased (Kornblith et al.)"
+    )
+
+
+HSIC = Parameter(
+    "debiased",
+    False,
+    "RBF CKA's HSIC: unbiased (Song et al. 2012, as linear CKA's) or biased (Kornblith et al.'s, above the large-n "
+    "value at small n)",
+    option="rbf-hsic",
+    check=lambda value, measure, n: hsic_choice(value),
+    store_default=True,
+    option_type=str,
+    shown_default="unbiased",
+)
+
+
 def median_all(t: torch.Tensor) -> torch.Tensor:
     """Returns the median of all entries of each (..., n, n) matrix, as np.median takes it (mean of the two middle
     values of an even count; torch.median would take the lower one)."""
@@ -63,7 +96,7 @@ def rbf_gram(d2: torch.Tensor, threshold: float) -> torch.Tensor:
     return torch.exp(-d2 / scale)
 
 
-def rbf_cka(x: Any, y: Any, threshold: float = THRESHOLD.default, debiased: bool = DEBIASED.default) -> float:
+def rbf_cka(x: Any, y: Any, threshold: float = THRESHOLD.default, debiased: bool = HSIC.default) -> float:
     """Returns CKA with a Gaussian kernel (Kornblith et al. 2019 and their Demo.ipynb) of x (n, ...) and y (n, ...).
 
     K_ij = exp(-||x_i - x_j||^2 / (2 sigma^2)), sigma^2 = threshold^2 x m, m the median of the n x n squared
@@ -99,11 +132,18 @@ def pairwise_rbf_cka(a: list[LayerGrams], b: list[LayerGrams], threshold: float,
 
 class RbfCKA(Measure):
     name = "rbf_cka"
+    interval_holds = (
+        "holds the large-n RBF CKA with the unbiased HSIC (the default); with --rbf-hsic biased, the value at this n"
+    )
     label = "RBF CKA"
     title = "CKA with a Gaussian kernel between layers (Kornblith et al. 2019)"
     option_help = "RBF CKA (Gaussian kernel, bandwidth a multiple of the median distance) of every pair of layers"
     order = 11
-    parameters = (THRESHOLD, DEBIASED)  # debiased: no option, the cache key records it
+    parameters = (THRESHOLD, HSIC)
     seconds_at_1000 = 1.9
     direct = staticmethod(rbf_cka)
     pairwise = staticmethod(pairwise_rbf_cka)
+
+    def undefined(self, grams: LayerGrams) -> str:
+        """'median': most pairs of images are the same, so the bandwidth, their median distance, is 0."""
+        return "median" if float(median_all(squared_distances(grams.centred()))) == 0 else ""

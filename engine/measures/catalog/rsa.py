@@ -90,6 +90,7 @@ class RSA(Measure):
     """RSA: the Spearman correlation of the layers' correlation-distance RDMs."""
 
     name = "rsa"
+    interval_holds = "holds the large-n value"
     label = "RSA"
     title = "RSA between layers: Spearman correlation of their dissimilarity matrices (Kriegeskorte et al. 2008)"
     option_help = "RSA (Spearman correlation of the layers' correlation-distance RDMs) of every pair of layers"
@@ -99,3 +100,7 @@ class RSA(Measure):
     seconds_at_1000 = 0.21
     direct = staticmethod(rsa)
     pairwise = staticmethod(pairwise_rsa)
+
+    def undefined(self, grams: LayerGrams) -> str:
+        """'flat': an image whose features are all equal correlates with no other (a layer of one feature)."""
+        return "flat" if grams.rdm_ranks() is None else ""

@@ -31,10 +31,10 @@ single units matters. 1 for a layer and any permutation of its units.
 
 Few images inflate it: the matching picks, among many pairs of units, those whose correlations chance made largest,
 and chance correlations grow as the images fall (about 1 / sqrt(n)). So two unrelated layers score well above 0 on a
-small store, and a bootstrap replicate (measures/resampling.py), which holds ~63% distinct images, scores higher
-still: for weakly related layers the whole percentile interval can sit above the estimate (measured on the tiny test
-store, 48 images: 0.590 against [0.624, 0.659] for a random ViT's patch_embed x a random ResNet's maxpool). Read its
-interval as the spread, not the place, and its n-curve (analyses/curves.py) for whether the value has settled.
+small store, and its interval (the jackknife of measures/resampling.py) holds the value at this n, not the large-n
+one. A percentile bootstrap, which repeats images (~63% distinct), scores higher still: on the tiny test store (48
+images) a random ViT's patch_embed x a random ResNet's maxpool read 0.590 against a bootstrap interval of [0.624,
+0.659]. Its n-curve (analyses/curves.py) says whether the value has settled.
 
 The transport problem is solved exactly: one to one (scipy's linear_sum_assignment) when both sides hold the same
 number of units; otherwise as an assignment between the units repeated lcm(Nx, Ny) / Nx and / Ny times when that is
@@ -54,7 +54,7 @@ from vitsee.errors import VitseeError
 from vitsee.lazy import lazy_module
 from vitsee.measures.grams import KEPT_UNITS, LayerGrams, unit_order, varying_units
 from vitsee.measures.kernels import feature_pair, warn_constant
-from vitsee.measures.registry import Measure, Parameter
+from vitsee.measures.registry import AT_N, Measure, Parameter
 
 torch = lazy_module("torch")
 
@@ -219,5 +219,6 @@ class SoftMatching(Measure):
     value_range = (None, 1.0)
     # an assignment of 1024 units (~0.15 s) per pair: ~80 s for all pairs of 23 layers on one busy core at any n
     seconds_at_1000 = 80.0
+    interval_holds = AT_N + " (chance correlations of the matched units raise it at small n: see its n-curve)"
     direct = staticmethod(soft_matching)
     pairwise = staticmethod(pairwise_soft_matching)

@@ -21,7 +21,7 @@ from vitsee.errors import VitseeError
 from vitsee.lazy import lazy_module
 from vitsee.measures.grams import LayerGrams, check_rows, small_lapack
 from vitsee.measures.kernels import feature_pair, principal
-from vitsee.measures.registry import Measure, Parameter
+from vitsee.measures.registry import AT_N, Measure, Parameter
 
 torch = lazy_module("torch")
 
@@ -139,6 +139,7 @@ class SVCCA(Measure):
     """SVCCA: the mean canonical correlation of the layers' top principal directions."""
 
     name = "svcca"
+    interval_holds = AT_N + " (biased by O(1/sqrt(n)) where layers share few directions; wider than needed)"
     label = "SVCCA"
     title = "SVCCA between layers: mean canonical correlation after an SVD to 99% variance (Raghu et al. 2017)"
     option_help = "SVCCA (mean canonical correlation of the layers' top principal directions) of every pair of layers"
