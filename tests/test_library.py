@@ -362,6 +362,7 @@ def test_measures_are_the_engines_functions_under_the_public_name():
     assert rbf_cka is REGISTRY["rbf_cka"].direct  # the function the analyses' measure declares, not a copy
     assert sorted(vitsee.measures.__all__) == sorted(
         ["linear_cka", "rbf_cka", "procrustes", "svcca", "pwcca", "mknn", "cknna", "rsa"]
+        + ["soft_matching", "linear_predictivity"]
     )  # the promised names, each its measure's direct form
     assert all(getattr(vitsee.measures, name) is REGISTRY[name].direct for name in vitsee.measures.__all__)
     x = np.random.default_rng(0).normal(size=(12, 5))

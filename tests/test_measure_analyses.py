@@ -205,7 +205,7 @@ def test_measures_names_the_measures_to_compute_and_refuses_an_unknown_one_in_a_
         (
             ["--measures", "rsa,bogus"],
             "--measures rsa,bogus: 'bogus' is no measure: use a comma list of cka, "
-            "rbf_cka, procrustes, svcca, pwcca, mknn, cknna, rsa, or all",
+            "rbf_cka, procrustes, svcca, pwcca, mknn, cknna, rsa, soft_matching, linear_predictivity, or all",
         ),
         (["--procrustes", "--procrustes-alpha", "2"], "--procrustes-alpha 2.0: procrustes alpha=2.0 is outside"),
         (["--rsa", "--max-images", "2"], "--max-images 2 is too few"),

@@ -489,8 +489,14 @@ class TestStatistics:
         grams = mg.layer_grams([x, y])
         value = mg.pair(grams[0], grams[1], name, **_params(name))
         low, high = mst.bootstrap_interval(grams[:1], grams[1:], name, replicates=40, seed=0, **_params(name))
-        assert low[0, 0] <= value <= high[0, 0]
         assert high[0, 0] - low[0, 0] > 0
+        if name == "linear_predictivity":
+            # a replicate holds ~63% distinct images and a copy never trains while its twin tests, so every fit has
+            # fewer images and predicts a little worse: the interval sits just below the estimate (measured 0.9873
+            # against [0.9709, 0.9867] here; catalog/linear_predictivity.py says so)
+            assert value - 0.01 <= high[0, 0] <= value
+            return
+        assert low[0, 0] <= value <= high[0, 0]
 
     @pytest.mark.parametrize("name", ["mknn", "cknna", "rsa"])
     def test_interval_of_unrelated_layers_contains_the_estimate_for_neighbour_and_rdm_measures(self, name):

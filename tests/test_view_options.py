@@ -40,7 +40,25 @@ OWN = {
     "zoo_summary": ("zoo", "best_match", "layer", {}, None),
     "zoo_permutations": ("zoo", 0, 19, {}, None),
     "zoo_layers": ("zoo", f"{VIT}=blocks.5", f"{VIT}=blocks.2", {"zoo_summary": "layer"}, None),
+    "soft_matching_units": (f"soft_matching:{VIT}", 16, 32, {}, None),
+    "predictivity_folds": (f"linear_predictivity:{VIT}", 5, 3, {}, None),
+    "curve_measure": (f"curve:{VIT}:{RESNET}", "mknn", "rsa", {"curve_layers": "blocks.5,layer4.0"}, None),
+    "curve_layers": (f"curve:{VIT}:{RESNET}", "blocks.5,layer4.0", "blocks.2,layer1.0", {}, None),
+    "curve_over": (f"curve:{VIT}:{RESNET}", "n", "k", {"curve_layers": "blocks.5,layer4.0"}, None),
+    "curve_first": (f"curve:{VIT}:{RESNET}", 16, 24, {"curve_layers": "blocks.5,layer4.0"}, None),
+    # separability needs two models of one family: the zoo store's four
+    "separability_measures": ("separability", "cka", "cka,rsa", {}, None),
+    "families": ("separability", "", f"{VIT}=odd,{RESNET}=odd", {"separability_measures": "cka"}, None),
+    "separate_by": (  # the zoo's models are all random inits: one is called trained, so there are two groups
+        "separability",
+        "family",
+        "trained",
+        {"separability_measures": "cka", "families": f"{VIT}=trained"},
+        None,
+    ),
 }
+ON_ZOO = {"separability_measures", "families", "separate_by"}
+LISTS = {"curve_layers", "separability_measures"}  # kept as lists: a,b -> [a, b]
 TABLE = {**ESTIMATOR, **OWN}
 CHEAP = {"permutations": 0, "ci": 0}  # the estimator of the CKA the zoo and the others do not ask for
 
@@ -74,9 +92,15 @@ def ask(store: vitsee.Store, how: str, spec: str, options: dict, tmp_path, capsy
     return json.loads(printed if how == "show" else out.read_text())["params"]
 
 
+@pytest.fixture(scope="module")
+def zoo(zoo_store, tmp_path_factory) -> vitsee.Store:
+    return vitsee.open(copy_store(zoo_store, tmp_path_factory.mktemp("options-zoo") / "zoo.h5"))
+
+
 @pytest.mark.parametrize("how", ["view", "show", "export"])
 @pytest.mark.parametrize("attr", list(TABLE))
-def test_an_option_given_selects_a_result_made_with_its_value_or_computes_one(store, how, attr, tmp_path, capsys):
+def test_an_option_given_selects_a_result_made_with_its_value_or_computes_one(store, zoo, how, attr, tmp_path, capsys):
+    store = zoo if attr in ON_ZOO else store
     spec, first, second, needs, path = TABLE[attr]
     kind = spec.partition(":")[0]
     path = path or REGISTRY[kind].option_paths(attr)[0]
@@ -90,6 +114,7 @@ def test_an_option_given_selects_a_result_made_with_its_value_or_computes_one(st
         else:
             seen[value] = params
         wanted = dict([value.split("=")]) if attr == "zoo_layers" else value  # kept as {model: layer}
+        wanted = value.split(",") if attr in LISTS else wanted
         wanted = {"unbiased": True, "biased": False}[value] if attr == "rbf_hsic" else wanted  # kept as `debiased`
         assert shown == wanted or (not wanted and not shown), (attr, value, path, shown)
     assert len(seen) == 2

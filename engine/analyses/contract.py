@@ -74,6 +74,13 @@ class Shape(Enum):
     rankings of the layer pairs agree (a rank correlation); extra: panels (measures, A layers, B layers) each
     measure's matrix, panel_rows/panel_cols (the layers), panel_names (each measure's value name),
     higher_is_better (per measure), n_pairs, note (said under the picture)."""
+    SCORE_TABLE = "scores with intervals"
+    """rows: what is scored (the measures), cols: the scores (d-prime, silhouette, ROC-AUC), higher is better in
+    every column; optional ci_low/ci_high per cell; extra: panel (an optional models x models matrix drawn beside:
+    panel_title, panel_labels, panel_groups), note (said under the picture)."""
+    CURVES = "values against a count"
+    """rows: the points of the x axis in order (a number of images, a k), cols: series, one curve each; optional
+    ci_low/ci_high per cell (a band); extra: x_label, x (the numbers of the rows), log_x, note."""
 
 
 @dataclass(frozen=True)
@@ -262,6 +269,8 @@ class Analysis(ABC):
     # the attribute of its option that names the measure its view summarises (the zoo's `zoo_measure`): `m` in the app
     # cycles it over measure_choices; "" for a view of one fixed measure
     measure_option: ClassVar[str] = ""
+    # what its intervals resample, said after them in captions (the separability's resample models, not images)
+    what_varies: ClassVar[str] = "the images vary, the model is fixed"
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -611,7 +620,7 @@ class View:
             parts.append(self.analysis.interval_words(self, f"{self.ci_level:.0%}"))
         if self.p_value is not None:
             parts.append(f"p: {self.permutations}-permutation test (images of the column layer shuffled)")
-        return "; ".join(parts) + "; the images vary, the model is fixed"
+        return "; ".join(parts) + f"; {self.analysis.what_varies}"
 
     def interval_note(self) -> str:
         """Returns why the view has no interval where its analysis gives them ('' when that is not so)."""

@@ -118,6 +118,7 @@ class ModelZoo(Analysis):
     title = "which model is like which: every pair of models, from their layers' best matches"
     order = 75  # after the paper's seven views: tab and key 8
     shape = Shape.MODEL_MATRIX
+    family = "zoo"  # with the views that ask which measure to trust on it (separability, n-curves): in its tab
     tooltip = "Show the zoo: every pair of models, clustered, and each model's layers matched to a reference's"
     option_help = (
         "the zoo: a summary of every pair of models' layer x layer matrix (best match by default), "

@@ -53,6 +53,8 @@ BYTES_PER_ENTRY = 21  # per image pair per layer: Gram (8) + eigenvectors (8) + 
 MAX_IMAGES = 2048
 MIN_IMAGES = 16
 CHUNK_BYTES = 256 << 20  # fp64 column chunk of the features while a Gram is built; stacked matrices per product
+KEPT_UNITS = 1024  # soft matching's units: the responses of at most this many of a layer's units are kept
+UNIT_SEED = 0
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -78,6 +80,19 @@ def choose_images(n_images: int, max_images: int, seed: int = 0) -> tuple[np.nda
     return rows, {"max_images": int(max_images), "seed": int(seed), "n_images": int(max_images)}
 
 
+def varying_units(centred_norms: torch.Tensor, raw_norms: torch.Tensor) -> np.ndarray:
+    """Returns the indices (ascending) of the units whose response varies over the examples: centred norm above
+    CONSTANT_RTOL x its raw norm (a unit whose response is constant has no tuning curve)."""
+    keep = (centred_norms > kernels.CONSTANT_RTOL * raw_norms) & (centred_norms > 0)
+    return keep.nonzero().flatten().cpu().numpy()
+
+
+def unit_order(varying: np.ndarray, seed: int = UNIT_SEED) -> np.ndarray:
+    """Returns the varying units in a seeded random order: a sample of m units is its first m, so a smaller sample is
+    part of a larger one, and the layer keeps the first KEPT_UNITS."""
+    return np.asarray(varying)[np.random.default_rng(seed).permutation(len(varying))]
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # One layer
 
@@ -100,6 +115,9 @@ class LayerGrams:
     ids: torch.Tensor | None = None
     centred_rows: bool = True
     name: str = ""
+    # (n, U) fp64: the responses of a seeded sample of the layer's varying units (unit_order's first KEPT_UNITS),
+    # soft matching's tuning curves; None where the Gram was made without the features (a zoo's streamed Grams)
+    units: torch.Tensor | None = None
     _cache: dict = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -127,15 +145,22 @@ class LayerGrams:
         # symmetric_product, 2.0-2.3x faster here): the syrk's other rounding moved RSA by 5.6e-7 on the demo
         # store's collapsed layers (RDM entries 1 - r with r ~ 1 reorder) and PWCCA by 9.3e-4 where two layers
         # share directions (issue 32's bar: every stored value within 1e-12 of before)
+        centred_norms, raw_norms = [], []
         with floor.one_thread() if dev.type == "cpu" else contextlib.nullcontext():
             for c in range(0, d, step):
-                xc = t[:, c : c + step].to(dev, torch.float64) - mu[c : c + step]  # (n, chunk), centred first
+                raw = t[:, c : c + step].to(dev, torch.float64)
+                xc = raw - mu[c : c + step]  # (n, chunk), centred before the product
                 gram.addmm_(xc, xc.T)
                 v += xc @ mu[c : c + step]
                 w += xc @ mur[c : c + step]
                 s += xc.sum(dim=1)
+                centred_norms.append(torch.linalg.vector_norm(xc, dim=0))
+                raw_norms.append(torch.linalg.vector_norm(raw, dim=0))
         gram = (gram + gram.T) / 2  # exactly symmetric: a resample reads both (i, j) and (j, i), which must tie
-        return cls(gram, v, w, s, float(mu.square().sum()), float(mur.square().sum()), d, name=name)
+        kept = unit_order(varying_units(torch.cat(centred_norms), torch.cat(raw_norms)))[:KEPT_UNITS]
+        units = t[:, torch.as_tensor(kept, device=t.device)].to(dev, torch.float64)
+        out = cls(gram, v, w, s, float(mu.square().sum()), float(mur.square().sum()), d, name=name, units=units)
+        return out
 
     @property
     def n(self) -> int:
@@ -160,6 +185,7 @@ class LayerGrams:
             ids=ids,
             centred_rows=self.centred_rows,
             name=self.name,
+            units=None if self.units is None else self.units.index_select(0, idx),
         )
         if len(idx) == self.n and bool((torch.bincount(idx, minlength=self.n) == 1).all()):
             # a permutation (the p-value's null): the examples are the same, so the centring, the spectrum and
@@ -246,6 +272,24 @@ class LayerGrams:
 
         return self._cached("rdm", build)
 
+    def tuning_curves(self, units: int) -> torch.Tensor | None:
+        """Returns (n, U): the responses of the first `units` kept units (unit_order) centred over these examples and
+        scaled to unit length, those that do not vary over them left out (cached); None when none does."""
+        if self.units is None:
+            raise VitseeError(
+                f"{self.name or 'this layer'}'s Grams were made without its features, so its units cannot be "
+                "compared (soft matching): compute it from a store that keeps activations"
+            )
+
+        def build():
+            x = self.units[:, :units]
+            xc = x - x.mean(dim=0)
+            norms = torch.linalg.vector_norm(xc, dim=0)
+            keep = torch.as_tensor(varying_units(norms, torch.linalg.vector_norm(x, dim=0)), device=x.device)
+            return xc.index_select(1, keep) / norms.index_select(0, keep) if len(keep) else None
+
+        return self._cached(("curves", units), build)
+
     def _cached(self, key, build: Callable[[], Any]):
         if key not in self._cache:
             self._cache[key] = build()
@@ -258,6 +302,8 @@ def _permuted(key, part, idx: torch.Tensor):
         return part
     if key == "spectrum":
         return part[0][idx], part[1]
+    if isinstance(key, tuple) and key[0] == "curves":  # units are columns: only the rows move
+        return part.index_select(0, idx)
     return _rows_cols(part, idx)  # the centred Gram, a kNN mask
 
 

@@ -1004,6 +1004,156 @@ def _measures_agree(view: View, selection, cmap: Colormap) -> Figure:
     return fig
 
 
+def _score_table(view: View, selection, cmap: Colormap) -> Figure:
+    """Returns one panel per score (column): each row's value as a dot with its interval, the best starred, and,
+    when the view has one, its models x models panel beside (the separability's consensus zoo)."""
+    n_rows, n_cols = view.matrix.shape
+    panel = view.extra.get("panel")
+    panel = None if panel is None else np.asarray(panel, dtype=float)
+    height = max(3.6, 0.32 * n_rows + 2.2)
+    fig = _new_figure(view, (3.1 * n_cols + (4.2 if panel is not None else 0.4), height))
+    grid = fig.add_gridspec(
+        1, n_cols + (1 if panel is not None else 0), width_ratios=[3.0] * n_cols + ([4.0] if panel is not None else [])
+    )
+    y = np.arange(n_rows)[::-1]  # the first row at the top, as the table reads
+    first = None
+    for c, name in enumerate(view.cols):
+        ax = fig.add_subplot(grid[c], label=f"score-{c}", sharey=first)
+        first = first or ax
+        values = view.matrix[:, c]
+        if view.ci_low is not None:
+            low, high = view.ci_low[:, c], view.ci_high[:, c]
+            ok = np.isfinite(low) & np.isfinite(high) & np.isfinite(values)
+            ax.errorbar(
+                values[ok],
+                y[ok],
+                xerr=np.vstack([values[ok] - low[ok], high[ok] - values[ok]]).clip(0),
+                fmt="none",
+                ecolor="0.55",
+                elinewidth=1.2,
+                capsize=2.5,
+                gid=f"interval:{name}",
+            )
+        finite = values[np.isfinite(values)]
+        if finite.size and view.ci_high is not None:  # an interval far past every value (d-prime of a few pairs
+            # whose spread is near 0) is cut at the axis's edge, its end written there
+            edge = max(float(finite.max()), 0.0) + 2.0 * max(float(np.ptp(finite)), float(np.abs(finite).max()), 0.5)
+            highs = view.ci_high[:, c]
+            cut = np.isfinite(highs) & (highs > edge)
+            if cut.any():
+                left = min(float(np.nanmin(view.ci_low[:, c])), float(finite.min()), 0.0)
+                ax.set_xlim(left - 0.04 * (edge - left), edge)
+                for r in np.flatnonzero(cut):
+                    ax.annotate(
+                        f"\u2192 {_fmt(highs[r], 0)}",
+                        (edge, y[r]),
+                        xytext=(-2, -9),
+                        textcoords="offset points",
+                        ha="right",
+                        fontsize=TICK_PT - 1,
+                        color="0.35",
+                        gid=f"cut:{name}",
+                    )
+        ax.plot(values, y, "o", color=LINE_COLORS[0], ms=5, gid=f"score:{name}")
+        if np.isfinite(values).any():
+            best = np.flatnonzero(values == np.nanmax(values))
+            ax.plot(values[best], y[best], "*", ms=13, color=LINE_COLORS[1], mec="0.1", mew=0.6, gid=f"best:{name}")
+        for r, value in enumerate(values):
+            if np.isfinite(value):
+                ax.annotate(
+                    _fmt(value, 2),
+                    (value, y[r]),
+                    xytext=(0, 5),
+                    textcoords="offset points",
+                    ha="center",
+                    fontsize=TICK_PT - 1,
+                    color="0.25",
+                )
+        ax.set_title(name, fontsize=9)
+        ax.axvline({"ROC-AUC": 0.5}.get(name, 0.0), ls=":", color="0.4", lw=1.0, gid=f"chance:{name}")
+        ax.grid(axis="x", color="0.9", lw=0.6)
+        ax.tick_params(labelsize=TICK_PT)
+        if c == 0:
+            ax.set_yticks(y, labels=view.rows, fontsize=TICK_PT)
+        else:
+            ax.tick_params(axis="y", labelleft=False)
+        if selection and selection[1] == c:
+            r = selection[0]
+            ax.scatter(
+                [values[r]],
+                [y[r]],
+                s=110,
+                facecolors="none",
+                edgecolors=MARK,
+                linewidths=1.6,
+                zorder=5,
+                gid="selection",
+            )
+    if panel is not None:
+        ax = fig.add_subplot(grid[-1], label="panel")
+        labels = list(view.extra.get("panel_labels") or range(len(panel)))
+        groups = list(view.extra.get("panel_groups") or [""] * len(panel))
+        order = np.argsort(np.array(groups), kind="stable")  # one group's models side by side
+        shown = panel[np.ix_(order, order)]
+        image = ax.imshow(shown, cmap=cmap, vmin=0.0, vmax=1.0, interpolation="nearest", aspect="equal")
+        names = [f"{labels[i]} [{groups[i]}]" for i in order]
+        ax.set_xticks(np.arange(len(order)), labels=names, fontsize=TICK_PT - 1, rotation=45, ha="right")
+        ax.set_yticks(np.arange(len(order)), labels=names, fontsize=TICK_PT - 1)
+        ax.set_title(str(view.extra.get("panel_title", "")), fontsize=9)
+        bar = fig.colorbar(image, ax=ax, shrink=0.7)
+        bar.set_label("rank of the pair (1: most alike)", fontsize=TICK_PT)
+        bar.ax.tick_params(labelsize=TICK_PT - 1)
+    _caption(fig, view, "dotted: chance (0; AUC 0.5); * the best of each score; " + str(view.extra.get("note", "")))
+    return fig
+
+
+def _curves(view: View, selection, cmap: Colormap) -> Figure:
+    """Returns each series against the count on the rows (a log axis where the view says), its interval as a band,
+    each point marked and labelled with its interval's width."""
+    x = np.asarray(view.extra.get("x", np.arange(len(view.rows))), dtype=float)
+    fig = _new_figure(view, (7.2, 4.6))
+    ax = fig.add_subplot(label="curves")
+    for c, name in enumerate(view.cols):
+        color = LINE_COLORS[c % len(LINE_COLORS)]
+        values = view.matrix[:, c]
+        ax.plot(x, values, marker="o", ms=4, lw=1.5, color=color, label=name, gid=f"curve:{name}")
+        if view.ci_low is not None:
+            ax.fill_between(x, view.ci_low[:, c], view.ci_high[:, c], color=color, alpha=0.18, lw=0, gid=f"band:{name}")
+            ax.errorbar(
+                x,
+                values,
+                yerr=np.vstack([values - view.ci_low[:, c], view.ci_high[:, c] - values]).clip(0),
+                fmt="none",
+                ecolor=color,
+                elinewidth=0.9,
+                capsize=3,
+            )
+    if view.extra.get("log_x"):
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(x, labels=view.rows, fontsize=TICK_PT)
+    ax.minorticks_off()
+    ax.tick_params(labelsize=TICK_PT)
+    ax.set_xlabel(str(view.extra.get("x_label", "")), fontsize=TICK_PT + 1)
+    ax.set_ylabel(view.value_name, fontsize=TICK_PT + 1)
+    ax.grid(color="0.92", lw=0.6)
+    if len(view.cols) > 1 or view.ci_low is not None:
+        ax.legend(fontsize=TICK_PT, loc="best")
+    if selection:
+        r, c = selection
+        ax.scatter(
+            [x[r]],
+            [view.matrix[r, c]],
+            s=110,
+            facecolors="none",
+            edgecolors=MARK,
+            linewidths=1.6,
+            zorder=5,
+            gid="selection",
+        )
+    _caption(fig, view, str(view.extra.get("note", "")))
+    return fig
+
+
 def _new_figure(view: View, size: tuple[float, float]) -> Figure:
     """Returns an empty Agg figure with the view's title and subtitle across the top."""
     # laid out at the PNG's resolution: Agg's hinted text is some 4% wider at 150 dpi than at 100, enough to push a
@@ -1209,5 +1359,7 @@ DRAWINGS = {
     Shape.PIXEL_MAP: _pixel_map,
     Shape.MODEL_MATRIX: _model_matrix,
     Shape.MEASURES_AGREE: _measures_agree,
+    Shape.SCORE_TABLE: _score_table,
+    Shape.CURVES: _curves,
 }
 MARKS_OWN_NONFINITE = frozenset({Shape.DEPTH_CURVES})

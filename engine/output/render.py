@@ -267,7 +267,7 @@ def _depth_curves(view: View, mode: ColorMode, cmap: str = "", width: int = 0, s
 def _measures_agree(view: View, mode: ColorMode, cmap: str = "", width: int = 0, selection=None) -> list:
     """Returns the measures x measures table of rank correlations, then each measure's range and most alike pair."""
     table = _table(mode)
-    table.add_column("rank corr.")
+    table.add_column("rank corr.", min_width=len("rank corr."))  # kept whole when ten measures share 80 columns
     for label in view.cols:
         table.add_column(label, justify="right")
     for r, label in enumerate(view.rows):
@@ -393,6 +393,83 @@ def _null_text(view: View, i: int, j: int) -> str:
     )
 
 
+def _score_table(view: View, mode: ColorMode, cmap: str = "", width: int = 0, selection=None) -> list:
+    """Returns the rows x scores table, each score with its interval and the best row of each column starred
+    (higher is better in every column), then the view's note and what the intervals are. Where the scores side by
+    side are wider than the terminal, one line per row and score."""
+    best = _best_rows(view.matrix)
+
+    def cell(r: int, c: int) -> Text:
+        text = _fmt_g(view.matrix[r, c])
+        if view.ci_low is not None and np.isfinite(view.ci_low[r, c]):
+            text += f" [{_fmt_g(view.ci_low[r, c])}, {_fmt_g(view.ci_high[r, c])}]"
+        starred = r in best[c]
+        return Text(text + (" *" if starred else "  "), style=_style(mode, "bold") if starred else "")
+
+    cells = [[cell(r, c) for c in range(len(view.cols))] for r in range(len(view.rows))]
+    label_width = max(map(len, view.rows))
+    widths = [max(len(cells[r][c]) for r in range(len(view.rows))) for c in range(len(view.cols))]
+    table = _table(mode)
+    if label_width + sum(widths) + 3 * len(widths) + 4 <= (width or 100):
+        table.add_column("")
+        for col in view.cols:
+            table.add_column(col, justify="right")
+        for label, row in zip(view.rows, cells):
+            table.add_row(label, *row)
+    else:  # too wide side by side: a line per row and score
+        table.add_column("")
+        table.add_column("score")
+        table.add_column("value", justify="right")
+        for label, row in zip(view.rows, cells):
+            for c, col in enumerate(view.cols):
+                table.add_row(label if c == 0 else "", col, row[c], end_section=c == len(view.cols) - 1)
+    dim = _style(mode, "dim")
+    lines = [table, Text("* the best of each score", style=dim)]
+    note = view.extra.get("note")
+    if note:
+        lines.append(Text(str(note), style=dim))
+    caption = view.interval_caption()
+    return lines + ([Text(caption, style=dim)] if caption else [])
+
+
+def _fmt_g(value) -> str:
+    """Returns a score with 3 significant digits (at most 2 decimals past the point), '-' for none."""
+    if value is None or not np.isfinite(value):
+        return "-"
+    return f"{value:.2f}" if abs(value) < 100 else f"{value:.0f}"
+
+
+def _curves(view: View, mode: ColorMode, cmap: str = "", width: int = 0, selection=None) -> list:
+    """Returns the values against the count as a table (each with its interval and the interval's width), a
+    sparkline per series and the view's note."""
+    x_label = str(view.extra.get("x_label", "x"))
+    table = _table(mode)
+    table.add_column(x_label)
+    for col in view.cols:
+        table.add_column(col, justify="right")
+        if view.ci_low is not None:
+            table.add_column("width", justify="right")
+    for r, row in enumerate(view.rows):
+        cells = []
+        for c in range(len(view.cols)):
+            cells.append(_fmt(view.matrix[r, c], 4) + view.interval_text(r, c).replace(" [", "  ["))
+            if view.ci_low is not None:
+                cells.append(_fmt(view.ci_high[r, c] - view.ci_low[r, c], 4))
+        table.add_row(row, *cells)
+    finite = view.matrix[np.isfinite(view.matrix)]
+    low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    pad = max(map(len, view.cols))
+    dim = _style(mode, "dim")
+    lines = [table, Text(f"{view.value_name} against {x_label} ({low:.3f} .. {high:.3f}):")]
+    for c, name in enumerate(view.cols):
+        lines.append(Text(f"  {name.ljust(pad)}  {sparkline(view.matrix[:, c], low, max(high, low + 1e-12), mode)}"))
+    note = view.extra.get("note")
+    if note:
+        lines.append(Text(str(note), style=dim))
+    caption = view.interval_caption()
+    return lines + ([Text(caption, style=dim)] if caption else [])
+
+
 def _higher_is_better(view: View) -> bool:
     """Returns whether a larger value of a view of another analysis's numbers (the zoo's measure) is more alike."""
     from vitsee.analyses import REGISTRY
@@ -412,8 +489,10 @@ DRAWINGS = {
     Shape.PIXEL_MAP: _pixel_map,
     Shape.MODEL_MATRIX: _model_matrix,
     Shape.MEASURES_AGREE: _measures_agree,
+    Shape.SCORE_TABLE: _score_table,
+    Shape.CURVES: _curves,
 }
-TABLES = frozenset({Shape.HEADS_BY_BLOCK, Shape.DEPTH_CURVES, Shape.MEASURES_AGREE})
+TABLES = frozenset({Shape.HEADS_BY_BLOCK, Shape.DEPTH_CURVES, Shape.MEASURES_AGREE, Shape.SCORE_TABLE, Shape.CURVES})
 BEST_CELL = frozenset({Shape.LAYER_MATRIX, Shape.DEPTH_CURVES})
 
 

@@ -12,6 +12,8 @@ registers itself (measures/registry.py): a new measure is a new module here, fou
     mknn.py        mutual k-nearest-neighbour alignment (Huh et al. 2024)
     cknna.py       centred kernel nearest-neighbour alignment (Huh et al. 2024)
     rsa.py         representational similarity analysis (Kriegeskorte et al. 2008)
+    soft_matching.py        soft matching of the layers' units by optimal transport (Khosla & Williams 2024)
+    linear_predictivity.py  cross-validated ridge R^2 of one layer from another (brain-score; Wu et al. 2025)
 """
 
 from __future__ import annotations
