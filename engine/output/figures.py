@@ -1021,90 +1021,105 @@ def _score_table(view: View, selection, cmap: Colormap) -> Figure:
         ax = fig.add_subplot(grid[c], label=f"score-{c}", sharey=first)
         first = first or ax
         values = view.matrix[:, c]
-        if view.ci_low is not None:
-            low, high = view.ci_low[:, c], view.ci_high[:, c]
-            ok = np.isfinite(low) & np.isfinite(high) & np.isfinite(values)
-            ax.errorbar(
-                values[ok],
-                y[ok],
-                xerr=np.vstack([values[ok] - low[ok], high[ok] - values[ok]]).clip(0),
-                fmt="none",
-                ecolor="0.55",
-                elinewidth=1.2,
-                capsize=2.5,
-                gid=f"interval:{name}",
-            )
-        finite = values[np.isfinite(values)]
-        if finite.size and view.ci_high is not None:  # an interval far past every value (d-prime of a few pairs
-            # whose spread is near 0) is cut at the axis's edge, its end written there
-            edge = max(float(finite.max()), 0.0) + 2.0 * max(float(np.ptp(finite)), float(np.abs(finite).max()), 0.5)
-            highs = view.ci_high[:, c]
-            cut = np.isfinite(highs) & (highs > edge)
-            if cut.any():
-                left = min(float(np.nanmin(view.ci_low[:, c])), float(finite.min()), 0.0)
-                ax.set_xlim(left - 0.04 * (edge - left), edge)
-                for r in np.flatnonzero(cut):
-                    ax.annotate(
-                        f"\u2192 {_fmt(highs[r], 0)}",
-                        (edge, y[r]),
-                        xytext=(-2, -9),
-                        textcoords="offset points",
-                        ha="right",
-                        fontsize=TICK_PT - 1,
-                        color="0.35",
-                        gid=f"cut:{name}",
-                    )
-        ax.plot(values, y, "o", color=LINE_COLORS[0], ms=5, gid=f"score:{name}")
-        if np.isfinite(values).any():
-            best = np.flatnonzero(values == np.nanmax(values))
-            ax.plot(values[best], y[best], "*", ms=13, color=LINE_COLORS[1], mec="0.1", mew=0.6, gid=f"best:{name}")
-        for r, value in enumerate(values):
-            if np.isfinite(value):
-                ax.annotate(
-                    _fmt(value, 2),
-                    (value, y[r]),
-                    xytext=(0, 5),
-                    textcoords="offset points",
-                    ha="center",
-                    fontsize=TICK_PT - 1,
-                    color="0.25",
-                )
-        ax.set_title(name, fontsize=9)
-        ax.axvline({"ROC-AUC": 0.5}.get(name, 0.0), ls=":", color="0.4", lw=1.0, gid=f"chance:{name}")
-        ax.grid(axis="x", color="0.9", lw=0.6)
-        ax.tick_params(labelsize=TICK_PT)
-        if c == 0:
-            ax.set_yticks(y, labels=view.rows, fontsize=TICK_PT)
-        else:
-            ax.tick_params(axis="y", labelleft=False)
-        if selection and selection[1] == c:
-            r = selection[0]
-            ax.scatter(
-                [values[r]],
-                [y[r]],
-                s=110,
-                facecolors="none",
-                edgecolors=MARK,
-                linewidths=1.6,
-                zorder=5,
-                gid="selection",
-            )
+        _score_intervals(ax, view, c, name, values, y)
+        _score_dots(ax, view, c, name, values, y, selection)
     if panel is not None:
-        ax = fig.add_subplot(grid[-1], label="panel")
-        labels = list(view.extra.get("panel_labels") or range(len(panel)))
-        groups = list(view.extra.get("panel_groups") or [""] * len(panel))
-        order = np.argsort(np.array(groups), kind="stable")  # one group's models side by side
-        shown = panel[np.ix_(order, order)]
-        image = ax.imshow(shown, cmap=cmap, vmin=0.0, vmax=1.0, interpolation="nearest", aspect="equal")
-        names = [f"{labels[i]} [{groups[i]}]" for i in order]
-        ax.set_xticks(np.arange(len(order)), labels=names, fontsize=TICK_PT - 1, rotation=45, ha="right")
-        ax.set_yticks(np.arange(len(order)), labels=names, fontsize=TICK_PT - 1)
-        ax.set_title(str(view.extra.get("panel_title", "")), fontsize=9)
-        bar = fig.colorbar(image, ax=ax, shrink=0.7)
-        bar.set_label("rank of the pair (1: most alike)", fontsize=TICK_PT)
-        bar.ax.tick_params(labelsize=TICK_PT - 1)
+        _score_panel(fig.add_subplot(grid[-1], label="panel"), fig, view, panel, cmap)
     _caption(fig, view, "dotted: chance (0; AUC 0.5); * the best of each score; " + str(view.extra.get("note", "")))
     return fig
+
+
+def _score_intervals(ax, view: View, c: int, name: str, values: np.ndarray, y: np.ndarray) -> None:
+    """Draws score column c's intervals as error bars, an interval far past every value cut at the axis's edge."""
+    if view.ci_low is not None:
+        low, high = view.ci_low[:, c], view.ci_high[:, c]
+        ok = np.isfinite(low) & np.isfinite(high) & np.isfinite(values)
+        ax.errorbar(
+            values[ok],
+            y[ok],
+            xerr=np.vstack([values[ok] - low[ok], high[ok] - values[ok]]).clip(0),
+            fmt="none",
+            ecolor="0.55",
+            elinewidth=1.2,
+            capsize=2.5,
+            gid=f"interval:{name}",
+        )
+    finite = values[np.isfinite(values)]
+    if finite.size and view.ci_high is not None:  # an interval far past every value (d-prime of a few pairs
+        # whose spread is near 0) is cut at the axis's edge, its end written there
+        edge = max(float(finite.max()), 0.0) + 2.0 * max(float(np.ptp(finite)), float(np.abs(finite).max()), 0.5)
+        highs = view.ci_high[:, c]
+        cut = np.isfinite(highs) & (highs > edge)
+        if cut.any():
+            left = min(float(np.nanmin(view.ci_low[:, c])), float(finite.min()), 0.0)
+            ax.set_xlim(left - 0.04 * (edge - left), edge)
+            for r in np.flatnonzero(cut):
+                ax.annotate(
+                    f"\u2192 {_fmt(highs[r], 0)}",
+                    (edge, y[r]),
+                    xytext=(-2, -9),
+                    textcoords="offset points",
+                    ha="right",
+                    fontsize=TICK_PT - 1,
+                    color="0.35",
+                    gid=f"cut:{name}",
+                )
+
+
+def _score_dots(ax, view: View, c: int, name: str, values: np.ndarray, y: np.ndarray, selection) -> None:
+    """Draws score column c's values as dots with their numbers, the best starred, chance dotted, the selection
+    ringed."""
+    ax.plot(values, y, "o", color=LINE_COLORS[0], ms=5, gid=f"score:{name}")
+    if np.isfinite(values).any():
+        best = np.flatnonzero(values == np.nanmax(values))
+        ax.plot(values[best], y[best], "*", ms=13, color=LINE_COLORS[1], mec="0.1", mew=0.6, gid=f"best:{name}")
+    for r, value in enumerate(values):
+        if np.isfinite(value):
+            ax.annotate(
+                _fmt(value, 2),
+                (value, y[r]),
+                xytext=(0, 5),
+                textcoords="offset points",
+                ha="center",
+                fontsize=TICK_PT - 1,
+                color="0.25",
+            )
+    ax.set_title(name, fontsize=9)
+    ax.axvline({"ROC-AUC": 0.5}.get(name, 0.0), ls=":", color="0.4", lw=1.0, gid=f"chance:{name}")
+    ax.grid(axis="x", color="0.9", lw=0.6)
+    ax.tick_params(labelsize=TICK_PT)
+    if c == 0:
+        ax.set_yticks(y, labels=view.rows, fontsize=TICK_PT)
+    else:
+        ax.tick_params(axis="y", labelleft=False)
+    if selection and selection[1] == c:
+        r = selection[0]
+        ax.scatter(
+            [values[r]],
+            [y[r]],
+            s=110,
+            facecolors="none",
+            edgecolors=MARK,
+            linewidths=1.6,
+            zorder=5,
+            gid="selection",
+        )
+
+
+def _score_panel(ax, fig: Figure, view: View, panel: np.ndarray, cmap: Colormap) -> None:
+    """Draws the view's models x models panel (one group's models side by side) with its colour bar."""
+    labels = [view.name(str(k)) for k in view.extra.get("panel_labels") or range(len(panel))]  # display names
+    groups = list(view.extra.get("panel_groups") or [""] * len(panel))
+    order = np.argsort(np.array(groups), kind="stable")  # one group's models side by side
+    shown = panel[np.ix_(order, order)]
+    image = ax.imshow(shown, cmap=cmap, vmin=0.0, vmax=1.0, interpolation="nearest", aspect="equal")
+    names = [f"{labels[i]} [{groups[i]}]" for i in order]
+    ax.set_xticks(np.arange(len(order)), labels=names, fontsize=TICK_PT - 1, rotation=45, ha="right")
+    ax.set_yticks(np.arange(len(order)), labels=names, fontsize=TICK_PT - 1)
+    ax.set_title(str(view.extra.get("panel_title", "")), fontsize=9)
+    bar = fig.colorbar(image, ax=ax, shrink=0.7)
+    bar.set_label("rank of the pair (1: most alike)", fontsize=TICK_PT)
+    bar.ax.tick_params(labelsize=TICK_PT - 1)
 
 
 def _curves(view: View, selection, cmap: Colormap) -> Figure:
