@@ -145,7 +145,10 @@ def test_every_figure_of_the_demo_store_calls_its_models_by_their_names_and_show
             kinds[kind] = spec
     specs = list(kinds.values())
     assert len(specs) >= 10
-    for spec in specs:
+    # the views of issue 33 are left out: each computes a measure over every layer pair or every measure's zoo
+    # (minutes to an hour on this store), which the suite cannot afford; their figures' names are not checked here
+    slow = {"soft_matching", "linear_predictivity", "separability", "curve"}
+    for spec in [s for s in specs if s.partition(":")[0] not in slow]:
         result = store.view(spec, **FAST, progress=False)
         shown = texts(result.plot())
         words = " ".join(shown)
