@@ -321,7 +321,8 @@ def test_snapshot_of_a_view_not_cached_computes_it_first(tiny_store, tmp_path, c
         (
             "bogus",
             "error: --snapshot bogus: unknown view: give a kind (cka, rbf_cka, procrustes, svcca, pwcca, mknn, cknna, "
-            "rsa, agree, attention, probes, skip, spatial, heads, erf, zoo)",
+            "rsa, soft_matching, linear_predictivity, agree, attention, probes, skip, spatial, heads, erf, zoo, "
+            "separability, curve) or a view such as cka:MODEL_A:MODEL_B",
         ),
         ("cka:nomodel", "error: no model 'nomodel' in "),
         (

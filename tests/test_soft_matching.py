@@ -196,3 +196,30 @@ def test_all_pairs_from_the_kept_units_match_the_direct_form():
     assert mg.pair(grams[0], grams[2], "soft_matching", units=16) == pytest.approx(
         sm.soft_matching(layers[0], layers[2], units=16), abs=1e-12
     )
+
+
+def test_a_large_unequal_pair_compares_fewer_units_of_the_larger():
+    """960 x 1024 units would be a transport of lcm 15360 copies (POT or linprog: minutes a pair); a sampled pair
+    instead compares the first units of the larger layer's seeded order, as many as keep it a small assignment."""
+    assert sm.compared_counts(6, 9) == (6, 9)  # lcm 18: exact
+    assert sm.compared_counts(960, 1024) == (960, 960)
+    assert sm.compared_counts(1024, 512) == (1024, 512)  # lcm 1024
+    assert sm.compared_counts(1024, 100) == (1000, 100)  # lcm(100, 1000) = 1000 <= 2048
+    assert sm.compared_counts(5, 5) == (5, 5)
+    for nx, ny in [(960, 1024), (768, 1024), (100, 1024), (7, 1024), (1023, 1024)]:
+        mx, my = sm.compared_counts(nx, ny)
+        assert (mx, my) == (nx, ny) or (min(mx, my) == min(nx, ny) and math.lcm(mx, my) <= sm.MAX_REPLICATED)
+        assert mx <= nx and my <= ny and (mx, my) != (0, 0)
+
+
+def test_the_fewer_units_are_the_first_of_the_larger_layers_sample(monkeypatch):
+    monkeypatch.setattr(sm, "MAX_REPLICATED", 60)  # lcm(40, 25) = 200: the 40 units are cut to 25
+    x, y = _pair(n=30, dx=40, dy=25, seed=6)
+    kx = sm.unit_sample(np.arange(40), 25)
+    got = sm.soft_matching(x, y, units=64)
+    assert got == pytest.approx(_transport_ref(x[:, kx], y), abs=1e-10)
+    assert sm.soft_matching(x, y, units=0) == pytest.approx(_transport_ref(x, y), abs=1e-10)  # every unit: exact
+    from vitsee.measures import grams as mg
+
+    grams = mg.layer_grams([x, y])
+    assert sm.pairwise_soft_matching(grams, grams, 64)[0, 1] == pytest.approx(got, abs=1e-12)

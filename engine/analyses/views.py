@@ -68,7 +68,7 @@ def unknown_view(text: str) -> str:
     close = difflib.get_close_matches(kind, list(REGISTRY), n=2, cutoff=0.5)
     hint = f" (did you mean {' or '.join(close)}?)" if close else ""
     return (
-        f"unknown view '{text}'{hint}: a view is KIND:MODEL[:MODEL], KIND one of {', '.join(REGISTRY)}; "
+        f"unknown view '{text}'{hint}: the kinds are {', '.join(REGISTRY)}; "
         "`vitsee show --help` gives each form"
     )
 

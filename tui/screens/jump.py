@@ -44,8 +44,20 @@ def jump_targets(spec_for: Callable[[str], tuple[str | None, str]], names: dict[
     for kind, label in VIEW_LABELS.items():
         spec, reason = spec_for(kind)
         key = numbers[kind] if kind in numbers else f"{numbers.get(tab_of(kind), '')}m"  # its tab, then m
-        targets.append(JumpTarget(kind, key, label, shown_spec(spec, names) if spec else reason.splitlines()[0]))
+        what = shown_spec(spec, names) if spec else reason.splitlines()[0]
+        targets.append(JumpTarget(kind, key, label, fit(what, WIDTH - len(f"{key:<2} {label:<10} "))))
     return targets
+
+
+WIDTH = 78  # an option's characters: one line in an 80-column terminal
+
+
+def fit(text: str, width: int) -> str:
+    """Returns text cut at a word to at most `width` characters, with '…' where it was cut (the pane says it all)."""
+    if len(text) <= width:
+        return text
+    cut = text[: width - 1].rsplit(" ", 1)[0].rstrip(" ,:;(")
+    return f"{cut}…"
 
 
 def shown_spec(spec: str, names: dict[str, str]) -> str:

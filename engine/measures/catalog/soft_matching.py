@@ -21,8 +21,11 @@ Units: each flattened feature is a unit (ViT: a channel at a token, CNN: a chann
 response does not vary over the images has no tuning curve and is left out (the Khosla lab's code leaves out all-zero
 units: dead ReLUs). A layer with more than `units` varying units is represented by a seeded sample of `units` of them
 (seed UNIT_SEED, the same sample for a layer in every pair): the score is a Wasserstein distance between distributions
-of tuning curves, so a sample of units estimates it, at a cost of O(units^3) per pair instead of O(D^3). units=0
-compares every varying unit (the direct form only).
+of tuning curves, so a sample of units estimates it, at a cost of O(units^3) per pair instead of O(D^3). A pair
+whose exact transport would be a large one (lcm(Nx, Ny) above MAX_REPLICATED, e.g. 960 x 1024 units) compares fewer
+units of the larger layer, the first of its seeded sample: as many as keep it an assignment of at most MAX_REPLICATED
+rows, at worst as many as the smaller layer has (compared_counts; 960 x 1024 compares 960 x 960). units=0 compares
+every varying unit, exactly, at any cost (the direct form only).
 
 Invariant to permutations of the units, to shifting or scaling any unit (a per-unit affine map with a positive
 scale), to isotropic scaling, and to duplicating every unit (the distribution of tuning curves is unchanged). Not
@@ -38,8 +41,8 @@ images) a random ViT's patch_embed x a random ResNet's maxpool read 0.590 agains
 
 The transport problem is solved exactly: one to one (scipy's linear_sum_assignment) when both sides hold the same
 number of units; otherwise as an assignment between the units repeated lcm(Nx, Ny) / Nx and / Ny times when that is
-small (an optimal transport of these marginals is a multiple of 1 / lcm), else by POT's network simplex (ot.emd,
-`pip install pot`) when it is installed, else scipy's linprog (HiGHS; exact, slow).
+small (an optimal transport of these marginals is a multiple of 1 / lcm); with units=0 and a large lcm, by POT's
+network simplex (ot.emd, `pip install pot`) when it is installed, else scipy's linprog (HiGHS; exact, slow).
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ from vitsee.measures.registry import AT_N, Measure, Parameter
 torch = lazy_module("torch")
 
 UNITS = KEPT_UNITS  # the units compared per layer by default (a seeded sample of a layer with more)
-MAX_REPLICATED = 4096  # largest lcm(Nx, Ny) solved as an assignment of repeated units
+MAX_REPLICATED = 2048  # largest lcm(Nx, Ny) solved as an assignment of repeated units (~0.3 s at 2048)
 MIN_IMAGES = 3  # a correlation over two images is +-1: no tuning to compare
 
 
@@ -156,9 +159,24 @@ def _linprog_transport(r: np.ndarray, a: np.ndarray, b: np.ndarray) -> float:
     return float(-res.fun)
 
 
+def compared_counts(nx: int, ny: int) -> tuple[int, int]:
+    """Returns how many of their sampled units two layers of nx and ny units compare: both counts when the exact
+    transport is a small assignment (lcm(nx, ny) <= MAX_REPLICATED, or nx == ny), else the larger count cut to the
+    largest m for which it is (at worst as many as the smaller layer's: one to one). A sample of units estimates the
+    distance between the layers' distributions of tuning curves either way; the cut keeps every pair an assignment of
+    at most MAX_REPLICATED rows instead of a transport solved by POT or linprog (minutes for 960 x 1024 units)."""
+    if nx == ny or math.lcm(nx, ny) <= MAX_REPLICATED:
+        return nx, ny
+    small, large = sorted((nx, ny))
+    m = next(m for m in range(large, small - 1, -1) if m == small or math.lcm(small, m) <= MAX_REPLICATED)
+    return (small, m) if nx == small else (m, small)
+
+
 def score_from_curves(cx: torch.Tensor, cy: torch.Tensor) -> float:
-    """Returns the soft matching score of two layers' tuning curves (n, Nx) and (n, Ny) (see tuning_curves)."""
-    return best_transport((cx.T @ cy).cpu().numpy())
+    """Returns the soft matching score of two layers' sampled tuning curves (n, Nx) and (n, Ny), columns in their
+    seeded order (LayerGrams.tuning_curves): the first compared_counts(Nx, Ny) of each."""
+    mx, my = compared_counts(cx.shape[1], cy.shape[1])
+    return best_transport((cx[:, :mx].T @ cy[:, :my]).cpu().numpy())
 
 
 def soft_matching(x: Any, y: Any, units: int = UNITS) -> float:
@@ -167,7 +185,8 @@ def soft_matching(x: Any, y: Any, units: int = UNITS) -> float:
     The correlation across the images of the layers' units, matched by the best soft permutation (an optimal
     transport with uniform weights over each layer's units): sum_ij P_ij r_ij. Khosla & Williams's soft matching
     distance of the tuning curves is sqrt(2 (1 - score)). Units that do not vary over the images are left out; a layer
-    with more than `units` others is represented by a seeded sample of them (0: all). Invariant to permutations,
+    with more than `units` others is represented by a seeded sample of them (0: all; a pair of unequal samples whose
+    exact transport is large compares fewer of the larger: compared_counts). Invariant to permutations,
     shifts and positive scalings of the units and to duplicating them; not to rotations. See the module docstring.
 
     >>> import numpy as np
@@ -181,7 +200,11 @@ def soft_matching(x: Any, y: Any, units: int = UNITS) -> float:
     cy = tuning_curves(y, units, "y")
     if cx is None or cy is None:
         return math.nan
-    return score_from_curves(cx, cy)
+    if units:  # a sample of units: the pair compares the first compared_counts of each layer's seeded order
+        mx, my = compared_counts(cx.shape[1], cy.shape[1])
+        cx = cx if mx == cx.shape[1] else tuning_curves(x, mx, "x")
+        cy = cy if my == cy.shape[1] else tuning_curves(y, my, "y")
+    return best_transport((cx.T @ cy).cpu().numpy())
 
 
 def pairwise_soft_matching(a: list[LayerGrams], b: list[LayerGrams], units: int) -> np.ndarray:
