@@ -306,16 +306,7 @@ def _mark_head(ax, view: View, x: np.ndarray, selection: tuple[int, int], vmax: 
     mean, std = view.matrix, np.asarray(view.extra["std_px"], dtype=float)
     n_blocks, n_heads = mean.shape
     r, c = selection
-    ax.scatter(
-        [x[r, c]],
-        [mean[r, c]],
-        s=110,
-        facecolors="none",
-        edgecolors=MARK,
-        linewidths=1.6,
-        zorder=3,
-        gid="selection",
-    )
+    _ring(ax, x[r, c], mean[r, c], size=110, zorder=3)
     value = f"{_fmt(mean[r, c], 1)} ± {_fmt(std[r, c], 1)} px" if np.isfinite(mean[r, c]) else view.cell_text(r, c)
     ax.annotate(
         f"{view.rows[r]}, head {c + 1} of {n_heads} (sorted)\n{value}",
@@ -374,16 +365,7 @@ def _depth_curves(view: View, selection, cmap: Colormap) -> Figure:
     if selection:
         r, c = selection
         ax.axvspan(r - 0.4, r + 0.4, color="0.93", zorder=0)
-        ax.scatter(
-            [r],
-            [view.matrix[r, c]],
-            s=110,
-            facecolors="none",
-            edgecolors=MARK,
-            linewidths=1.6,
-            zorder=5,
-            gid="selection",
-        )
+        _ring(ax, r, view.matrix[r, c], size=110, zorder=5)
 
     if layer:
         _probe_token_map(fig, grid[1], view, layer, cmap, (vmin, vmax))
@@ -690,16 +672,7 @@ def _heads_by_layer(view: View, selection, cmap: Colormap) -> Figure:
         )
     if selection:
         r = selection[0]
-        ax.scatter(
-            [distance[r]],
-            [values[r]],
-            s=120,
-            facecolors="none",
-            edgecolors=MARK,
-            linewidths=1.6,
-            zorder=3,
-            gid="selection",
-        )
+        _ring(ax, distance[r], values[r], size=120, zorder=3)
     ax.set_xlabel("mean attention distance (px)")
     ax.set_ylabel(f"CKA with {view.name(view.models[-1])} {view.cols[col]}")
     _block_legend(fig, ax, blocks, colours)
@@ -1094,16 +1067,7 @@ def _score_dots(ax, view: View, c: int, name: str, values: np.ndarray, y: np.nda
         ax.tick_params(axis="y", labelleft=False)
     if selection and selection[1] == c:
         r = selection[0]
-        ax.scatter(
-            [values[r]],
-            [y[r]],
-            s=110,
-            facecolors="none",
-            edgecolors=MARK,
-            linewidths=1.6,
-            zorder=5,
-            gid="selection",
-        )
+        _ring(ax, values[r], y[r], size=110, zorder=5)
 
 
 def _score_panel(ax, fig: Figure, view: View, panel: np.ndarray, cmap: Colormap) -> None:
@@ -1155,16 +1119,7 @@ def _curves(view: View, selection, cmap: Colormap) -> Figure:
         ax.legend(fontsize=TICK_PT, loc="best")
     if selection:
         r, c = selection
-        ax.scatter(
-            [x[r]],
-            [view.matrix[r, c]],
-            s=110,
-            facecolors="none",
-            edgecolors=MARK,
-            linewidths=1.6,
-            zorder=5,
-            gid="selection",
-        )
+        _ring(ax, x[r], view.matrix[r, c], size=110, zorder=5)
     _caption(fig, view, str(view.extra.get("note", "")))
     return fig
 
@@ -1328,6 +1283,11 @@ def _mark_cell(ax, row: int, col: int, text: str, toward: tuple[float, float], c
         arrowprops={"arrowstyle": "-", "color": MARK, "lw": 1.2},
         gid="selection-label",
     )
+
+
+def _ring(ax, x: float, y: float, size: float, zorder: float) -> None:
+    """Draws the selection's ring (gid "selection") around the point (x, y) of a line or scatter plot."""
+    ax.scatter([x], [y], s=size, facecolors="none", edgecolors=MARK, linewidths=1.6, zorder=zorder, gid="selection")
 
 
 def _check_selection(view: View, selection) -> tuple[int, int] | None:
