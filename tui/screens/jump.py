@@ -37,6 +37,7 @@ class JumpTarget:
 def jump_targets(spec_for: Callable[[str], tuple[str | None, str]], names: dict[str, str]) -> list[JumpTarget]:
     """Returns every pane with what it shows for the current models: `spec_for(kind)` is (its view string, '') or
     (None, why nothing), as the explorer has them; `names` the models' display names by store key."""
+    from vitsee.tui.widgets.fit import crop
     from vitsee.tui.widgets.panes import TAB_LABELS, VIEW_LABELS, tab_of
 
     targets = []
@@ -45,19 +46,11 @@ def jump_targets(spec_for: Callable[[str], tuple[str | None, str]], names: dict[
         spec, reason = spec_for(kind)
         key = numbers[kind] if kind in numbers else f"{numbers.get(tab_of(kind), '')}m"  # its tab, then m
         what = shown_spec(spec, names) if spec else reason.splitlines()[0]
-        targets.append(JumpTarget(kind, key, label, fit(what, WIDTH - len(f"{key:<2} {label:<10} "))))
+        targets.append(JumpTarget(kind, key, label, crop(what, WIDTH - len(f"{key:<2} {label:<10} "))))
     return targets
 
 
-WIDTH = 78  # an option's characters: one line in an 80-column terminal
-
-
-def fit(text: str, width: int) -> str:
-    """Returns text cut at a word to at most `width` characters, with '…' where it was cut (the pane says it all)."""
-    if len(text) <= width:
-        return text
-    cut = text[: width - 1].rsplit(" ", 1)[0].rstrip(" ,:;(")
-    return f"{cut}…"
+WIDTH = 78  # an option's characters: one line in an 80-column terminal (a longer reason is cut; its pane says it all)
 
 
 def shown_spec(spec: str, names: dict[str, str]) -> str:
