@@ -163,7 +163,7 @@ class Curve(Analysis):
         reps = (params.get("stats") or {}).get("bootstrap", 0) + 1
         layers = 2 if params["layers"] else sum(len(store.layers(k)) for k in dict.fromkeys(params["models"]))
         seconds = sum(
-            measure.seconds_at_1000 * (m / 1000) ** (3 if measure.cubic else 2) * (layers / 23) ** 2 * reps
+            measure.seconds(m, layers, **params.get("values", {})) * reps
             for m in (params["x"] if params["over"] == "n" else [params["images"]["max_images"]] * len(params["x"]))
         )
         if seconds < 60:

@@ -442,7 +442,7 @@ class GramMeasure(LayerMatrix):
         n, layers = params["max_images"], sum(map(len, params["layers"].values()))
         st = params.get("stats") or {}
         passes = 1 + min(st.get("bootstrap", 0) or st.get("groups", 0), n) + st.get("permutations", 0)
-        seconds = self.spec.seconds_at_1000 * (n / 1000) ** (3 if self.spec.cubic else 2) * (layers / 23) ** 2 * passes
+        seconds = self.spec.seconds(n, layers, **self.measure_values(params)) * passes
         if seconds < 60:
             return None
         return (

@@ -95,6 +95,12 @@ class Measure:
     interval_holds: ClassVar[str] = AT_N
     own_view: ClassVar[bool] = True  # a layer x layer view of its own (False: linear CKA, whose view is cka.py's)
 
+    @classmethod
+    def seconds(cls, n: int, layers: int, **params) -> float:
+        """Returns about how long all pairs of `layers` layers take over n images on one busy CPU core, from
+        seconds_at_1000 (23 layers at n = 1,000) grown as n^3 or n^2 and as the pairs: the slow-run warnings."""
+        return cls.seconds_at_1000 * (n / 1000) ** (3 if cls.cubic else 2) * (layers / 23) ** 2
+
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
         if cls.__dict__.get("name"):

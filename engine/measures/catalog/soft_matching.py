@@ -240,8 +240,15 @@ class SoftMatching(Measure):
     alike = "better matched units"
     value_name = "soft matching score"
     value_range = (None, 1.0)
-    # an assignment of 1024 units (~0.15 s) per pair: ~80 s for all pairs of 23 layers on one busy core at any n
-    seconds_at_1000 = 80.0
+    # an assignment of up to 1,024 units a pair, or of up to 2,048 copies for a pair of unequal samples: 0.25 s a
+    # pair on the demo store (595 pairs of 34 layers, 148 s, 2026-12-04), whatever n (the n x U products are small)
+    seconds_at_1000 = 0.25 * 23 * 24 / 2
+
+    @classmethod
+    def seconds(cls, n: int, layers: int, units: int = UNITS, **params) -> float:
+        """Returns about how long all pairs of `layers` layers take: one assignment a pair, O(units^3), not n."""
+        return 0.25 * (min(units or KEPT_UNITS, KEPT_UNITS) / KEPT_UNITS) ** 3 * layers * (layers + 1) / 2
+
     interval_holds = AT_N + " (chance correlations of the matched units raise it at small n: see its n-curve)"
     direct = staticmethod(soft_matching)
     pairwise = staticmethod(pairwise_soft_matching)
