@@ -234,3 +234,17 @@ def test_the_slow_run_warning_counts_its_assignments_not_its_images():
     assert spec.seconds(359, 34) == pytest.approx(spec.seconds(10_000, 34)) == pytest.approx(0.25 * 595)
     assert spec.seconds(359, 34, units=512) == pytest.approx(0.25 * 595 / 8)
     assert measure("procrustes").seconds(2000, 23) == pytest.approx(8 * measure("procrustes").seconds(1000, 23))
+
+
+def test_the_warning_before_a_slow_run_names_what_shortens_it(tiny_store, monkeypatch):
+    from vitsee.analyses import REGISTRY
+    from vitsee.analyses.config import AnalyzeConfig
+    from vitsee.analyses.contract import Request
+    from vitsee.measures.registry import measure
+    from vitsee.store import Store
+
+    monkeypatch.setattr(type(measure("soft_matching")), "seconds", classmethod(lambda cls, n, layers, **kw: 600.0))
+    with Store.open(tiny_store) as store:
+        said = REGISTRY["soft_matching"].warning(store, Request("soft_matching", ()), AnalyzeConfig())
+        assert "about 10 min on one CPU core; --soft-matching-units 256" in said and "a GPU does not help" in said
+        assert REGISTRY["rsa"].warning(store, Request("rsa", ()), AnalyzeConfig()) is None  # tiny: seconds

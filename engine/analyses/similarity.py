@@ -448,8 +448,8 @@ class GramMeasure(LayerMatrix):
         return (
             f"{self.label} of {layers} layers over {n} images"
             + (f", {passes - 1} resamples" if passes > 1 else "")
-            + f": about {seconds / 60:.0f} min on one CPU core (--max-images fewer, a GPU, or --measure-bootstrap"
-            " 0 --measure-permutations 0 shorten it)"
+            + f": about {seconds / 60:.0f} min on one CPU core; {self.spec.faster} or --measure-bootstrap 0"
+            " --measure-permutations 0 shorten it"
         )
 
     # --- running ------------------------------------------------------------------------------------------------

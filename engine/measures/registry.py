@@ -90,6 +90,7 @@ class Measure:
     # linear CKA"), and whether the time grows as n^3 (a decomposition per pair) or as n^2: the slow-run warning
     seconds_at_1000: ClassVar[float] = 1.0
     cubic: ClassVar[bool] = False
+    faster: ClassVar[str] = "--max-images fewer, a GPU"  # what shortens a slow run of it, in the warning's words
     # what its jackknife interval (--measure-bootstrap) holds, in the words of a caption (README, Statistics; measured
     # by benchmarks/coverage.py): the large-n value, or only the value at this n where the estimator is biased
     interval_holds: ClassVar[str] = AT_N

@@ -243,6 +243,7 @@ class SoftMatching(Measure):
     # an assignment of up to 1,024 units a pair, or of up to 2,048 copies for a pair of unequal samples: 0.25 s a
     # pair on the demo store (595 pairs of 34 layers, 148 s, 2026-12-04), whatever n (the n x U products are small)
     seconds_at_1000 = 0.25 * 23 * 24 / 2
+    faster = "--soft-matching-units 256 (64x less work; its assignments run on the CPU, where a GPU does not help)"
 
     @classmethod
     def seconds(cls, n: int, layers: int, units: int = UNITS, **params) -> float:
