@@ -58,6 +58,23 @@ def test_separability_is_each_measures_zoo_scored(zoo):
     assert view.matrix[-1, 2] == pytest.approx(sep.separability(fused, view.extra["groups"], level=0)["auc"])
 
 
+def test_the_warning_before_separability_says_how_long_the_missing_zoos_take(zoo, monkeypatch):
+    from vitsee.analyses import REGISTRY
+    from vitsee.analyses.contract import Request
+    from vitsee.measures.registry import measure
+
+    analysis, request = REGISTRY["separability"], Request("separability", ())
+    cfg = AnalyzeConfig(device="cpu", options={"separability_measures": "cka,rsa,soft_matching"})
+    soft = type(measure("soft_matching"))
+    with Store.open(zoo) as s:
+        monkeypatch.setattr(soft, "seconds", classmethod(lambda cls, n, layers, **k: 10.0))
+        said = analysis.warning(s, request, cfg)
+        assert said.startswith("separability computes the zoo of ") and "min on one CPU core" not in said  # seconds
+        monkeypatch.setattr(soft, "seconds", classmethod(lambda cls, n, layers, **k: 300.0))
+        said = analysis.warning(s, request, cfg)
+        assert "soft_matching first (each measure over every layer of every model: about 5 min on one CPU core)" in said
+
+
 def test_families_set_by_hand_and_trained_against_untrained(zoo, capsys):
     view = load_view(
         zoo, "separability", CFG, options={"separability_measures": "cka", "families": f"{VIT1}=odd,{RESNET1}=odd"}

@@ -24,7 +24,7 @@ import numpy as np
 from vitsee import stats as stats_mod
 from vitsee.analyses.base import AnalyzeConfig, StepFn, emit
 from vitsee.analyses.contract import REGISTRY, Analysis, AnalysisOption, Request, Result, Shape, View
-from vitsee.analyses.similarity import LayerMatrix
+from vitsee.analyses.similarity import GramMeasure, LayerMatrix
 from vitsee.analyses.zoo import ModelZoo
 from vitsee.errors import VitseeError
 from vitsee.store import Store
@@ -143,9 +143,15 @@ class Separability(Analysis):
         missing = [m for m in measures_of(cfg) if not self._cached_zoo(store, m, cfg)]
         if not missing:
             return None
+        seconds = sum(
+            REGISTRY[m].estimate(store, Request(m, ()), self.zoo_config(cfg, m))[0]
+            for m in missing
+            if isinstance(REGISTRY[m], GramMeasure)  # linear CKA's zoo is the minibatch pass: seconds
+        )
+        took = f": about {seconds / 60:.0f} min on one CPU core" if seconds >= 60 else ""
         return (
             f"separability computes the zoo of {', '.join(missing)} first (each measure over every layer of every "
-            "model); --separability-measures names fewer"
+            f"model{took}); --separability-measures names fewer"
         )
 
     # --- parameters and running -------------------------------------------------------------------------------

@@ -437,12 +437,17 @@ class GramMeasure(LayerMatrix):
 
         return choose_images(params["n_images"], params["max_images"], params["seed"] or 0)[0]
 
-    def warning(self, store: Store, request: Request, cfg: AnalyzeConfig) -> str | None:
+    def estimate(self, store: Store, request: Request, cfg: AnalyzeConfig) -> tuple[float, int, int, int]:
+        """Returns (seconds on one CPU core, images, layers, passes) of computing the measure's joint matrix over
+        every stored layer (Measure.seconds, once per pass: the estimate and each resample)."""
         params = self.params(store, request, cfg)
         n, layers = params["max_images"], sum(map(len, params["layers"].values()))
         st = params.get("stats") or {}
         passes = 1 + min(st.get("bootstrap", 0) or st.get("groups", 0), n) + st.get("permutations", 0)
-        seconds = self.spec.seconds(n, layers, **self.measure_values(params)) * passes
+        return self.spec.seconds(n, layers, **self.measure_values(params)) * passes, n, layers, passes
+
+    def warning(self, store: Store, request: Request, cfg: AnalyzeConfig) -> str | None:
+        seconds, n, layers, passes = self.estimate(store, request, cfg)
         if seconds < 60:
             return None
         return (
