@@ -64,6 +64,9 @@ torch = lazy_module("torch")
 UNITS = KEPT_UNITS  # the units compared per layer by default (a seeded sample of a layer with more)
 MAX_REPLICATED = 2048  # largest lcm(Nx, Ny) solved as an assignment of repeated units (~0.3 s at 2048)
 MIN_IMAGES = 3  # a correlation over two images is +-1: no tuning to compare
+# one pair's assignment at 1,024 units (or of up to MAX_REPLICATED copies for unequal samples) on one busy core:
+# 0.25 s on the demo store (595 pairs of 34 layers in 148 s, 2026-12-04), whatever n (the n x U products are small)
+SECONDS_A_PAIR = 0.25
 
 
 def check_units(units: int, measure: str = "soft_matching", most: int | None = None) -> int:
@@ -240,15 +243,13 @@ class SoftMatching(Measure):
     alike = "better matched units"
     value_name = "soft matching score"
     value_range = (None, 1.0)
-    # an assignment of up to 1,024 units a pair, or of up to 2,048 copies for a pair of unequal samples: 0.25 s a
-    # pair on the demo store (595 pairs of 34 layers, 148 s, 2026-12-04), whatever n (the n x U products are small)
-    seconds_at_1000 = 0.25 * 23 * 24 / 2
+    seconds_at_1000 = SECONDS_A_PAIR * 23 * 24 / 2  # the 276 pairs of 23 layers, at any n
     faster = "--soft-matching-units 256 (64x less work; its assignments run on the CPU, where a GPU does not help)"
 
     @classmethod
     def seconds(cls, n: int, layers: int, units: int = UNITS, **params) -> float:
         """Returns about how long all pairs of `layers` layers take: one assignment a pair, O(units^3), not n."""
-        return 0.25 * (min(units or KEPT_UNITS, KEPT_UNITS) / KEPT_UNITS) ** 3 * layers * (layers + 1) / 2
+        return SECONDS_A_PAIR * (min(units or KEPT_UNITS, KEPT_UNITS) / KEPT_UNITS) ** 3 * layers * (layers + 1) / 2
 
     interval_holds = AT_N + " (chance correlations of the matched units raise it at small n: see its n-curve)"
     direct = staticmethod(soft_matching)
