@@ -20,6 +20,17 @@ RESNET = "test_resnet@random:0"
 IMG = 64
 
 
+@pytest.fixture
+def one_thread():
+    """Computes on one torch thread, restored after: small decompositions on the shared 2-core machines are thread
+    hand-offs (two spinning threads ran 10x slower than one), and runs compared bit for bit use one thread.
+    A test file asks for it with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    from vitsee.threads import torch_threads
+
+    with torch_threads(1):
+        yield
+
+
 @pytest.fixture(scope="session")
 def tiny_store(tmp_path_factory) -> Path:
     """A complete store: a 6-block ViT and a ResNet, random init, 48 synthetic images, batches of 16."""

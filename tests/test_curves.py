@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from vitsee import stats
 from vitsee.errors import VitseeError
@@ -15,12 +14,7 @@ from vitsee import measures as ms
 from vitsee.measures import grams as mg
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one torch thread, restored after
 
 
 def _layers(n, seed=0):

@@ -25,13 +25,7 @@ from vitsee.errors import VitseeError
 K = 5  # neighbours in the small tests
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Small decompositions on a shared 2-core machine are thread hand-offs: one thread keeps the file fast."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one torch thread, restored after
 
 
 def _params(name: str) -> dict:

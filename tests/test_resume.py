@@ -120,15 +120,7 @@ def test_a_killed_run_resumed_by_vitsee_extract_store_alone_ends_with_the_values
 SMALL = dict(dataset="synthetic", n_images=48, batch_size=8, img_size=IMG, device="cpu", workers=0)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Every run of a test computes with one thread, the CLI's too (its --threads 1), so values match bit for bit."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one torch thread, restored after
 
 
 def _cancelled_run(path, batches: int, **cfg) -> None:

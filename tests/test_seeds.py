@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 import vitsee
 from conftest import run_cli
@@ -16,12 +15,7 @@ TINY = ["-m", "test_vit", "--model-arg", "patch_size=8", "--model-arg", "depth=2
 BASE = ["--dataset", "digits", "-n", "80", "--epochs", "1", "--batch-size", "32", "--device", "cpu", "-q"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one torch thread, restored after
 
 
 def _held_out(tmp_path, name: str, **kwargs) -> np.ndarray:

@@ -17,12 +17,7 @@ from vitsee.errors import VitseeError
 from vitsee.measures.catalog import soft_matching as sm
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one torch thread, restored after
 
 
 def _curves(x: np.ndarray) -> np.ndarray:

@@ -35,14 +35,7 @@ TINY_VIT = {
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Trains on one thread: on the shared 2-core test machines two spinning threads ran 10x slower than one."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one torch thread, restored after
 
 LOCK_HOLDER = """
 import fcntl, sys, time

@@ -8,7 +8,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from conftest import RESNET, VIT, run_cli
 from vitsee.analyses.base import AnalyzeConfig
@@ -22,12 +21,7 @@ VIT1, RESNET1 = "test_vit@random:1", "test_resnet@random:1"
 CFG = AnalyzeConfig(batch_size=16, shuffles=0, device="cpu", permutations=0)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one torch thread, restored after
 
 
 @pytest.fixture(scope="module")

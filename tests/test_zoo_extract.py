@@ -34,10 +34,7 @@ SMALL = dict(dataset="synthetic", n_images=24, batch_size=8, img_size=ZOO_IMG, d
 DRIVER = str(Path(__file__).with_name("zoo_driver.py"))
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    with torch_threads(1):
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one torch thread, restored after
 
 
 def _extract(path, **cfg):
