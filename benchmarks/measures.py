@@ -221,17 +221,23 @@ def run(store_path: Path, n: int, procrustes_full: int, per_pair: bool) -> list[
 # --all-pairs: every measure's matrix as `vitsee analyze --measures all` computes it, timed, saved, compared
 
 
-def all_pairs(store_path: Path, n: int, max_layers: int, save: Path | None, against: Path | None) -> None:
-    """Prints each step's wall time for every measure's (L, L) matrix over up to max_layers layers (spread over the
-    models) of n images; saves the matrices to `save` (.npz) and prints the largest difference from `against`'s."""
-    from vitsee.measures.registry import REGISTRY
-
+def spread_layers(store_path: Path, n: int, max_layers: int) -> tuple[list[tuple[str, str]], np.ndarray, list]:
+    """Returns (columns, images, features): up to max_layers stored layers spread evenly over the models (model,
+    layer), the seeded subset of at most n images, and each layer's activations on them."""
     with Store.open(store_path) as store:
         idx, _ = mg.choose_images(store.n_images, n, seed=0)
         columns = [(m, layer) for m in store.models for layer in store.layers(m)]
         if len(columns) > max_layers:
             columns = [columns[i] for i in np.linspace(0, len(columns) - 1, max_layers).round().astype(int)]
-        feats = [store.activations(m, layer, idx) for m, layer in columns]
+        return columns, idx, [store.activations(m, layer, idx) for m, layer in columns]
+
+
+def all_pairs(store_path: Path, n: int, max_layers: int, save: Path | None, against: Path | None) -> None:
+    """Prints each step's wall time for every measure's (L, L) matrix over up to max_layers layers (spread over the
+    models) of n images; saves the matrices to `save` (.npz) and prints the largest difference from `against`'s."""
+    from vitsee.measures.registry import REGISTRY
+
+    columns, idx, feats = spread_layers(store_path, n, max_layers)
     ref = dict(np.load(against)) if against else {}
     print(
         f"\n### {store_path.name}: {len(columns)} layers, n = {len(idx)}, {torch.get_num_threads()} thread(s), "
@@ -273,12 +279,7 @@ def floor_steps(store_path: Path, n: int, max_layers: int) -> None:
     from vitsee.measures.catalog.procrustes import angle
     from vitsee.measures.catalog.svcca import reduction
 
-    with Store.open(store_path) as store:
-        idx, _ = mg.choose_images(store.n_images, n, seed=0)
-        columns = [(m, layer) for m in store.models for layer in store.layers(m)]
-        if len(columns) > max_layers:
-            columns = [columns[i] for i in np.linspace(0, len(columns) - 1, max_layers).round().astype(int)]
-        feats = [store.activations(m, layer, idx) for m, layer in columns]
+    columns, idx, feats = spread_layers(store_path, n, max_layers)
     L, n = len(columns), len(idx)
     print(f"\n### {store_path.name}: {L} layers, n = {n} (load average {os.getloadavg()[0]:.1f})\n")
     print("| step | today s | floor s | speed-up | max abs diff | note |\n|---|---:|---:|---:|---:|---|", flush=True)
