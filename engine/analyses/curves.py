@@ -19,7 +19,7 @@ import numpy as np
 from vitsee import stats as stats_mod
 from vitsee.analyses.base import AnalyzeConfig, StepFn, emit, resolve_device
 from vitsee.analyses.contract import REGISTRY, Analysis, AnalysisOption, Request, Result, Shape, View, streaming_reason
-from vitsee.analyses.similarity import GramMeasure, pair_requests, shared_layer_grams
+from vitsee.analyses.similarity import GramMeasure, named_measure, pair_requests, shared_layer_grams
 from vitsee.analyses.separability import WHICH
 from vitsee.errors import VitseeError
 from vitsee.measures import curves
@@ -37,14 +37,7 @@ def gram_measures() -> list[GramMeasure]:
 
 def curve_measure(cfg: AnalyzeConfig) -> GramMeasure:
     """Returns the measure `--curve-measure` names (mknn by default)."""
-    name = str(cfg.options.get("curve_measure") or DEFAULT_MEASURE)
-    found = next((m for m in gram_measures() if m.name == name), None)
-    if found is None:
-        raise VitseeError(
-            f"--curve-measure {name} is not a measure an n-curve can resample: choose from "
-            f"{', '.join(m.name for m in gram_measures())}"
-        )
-    return found
+    return named_measure(cfg, "curve-measure", DEFAULT_MEASURE, gram_measures(), "a measure an n-curve can resample")
 
 
 def curve_over(cfg: AnalyzeConfig, measure: GramMeasure, values: dict) -> str:

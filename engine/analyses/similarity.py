@@ -80,6 +80,16 @@ def pair_requests(name: str, models: list[str]) -> list[Request]:
     return [Request(name, (m,)) for m in models[:1]] + pairs + [Request(name, (m,)) for m in models[1:]]
 
 
+def named_measure(cfg: AnalyzeConfig, option: str, default: str, candidates: list, what: str):
+    """Returns the measure among `candidates` (analyses) that `--OPTION` names in cfg (`default` when not given); one
+    that is not among them is a VitseeError naming the option, the value, what it must be and the choices."""
+    name = str(cfg.options.get(option.replace("-", "_")) or default)
+    found = next((m for m in candidates if m.name == name), None)
+    if found is None:
+        raise VitseeError(f"--{option} {name} is not {what}: choose from {', '.join(m.name for m in candidates)}")
+    return found
+
+
 class LayerMatrix(Analysis):
     """An analysis whose result is one value per pair of layers over all models (see the module's docstring)."""
 

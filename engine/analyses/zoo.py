@@ -52,7 +52,7 @@ from vitsee.analyses.contract import (
     analyses_of,
     bootstrap_words,
 )
-from vitsee.analyses.similarity import FAMILY, LayerMatrix
+from vitsee.analyses.similarity import FAMILY, LayerMatrix, named_measure
 
 DEFAULT_MEASURE = "cka"
 NULL_FIELDS = ("null_mean", "null_q95", "p_value", "calibrated")  # (n, n) each, like the values
@@ -70,13 +70,7 @@ def measures() -> list[LayerMatrix]:
 
 def measure_of(cfg: AnalyzeConfig) -> LayerMatrix:
     """Returns the measure `--zoo-measure` names (linear CKA by default); an unknown one is a VitseeError."""
-    name = str(cfg.options.get("zoo_measure") or DEFAULT_MEASURE)
-    found = next((a for a in measures() if a.name == name), None)
-    if found is None:
-        raise VitseeError(
-            f"--zoo-measure {name} is not a layer x layer measure: choose from {', '.join(a.name for a in measures())}"
-        )
-    return found
+    return named_measure(cfg, "zoo-measure", DEFAULT_MEASURE, measures(), "a layer x layer measure")
 
 
 def summary_of(cfg: AnalyzeConfig) -> str:
