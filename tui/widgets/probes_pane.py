@@ -17,7 +17,7 @@ from vitsee.tui.results import LoadedView
 from vitsee.tui.widgets.heatmap import short_label
 from vitsee.tui.widgets.line_plot import BAND, LinePlot, Series
 from vitsee.tui.widgets.probe_table import ProbeTable
-from vitsee.tui.widgets.view_pane import ViewPane
+from vitsee.tui.widgets.view_pane import TablePane
 
 BEST = "\u2605"  # ★
 
@@ -31,7 +31,7 @@ def best_rows(matrix: np.ndarray) -> list[int | None]:
     return out
 
 
-class ProbesPane(ViewPane):
+class ProbesPane(TablePane):
     """A table of accuracy per layer x readout with each column's best marked ★, and the same numbers
     as lines against depth, chance level dotted."""
 
@@ -113,13 +113,6 @@ class ProbesPane(ViewPane):
         from vitsee.tui.screens.view_detail import probe_token_detail
 
         self.push_detail(probe_token_detail, message.coordinate.row)
-
-    @property
-    def selection(self) -> tuple[int, int] | None:
-        if self.view is None:
-            return None
-        coordinate = self.query_one(DataTable).cursor_coordinate
-        return (coordinate.row, coordinate.column)
 
     def status_text(self) -> str:
         view = self.view

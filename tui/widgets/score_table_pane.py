@@ -15,7 +15,7 @@ from vitsee.analyses.contract import Shape
 from vitsee.tui.results import LoadedView
 from vitsee.tui.widgets.probes_pane import BEST, best_rows
 from vitsee.tui.widgets.probe_table import ProbeTable  # a DataTable whose keys have binding ids
-from vitsee.tui.widgets.view_pane import ViewPane
+from vitsee.tui.widgets.view_pane import TablePane
 
 
 def score_text(value: float, low: float | None, high: float | None) -> str:
@@ -28,7 +28,7 @@ def score_text(value: float, low: float | None, high: float | None) -> str:
     return text
 
 
-class ScoreTablePane(ViewPane):
+class ScoreTablePane(TablePane):
     """Rows (measures) x scores, each with its interval, the best of each column ★; the view's note under it."""
 
     shape = Shape.SCORE_TABLE
@@ -86,13 +86,6 @@ class ScoreTablePane(ViewPane):
             )
         else:
             self.app.notify("the consensus zoo is drawn beside the scores in `vitsee export` (PNG)", timeout=5)
-
-    @property
-    def selection(self) -> tuple[int, int] | None:
-        if self.view is None:
-            return None
-        coordinate = self.query_one(DataTable).cursor_coordinate
-        return (coordinate.row, coordinate.column)
 
     def status_text(self) -> str:
         view = self.view

@@ -12,7 +12,7 @@ from textual.containers import Vertical
 from textual.geometry import Region
 from textual.strip import Strip
 from textual.widget import Widget
-from textual.widgets import Label, Static
+from textual.widgets import DataTable, Label, Static
 
 from vitsee.analyses.contract import Shape
 from vitsee.output.colormap import ASCII_RAMP, ColorMode
@@ -296,3 +296,15 @@ class HeatmapPane(ViewPane):
             return False
         heatmap.cursor = (view.rows.index(layer), heatmap.cursor[1])
         return True
+
+
+class TablePane(ViewPane):
+    """A pane whose main widget is a DataTable of the view's matrix (probes, the measures' scores): the cell under
+    its cursor is the selection."""
+
+    @property
+    def selection(self) -> tuple[int, int] | None:
+        if self.view is None:
+            return None
+        coordinate = self.query_one(DataTable).cursor_coordinate
+        return (coordinate.row, coordinate.column)
